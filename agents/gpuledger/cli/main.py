@@ -1,0 +1,280 @@
+"""The ``gpuledger`` command.
+
+The command itself is part of the lean base install; subcommands that need the
+pipeline (Polars, DuckDB) import it only when they run, and say how to install it when
+it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+DEFAULT_WAREHOUSE = Path("warehouse")
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def _need_pipeline() -> None:
+    try:
+        import duckdb  # noqa: F401
+        import polars  # noqa: F401
+    except ImportError:
+        raise CliError(
+            "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
+        ) from None
+
+
+def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Callable[[], None]]:
+    """A progress bar on stderr (rich when available and stderr is a terminal)."""
+    if not enabled:
+        return (lambda _f: None), (lambda: None)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                   TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(),
+                   transient=False)
+    task = bar.add_task(label, total=1.0)
+    bar.start()
+
+    def update(fraction: float) -> None:
+        bar.update(task, completed=fraction)
+
+    def stop() -> None:
+        bar.update(task, completed=1.0)
+        bar.stop()
+
+    return update, stop
+
+
+def _positive(kind: type, name: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _start_time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--start must be an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _sim_config(args: argparse.Namespace) -> Any:
+    from gpuledger.pipeline.simulate import SimConfig, load_cluster
+
+    kw: dict[str, Any] = {"hours": args.hours, "seed": args.seed,
+                          "sample_interval_s": args.interval}
+    if args.start is not None:
+        kw["start"] = args.start
+    if args.cluster is not None:
+        kw["cluster"] = load_cluster(args.cluster)
+    return SimConfig(**kw)
+
+
+def _proc_config(args: argparse.Namespace) -> Any:
+    from gpuledger.pipeline.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        raise CliError(f"configuration: {exc}") from None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline.demo import run_demo
+    from gpuledger.pipeline.report import summary_text
+
+    sim = _sim_config(args)
+    config = _proc_config(args)
+    started = time.monotonic()
+    update, stop = _progress(f"simulating {sim.hours:g} h and processing",
+                             not args.quiet)
+    try:
+        result = run_demo(sim, config, args.warehouse, update)
+    finally:
+        stop()
+    elapsed = time.monotonic() - started
+    c = result.counters
+    print(f"processed {c.records_in['telemetry']:,} GPU samples, "
+          f"{c.records_in['job']:,} job events, {c.records_in['inventory']:,} inventory records "
+          f"in {elapsed:.1f} s → {args.warehouse}/ "
+          f"({sum(c.fact_rows.values()):,} fact rows)")
+    print(summary_text(args.warehouse))
+    print(f"Query it: gpuledger query --warehouse {args.warehouse} "
+          "\"SELECT * FROM utilisation_by_team\"")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline.simulate import simulate, write_jsonl
+
+    sim = _sim_config(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    update, stop = _progress(f"simulating {sim.hours:g} h", not args.quiet)
+    total = sim.hours * 60
+    done = [0.0]
+
+    def batches() -> Any:
+        for batch in simulate(sim):
+            yield batch
+            done[0] += sim.chunk_minutes
+            update(min(done[0] / total, 1.0))
+
+    try:
+        counts = write_jsonl(batches(), args.out)
+    finally:
+        stop()
+    for kind, n in counts.items():
+        print(f"{args.out / (kind + '.jsonl')}: {n:,} lines")
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline.ingest import ingest
+
+    for path in args.files:
+        if not path.is_file():
+            raise CliError(f"{path}: no such file")
+    config = _proc_config(args)
+    update, stop = _progress("ingesting", not args.quiet)
+    try:
+        result = ingest(args.files, args.warehouse, config, update)
+    finally:
+        stop()
+    rej = result.rejects
+    print(f"ingested {result.records['telemetry']:,} telemetry, {result.records['job']:,} job "
+          f"and {result.records['inventory']:,} inventory records into {args.warehouse}/; "
+          f"{rej.height:,} bad line(s)")
+    c = result.counters
+    if c.late_telemetry or c.late_job_events:
+        print(f"late: {c.late_telemetry:,} telemetry samples (kept in late_telemetry), "
+              f"{c.late_job_events:,} job events", file=sys.stderr)
+    shown = rej.head(args.show_rejects)
+    for source, line, reason in shown.select("source", "line", "reason").iter_rows():
+        print(f"{source}:{line}: {reason}", file=sys.stderr)
+    if rej.height > shown.height:
+        print(f"... and {rej.height - shown.height:,} more (SELECT * FROM rejects)",
+              file=sys.stderr)
+    return 1 if (args.strict and rej.height) else 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline import query
+
+    sql = args.sql if args.sql != "-" else sys.stdin.read()
+    try:
+        columns, rows = query.run(args.warehouse, sql)
+    except query.QueryError as exc:
+        raise CliError(str(exc)) from None
+    sys.stdout.write(query.render(columns, rows, args.format))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuledger",
+        description="Where your GPUs go: telemetry + scheduler events → facts on "
+        "allocation vs use, idle vs inefficient, fragmentation, queue wait and preemption.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def sim_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--hours", type=_positive(float, "--hours"), default=24.0,
+                       help="simulated span in hours (default 24)")
+        p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+        p.add_argument("--interval", type=_positive(int, "--interval"), default=10,
+                       help="telemetry sample interval in seconds (default 10)")
+        p.add_argument("--start", type=_start_time, default=None,
+                       help="simulated start time, ISO 8601 UTC (default 2026-01-05T00:00Z)")
+        p.add_argument("--cluster", type=Path, default=None,
+                       help="cluster spec YAML (default: the built-in 560-GPU cluster)")
+
+    def common(p: argparse.ArgumentParser, warehouse: bool = True) -> None:
+        if warehouse:
+            p.add_argument("--warehouse", type=Path, default=DEFAULT_WAREHOUSE,
+                           help="warehouse folder (default ./warehouse)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("demo", help="simulate a cluster day and build a warehouse from it",
+                       description="Simulate a cluster (default: 24 h of the built-in "
+                       "cluster), stream it through the processor on the embedded bus into "
+                       "a Parquet/DuckDB warehouse, and print the summary tables.")
+    sim_args(p)
+    common(p)
+    p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("simulate", help="write simulated events as contract JSON lines",
+                       description="Write telemetry.jsonl, inventory.jsonl and job.jsonl "
+                       "(event contract v1, docs/events.md) for a simulated cluster.")
+    sim_args(p)
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    common(p, warehouse=False)
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("ingest", help="process recorded JSON-lines events into a warehouse",
+                       description="Decode, validate and process contract JSON-lines files "
+                       "into the warehouse. Bad lines are reported (file:line: reason) and "
+                       "kept in the rejects table; the rest goes through. Re-running on "
+                       "the same files writes the same facts.")
+    p.add_argument("files", nargs="+", type=Path, help="JSON-lines files (any mix of types)")
+    common(p)
+    p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
+    p.add_argument("--strict", action="store_true",
+                   help="exit with status 1 when any line was rejected")
+    p.add_argument("--show-rejects", type=int, default=20, metavar="N",
+                   help="print at most N rejected lines (default 20)")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("query", help="run a read-only SQL query on the warehouse",
+                       description="Run SELECT/EXPLAIN SQL (DuckDB dialect) on the warehouse "
+                       "views: gpu_minute, gpu_hourly, gpu_daily, frag_minute, pending_minute, "
+                       "blocked_minute, job_attempts, attempts, job_gpu, preemptions, "
+                       "recommendations, utilisation_by_pool, utilisation_by_team, queue_wait, "
+                       "fragmentation, borrowing, ... Anything that would write is refused.")
+    p.add_argument("sql", help="the query ('-' reads it from standard input)")
+    p.add_argument("--warehouse", type=Path, default=DEFAULT_WAREHOUSE,
+                   help="warehouse folder (default ./warehouse)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="output format (default table)")
+    p.set_defaults(func=cmd_query)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except CliError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpuledger: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

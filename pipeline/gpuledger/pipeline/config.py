@@ -1,0 +1,205 @@
+"""Processor configuration: thresholds, windows and card tiers.
+
+Configuration is data: a YAML file (all keys optional) overridden by environment
+variables ``GPULEDGER_<SECTION>__<KEY>`` (for example
+``GPULEDGER_THRESHOLDS__IDLE_ACTIVITY=0.03``). Everything is validated at start; an
+error names the bad key. The thresholds are recorded in the facts they produce.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Activity and memory thresholds that classify GPU-minutes and jobs."""
+
+    idle_activity: float = 0.05
+    """Allocated GPU-minutes with activity below this are ``allocated_idle``."""
+    efficient_activity: float = 0.30
+    """Allocated GPU-minutes with activity below this (and not idle) are inefficient."""
+    memory_oversized_ratio: float = 0.25
+    """A job is memory over-sized when its peak stays under this share of held memory."""
+    lower_tier_memory_headroom: float = 0.9
+    """A job fits a lower card when its peak memory is under this share of that card's."""
+    lower_tier_max_activity: float = 0.8
+    """... and its activity, scaled by relative speed, stays under this on that card."""
+    reduce_gpus_idle_share: float = 0.25
+    """Recommend fewer GPUs when at least this share of a job's GPUs were idle."""
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Event-time windowing."""
+
+    allowed_lateness_s: int = 120
+    """A minute closes once the newest event time is this far past the minute's end."""
+    max_future_s: int = 3600
+    """Events further than this ahead of the wall clock are rejected."""
+    ended_job_memory_s: int = 86_400
+    """How long an ended job is remembered to make duplicate events harmless."""
+
+
+@dataclass(frozen=True)
+class CardTier:
+    """A card type's place in the hierarchy used by card-mismatch and right-sizing."""
+
+    memory_mib: float
+    relative_speed: float
+
+
+DEFAULT_CARD_TIERS: dict[str, CardTier] = {
+    "H100-SXM5-80GB": CardTier(81_559, 1.0),
+    "A100-SXM4-80GB": CardTier(81_920, 0.55),
+    "L40S-48GB": CardTier(46_068, 0.35),
+    "A10-24GB": CardTier(23_028, 0.15),
+}
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """Everything the processor needs to turn events into facts."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    windows: Windows = field(default_factory=Windows)
+    card_tiers: dict[str, CardTier] = field(default_factory=lambda: dict(DEFAULT_CARD_TIERS))
+    cluster_facts: bool = True
+    """Compute cluster-wide facts (fragmentation, pending, queue wait). Exactly one
+    processor instance of a consumer group has this on."""
+
+    def validate(self) -> ProcessorConfig:
+        """Check ranges; raise :class:`ConfigError` naming the bad key."""
+        t = self.thresholds
+        for name in ("idle_activity", "efficient_activity", "memory_oversized_ratio",
+                     "lower_tier_memory_headroom", "lower_tier_max_activity",
+                     "reduce_gpus_idle_share"):
+            value = getattr(t, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"thresholds.{name}: {value} must be between 0 and 1")
+        if t.idle_activity > t.efficient_activity:
+            raise ConfigError(
+                "thresholds.idle_activity: must not exceed thresholds.efficient_activity "
+                f"({t.idle_activity} > {t.efficient_activity})"
+            )
+        w = self.windows
+        for name in ("allowed_lateness_s", "max_future_s", "ended_job_memory_s"):
+            if getattr(w, name) < 0:
+                raise ConfigError(f"windows.{name}: must be >= 0")
+        for card, tier in self.card_tiers.items():
+            if tier.memory_mib <= 0:
+                raise ConfigError(f"card_tiers.{card}.memory_mib: must be > 0")
+            if tier.relative_speed <= 0:
+                raise ConfigError(f"card_tiers.{card}.relative_speed: must be > 0")
+        return self
+
+
+def _coerce(path: str, value: Any, default: Any) -> Any:
+    """Convert ``value`` to the type of ``default`` or raise naming ``path``."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if isinstance(default, int | float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        try:
+            number = float(value) if isinstance(default, float) else int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+        return number
+    return value
+
+
+def _section(name: str, cls: Any, raw: Any) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: expected a mapping, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    default = cls()
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
+        values[key] = _coerce(f"{name}.{key}", value, getattr(default, key))
+    return replace(default, **values)
+
+
+def _card_tiers(raw: Any) -> dict[str, CardTier]:
+    if raw is None:
+        return dict(DEFAULT_CARD_TIERS)
+    if not isinstance(raw, dict):
+        raise ConfigError("card_tiers: expected a mapping of card type to {memory_mib, relative_speed}")
+    tiers: dict[str, CardTier] = {}
+    for card, spec in raw.items():
+        if not isinstance(spec, dict):
+            raise ConfigError(f"card_tiers.{card}: expected a mapping")
+        for key in spec:
+            if key not in ("memory_mib", "relative_speed"):
+                raise ConfigError(f"card_tiers.{card}.{key}: unknown key")
+        for key in ("memory_mib", "relative_speed"):
+            if key not in spec:
+                raise ConfigError(f"card_tiers.{card}.{key}: required")
+        tiers[str(card)] = CardTier(
+            _coerce(f"card_tiers.{card}.memory_mib", spec["memory_mib"], 1.0),
+            _coerce(f"card_tiers.{card}.relative_speed", spec["relative_speed"], 1.0),
+        )
+    return tiers
+
+
+ENV_PREFIX = "GPULEDGER_"
+
+
+def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    """Fold ``GPULEDGER_SECTION__KEY`` variables into ``raw``."""
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for var, value in sorted(environ.items()):
+        if not var.startswith(ENV_PREFIX) or "__" not in var:
+            continue
+        section, _, key = var[len(ENV_PREFIX):].lower().partition("__")
+        if section not in ("thresholds", "windows"):
+            continue
+        merged.setdefault(section, {})
+        if not isinstance(merged[section], dict):
+            raise ConfigError(f"{section}: expected a mapping")
+        merged[section][key] = value
+    return merged
+
+
+def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> ProcessorConfig:
+    """Read ``path`` (YAML; optional), apply environment overrides, validate."""
+    raw: Any = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    for key in raw:
+        if key not in ("thresholds", "windows", "card_tiers", "cluster_facts"):
+            raise ConfigError(
+                f"{key}: unknown key (known: thresholds, windows, card_tiers, cluster_facts)"
+            )
+    raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)
+    config = ProcessorConfig(
+        thresholds=_section("thresholds", Thresholds, raw.get("thresholds")),
+        windows=_section("windows", Windows, raw.get("windows")),
+        card_tiers=_card_tiers(raw.get("card_tiers")),
+        cluster_facts=_coerce("cluster_facts", raw.get("cluster_facts", True), True),
+    )
+    return config.validate()

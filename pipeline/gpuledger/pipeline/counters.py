@@ -1,0 +1,33 @@
+"""The processor's own counters, in one place (log lines now, metrics later)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Counters:
+    """Monotonic counts since the processor started."""
+
+    records_in: dict[str, int] = field(default_factory=lambda: {
+        "telemetry": 0, "inventory": 0, "job": 0})
+    rejected: dict[str, int] = field(default_factory=dict)
+    late_telemetry: int = 0
+    late_job_events: int = 0
+    late_inventory: int = 0
+    duplicate_job_events: int = 0
+    out_of_order_job_events: int = 0
+    telemetry_lost_samples: int = 0
+    minutes_closed: int = 0
+    fact_rows: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+
+    def add_rejects(self, record_type: str, n: int) -> None:
+        if n:
+            self.rejected[record_type] = self.rejected.get(record_type, 0) + n
+
+    def add_rows(self, table: str, n: int) -> None:
+        self.fact_rows[table] = self.fact_rows.get(table, 0) + n
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)

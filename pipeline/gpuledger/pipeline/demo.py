@@ -1,0 +1,45 @@
+"""The demo: simulate a cluster, stream it over the embedded bus, build the warehouse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuledger.pipeline.bus import EmbeddedBus
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.counters import Counters
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.simulate import SimConfig, simulate
+from gpuledger.pipeline.warehouse import Warehouse
+
+
+@dataclass
+class DemoResult:
+    """Counts from a demo run."""
+
+    counters: Counters
+    bus_bytes: int
+
+
+def run_demo(
+    sim: SimConfig,
+    config: ProcessorConfig,
+    warehouse: Path,
+    on_progress: Callable[[float], None] | None = None,
+) -> DemoResult:
+    """Simulate ``sim`` and process it through the embedded bus into ``warehouse``."""
+    bus = EmbeddedBus()
+    processor = Processor(config, Warehouse(warehouse))
+    total_minutes = sim.hours * 60
+    done = 0.0
+    for batch in simulate(sim):
+        bus.publish_batch(batch)
+        for consumed in bus.batches():
+            processor.process(consumed)
+            bus.commit()
+        done += sim.chunk_minutes
+        if on_progress is not None:
+            on_progress(min(done / total_minutes, 1.0))
+    processor.flush()
+    return DemoResult(processor.counters, bus.published_bytes)

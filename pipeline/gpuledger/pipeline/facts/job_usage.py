@@ -1,0 +1,173 @@
+"""Per-job usage: allocation vs use, idle vs inefficient, memory, card mismatch.
+
+Each closed GPU-minute a job holds adds to the job's accumulators, per GPU, weighted by
+the fraction of the GPU it holds (1 for a whole GPU). When the attempt ends (and all its
+minutes are closed) the accumulators become one ``job_attempts`` row:
+
+- ``allocated_gpu_hours`` = Σ fraction over held GPU-minutes / 60
+- ``used_gpu_hours``      = Σ fraction · activity / 60
+- ``idle_gpu_hours`` / ``inefficient_gpu_hours``: the held minutes whose activity was
+  below the idle / efficiency threshold; ``waste_gpu_hours`` = allocated − used
+- ``mem_peak_mib``: the highest memory used on any of its GPUs (a shared GPU charges
+  the job only its own processes' memory); ``mem_held_mib`` = card memory · fraction of
+  that GPU; *memory over-sized* when peak < ``memory_oversized_ratio`` · held
+- card mismatch: the job's peak memory and activity would fit a slower card of the
+  configured tiers (peak ≤ headroom · that card's memory, and activity scaled by the
+  speed ratio ≤ ``lower_tier_max_activity``); its GPU-hours on the faster card are
+  ``mismatch_gpu_hours``.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gpuledger.pipeline.config import ProcessorConfig
+
+ACC_KEYS = ["job_id", "attempt", "node", "gpu_index"]
+ACC_SCHEMA = pl.Schema(
+    {
+        "job_id": pl.String,
+        "attempt": pl.Int64,
+        "node": pl.String,
+        "gpu_index": pl.Int64,
+        "card_type": pl.String,
+        "gpu_mem_total_mib": pl.Float64,
+        "fraction": pl.Float64,
+        "alloc_min": pl.Float64,
+        "used_min": pl.Float64,
+        "idle_min": pl.Float64,
+        "inefficient_min": pl.Float64,
+        "observed_min": pl.Float64,
+        "mem_peak_mib": pl.Float64,
+    }
+)
+
+
+def minute_usage(job_minutes: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
+    """Accumulator increments from (job, attempt, node, gpu, minute) rows.
+
+    ``job_minutes`` columns: ACC_KEYS, minute, fraction, activity (null = no
+    telemetry), card_type, gpu_mem_total_mib, job_mem_mib (null = not attributed),
+    mem_used_mib (GPU).
+    """
+    t = config.thresholds
+    act = pl.col("activity")
+    seen = act.is_not_null()
+    frac = pl.col("fraction")
+    mem = (
+        pl.when(frac >= 1.0).then(pl.col("mem_used_mib"))
+        .otherwise(pl.col("job_mem_mib"))
+    )
+    return job_minutes.group_by(ACC_KEYS).agg(
+        pl.col("card_type").drop_nulls().first(),
+        pl.col("gpu_mem_total_mib").max(),
+        frac.max().alias("fraction"),
+        frac.sum().alias("alloc_min"),
+        (frac * act.fill_null(0.0)).sum().alias("used_min"),
+        (frac * (act.fill_null(0.0) < t.idle_activity).cast(pl.Float64)).sum().alias("idle_min"),
+        (frac * ((act >= t.idle_activity) & (act < t.efficient_activity))
+         .fill_null(False).cast(pl.Float64)).sum().alias("inefficient_min"),
+        (frac * seen.cast(pl.Float64)).sum().alias("observed_min"),
+        mem.max().alias("mem_peak_mib"),
+    ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA))  # type: ignore[arg-type]
+
+
+def merge(acc: pl.DataFrame, inc: pl.DataFrame) -> pl.DataFrame:
+    """Add increments to accumulators."""
+    if inc.is_empty():
+        return acc
+    both = pl.concat([acc, inc]) if not acc.is_empty() else inc
+    return both.group_by(ACC_KEYS).agg(
+        pl.col("card_type").drop_nulls().first(),
+        pl.col("gpu_mem_total_mib").max(),
+        pl.col("fraction").max(),
+        *[pl.col(c).sum() for c in ("alloc_min", "used_min", "idle_min",
+                                     "inefficient_min", "observed_min")],
+        pl.col("mem_peak_mib").max(),
+    ).select(ACC_SCHEMA.names())
+
+
+def per_gpu(acc: pl.DataFrame) -> pl.DataFrame:
+    """``job_gpu`` facts: one row per job attempt and GPU."""
+    return acc.with_columns(
+        (pl.col("alloc_min") / 60).alias("allocated_gpu_hours"),
+        (pl.col("used_min") / 60).alias("used_gpu_hours"),
+        (pl.col("idle_min") / 60).alias("idle_gpu_hours"),
+        (pl.col("inefficient_min") / 60).alias("inefficient_gpu_hours"),
+        (pl.col("used_min") / pl.col("alloc_min")).alias("mean_activity"),
+        (pl.col("gpu_mem_total_mib") * pl.col("fraction")).alias("mem_held_mib"),
+    ).drop("alloc_min", "used_min", "idle_min", "inefficient_min")
+
+
+def attempt_usage(acc: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
+    """Per (job, attempt) usage totals from the per-GPU accumulators."""
+    t = config.thresholds
+    per = acc.with_columns(
+        (pl.col("used_min") / pl.col("alloc_min")).alias("_gpu_act"),
+        (pl.col("gpu_mem_total_mib") * pl.col("fraction")).alias("_held"),
+    )
+    out = per.group_by(["job_id", "attempt"]).agg(
+        (pl.col("alloc_min").sum() / 60).alias("allocated_gpu_hours"),
+        (pl.col("used_min").sum() / 60).alias("used_gpu_hours"),
+        (pl.col("idle_min").sum() / 60).alias("idle_gpu_hours"),
+        (pl.col("inefficient_min").sum() / 60).alias("inefficient_gpu_hours"),
+        (pl.col("observed_min").sum() / 60).alias("observed_gpu_hours"),
+        pl.col("mem_peak_mib").max().alias("mem_peak_mib"),
+        pl.col("_held").max().alias("mem_held_mib"),
+        pl.col("card_type").drop_nulls().first().alias("held_card_type"),
+        pl.len().alias("gpus_observed"),
+        (pl.col("_gpu_act") < t.idle_activity).sum().alias("idle_gpus"),
+    )
+    return out.with_columns(
+        (pl.col("allocated_gpu_hours") - pl.col("used_gpu_hours")).alias("waste_gpu_hours"),
+        pl.when(pl.col("allocated_gpu_hours") > 0)
+        .then(pl.col("used_gpu_hours") / pl.col("allocated_gpu_hours"))
+        .alias("utilisation_of_allocation"),
+        pl.when(pl.col("observed_gpu_hours") > 0)
+        .then(pl.col("mem_peak_mib") / pl.col("mem_held_mib"))
+        .alias("mem_peak_ratio"),
+    ).with_columns(
+        (
+            (pl.col("observed_gpu_hours") > 0)
+            & (pl.col("mem_peak_ratio") < t.memory_oversized_ratio)
+        ).fill_null(False).alias("memory_oversized"),
+    )
+
+
+def card_mismatch(usage: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
+    """Add ``suggested_card_type`` and ``mismatch_gpu_hours`` to attempt usage rows."""
+    t = config.thresholds
+    tiers = pl.DataFrame(
+        {
+            "_card": list(config.card_tiers),
+            "_mem": [c.memory_mib for c in config.card_tiers.values()],
+            "_speed": [c.relative_speed for c in config.card_tiers.values()],
+        },
+        schema={"_card": pl.String, "_mem": pl.Float64, "_speed": pl.Float64},
+    )
+    base = usage.join(
+        tiers.rename({"_card": "held_card_type", "_speed": "_held_speed", "_mem": "_held_mem"}),
+        on="held_card_type", how="left",
+    )
+    act = pl.col("used_gpu_hours") / pl.col("observed_gpu_hours")
+    candidates = (
+        base.filter(pl.col("observed_gpu_hours") > 0)
+        .select("job_id", "attempt", "mem_peak_mib", "_held_speed", act.alias("_act"))
+        .join(tiers, how="cross")
+        .filter(
+            (pl.col("_speed") < pl.col("_held_speed"))
+            & (pl.col("mem_peak_mib") <= t.lower_tier_memory_headroom * pl.col("_mem"))
+            & (pl.col("_act") * pl.col("_held_speed") / pl.col("_speed")
+               <= t.lower_tier_max_activity)
+        )
+        .sort(["job_id", "attempt", "_speed", "_card"])
+        .group_by(["job_id", "attempt"], maintain_order=True)
+        .first()
+        .select("job_id", "attempt", pl.col("_card").alias("suggested_card_type"))
+    )
+    return base.drop("_held_speed", "_held_mem").join(
+        candidates, on=["job_id", "attempt"], how="left"
+    ).with_columns(
+        pl.when(pl.col("suggested_card_type").is_not_null())
+        .then(pl.col("allocated_gpu_hours")).otherwise(0.0).alias("mismatch_gpu_hours")
+    )

@@ -1,0 +1,147 @@
+"""Recommendations per job attempt, and back-fill / preemption candidates.
+
+Each rule reads finished attempt facts (or the running snapshot) and emits rows
+``(job_id, attempt, team, kind, gpu_hours, evidence, recommendation)``; ``gpu_hours`` is
+what is at stake, so teams can sort by it. Rules:
+
+================== ==============================================================
+``right_size_card`` card mismatch: the job would fit a slower card tier
+``right_size_memory`` memory over-sized: peak < 25 % of the memory it held
+``reduce_gpus``    at least 25 % of the job's GPUs stayed idle (multi-GPU jobs)
+``improve_efficiency`` busy-but-inefficient: mean activity under the efficiency threshold
+``release_idle``   an interactive job idle for more than half of its GPU-hours
+``preemption_candidate`` running, preemptible, borrowed or low priority, checkpointable
+``backfill_candidate`` pending, preemptible, fits the largest free block now
+================== ==============================================================
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gpuledger.pipeline.config import ProcessorConfig
+
+REC_SCHEMA = pl.Schema(
+    {
+        "job_id": pl.String,
+        "attempt": pl.Int64,
+        "team": pl.String,
+        "queue": pl.String,
+        "kind": pl.String,
+        "gpu_hours": pl.Float64,
+        "evidence": pl.String,
+        "recommendation": pl.String,
+    }
+)
+
+
+def _pct(expr: pl.Expr) -> pl.Expr:
+    return (expr * 100).round(1).cast(pl.String) + pl.lit(" %")
+
+
+def _num(expr: pl.Expr, digits: int = 1) -> pl.Expr:
+    return expr.round(digits).cast(pl.String)
+
+
+def for_attempts(attempts: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
+    """Recommendations from attempt facts with usage (see :mod:`job_usage`)."""
+    t = config.thresholds
+    if attempts.is_empty():
+        return pl.DataFrame(schema=REC_SCHEMA)
+    a = attempts.filter(pl.col("observed_gpu_hours") > 0)
+    act = pl.col("used_gpu_hours") / pl.col("observed_gpu_hours")
+    rules: list[tuple[str, pl.Expr, pl.Expr, pl.Expr, pl.Expr]] = [
+        (
+            "right_size_card",
+            pl.col("suggested_card_type").is_not_null(),
+            pl.col("mismatch_gpu_hours"),
+            pl.lit("peak memory ") + _num(pl.col("mem_peak_mib"), 0) + pl.lit(" MiB, mean activity ")
+            + _pct(act) + pl.lit(" on ") + pl.col("held_card_type"),
+            pl.lit("run on ") + pl.col("suggested_card_type") + pl.lit(" instead of ")
+            + pl.col("held_card_type"),
+        ),
+        (
+            "right_size_memory",
+            pl.col("memory_oversized"),
+            pl.col("allocated_gpu_hours") * (1 - pl.col("mem_peak_ratio")),
+            pl.lit("peak memory ") + _num(pl.col("mem_peak_mib"), 0) + pl.lit(" MiB of ")
+            + _num(pl.col("mem_held_mib"), 0) + pl.lit(" MiB held (")
+            + _pct(pl.col("mem_peak_ratio")) + pl.lit(")"),
+            pl.lit("request about ") + _num(pl.col("mem_peak_mib") * 1.25, 0)
+            + pl.lit(" MiB per GPU, or share the GPU (MIG / fractional)"),
+        ),
+        (
+            "reduce_gpus",
+            (pl.col("gpus_observed") > 1)
+            & (pl.col("idle_gpus") >= t.reduce_gpus_idle_share * pl.col("gpus_observed"))
+            & (pl.col("idle_gpus") < pl.col("gpus_observed")),
+            pl.col("allocated_gpu_hours") * pl.col("idle_gpus") / pl.col("gpus_observed"),
+            _num(pl.col("idle_gpus"), 0) + pl.lit(" of ") + _num(pl.col("gpus_observed"), 0)
+            + pl.lit(" GPUs stayed idle"),
+            pl.lit("request ") + _num(pl.col("gpus_observed") - pl.col("idle_gpus"), 0)
+            + pl.lit(" GPUs"),
+        ),
+        (
+            "improve_efficiency",
+            (act >= t.idle_activity) & (act < t.efficient_activity),
+            pl.col("waste_gpu_hours"),
+            pl.lit("mean activity ") + _pct(act) + pl.lit(" over ")
+            + _num(pl.col("allocated_gpu_hours")) + pl.lit(" GPU-hours"),
+            pl.lit("check data loading, batch size and host-side bottlenecks "
+                   "(PCIe/NVLink, CPU) before asking for more GPUs"),
+        ),
+        (
+            "release_idle",
+            (pl.col("job_type") == "interactive")
+            & (pl.col("idle_gpu_hours") > 0.5 * pl.col("allocated_gpu_hours")),
+            pl.col("idle_gpu_hours"),
+            _num(pl.col("idle_gpu_hours")) + pl.lit(" of ")
+            + _num(pl.col("allocated_gpu_hours")) + pl.lit(" GPU-hours idle"),
+            pl.lit("add an idle timeout to notebooks, or move them to shared/fractional GPUs"),
+        ),
+    ]
+    parts = [
+        a.filter(cond.fill_null(False)).select(
+            "job_id", "attempt", "team", "queue", pl.lit(kind).alias("kind"),
+            hours.alias("gpu_hours"), evidence.alias("evidence"), text.alias("recommendation"),
+        )
+        for kind, cond, hours, evidence, text in rules
+    ]
+    return pl.concat(parts).select(REC_SCHEMA.names()).cast(dict(REC_SCHEMA))  # type: ignore[arg-type]
+
+
+def candidates(
+    running: pl.DataFrame, free_blocks: pl.DataFrame, low_priority: int
+) -> pl.DataFrame:
+    """Preemption candidates (running) and back-fill candidates (pending).
+
+    ``running``: running-attempt rows; ``free_blocks``: latest ``largest_free_block``
+    per pool and card type. ``low_priority``: priorities at or below count as low.
+    """
+    if running.is_empty():
+        return pl.DataFrame(schema=REC_SCHEMA)
+    run = running.filter(
+        pl.col("started_at").is_not_null()
+        & pl.col("preemptible").fill_null(False)
+        & pl.col("checkpointable").fill_null(False)
+        & (pl.col("borrowed").fill_null(False) | (pl.col("priority") <= low_priority))
+    ).select(
+        "job_id", "attempt", "team", "queue", pl.lit("preemption_candidate").alias("kind"),
+        pl.col("allocated_gpus").cast(pl.Float64).alias("gpu_hours"),
+        (pl.lit("priority ") + pl.col("priority").cast(pl.String)
+         + pl.when(pl.col("borrowed")).then(pl.lit(", borrowed")).otherwise(pl.lit(""))
+         + pl.lit(", checkpointable")).alias("evidence"),
+        pl.lit("reclaim these GPUs first when guaranteed work waits").alias("recommendation"),
+    )
+    pend = running.filter(
+        pl.col("started_at").is_null() & pl.col("preemptible").fill_null(False)
+    ).join(free_blocks, on=["pool", "card_type"], how="inner").filter(
+        pl.col("gpus") <= pl.col("largest_free_block")
+    ).select(
+        "job_id", "attempt", "team", "queue", pl.lit("backfill_candidate").alias("kind"),
+        pl.col("gpus").cast(pl.Float64).alias("gpu_hours"),
+        (pl.lit("needs ") + pl.col("gpus").cast(pl.String) + pl.lit(" GPUs, largest free block ")
+         + pl.col("largest_free_block").cast(pl.String)).alias("evidence"),
+        pl.lit("start it now on idle capacity as preemptible back-fill").alias("recommendation"),
+    )
+    return pl.concat([run, pend]).cast(dict(REC_SCHEMA))  # type: ignore[arg-type]

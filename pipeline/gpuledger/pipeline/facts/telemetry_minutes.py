@@ -1,0 +1,111 @@
+"""Telemetry samples → one row per GPU-minute (columnar, whole batches).
+
+Duplicated samples (same node, GPU, MIG instance and time) count once. MIG instances of
+one GPU are first summed (memory, processes) and averaged (activity) per sample time,
+so a MIG-partitioned GPU is still one GPU-minute.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gpuledger.pipeline.facts.gpu_state import sample_activity
+from gpuledger.pipeline.facts.minutes import minute_of
+
+TELEMETRY_KEEP = [
+    "time", "node", "agent", "seq", "gpu_index", "gpu_uuid", "card_type", "mig_instance",
+    "util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+    "mem_used_mib", "mem_total_mib", "power_w", "temp_c", "sm_clock_mhz",
+    "pcie_rx_bytes_s", "pcie_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_bytes_s",
+    "xid_errors", "ecc_sbe", "ecc_dbe", "healthy", "processes",
+]
+
+_MEANS = ["util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+          "power_w", "sm_clock_mhz", "pcie_rx_bytes_s", "pcie_tx_bytes_s",
+          "nvlink_rx_bytes_s", "nvlink_tx_bytes_s"]
+
+
+def prepare(telemetry: pl.DataFrame) -> pl.DataFrame:
+    """Keep the columns facts need and add ``minute`` and per-sample ``activity``."""
+    return telemetry.select(TELEMETRY_KEEP).with_columns(
+        minute_of(pl.col("time")).alias("minute"),
+        sample_activity().alias("activity"),
+        pl.col("processes").list.len().fill_null(0).alias("n_proc"),
+        pl.col("processes").list.eval(pl.element().struct.field("job_id").is_null()).list.sum()
+        .fill_null(0).alias("n_unattributed"),
+    )
+
+
+def per_gpu_minute(samples: pl.DataFrame) -> pl.DataFrame:
+    """Aggregate prepared samples to (minute, node, gpu_index)."""
+    keys = ["minute", "node", "gpu_index"]
+    samples = samples.unique(subset=["node", "gpu_index", "mig_instance", "time"],
+                             keep="first", maintain_order=False)
+    if samples.select(pl.col("mig_instance").is_not_null().any()).item():
+        samples = samples.group_by([*keys, "time"]).agg(
+            pl.col("card_type").first(),
+            pl.col("activity").mean(),
+            *[pl.col(c).mean() for c in _MEANS],
+            pl.col("mem_used_mib").sum(),
+            pl.col("mem_total_mib").max(),
+            pl.col("temp_c").max(),
+            pl.col("xid_errors").sum(),
+            pl.col("ecc_sbe").sum(),
+            pl.col("ecc_dbe").sum(),
+            pl.col("healthy").min(),
+            pl.col("n_proc").sum(),
+            pl.col("n_unattributed").sum(),
+        )
+    return samples.group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("telemetry_samples"),
+        pl.col("card_type").first().alias("telemetry_card_type"),
+        pl.col("activity").mean(),
+        *[pl.col(c).mean() for c in _MEANS],
+        pl.col("mem_used_mib").max(),
+        pl.col("mem_total_mib").max(),
+        pl.col("temp_c").max(),
+        pl.col("xid_errors").sum(),
+        pl.col("ecc_sbe").sum(),
+        pl.col("ecc_dbe").sum(),
+        (
+            (pl.col("healthy") == False).any()  # noqa: E712 - null-aware comparison
+            | (pl.col("xid_errors").fill_null(0).sum() > 0)
+            | (pl.col("ecc_dbe").fill_null(0).sum() > 0)
+        ).alias("telemetry_unhealthy"),
+        pl.col("n_proc").max().alias("processes"),
+        pl.col("n_unattributed").max().alias("unattributed_processes"),
+    )
+
+
+def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
+    """Peak memory of each attributed job's processes per (minute, node, gpu, job).
+
+    Used for GPUs shared by several jobs; a job holding a whole GPU is charged the
+    GPU's memory used instead (which also counts memory outside its processes).
+    """
+    procs = (
+        samples.filter(pl.col("n_proc") > 0)
+        .select("minute", "node", "gpu_index", "time", "processes")
+        .explode("processes")
+        .unnest("processes")
+        .filter(pl.col("job_id").is_not_null())
+    )
+    return (
+        procs.group_by(["minute", "node", "gpu_index", "time", "job_id"])
+        .agg(pl.col("used_mib").sum())
+        .group_by(["minute", "node", "gpu_index", "job_id"])
+        .agg(pl.col("used_mib").max().alias("job_mem_mib"))
+    )
+
+
+def sequence_gaps(samples: pl.DataFrame) -> pl.DataFrame:
+    """Per agent: lowest and highest sequence number and distinct numbers received."""
+    return (
+        samples.with_columns(pl.coalesce(pl.col("agent"), pl.col("node")).alias("agent"))
+        .group_by("agent")
+        .agg(
+            pl.col("seq").min().alias("seq_min"),
+            pl.col("seq").max().alias("seq_max"),
+            pl.col("seq").n_unique().alias("seq_count"),
+        )
+    )

@@ -1,0 +1,116 @@
+"""The warehouse: Parquet facts with deterministic names, and a DuckDB catalog.
+
+Layout under the warehouse root::
+
+    facts/<table>/date=YYYY-MM-DD/<table>-YYYY-MM-DDTHH.parquet   hourly parts
+    facts/<table>/date=YYYY-MM-DD/<table>-YYYY-MM-DD.parquet      daily parts
+    facts/<table>/snapshot.parquet                                  latest snapshot
+    facts/<table>/_schema.parquet                                   empty, fixes the schema
+    catalog.duckdb                                                  views from sql/*.sql
+
+A file's name depends only on the event time it covers, and rows are sorted before
+writing, so processing the same input twice writes the same bytes. Files are written
+to a temporary name and renamed, so readers never see half a file. The processor
+never opens the DuckDB catalog for writing while analysts read it: it builds a new
+catalog file aside and renames it over the old one.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+FACTS = "facts"
+CATALOG = "catalog.duckdb"
+
+
+def sql_dir() -> Path:
+    """Where the catalog's ``*.sql`` files are (repository or installed package)."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[3] / "sql", here.parent / "sql"):
+        if candidate.is_dir():
+            return candidate
+    return Path(str(resources.files("gpuledger.pipeline") / "sql"))
+
+
+class Warehouse:
+    """Writes fact files under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files_written = 0
+        self.rows_written = 0
+        (root / FACTS).mkdir(parents=True, exist_ok=True)
+
+    def table_dir(self, table: str) -> Path:
+        return self.root / FACTS / table
+
+    def part_path(self, table: str, when: datetime, hourly: bool = True) -> Path:
+        date = when.strftime("%Y-%m-%d")
+        stamp = when.strftime("%Y-%m-%dT%H") if hourly else date
+        return self.table_dir(table) / f"date={date}" / f"{table}-{stamp}.parquet"
+
+    def write(self, path: Path, frame: pl.DataFrame, sort_by: list[str] | None = None) -> None:
+        """Write ``frame`` atomically to ``path`` (sorted for determinism)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if sort_by:
+            frame = frame.sort(sort_by, nulls_last=True, maintain_order=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        frame.write_parquet(tmp, compression="zstd", statistics=True)
+        os.replace(tmp, path)
+        self.files_written += 1
+        self.rows_written += frame.height
+
+    def write_part(
+        self, table: str, when: datetime, frame: pl.DataFrame, sort_by: list[str],
+        hourly: bool = True, merge: bool = False,
+    ) -> Path:
+        """Write one time part; with ``merge``, add to rows already written there."""
+        path = self.part_path(table, when, hourly)
+        if merge and path.exists():
+            frame = pl.concat([pl.read_parquet(path), frame], how="vertical_relaxed").unique(
+                maintain_order=False
+            )
+        self.write(path, frame, sort_by)
+        return path
+
+    def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str]) -> None:
+        self.write(self.table_dir(table) / "snapshot.parquet", frame, sort_by)
+
+    def ensure_schema(self, table: str, schema: pl.Schema) -> None:
+        """Write the table's empty schema file so its view exists before any rows do."""
+        path = self.table_dir(table) / "_schema.parquet"
+        if not path.exists():
+            self.write(path, pl.DataFrame(schema=schema))
+
+    def publish_catalog(self) -> Path:
+        """(Re)build ``catalog.duckdb`` with the views of ``sql/*.sql``; atomic."""
+        target = self.root / CATALOG
+        tmp = self.root / f".{CATALOG}.tmp"
+        if tmp.exists():
+            tmp.unlink()
+        con = duckdb.connect(str(tmp))
+        try:
+            for statement in catalog_statements(self.root):
+                con.execute(statement)
+        finally:
+            con.close()
+        os.replace(tmp, target)
+        wal = self.root / f".{CATALOG}.tmp.wal"
+        if wal.exists():
+            wal.unlink()
+        return target
+
+
+def catalog_statements(root: Path) -> list[str]:
+    """The catalog's SQL, with ``{facts}`` replaced by the facts folder's path."""
+    facts = str((root / FACTS).resolve()).replace("'", "''")
+    out: list[str] = []
+    for path in sorted(sql_dir().glob("*.sql")):
+        out.append(path.read_text().replace("{facts}", facts))
+    return out

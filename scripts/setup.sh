@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Creates .venv and installs gpuledger with the pipeline and dev extras.
+# Idempotent: a second run only re-checks the install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.gpuledger-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
+  touch "$stamp"
+fi

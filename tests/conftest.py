@@ -1,0 +1,51 @@
+"""Shared fixtures: run hand-written events through the real processor."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from events import frames  # noqa: E402
+
+from gpuledger.pipeline.config import ProcessorConfig  # noqa: E402
+from gpuledger.pipeline.processor import Processor  # noqa: E402
+from gpuledger.pipeline.warehouse import Warehouse  # noqa: E402
+
+
+class Facts:
+    """A processed warehouse, read back table by table."""
+
+    def __init__(self, root: Path, processor: Processor) -> None:
+        self.root = root
+        self.processor = processor
+
+    def table(self, name: str) -> pl.DataFrame:
+        files = sorted((self.root / "facts" / name).glob("**/*.parquet"))
+        if not files:
+            return pl.DataFrame()
+        return pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed")
+
+
+@pytest.fixture
+def process(tmp_path: Path) -> Callable[..., Facts]:
+    """Process records (one batch, or a list of batches) and flush."""
+
+    def run(records: Iterable[dict[str, Any]] | None = None, *,
+            batches: list[list[dict[str, Any]]] | None = None,
+            config: ProcessorConfig | None = None, validated: bool = True,
+            name: str = "wh") -> Facts:
+        root = tmp_path / name
+        proc = Processor(config or ProcessorConfig(), Warehouse(root))
+        for batch in batches or [list(records or [])]:
+            proc.process(frames(batch), validated=validated)
+        proc.flush()
+        return Facts(root, proc)
+
+    return run

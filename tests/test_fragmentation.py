@@ -1,0 +1,80 @@
+"""frag(k), blocked demand and demand-weighted fragmentation on hand-drawn layouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from events import alloc, at, inventory, job
+
+from conftest import Facts
+
+
+def _layout(pending: list[tuple[str, int]]) -> list[dict[str, object]]:
+    """Four 8-GPU nodes with free GPUs (3, 1, 4, 0) from 10:00 to 10:10."""
+    recs: list[dict[str, object]] = [inventory(f"n{i}", at(0), gpus=8) for i in range(4)]
+    held = {"n0": 5, "n1": 7, "n2": 4, "n3": 8}
+    for node, n in held.items():
+        recs += [job("submitted", f"hold-{node}", at(0), gpus=n),
+                 job("started", f"hold-{node}", at(0), allocation=alloc(node, *range(n)))]
+    for job_id, gpus in pending:
+        recs.append(job("submitted", job_id, at(0), gpus=gpus))
+    recs.append(job("checkpointed", "hold-n0", at(10)))  # moves event time to 10:10
+    return recs
+
+
+def test_frag_k_on_a_hand_drawn_layout(process: Callable[..., Facts]) -> None:
+    frag = process(_layout([])).table("frag_minute")
+    assert frag.height == 10
+    row = frag.row(0, named=True)
+    assert row["free_gpus"] == 8
+    assert row["largest_free_block"] == 4
+    assert row["frag_1"] == 0.0
+    assert row["frag_2"] == pytest.approx(1 - 6 / 8)     # 2 + 0 + 4 usable
+    assert row["frag_4"] == pytest.approx(1 - 4 / 8)
+    assert row["frag_8"] == pytest.approx(1.0)
+    assert row["frag_node"] == pytest.approx(1.0)
+    assert row["node_size"] == 8
+
+
+def test_blocked_demand_and_demand_weighted_rate(process: Callable[..., Facts]) -> None:
+    facts = process(_layout([("fits4", 4), ("blocked6", 6), ("toobig16", 16)]))
+    blocked = facts.table("blocked_minute")
+    assert set(blocked["job_id"]) == {"blocked6"}       # 6 ≤ F = 8 but no node has 6
+    assert blocked.height == 10
+    frag = facts.table("frag_minute").row(0, named=True)
+    assert frag["pending_jobs"] == 3
+    assert frag["pending_gpus"] == 26
+    assert frag["blocked_jobs"] == 1
+    assert frag["blocked_gpus"] == 6
+    # weights g: 4 → frag(4) = 0.5; 6 → 1 − 6·0/8 = 1; 16 (k = 8) → frag(8) = 1
+    expected = (4 * 0.5 + 6 * 1.0 + 16 * 1.0) / 26
+    assert frag["frag_demand"] == pytest.approx(expected)
+    assert frag["demand_source"] == "pending"
+
+
+def test_fallback_weights_from_started_sizes(process: Callable[..., Facts]) -> None:
+    # nothing pending: the weights are the sizes started in the last day (5, 7, 4, 8)
+    row = process(_layout([])).table("frag_minute").row(0, named=True)
+    assert row["demand_source"] == "started_1d"
+    # frag(5) = frag(7) = frag(8) = 1 (no node has 5 free), frag(4) = 0.5
+    assert row["frag_demand"] == pytest.approx((5 + 7 + 4 * 0.5 + 8) / 24)
+
+
+def test_shared_gpu_is_not_free(process: Callable[..., Facts]) -> None:
+    recs = [inventory("n0", at(0), gpus=2),
+            job("submitted", "s", at(0), gpus=1),
+            job("started", "s", at(0), allocation=alloc("n0", 0, fraction=0.25)),
+            job("checkpointed", "s", at(5))]
+    row = process(recs).table("frag_minute").row(0, named=True)
+    assert row["free_gpus"] == 1
+
+
+def test_unhealthy_and_drained_nodes_are_not_free(process: Callable[..., Facts]) -> None:
+    recs = [inventory("a", at(0), gpus=4, unhealthy=[0]),
+            inventory("b", at(0), gpus=4, schedulable=False),
+            inventory("c", at(0), gpus=4, health="down"),
+            job("submitted", "x", at(0)), job("checkpointed", "x", at(5))]
+    row = process(recs).table("frag_minute").row(0, named=True)
+    assert row["free_gpus"] == 3
+    assert row["healthy_nodes"] == 1

@@ -1,0 +1,146 @@
+"""Job facts: allocation vs use, idle vs inefficient, memory, queue wait, preemption."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from events import alloc, at, inventory, job, series
+
+from conftest import Facts
+
+
+def _two_jobs() -> list[dict[str, object]]:
+    recs: list[dict[str, object]] = [inventory("n1", at(0), gpus=4)]
+    # j1: 3 GPUs for 30 minutes: GPU0 busy 0.9, GPU1 inefficient 0.2, GPU2 idle 0.0
+    recs += [job("submitted", "j1", at(0), gpus=3, team="nlp"),
+             job("started", "j1", at(0), allocation=alloc("n1", 0, 1, 2)),
+             job("finished", "j1", at(30))]
+    recs += series("n1", 0, at(0), 30, sm=0.9, mem=30_000.0, jobs=["j1"])
+    recs += series("n1", 1, at(0), 30, sm=0.2, mem=10_000.0, jobs=["j1"])
+    recs += series("n1", 2, at(0), 30, sm=0.0, mem=500.0)
+    # j2 (team vision): 1 GPU for 60 minutes at 0.5, memory 12,000 MiB of 81,559
+    recs += [job("submitted", "j2", at(0), gpus=1, team="vision", gpu_mem_mib=40_000.0),
+             job("started", "j2", at(0), allocation=alloc("n1", 3)),
+             job("finished", "j2", at(60))]
+    recs += series("n1", 3, at(0), 60, sm=0.5, mem=12_000.0, jobs=["j2"])
+    return recs
+
+
+def test_allocated_used_idle_inefficient_per_job_and_team(process: Callable[..., Facts]) -> None:
+    facts = process(_two_jobs())
+    att = {r["job_id"]: r for r in facts.table("job_attempts").iter_rows(named=True)}
+    j1 = att["j1"]
+    assert j1["allocated_gpu_hours"] == pytest.approx(90 / 60)          # 3 GPUs × 30 min
+    assert j1["used_gpu_hours"] == pytest.approx((0.9 + 0.2 + 0.0) * 30 / 60)
+    assert j1["idle_gpu_hours"] == pytest.approx(30 / 60)
+    assert j1["inefficient_gpu_hours"] == pytest.approx(30 / 60)
+    assert j1["waste_gpu_hours"] == pytest.approx(90 / 60 - 33 / 60)
+    assert j1["utilisation_of_allocation"] == pytest.approx(33 / 90)
+    assert j1["idle_gpus"] == 1
+    j2 = att["j2"]
+    assert j2["allocated_gpu_hours"] == pytest.approx(1.0)
+    assert j2["used_gpu_hours"] == pytest.approx(0.5)
+    daily = facts.table("gpu_daily")
+    team = {r["team"]: r for r in daily.iter_rows(named=True) if r["team"]}
+    assert team["nlp"]["allocated_gpu_hours"] == pytest.approx(1.5)
+    assert team["nlp"]["allocated_idle_gpu_hours"] == pytest.approx(0.5)
+    assert team["nlp"]["allocated_inefficient_gpu_hours"] == pytest.approx(0.5)
+    assert team["vision"]["used_gpu_hours"] == pytest.approx(0.5)
+    free = [r for r in daily.iter_rows(named=True) if r["team"] is None]
+    assert sum(r["free_gpu_hours"] for r in free) == pytest.approx(90 / 60)  # GPUs 0-2 after j1
+
+
+def test_memory_peak_held_requested_and_oversized(process: Callable[..., Facts]) -> None:
+    facts = process(_two_jobs())
+    att = {r["job_id"]: r for r in facts.table("job_attempts").iter_rows(named=True)}
+    assert att["j1"]["mem_peak_mib"] == 30_000.0
+    assert att["j1"]["mem_held_mib"] == 81_559.0
+    assert att["j1"]["memory_oversized"] is False                 # 36.8 % ≥ 25 %
+    assert att["j2"]["mem_peak_mib"] == 12_000.0
+    assert att["j2"]["mem_peak_ratio"] == pytest.approx(12_000 / 81_559)
+    assert att["j2"]["memory_oversized"] is True                  # 14.7 % < 25 %
+    assert att["j2"]["mem_peak_of_requested"] == pytest.approx(12_000 / 40_000)
+    recs = facts.table("recommendations")
+    kinds = {(r["job_id"], r["kind"]) for r in recs.iter_rows(named=True)}
+    assert ("j2", "right_size_memory") in kinds
+    assert ("j1", "reduce_gpus") in kinds                         # 1 of 3 GPUs idle
+
+
+def test_shared_gpu_charges_each_job_its_fraction(process: Callable[..., Facts]) -> None:
+    recs = [inventory("n1", at(0), gpus=1, card="L40S-48GB", mem=46_068.0)]
+    for j in ("a", "b"):
+        recs += [job("submitted", j, at(0), gpus=1, job_type="inference"),
+                 job("started", j, at(0), allocation=alloc("n1", 0, fraction=0.5))]
+    # one sample stream; processes of both jobs, 6,000 MiB each (GPU total 12,000)
+    from events import telemetry
+    from datetime import timedelta
+    for i in range(60):
+        t = at(0) + timedelta(seconds=10 * i)
+        rec = telemetry("n1", 0, t, util=40.0, mem=12_000.0, card="L40S-48GB", seq=i)
+        rec["processes"] = [{"pid": 1, "used_mib": 6_000.0, "job_id": "a"},
+                            {"pid": 2, "used_mib": 6_000.0, "job_id": "b"}]
+        recs.append(rec)
+    recs += [job("finished", "a", at(10)), job("finished", "b", at(10))]
+    facts = process(recs)
+    att = {r["job_id"]: r for r in facts.table("job_attempts").iter_rows(named=True)}
+    for j in ("a", "b"):
+        assert att[j]["allocated_gpu_hours"] == pytest.approx(0.5 * 10 / 60)
+        assert att[j]["used_gpu_hours"] == pytest.approx(0.5 * 0.4 * 10 / 60)
+        assert att[j]["mem_peak_mib"] == 6_000.0
+        assert att[j]["mem_held_mib"] == pytest.approx(46_068.0 / 2)
+    gm = facts.table("gpu_minute")
+    assert gm["alloc_fraction"].max() == 1.0
+    assert gm["jobs_on_gpu"].max() == 2
+
+
+def test_queue_wait_with_requeue_and_preemption_lost_work(process: Callable[..., Facts]) -> None:
+    recs = [inventory("n1", at(0), gpus=8)]
+    recs += [job("submitted", "p", at(0), gpus=4, preemptible=True, queue="batch"),
+             job("started", "p", at(5), allocation=alloc("n1", 0, 1, 2, 3), borrowed=True),
+             job("checkpointed", "p", at(15)),
+             job("preempted", "p", at(20), reason="reclaimed for prod"),
+             job("requeued", "p", at(20)),
+             job("started", "p", at(30), allocation=alloc("n1", 4, 5, 6, 7)),
+             job("finished", "p", at(40))]
+    recs += series("n1", 0, at(0), 45, sm=0.0)
+    facts = process(recs)
+    att = facts.table("job_attempts").sort("attempt")
+    assert att["attempt"].to_list() == [0, 1]
+    assert att["queue_wait_s"].to_list() == [300.0, 600.0]          # 10:05−10:00, 10:30−10:20
+    assert att["end_event"].to_list() == ["preempted", "finished"]
+    assert att["lost_gpu_hours"][0] == pytest.approx(4 * 5 / 60)    # 4 GPUs × (10:20 − 10:15)
+    assert att["borrowed"].to_list() == [True, False]
+    pre = facts.table("preemptions")
+    assert pre.height == 1
+    assert pre["requeued"][0] is True
+    assert pre["lost_gpu_hours"][0] == pytest.approx(4 * 5 / 60)
+    pend = facts.table("pending_minute")
+    # pending 10:00–10:05 (5 minutes) and 10:20–10:30 (10 minutes), 4 GPUs each
+    assert pend["pending_jobs"].sum() == 15
+    assert pend["pending_gpus"].sum() == 60
+
+
+def test_preemption_without_checkpoint_loses_everything_since_start(
+    process: Callable[..., Facts],
+) -> None:
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "p", at(0), gpus=2, checkpointable=False),
+            job("started", "p", at(0), allocation=alloc("n1", 0, 1)),
+            job("preempted", "p", at(30))]
+    recs += series("n1", 0, at(0), 31, sm=0.0)
+    pre = process(recs).table("preemptions")
+    assert pre["lost_gpu_hours"][0] == pytest.approx(2 * 30 / 60)
+    assert pre["requeued"][0] is False
+
+
+def test_running_and_pending_jobs_land_in_the_snapshot(process: Callable[..., Facts]) -> None:
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "r", at(0), gpus=1),
+            job("started", "r", at(0), allocation=alloc("n1", 0)),
+            job("submitted", "w", at(1), gpus=4)]
+    recs += series("n1", 0, at(0), 10, sm=0.5)
+    snap = process(recs).table("running_attempts")
+    by = {r["job_id"]: r for r in snap.iter_rows(named=True)}
+    assert by["r"]["allocated_gpu_hours"] == pytest.approx(10 / 60)
+    assert by["w"]["started_at"] is None
