@@ -12,11 +12,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from events import frames  # noqa: E402
+from events import frames
 
-from gpuledger.pipeline.config import ProcessorConfig  # noqa: E402
-from gpuledger.pipeline.processor import Processor  # noqa: E402
-from gpuledger.pipeline.warehouse import Warehouse  # noqa: E402
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
 
 
 class Facts:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from events import alloc, at, inventory, job
-
 from conftest import Facts
+from events import alloc, at, inventory, job
 
 
 def _layout(pending: list[tuple[str, int]]) -> list[dict[str, object]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import polars as pl
+from conftest import Facts
 from events import alloc, at, inventory, job, series
 
-from conftest import Facts
 from gpuledger.pipeline.facts.gpu_state import STATES
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from events import alloc, at, inventory, job, series
-
 from conftest import Facts
+from events import alloc, at, inventory, job, series
 
 
 def _two_jobs() -> list[dict[str, object]]:
@@ -73,8 +72,9 @@ def test_shared_gpu_charges_each_job_its_fraction(process: Callable[..., Facts])
         recs += [job("submitted", j, at(0), gpus=1, job_type="inference"),
                  job("started", j, at(0), allocation=alloc("n1", 0, fraction=0.5))]
     # one sample stream; processes of both jobs, 6,000 MiB each (GPU total 12,000)
-    from events import telemetry
     from datetime import timedelta
+
+    from events import telemetry
     for i in range(60):
         t = at(0) + timedelta(seconds=10 * i)
         rec = telemetry("n1", 0, t, util=40.0, mem=12_000.0, card="L40S-48GB", seq=i)

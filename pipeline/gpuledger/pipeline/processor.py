@@ -49,7 +49,6 @@ from gpuledger.pipeline.facts.telemetry_minutes import (
 from gpuledger.pipeline.state.inventory import InventoryBook
 from gpuledger.pipeline.state.jobs import JobBook
 from gpuledger.pipeline.tables import SORT_KEYS, TABLE_SCHEMAS
-
 from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.processor")

@@ -1,0 +1,44 @@
+"""Processor configuration: defaults, file, environment, and errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuledger.pipeline.config import ConfigError, load_config
+
+
+def test_defaults_match_design() -> None:
+    c = load_config(None, environ={})
+    assert c.thresholds.idle_activity == 0.05
+    assert c.thresholds.efficient_activity == 0.30
+    assert c.thresholds.memory_oversized_ratio == 0.25
+
+
+def test_file_then_environment_override(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("thresholds:\n  idle_activity: 0.02\nwindows:\n  allowed_lateness_s: 60\n")
+    c = load_config(f, environ={"GPULEDGER_THRESHOLDS__IDLE_ACTIVITY": "0.03"})
+    assert c.thresholds.idle_activity == 0.03
+    assert c.windows.allowed_lateness_s == 60
+
+
+@pytest.mark.parametrize(("text", "env", "message"), [
+    ("thresholds:\n  idle_activty: 0.1\n", {}, "thresholds.idle_activty: unknown key"),
+    ("thresholds:\n  idle_activity: lots\n", {}, "thresholds.idle_activity: expected a number"),
+    ("thresholds:\n  idle_activity: 0.5\n", {}, "thresholds.idle_activity: must not exceed"),
+    ("windows:\n  allowed_lateness_s: -1\n", {}, "windows.allowed_lateness_s: must be >= 0"),
+    ("colour: blue\n", {}, "colour: unknown key"),
+    ("card_tiers:\n  X:\n    memory_mib: 0\n    relative_speed: 1\n", {},
+     "card_tiers.X.memory_mib: must be > 0"),
+    ("", {"GPULEDGER_THRESHOLDS__EFFICIENT_ACTIVITY": "2"},
+     "thresholds.efficient_activity: 2.0 must be between 0 and 1"),
+    ("- a\n", {}, "expected a mapping at the top level"),
+])
+def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
+                                 message: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(f, environ=env)

@@ -1,0 +1,63 @@
+"""`gpuledger query` is read-only and answers from the catalog's views."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Facts
+from events import alloc, at, inventory, job, series
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def warehouse(process: Callable[..., Facts]) -> Path:
+    recs = [inventory("n1", at(0), gpus=2), job("submitted", "j", at(0), team="nlp"),
+            job("started", "j", at(0), allocation=alloc("n1", 0)), job("finished", "j", at(5))]
+    recs += series("n1", 0, at(0), 5, sm=0.5)
+    return process(recs).root
+
+
+def test_select_answers_from_views(warehouse: Path) -> None:
+    columns, rows = query.run(warehouse, "SELECT team, allocated_gpu_hours FROM job_attempts")
+    assert columns == ["team", "allocated_gpu_hours"]
+    assert rows == [("nlp", pytest.approx(5 / 60))]
+
+
+@pytest.mark.parametrize("sql", [
+    "CREATE TABLE x AS SELECT 1",
+    "DROP VIEW gpu_minute",
+    "COPY (SELECT * FROM gpu_minute) TO '{root}/facts/gpu_minute/evil.parquet'",
+    "ATTACH '{root}/other.duckdb' AS o",
+    "INSERT INTO gpu_minute SELECT * FROM gpu_minute",
+    "SET threads = 1",
+    "SELECT 1; DROP VIEW gpu_minute",
+    "INSTALL httpfs",
+])
+def test_writes_are_refused_and_nothing_changes(warehouse: Path, sql: str) -> None:
+    before = _digest(warehouse)
+    with pytest.raises(query.QueryError, match="only read-only queries|cannot parse"):
+        query.run(warehouse, sql.format(root=warehouse))
+    assert _digest(warehouse) == before
+
+
+def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["query", "--warehouse", str(warehouse), "--format", "csv",
+                 "SELECT job_id, end_event FROM job_attempts"]) == 0
+    assert capsys.readouterr().out == "job_id,end_event\nj,finished\n"
+    assert main(["query", "--warehouse", str(warehouse), "--format", "json",
+                 "SELECT count(*) AS n FROM gpu_minute"]) == 0
+    assert capsys.readouterr().out == '{"n": 10}\n'
+    assert main(["query", "--warehouse", str(warehouse), "DELETE FROM gpu_minute"]) == 2
+    assert "only read-only" in capsys.readouterr().err
+    assert main(["query", "--warehouse", str(warehouse / "nope"), "SELECT 1"]) == 2
+    assert "not a gpuledger warehouse" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""Event-time windows: out-of-order, late and duplicated events (docs/metrics.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import polars as pl
+from conftest import Facts
+from events import alloc, at, inventory, job, series
+
+
+def _base() -> list[dict[str, object]]:
+    recs: list[dict[str, object]] = [inventory("n1", at(0), gpus=2),
+                                     job("submitted", "j", at(0)),
+                                     job("started", "j", at(0), allocation=alloc("n1", 0))]
+    recs += series("n1", 0, at(0), 20, sm=0.6, jobs=["j"])
+    recs += series("n1", 1, at(0), 20, sm=0.0, seq0=500)
+    return recs
+
+
+def _gpu_minutes(facts: Facts) -> pl.DataFrame:
+    return facts.table("gpu_minute").sort("minute", "node", "gpu_index").drop("date")
+
+
+def test_out_of_order_within_lateness_gives_the_same_facts(process: Callable[..., Facts]) -> None:
+    recs = _base()
+    in_order = process(recs, name="a")
+    tel = [r for r in recs if r["type"] == "telemetry"]
+    minutes = [[r for r in tel if r["time"].minute == m] for m in range(20)]  # type: ignore[union-attr]
+    batches = [recs[:3]]
+    for m in range(0, 20, 2):  # swap each pair of minutes, reverse inside each batch
+        batches.append(list(reversed(minutes[m + 1])))
+        batches.append(list(reversed(minutes[m])))
+    out_of_order = process(batches=batches, name="b")
+    assert out_of_order.processor.counters.late_telemetry == 0
+    assert _gpu_minutes(in_order).equals(_gpu_minutes(out_of_order))
+
+
+def test_duplicates_are_harmless(process: Callable[..., Facts]) -> None:
+    recs = _base()
+    once = process(recs, name="once")
+    twice = process(batches=[recs, recs[:3] + recs[3:200]], name="twice")
+    assert _gpu_minutes(once).equals(_gpu_minutes(twice))
+    assert twice.processor.counters.duplicate_job_events == 3 - 1  # submitted, started
+    assert once.table("job_attempts").height == 0  # still running
+
+
+def test_late_telemetry_is_kept_and_counted_not_merged(process: Callable[..., Facts]) -> None:
+    recs = _base()
+    early = [r for r in recs if r["type"] != "telemetry" or r["time"] < at(2)]
+    rest = [r for r in recs if r["type"] == "telemetry" and r["time"] >= at(2)]
+    late = series("n1", 1, at(0), 1, sm=0.9, seq0=900)  # minute 10:00, arrives at the end
+    facts = process(batches=[early, rest, late], name="late")
+    ref = process(recs, name="ref")
+    assert _gpu_minutes(facts).equals(_gpu_minutes(ref))      # closed minutes untouched
+    assert facts.processor.counters.late_telemetry == len(late)
+    kept = facts.table("late_telemetry")
+    assert kept.height == len(late)
+    assert kept["sm_active"].to_list() == [0.9] * len(late)
+
+
+def test_late_job_event_updates_job_facts(process: Callable[..., Facts]) -> None:
+    recs = _base()
+    finish = job("finished", "j", at(10))
+    facts = process(batches=[recs, [finish]], name="latejob")
+    att = facts.table("job_attempts")
+    assert att["ended_at"].to_list() == [at(10)]
+    assert facts.processor.counters.late_job_events == 1
+
+
+def test_watermark_closes_minutes_only_after_lateness(process: Callable[..., Facts]) -> None:
+    recs = _base()
+    from gpuledger.pipeline.config import ProcessorConfig, Windows
+
+    facts = process(batches=[recs], config=ProcessorConfig(windows=Windows(allowed_lateness_s=300)),
+                    name="wm")
+    proc = facts.processor
+    # after flush every minute with an event is closed
+    assert proc.closed_until == at(20)
