@@ -15,6 +15,7 @@ class Counters:
     late_telemetry: int = 0
     late_job_events: int = 0
     late_inventory: int = 0
+    duplicate_samples: int = 0
     duplicate_job_events: int = 0
     out_of_order_job_events: int = 0
     telemetry_lost_samples: int = 0

@@ -228,7 +228,6 @@ class Processor:
             in_window = (pl.col("minute") >= lo) & (pl.col("minute") < hi)
             window = self.samples.filter(in_window)
             self.samples = self.samples.filter(~in_window)
-        self._count_sequence(window)
         grid = self.inventory.gpus_at(minutes)
         allocs = expand_to_minutes(self.jobs.allocations(), "start", "end", a, b)
         attrs = self.jobs.attributes()
@@ -240,6 +239,8 @@ class Processor:
             pl.len().cast(pl.Int64).alias("jobs_on_gpu"),
         )
         telem = per_gpu_minute(window) if not window.is_empty() else None
+        if telem is not None:
+            self._count_sequence(window, telem)
         gpu = self._gpu_minutes(grid, alloc_gpu, telem, attrs)
         self._buffer("gpu_minute", gpu)
         if self.config.cluster_facts:
@@ -409,12 +410,13 @@ class Processor:
         )
         return out.select(TABLE_SCHEMAS["job_attempts"].names())
 
-    def _count_sequence(self, window: pl.DataFrame) -> None:
-        if window.is_empty():
-            return
+    def _count_sequence(self, window: pl.DataFrame, telem: pl.DataFrame) -> None:
+        dups = telem.group_by("node").agg(pl.col("duplicates").sum())
+        self.counters.duplicate_samples += int(dups["duplicates"].sum())
+        repeated = dict(dups.filter(pl.col("duplicates") > 0).iter_rows())
         for agent, lo, hi, n in sequence_gaps(window).iter_rows():
             last = self._seq_last.get(agent)
-            gap = hi - lo + 1 - n
+            gap = hi - lo + 1 - (n - repeated.get(agent, 0))
             if last is not None and lo > last + 1:
                 gap += lo - last - 1
             self.counters.telemetry_lost_samples += max(gap, 0)

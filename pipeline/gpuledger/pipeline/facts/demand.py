@@ -4,7 +4,7 @@ A pending job-minute is *blocked by fragmentation* when the job's GPU count fits
 the free GPUs ``F`` of its pool and card type, but on no node: a single-node job
 (``g`` ≤ node size) needs a node with ``f_n ≥ g``; a multi-node job needs ``g`` GPUs
 in whole free nodes. A job that names no card type is matched against all card types
-of its pool.
+of its pool (and weighs on the demand-weighted rate of each).
 
 The demand-weighted fragmentation rate of a pool and card type weights ``frag(g)`` by
 the GPUs ``g`` of its pending jobs (``k = min(g, node size)``); with nothing pending it
@@ -64,18 +64,17 @@ def demand_weighted(
     schema = {"minute": minutes.dtype, "pool": pl.String, "card_type": pl.String,
               "frag_demand": pl.Float64, "demand_source": pl.String}
     parts: list[pl.DataFrame] = []
-    typed = pending.filter(pl.col("card_type").is_not_null())
+    cards = nodes.select("minute", "pool", "card_type").unique()
+    typed = _any_card_to_each(pending.select([*_KEYS, "gpus"]), cards)
     if not typed.is_empty():
         per = _per_size(nodes, typed.select([*_KEYS, "gpus"]).unique(),
                         [*_KEYS, "gpus"])
         weights = typed.group_by([*_KEYS, "gpus"]).agg(pl.len().alias("jobs"))
         parts.append(_weighted(per, weights, "pending"))
     if not started_sizes.is_empty():
-        weights = (
-            started_sizes.filter(pl.col("card_type").is_not_null())
-            .group_by(["pool", "card_type", "gpus"]).agg(pl.len().alias("jobs"))
-            .join(pl.DataFrame({"minute": minutes}), how="cross")
-        )
+        weights = _any_card_to_each(
+            started_sizes.join(pl.DataFrame({"minute": minutes}), how="cross"), cards
+        ).group_by([*_KEYS, "gpus"]).agg(pl.len().alias("jobs"))
         per = _per_size(nodes, weights.select([*_KEYS, "gpus"]), [*_KEYS, "gpus"])
         parts.append(_weighted(per, weights, "started_1d"))
     if not parts:
@@ -87,6 +86,14 @@ def demand_weighted(
         .group_by(_KEYS, maintain_order=True).first()
         .select(list(schema))
     )
+
+
+def _any_card_to_each(demand: pl.DataFrame, cards: pl.DataFrame) -> pl.DataFrame:
+    """Demand that names no card type counts towards every card type of its pool."""
+    named = demand.filter(pl.col("card_type").is_not_null())
+    anyc = demand.filter(pl.col("card_type").is_null()).drop("card_type").join(
+        cards, on=["minute", "pool"], how="inner")
+    return pl.concat([named, anyc.select(named.columns)])
 
 
 def _weighted(per: pl.DataFrame, weights: pl.DataFrame, source: str) -> pl.DataFrame:

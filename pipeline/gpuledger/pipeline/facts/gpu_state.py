@@ -35,6 +35,15 @@ STATES = (
 )
 ALLOCATED_STATES = ("allocated_idle", "allocated_inefficient", "allocated_busy")
 
+TOLERANCE = 1e-9
+"""Activity within this of a threshold counts as at the threshold (a mean of samples at
+exactly 5 % must not fall to 4.999999 % by floating-point summation)."""
+
+
+def below(activity: pl.Expr, threshold: float) -> pl.Expr:
+    """``activity < threshold``, robust to floating-point summation."""
+    return activity < threshold - TOLERANCE
+
 
 def sample_activity() -> pl.Expr:
     """Activity of one telemetry sample (0–1)."""
@@ -51,15 +60,15 @@ def classify(thresholds: Thresholds) -> pl.Expr:
     return (
         pl.when(pl.col("unhealthy"))
         .then(pl.lit("unavailable"))
-        .when(pl.col("allocated") & (activity < thresholds.idle_activity))
+        .when(pl.col("allocated") & below(activity, thresholds.idle_activity))
         .then(pl.lit("allocated_idle"))
-        .when(pl.col("allocated") & (activity < thresholds.efficient_activity))
+        .when(pl.col("allocated") & below(activity, thresholds.efficient_activity))
         .then(pl.lit("allocated_inefficient"))
         .when(pl.col("allocated"))
         .then(pl.lit("allocated_busy"))
         .when(~pl.col("schedulable"))
         .then(pl.lit("unavailable"))
-        .when((activity >= thresholds.idle_activity) | pl.col("has_process"))
+        .when(~below(activity, thresholds.idle_activity) | pl.col("has_process"))
         .then(pl.lit("unaccounted_use"))
         .otherwise(pl.lit("free"))
         .cast(pl.Enum(STATES))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import polars as pl
 
 from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.facts.gpu_state import below
 
 ACC_KEYS = ["job_id", "attempt", "node", "gpu_index"]
 ACC_SCHEMA = pl.Schema(
@@ -64,8 +65,9 @@ def minute_usage(job_minutes: pl.DataFrame, config: ProcessorConfig) -> pl.DataF
         frac.max().alias("fraction"),
         frac.sum().alias("alloc_min"),
         (frac * act.fill_null(0.0)).sum().alias("used_min"),
-        (frac * (act.fill_null(0.0) < t.idle_activity).cast(pl.Float64)).sum().alias("idle_min"),
-        (frac * ((act >= t.idle_activity) & (act < t.efficient_activity))
+        (frac * below(act.fill_null(0.0), t.idle_activity).cast(pl.Float64)).sum()
+        .alias("idle_min"),
+        (frac * (~below(act, t.idle_activity) & below(act, t.efficient_activity))
          .fill_null(False).cast(pl.Float64)).sum().alias("inefficient_min"),
         (frac * seen.cast(pl.Float64)).sum().alias("observed_min"),
         mem.max().alias("mem_peak_mib"),
@@ -116,7 +118,7 @@ def attempt_usage(acc: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
         pl.col("_held").max().alias("mem_held_mib"),
         pl.col("card_type").drop_nulls().first().alias("held_card_type"),
         pl.len().alias("gpus_observed"),
-        (pl.col("_gpu_act") < t.idle_activity).sum().alias("idle_gpus"),
+        below(pl.col("_gpu_act"), t.idle_activity).sum().alias("idle_gpus"),
     )
     return out.with_columns(
         (pl.col("allocated_gpu_hours") - pl.col("used_gpu_hours")).alias("waste_gpu_hours"),

@@ -33,31 +33,76 @@ def prepare(telemetry: pl.DataFrame) -> pl.DataFrame:
         pl.col("processes").list.len().fill_null(0).alias("n_proc"),
         pl.col("processes").list.eval(pl.element().struct.field("job_id").is_null()).list.sum()
         .fill_null(0).alias("n_unattributed"),
+        (
+            (pl.col("healthy") == False)  # noqa: E712 - null-aware comparison
+            | (pl.col("xid_errors") > 0)
+            | (pl.col("ecc_dbe") > 0)
+        ).fill_null(False).alias("unhealthy_sample"),
     )
 
 
 def per_gpu_minute(samples: pl.DataFrame) -> pl.DataFrame:
-    """Aggregate prepared samples to (minute, node, gpu_index)."""
+    """Aggregate prepared samples to (minute, node, gpu_index).
+
+    Adds ``duplicates``: samples dropped as repeats of another (same node, GPU, MIG
+    instance and time). Duplicates are found in the same pass (a count of distinct
+    sample times per GPU-minute); only the GPU-minutes that have some are aggregated
+    again from de-duplicated samples, so the common case pays nothing extra.
+    """
     keys = ["minute", "node", "gpu_index"]
-    samples = samples.unique(subset=["node", "gpu_index", "mig_instance", "time"],
-                             keep="first", maintain_order=False)
     if samples.select(pl.col("mig_instance").is_not_null().any()).item():
-        samples = samples.group_by([*keys, "time"]).agg(
-            pl.col("card_type").first(),
-            pl.col("activity").mean(),
-            *[pl.col(c).mean() for c in _MEANS],
-            pl.col("mem_used_mib").sum(),
-            pl.col("mem_total_mib").max(),
-            pl.col("temp_c").max(),
-            pl.col("xid_errors").sum(),
-            pl.col("ecc_sbe").sum(),
-            pl.col("ecc_dbe").sum(),
-            pl.col("healthy").min(),
-            pl.col("n_proc").sum(),
-            pl.col("n_unattributed").sum(),
-        )
-    return samples.group_by(keys).agg(
-        pl.len().cast(pl.Int64).alias("telemetry_samples"),
+        samples = samples.unique(subset=["node", "gpu_index", "mig_instance", "time"],
+                                 keep="first", maintain_order=False)
+        samples = _merge_mig(samples, keys)
+    out = _aggregate(samples, keys)
+    repeated = out.filter(pl.col("_samples") > pl.col("_distinct"))
+    if not repeated.is_empty():
+        affected = repeated.select(keys)
+        clean = samples.join(affected, on=keys, how="semi").unique(
+            subset=["node", "gpu_index", "time"], keep="first", maintain_order=False)
+        fixed = _aggregate(clean, keys).with_columns(
+            pl.lit(None, pl.UInt32).alias("_dups"))
+        fixed = fixed.drop("_dups").join(
+            repeated.select(*keys, (pl.col("_samples") - pl.col("_distinct")).alias("_dups")),
+            on=keys)
+        out = pl.concat([
+            out.join(affected, on=keys, how="anti").with_columns(
+                pl.lit(0, pl.UInt32).alias("_dups")),
+            fixed.select([*out.columns, "_dups"]),
+        ], how="vertical_relaxed")
+    else:
+        out = out.with_columns(pl.lit(0, pl.UInt32).alias("_dups"))
+    return out.with_columns(
+        pl.col("_distinct").cast(pl.Int64).alias("telemetry_samples"),
+        pl.col("_dups").cast(pl.Int64).alias("duplicates"),
+    ).drop("_samples", "_distinct", "_dups")
+
+
+def _merge_mig(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """One row per GPU and sample time from the rows of its MIG instances."""
+    return samples.group_by([*keys, "time"]).agg(
+        pl.col("card_type").first(),
+        pl.col("seq").max(),
+        pl.col("agent").first(),
+        pl.col("activity").mean(),
+        *[pl.col(c).mean() for c in _MEANS],
+        pl.col("mem_used_mib").sum(),
+        pl.col("mem_total_mib").max(),
+        pl.col("temp_c").max(),
+        pl.col("xid_errors").sum(),
+        pl.col("ecc_sbe").sum(),
+        pl.col("ecc_dbe").sum(),
+        pl.col("healthy").min(),
+        pl.col("unhealthy_sample").max(),
+        pl.col("n_proc").sum(),
+        pl.col("n_unattributed").sum(),
+    ).with_columns(pl.lit(None, pl.String).alias("mig_instance"))
+
+
+def _aggregate(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    return samples.lazy().group_by(keys).agg(
+        pl.len().alias("_samples"),
+        pl.col("time").n_unique().alias("_distinct"),
         pl.col("card_type").first().alias("telemetry_card_type"),
         pl.col("activity").mean(),
         *[pl.col(c).mean() for c in _MEANS],
@@ -67,14 +112,10 @@ def per_gpu_minute(samples: pl.DataFrame) -> pl.DataFrame:
         pl.col("xid_errors").sum(),
         pl.col("ecc_sbe").sum(),
         pl.col("ecc_dbe").sum(),
-        (
-            (pl.col("healthy") == False).any()  # noqa: E712 - null-aware comparison
-            | (pl.col("xid_errors").fill_null(0).sum() > 0)
-            | (pl.col("ecc_dbe").fill_null(0).sum() > 0)
-        ).alias("telemetry_unhealthy"),
+        pl.col("unhealthy_sample").max().alias("telemetry_unhealthy"),
         pl.col("n_proc").max().alias("processes"),
         pl.col("n_unattributed").max().alias("unattributed_processes"),
-    )
+    ).collect()
 
 
 def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
@@ -99,13 +140,15 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
 
 
 def sequence_gaps(samples: pl.DataFrame) -> pl.DataFrame:
-    """Per agent: lowest and highest sequence number and distinct numbers received."""
+    """Per agent: lowest and highest sequence number and samples received.
+
+    ``samples`` must be free of duplicates (or the count over-states what arrived).
+    """
     return (
-        samples.with_columns(pl.coalesce(pl.col("agent"), pl.col("node")).alias("agent"))
-        .group_by("agent")
+        samples.group_by(pl.coalesce(pl.col("agent"), pl.col("node")).alias("agent"))
         .agg(
             pl.col("seq").min().alias("seq_min"),
             pl.col("seq").max().alias("seq_max"),
-            pl.col("seq").n_unique().alias("seq_count"),
+            pl.len().alias("seq_count"),
         )
     )

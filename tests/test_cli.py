@@ -1,0 +1,107 @@
+"""The `gpuledger` command, run as a user would (in-process for speed, and once as a
+real subprocess through the installed console script)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from events import at, inventory, iso
+from test_simulate import SMALL
+
+from gpuledger.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cluster") / "small.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    return path
+
+
+def test_help_explains_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "simulate", "ingest", "query"):
+        assert command in out
+    with pytest.raises(SystemExit):
+        main(["ingest", "--help"])
+    assert "file:line" in capsys.readouterr().out.replace("(file:line: reason)", "file:line")
+
+
+def test_demo_prints_the_summary(cluster: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo", "--cluster", str(cluster), "--hours", "1", "--quiet",
+                 "--warehouse", str(tmp_path / "wh")])
+    assert code == 0
+    out = capsys.readouterr().out
+    for title in ("Allocation vs use by pool", "Allocation vs use by team",
+                  "Top 10 wasting jobs", "Queue wait by queue", "Fragmentation"):
+        assert title in out
+    assert "processed" in out and "GPU samples" in out
+    assert (tmp_path / "wh" / "catalog.duckdb").exists()
+
+
+def test_simulate_then_ingest_with_bad_lines(cluster: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "events"
+    assert main(["simulate", "--cluster", str(cluster), "--hours", "0.5", "--quiet",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "telemetry.jsonl" in printed and "job.jsonl" in printed
+    lines = (out / "job.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["type"] == "job" for line in lines)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([
+        json.dumps({"v": 1, "type": "job", "time": iso(at(0)), "event": "exploded",
+                    "job_id": "x"}),
+        "{not json",
+        json.dumps({"v": 1, "type": "inventory", "time": iso(at(0)), "node": "n",
+                    "pool": "p", "card_type": "c", "gpu_count": -1, "gpu_mem_mib": 1.0,
+                    "schedulable": True, "health": "ok"}),
+    ]) + "\n")
+    files = [str(p) for p in sorted(out.glob("*.jsonl"))]
+    wh = tmp_path / "wh"
+    assert main(["ingest", *files, str(bad), "--quiet", "--warehouse", str(wh)]) == 0
+    captured = capsys.readouterr()
+    assert "3 bad line(s)" in captured.out
+    assert f"{bad}:1:" in captured.err and "'exploded'" in captured.err
+    assert f"{bad}:2:" in captured.err
+    assert f"{bad}:3:" in captured.err and "gpu_count" in captured.err
+    assert main(["query", "--warehouse", str(wh), "--format", "csv",
+                 "SELECT line FROM rejects ORDER BY line"]) == 0
+    assert capsys.readouterr().out == "line\n1\n2\n3\n"
+    assert main(["ingest", str(bad), "--strict", "--quiet",
+                 "--warehouse", str(tmp_path / "strict")]) == 1
+
+
+def test_user_errors_are_short_and_exit_2(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ingest", str(tmp_path / "missing.jsonl"), "--quiet"]) == 2
+    assert "missing.jsonl: no such file" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("thresholds:\n  idle: 0.1\n")
+    good = tmp_path / "ok.jsonl"
+    good.write_text(json.dumps({**inventory("n", at(0)), "time": iso(at(0))}) + "\n")
+    assert main(["ingest", str(good), "--config", str(cfg), "--quiet",
+                 "--warehouse", str(tmp_path / "w")]) == 2
+    assert "thresholds.idle: unknown key" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--hours", "-1"])
+    assert exit_.value.code == 2
+    assert "--hours must be > 0" in capsys.readouterr().err
+
+
+def test_console_script_runs_as_a_process(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("gpuledger")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuledger.cli.main"]
+    done = subprocess.run([*cmd, "query", "--warehouse", str(tmp_path), "SELECT 1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "not a gpuledger warehouse" in done.stderr
