@@ -130,7 +130,8 @@ class Processor:
             return
         self.rejects.append(rejects)
         for (record_type,), group in rejects.group_by(["record_type"]):
-            self.counters.add_rejects(str(record_type), group.height)
+            kind = "unknown" if record_type is None else str(record_type)
+            self.counters.add_rejects(kind, group.height)
 
     def _ingest(self, frames: dict[RecordType, pl.DataFrame]) -> None:
         times = [f.select(pl.col("time").min()).item() for f in frames.values()]
