@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 
 PRODUCER = """
 import io, struct, sys

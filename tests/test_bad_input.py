@@ -13,14 +13,14 @@ from gpuledger.pipeline import query
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import ingest
 
-GOOD = (
-    [inventory("n1", at(0), gpus=2),
-     job("submitted", "j", at(0), gpus=1),
-     job("started", "j", at(1), allocation=alloc("n1", 0)),
-     job("finished", "j", at(8))]
-    + series("n1", 0, at(0), 10, sm=0.4, jobs=["j"])
-    + series("n1", 1, at(0), 10, util=0.0, seq0=100)
-)
+GOOD = [
+    inventory("n1", at(0), gpus=2),
+    job("submitted", "j", at(0), gpus=1),
+    job("started", "j", at(1), allocation=alloc("n1", 0)),
+    job("finished", "j", at(8)),
+    *series("n1", 0, at(0), 10, sm=0.4, jobs=["j"]),
+    *series("n1", 1, at(0), 10, util=0.0, seq0=100),
+]
 
 BAD_LINES = [
     b"{this is not json",

@@ -74,7 +74,8 @@ def test_unavailable_cases(process: Callable[..., Facts]) -> None:
     recs += series("b", 0, at(0), 5, sm=0.9, jobs=["j"])
     facts = process(recs)
     gm = facts.table("gpu_minute")
-    by = {(n, i, s): c for n, i, s, c in gm.group_by("node", "gpu_index", "state").len().iter_rows()}
+    counts = gm.group_by("node", "gpu_index", "state").len()
+    by = {(n, i, s): c for n, i, s, c in counts.iter_rows()}
     assert by[("a", 0, "free")] == 4
     assert by[("a", 0, "unavailable")] == 1
     assert by[("a", 1, "unavailable")] == 5

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from conftest import Facts
 from events import alloc, at, inventory, job, series
 
-from conftest import Facts
 from gpuledger.pipeline import query
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor

@@ -141,7 +141,8 @@ def _card_tiers(raw: Any) -> dict[str, CardTier]:
     if raw is None:
         return dict(DEFAULT_CARD_TIERS)
     if not isinstance(raw, dict):
-        raise ConfigError("card_tiers: expected a mapping of card type to {memory_mib, relative_speed}")
+        raise ConfigError(
+            "card_tiers: expected a mapping of card type to {memory_mib, relative_speed}")
     tiers: dict[str, CardTier] = {}
     for card, spec in raw.items():
         if not isinstance(spec, dict):

@@ -57,7 +57,7 @@ def feed_in_time_order(
         end = start + SLICE
         batch: dict[str, pl.DataFrame] = {}
         for kind, frame in ordered.items():
-            stop = int(frame["time"].search_sorted(end, side="left"))  # type: ignore[arg-type]
+            stop = int(frame["time"].search_sorted(end, side="left"))
             if stop > offsets[kind]:
                 batch[kind] = frame.slice(offsets[kind], stop - offsets[kind])
                 offsets[kind] = stop

@@ -480,7 +480,8 @@ class Processor:
         kept[hour] = hourly
         daily = self._shape("gpu_daily", rollup.daily(pl.concat(list(kept.values()))))
         self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"], hourly=False)
-        if complete and self.closed_until is not None and day + timedelta(days=1) <= self.closed_until:
+        day_done = self.closed_until is not None and day + timedelta(days=1) <= self.closed_until
+        if complete and day_done:
             del self.day_hourly[day]
 
     def _write_late(self) -> None:

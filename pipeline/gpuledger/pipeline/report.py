@@ -47,7 +47,8 @@ SECTIONS: list[tuple[str, str]] = [
     (
         "Fragmentation by pool and card type (time averages)",
         """SELECT pool, card_type, round(mean_free_gpus, 1) AS "free GPUs",
-                  round(frag_2, 3) AS frag_2, round(frag_4, 3) AS frag_4, round(frag_8, 3) AS frag_8,
+                  round(frag_2, 3) AS frag_2, round(frag_4, 3) AS frag_4,
+                  round(frag_8, 3) AS frag_8,
                   round(frag_node, 3) AS frag_node, round(frag_demand, 3) AS frag_demand,
                   blocked_job_minutes AS "blocked job-min"
            FROM fragmentation ORDER BY pool, card_type""",

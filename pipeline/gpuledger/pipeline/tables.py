@@ -6,6 +6,8 @@ let the DuckDB views exist before any rows do) and the docs agree.
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from gpuledger.pipeline.columns import TIME_DTYPE
@@ -13,73 +15,79 @@ from gpuledger.pipeline.facts.recommendations import REC_SCHEMA
 from gpuledger.pipeline.facts.rollup import DIMENSIONS, MEASURES
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, PREEMPTION_SCHEMA
 
-S, I, F, B, T, D = pl.String, pl.Int64, pl.Float64, pl.Boolean, TIME_DTYPE, pl.Date
+S, N, F, B, T, D = pl.String, pl.Int64, pl.Float64, pl.Boolean, TIME_DTYPE, pl.Date
 
-GPU_MINUTE = pl.Schema({
-    "minute": T, "date": D, "pool": S, "card_type": S, "node": S, "gpu_index": I,
-    "state": S, "allocated": B, "alloc_fraction": F, "jobs_on_gpu": I, "job_id": S,
-    "attempt": I, "team": S, "queue": S, "job_type": S, "user": S, "priority": I,
-    "activity": F, "telemetry_samples": I, "util_gpu": F, "sm_active": F,
+
+def _cols(columns: dict[str, Any]) -> dict[str, pl.DataType]:
+    """Column types as instances (mixing classes and instances reads better above)."""
+    return {k: v() if isinstance(v, type) else v for k, v in columns.items()}
+
+
+GPU_MINUTE = pl.Schema(_cols({
+    "minute": T, "date": D, "pool": S, "card_type": S, "node": S, "gpu_index": N,
+    "state": S, "allocated": B, "alloc_fraction": F, "jobs_on_gpu": N, "job_id": S,
+    "attempt": N, "team": S, "queue": S, "job_type": S, "user": S, "priority": N,
+    "activity": F, "telemetry_samples": N, "util_gpu": F, "sm_active": F,
     "sm_occupancy": F, "tensor_active": F, "dram_active": F, "mem_used_mib": F,
     "mem_total_mib": F, "power_w": F, "temp_c": F, "sm_clock_mhz": F,
     "pcie_rx_bytes_s": F, "pcie_tx_bytes_s": F, "nvlink_rx_bytes_s": F,
-    "nvlink_tx_bytes_s": F, "xid_errors": I, "ecc_sbe": I, "ecc_dbe": I, "processes": I,
-    "unattributed_processes": I, "schedulable": B, "health": S, "idle_threshold": F,
+    "nvlink_tx_bytes_s": F, "xid_errors": N, "ecc_sbe": N, "ecc_dbe": N, "processes": N,
+    "unattributed_processes": N, "schedulable": B, "health": S, "idle_threshold": F,
     "efficient_threshold": F,
-})
+}))
 
-FRAG_MINUTE = pl.Schema({
-    "minute": T, "date": D, "pool": S, "card_type": S, "node_size": I, "healthy_nodes": I,
-    "free_gpus": I, "largest_free_block": I, "whole_node_free_gpus": I, "frag_1": F,
+FRAG_MINUTE = pl.Schema(_cols({
+    "minute": T, "date": D, "pool": S, "card_type": S, "node_size": N, "healthy_nodes": N,
+    "free_gpus": N, "largest_free_block": N, "whole_node_free_gpus": N, "frag_1": F,
     "frag_2": F, "frag_4": F, "frag_8": F, "frag_node": F, "frag_demand": F,
-    "demand_source": S, "pending_jobs": I, "pending_gpus": I, "blocked_jobs": I,
-    "blocked_gpus": I,
-})
+    "demand_source": S, "pending_jobs": N, "pending_gpus": N, "blocked_jobs": N,
+    "blocked_gpus": N,
+}))
 
-PENDING_MINUTE = pl.Schema({
+PENDING_MINUTE = pl.Schema(_cols({
     "minute": T, "date": D, "queue": S, "pool": S, "card_type": S, "team": S,
-    "pending_jobs": I, "pending_gpus": I, "blocked_jobs": I, "blocked_gpus": I,
-})
+    "pending_jobs": N, "pending_gpus": N, "blocked_jobs": N, "blocked_gpus": N,
+}))
 
-BLOCKED_MINUTE = pl.Schema({
-    "minute": T, "date": D, "job_id": S, "attempt": I, "team": S, "queue": S, "pool": S,
-    "card_type": S, "gpus": I, "priority": I, "free_gpus": I, "largest_free_block": I,
-})
+BLOCKED_MINUTE = pl.Schema(_cols({
+    "minute": T, "date": D, "job_id": S, "attempt": N, "team": S, "queue": S, "pool": S,
+    "card_type": S, "gpus": N, "priority": N, "free_gpus": N, "largest_free_block": N,
+}))
 
 USAGE = {
     "allocated_gpu_hours": F, "used_gpu_hours": F, "idle_gpu_hours": F,
     "inefficient_gpu_hours": F, "observed_gpu_hours": F, "waste_gpu_hours": F,
     "utilisation_of_allocation": F, "mem_peak_mib": F, "mem_held_mib": F,
     "mem_peak_ratio": F, "mem_peak_of_requested": F, "memory_oversized": B,
-    "held_card_type": S, "gpus_observed": I, "idle_gpus": I, "suggested_card_type": S,
+    "held_card_type": S, "gpus_observed": N, "idle_gpus": N, "suggested_card_type": S,
     "mismatch_gpu_hours": F,
 }
 
-JOB_ATTEMPTS = pl.Schema({
+JOB_ATTEMPTS = pl.Schema(_cols({
     **dict(ATTEMPT_SCHEMA), "date": D, **USAGE, "idle_threshold": F,
     "efficient_threshold": F,
-})
+}))
 
-JOB_GPU = pl.Schema({
-    "job_id": S, "attempt": I, "node": S, "gpu_index": I, "card_type": S,
+JOB_GPU = pl.Schema(_cols({
+    "job_id": S, "attempt": N, "node": S, "gpu_index": N, "card_type": S,
     "gpu_mem_total_mib": F, "fraction": F, "observed_min": F, "mem_peak_mib": F,
     "allocated_gpu_hours": F, "used_gpu_hours": F, "idle_gpu_hours": F,
     "inefficient_gpu_hours": F, "mean_activity": F, "mem_held_mib": F, "ended_at": T,
     "date": D,
-})
+}))
 
-PREEMPTIONS = pl.Schema({**dict(PREEMPTION_SCHEMA), "date": D})
+PREEMPTIONS = pl.Schema(_cols({**dict(PREEMPTION_SCHEMA), "date": D}))
 
-RECOMMENDATIONS = pl.Schema({**dict(REC_SCHEMA), "ended_at": T, "date": D})
+RECOMMENDATIONS = pl.Schema(_cols({**dict(REC_SCHEMA), "ended_at": T, "date": D}))
 
-GPU_HOURLY = pl.Schema({"hour": T, **{d: S for d in DIMENSIONS}, **{m: F for m in MEASURES},
-                        "date": D})
-GPU_DAILY = pl.Schema({"date": D, **{d: S for d in DIMENSIONS}, **{m: F for m in MEASURES}})
+GPU_HOURLY = pl.Schema(_cols({"hour": T, **{d: S for d in DIMENSIONS}, **{m: F for m in MEASURES},
+                        "date": D}))
+GPU_DAILY = pl.Schema(_cols({"date": D, **{d: S for d in DIMENSIONS}, **{m: F for m in MEASURES}}))
 
-RUNNING_ATTEMPTS = pl.Schema({**dict(ATTEMPT_SCHEMA),
-                              **USAGE})
+RUNNING_ATTEMPTS = pl.Schema(_cols({**dict(ATTEMPT_SCHEMA),
+                              **USAGE}))
 
-REJECTS = pl.Schema({"record_type": S, "source": S, "line": I, "reason": S, "raw": S})
+REJECTS = pl.Schema(_cols({"record_type": S, "source": S, "line": N, "reason": S, "raw": S}))
 
 TABLE_SCHEMAS: dict[str, pl.Schema] = {
     "gpu_minute": GPU_MINUTE,

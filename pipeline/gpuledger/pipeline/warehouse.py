@@ -84,7 +84,7 @@ class Warehouse:
         path = self.part_path(table, when, hourly)
         if merge and path.exists():
             old = pl.read_parquet(path)
-            frame = pl.concat([old, frame.cast(dict(old.schema), strict=False)],
+            frame = pl.concat([old, frame.cast(old.schema, strict=False)],
                               how="vertical_relaxed").unique(
                 subset=sort_by, keep="last", maintain_order=True)
         self.write(path, frame, sort_by)

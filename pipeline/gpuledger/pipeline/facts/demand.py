@@ -40,8 +40,8 @@ def blocked_jobs(pending: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """Per pending job-minute: the free GPUs it could see and whether it is blocked."""
     if pending.is_empty():
         return pending.with_columns(
-            pl.lit(None, pl.Int64).alias("free_gpus"),
-            pl.lit(None, pl.Int64).alias("largest_free_block"),
+            pl.lit(None, pl.Int64()).alias("free_gpus"),
+            pl.lit(None, pl.Int64()).alias("largest_free_block"),
             pl.lit(False).alias("blocked"),
         )
     sizes = _per_size(nodes, pending.select(["job_id", "attempt", *_KEYS, "gpus"]),
@@ -61,8 +61,8 @@ def demand_weighted(
     minutes: pl.Series,
 ) -> pl.DataFrame:
     """Demand-weighted frag per minute, pool and card type, with its weight source."""
-    schema = {"minute": minutes.dtype, "pool": pl.String, "card_type": pl.String,
-              "frag_demand": pl.Float64, "demand_source": pl.String}
+    schema = {"minute": minutes.dtype, "pool": pl.String(), "card_type": pl.String(),
+              "frag_demand": pl.Float64(), "demand_source": pl.String()}
     parts: list[pl.DataFrame] = []
     cards = nodes.select("minute", "pool", "card_type").unique()
     typed = _any_card_to_each(pending.select([*_KEYS, "gpus"]), cards)

@@ -55,8 +55,9 @@ def for_attempts(attempts: pl.DataFrame, config: ProcessorConfig) -> pl.DataFram
             "right_size_card",
             pl.col("suggested_card_type").is_not_null(),
             pl.col("mismatch_gpu_hours"),
-            pl.lit("peak memory ") + _num(pl.col("mem_peak_mib"), 0) + pl.lit(" MiB, mean activity ")
-            + _pct(act) + pl.lit(" on ") + pl.col("held_card_type"),
+            pl.lit("peak memory ") + _num(pl.col("mem_peak_mib"), 0)
+            + pl.lit(" MiB, mean activity ") + _pct(act)
+            + pl.lit(" on ") + pl.col("held_card_type"),
             pl.lit("run on ") + pl.col("suggested_card_type") + pl.lit(" instead of ")
             + pl.col("held_card_type"),
         ),

@@ -16,15 +16,15 @@ from gpuledger.pipeline.columns import TIME_DTYPE
 
 INVENTORY_STATE_SCHEMA = pl.Schema(
     {
-        "node": pl.String,
+        "node": pl.String(),
         "time": TIME_DTYPE,
-        "pool": pl.String,
-        "card_type": pl.String,
-        "gpu_count": pl.Int64,
-        "gpu_mem_mib": pl.Float64,
-        "schedulable": pl.Boolean,
-        "health": pl.String,
-        "unhealthy_gpus": pl.List(pl.Int64),
+        "pool": pl.String(),
+        "card_type": pl.String(),
+        "gpu_count": pl.Int64(),
+        "gpu_mem_mib": pl.Float64(),
+        "schedulable": pl.Boolean(),
+        "health": pl.String(),
+        "unhealthy_gpus": pl.List(pl.Int64()),
     }
 )
 
@@ -55,10 +55,10 @@ class InventoryBook:
         """
         if self.records.is_empty() or minutes.is_empty():
             return pl.DataFrame(
-                schema={"minute": TIME_DTYPE, "node": pl.String, "gpu_index": pl.Int64,
-                        "pool": pl.String, "card_type": pl.String, "gpu_mem_mib": pl.Float64,
-                        "schedulable": pl.Boolean, "health": pl.String,
-                        "gpu_unhealthy": pl.Boolean}
+                schema={"minute": TIME_DTYPE, "node": pl.String(), "gpu_index": pl.Int64(),
+                        "pool": pl.String(), "card_type": pl.String(), "gpu_mem_mib": pl.Float64(),
+                        "schedulable": pl.Boolean(), "health": pl.String(),
+                        "gpu_unhealthy": pl.Boolean()}
             )
         nodes = self.records.select("node").unique()
         grid = (
@@ -75,7 +75,7 @@ class InventoryBook:
             .explode("gpu_index")
             .filter(pl.col("gpu_index").is_not_null())
             .with_columns(
-                pl.col("unhealthy_gpus").fill_null(pl.lit([], pl.List(pl.Int64)))
+                pl.col("unhealthy_gpus").fill_null(pl.lit([], pl.List(pl.Int64())))
                 .list.contains(pl.col("gpu_index")).alias("gpu_unhealthy")
             )
             .select("minute", "node", "gpu_index", "pool", "card_type", "gpu_mem_mib",

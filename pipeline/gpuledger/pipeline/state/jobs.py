@@ -42,60 +42,60 @@ ATTR_SCHEMA: dict[str, pl.DataType] = {
 
 ALLOC_SCHEMA = pl.Schema(
     {
-        "job_id": pl.String,
-        "attempt": pl.Int64,
-        "node": pl.String,
-        "gpu_index": pl.Int64,
-        "fraction": pl.Float64,
+        "job_id": pl.String(),
+        "attempt": pl.Int64(),
+        "node": pl.String(),
+        "gpu_index": pl.Int64(),
+        "fraction": pl.Float64(),
         "start": TIME_DTYPE,
         "end": TIME_DTYPE,
     }
 )
 PENDING_SCHEMA = pl.Schema(
-    {"job_id": pl.String, "attempt": pl.Int64, "queued_at": TIME_DTYPE, "end": TIME_DTYPE}
+    {"job_id": pl.String(), "attempt": pl.Int64(), "queued_at": TIME_DTYPE, "end": TIME_DTYPE}
 )
 ATTEMPT_SCHEMA = pl.Schema(
     {
-        "job_id": pl.String,
-        "attempt": pl.Int64,
+        "job_id": pl.String(),
+        "attempt": pl.Int64(),
         **ATTR_SCHEMA,
-        "borrowed": pl.Boolean,
+        "borrowed": pl.Boolean(),
         "submitted_at": TIME_DTYPE,
         "queued_at": TIME_DTYPE,
         "started_at": TIME_DTYPE,
         "ended_at": TIME_DTYPE,
-        "end_event": pl.String,
-        "queue_wait_s": pl.Float64,
-        "allocated_gpus": pl.Int64,
-        "nodes": pl.String,
+        "end_event": pl.String(),
+        "queue_wait_s": pl.Float64(),
+        "allocated_gpus": pl.Int64(),
+        "nodes": pl.String(),
         "last_checkpoint_at": TIME_DTYPE,
-        "checkpoints": pl.Int64,
-        "lost_gpu_hours": pl.Float64,
-        "reason": pl.String,
+        "checkpoints": pl.Int64(),
+        "lost_gpu_hours": pl.Float64(),
+        "reason": pl.String(),
     }
 )
 PREEMPTION_SCHEMA = pl.Schema(
     {
         "time": TIME_DTYPE,
-        "job_id": pl.String,
-        "attempt": pl.Int64,
-        "team": pl.String,
-        "queue": pl.String,
-        "pool": pl.String,
-        "card_type": pl.String,
-        "priority": pl.Int64,
-        "borrowed": pl.Boolean,
-        "checkpointable": pl.Boolean,
-        "allocated_gpus": pl.Int64,
+        "job_id": pl.String(),
+        "attempt": pl.Int64(),
+        "team": pl.String(),
+        "queue": pl.String(),
+        "pool": pl.String(),
+        "card_type": pl.String(),
+        "priority": pl.Int64(),
+        "borrowed": pl.Boolean(),
+        "checkpointable": pl.Boolean(),
+        "allocated_gpus": pl.Int64(),
         "started_at": TIME_DTYPE,
         "last_checkpoint_at": TIME_DTYPE,
-        "lost_gpu_hours": pl.Float64,
-        "requeued": pl.Boolean,
-        "reason": pl.String,
+        "lost_gpu_hours": pl.Float64(),
+        "requeued": pl.Boolean(),
+        "reason": pl.String(),
     }
 )
-JOB_ATTR_FRAME_SCHEMA = pl.Schema({"job_id": pl.String, "attempt": pl.Int64, **ATTR_SCHEMA,
-                                   "borrowed": pl.Boolean})
+JOB_ATTR_FRAME_SCHEMA = pl.Schema({"job_id": pl.String(), "attempt": pl.Int64(), **ATTR_SCHEMA,
+                                   "borrowed": pl.Boolean()})
 
 
 @dataclass
@@ -147,7 +147,7 @@ class JobBook:
         order = {"submitted": 0, "started": 1, "checkpointed": 2, "preempted": 3,
                  "requeued": 4, "finished": 5, "failed": 5, "cancelled": 5}
         ranked = events.with_columns(
-            pl.col("event").replace_strict(order, default=9, return_dtype=pl.Int64).alias("_rank")
+            pl.col("event").replace_strict(order, default=9, return_dtype=pl.Int64()).alias("_rank")
         ).sort(["time", "_rank", "job_id"], maintain_order=True)
         for row in ranked.iter_rows(named=True):
             self._apply_one(row)
@@ -367,7 +367,7 @@ class JobBook:
         self.started_sizes = [s for s in self.started_sizes if s[0] >= since]
         return pl.DataFrame(
             [(p, c, g) for _, p, c, g in self.started_sizes],
-            schema={"pool": pl.String, "card_type": pl.String, "gpus": pl.Int64},
+            schema={"pool": pl.String(), "card_type": pl.String(), "gpus": pl.Int64()},
             orient="row",
         )
 
