@@ -255,7 +255,8 @@ def _to_json_object(name: str, value: Any, problems: list[str]) -> str | None:
     if value is None:
         return None
     if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-        return orjson.dumps(value).decode()
+        text: str = orjson.dumps(value).decode()
+        return text
     problems.append(f"field '{name}': expected an object of strings, got {_describe(value)}")
     return None
 
