@@ -365,12 +365,22 @@ def _loads(text: bytes) -> Any:
         raise
 
 
+def _malformed(exc: orjson.JSONDecodeError) -> str:
+    """A reason that does not change with the JSON library's version.
+
+    The parser's own wording varies between releases ("invalid literal" vs "invalid
+    literal, expected 'null'"): keep its first clause and the position.
+    """
+    what = exc.msg.split(",")[0].split(":")[0].strip() or "invalid JSON"
+    return f"malformed JSON: {what}: line {exc.lineno} column {exc.colno} (char {exc.pos})"
+
+
 def _parse_line(text: bytes) -> tuple[str | None, dict[str, Any] | None, str | None]:
     """Line path for one line: (claimed type, row in raw-schema form, reject reason)."""
     try:
         obj = _loads(text)
     except orjson.JSONDecodeError as exc:
-        return None, None, f"malformed JSON: {exc}"
+        return None, None, _malformed(exc)
     if not isinstance(obj, dict):
         return None, None, f"not a JSON object: got {_describe(obj)}"
     claimed = obj.get("type")
