@@ -77,3 +77,15 @@ def test_watermark_closes_minutes_only_after_lateness(process: Callable[..., Fac
     proc = facts.processor
     # after flush every minute with an event is closed
     assert proc.closed_until == at(20)
+
+
+def test_sequence_gaps_and_duplicate_samples_are_counted(process: Callable[..., Facts]) -> None:
+    recs = [inventory("n1", at(0), gpus=1)]
+    samples = series("n1", 0, at(0), 10, sm=0.2)              # seq 0..59
+    kept = [s for s in samples if not 10 <= s["seq"] < 15]    # 5 samples lost on the way
+    repeated = kept[20:23]                                    # 3 delivered twice
+    facts = process(batches=[recs + kept[:30], kept[30:] + repeated])
+    c = facts.processor.counters
+    assert c.telemetry_lost_samples == 5
+    assert c.duplicate_samples == 3
+    assert facts.table("gpu_minute")["telemetry_samples"].sum() == 55

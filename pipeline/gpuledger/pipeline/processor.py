@@ -241,7 +241,7 @@ class Processor:
         )
         telem = per_gpu_minute(window) if not window.is_empty() else None
         if telem is not None:
-            self._count_sequence(window, telem)
+            self._count_sequence(telem)
         gpu = self._gpu_minutes(grid, alloc_gpu, telem, attrs)
         self._buffer("gpu_minute", gpu)
         if self.config.cluster_facts:
@@ -411,13 +411,11 @@ class Processor:
         )
         return out.select(TABLE_SCHEMAS["job_attempts"].names())
 
-    def _count_sequence(self, window: pl.DataFrame, telem: pl.DataFrame) -> None:
-        dups = telem.group_by("node").agg(pl.col("duplicates").sum())
-        self.counters.duplicate_samples += int(dups["duplicates"].sum())
-        repeated = dict(dups.filter(pl.col("duplicates") > 0).iter_rows())
-        for agent, lo, hi, n in sequence_gaps(window).iter_rows():
+    def _count_sequence(self, telem: pl.DataFrame) -> None:
+        self.counters.duplicate_samples += int(telem["duplicates"].sum())
+        for agent, lo, hi, n in sequence_gaps(telem).iter_rows():
             last = self._seq_last.get(agent)
-            gap = hi - lo + 1 - (n - repeated.get(agent, 0))
+            gap = hi - lo + 1 - n
             if last is not None and lo > last + 1:
                 gap += lo - last - 1
             self.counters.telemetry_lost_samples += max(gap, 0)

@@ -102,6 +102,9 @@ def _merge_mig(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 def _aggregate(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return samples.lazy().group_by(keys).agg(
         pl.len().alias("_samples"),
+        pl.coalesce(pl.col("agent"), pl.col("node")).first().alias("agent"),
+        pl.col("seq").min().alias("seq_min"),
+        pl.col("seq").max().alias("seq_max"),
         pl.col("time").n_unique().alias("_distinct"),
         pl.col("card_type").first().alias("telemetry_card_type"),
         pl.col("activity").mean(),
@@ -139,16 +142,14 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def sequence_gaps(samples: pl.DataFrame) -> pl.DataFrame:
+def sequence_gaps(gpu_minutes: pl.DataFrame) -> pl.DataFrame:
     """Per agent: lowest and highest sequence number and samples received.
 
-    ``samples`` must be free of duplicates (or the count over-states what arrived).
+    Reads the per-GPU-minute aggregates (``seq_min``, ``seq_max``, distinct
+    ``telemetry_samples``), so repeated samples are not counted as received twice.
     """
-    return (
-        samples.group_by(pl.coalesce(pl.col("agent"), pl.col("node")).alias("agent"))
-        .agg(
-            pl.col("seq").min().alias("seq_min"),
-            pl.col("seq").max().alias("seq_max"),
-            pl.len().alias("seq_count"),
-        )
+    return gpu_minutes.group_by("agent").agg(
+        pl.col("seq_min").min(),
+        pl.col("seq_max").max(),
+        pl.col("telemetry_samples").sum().alias("seq_count"),
     )
