@@ -13,3 +13,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
   touch "$stamp"
 fi
+# Kafka broker jars for the tests (tests/kafka_broker.py); ~30 s the first time, then a no-op.
+bash scripts/kafka-jars.sh >/dev/null

@@ -97,9 +97,29 @@ def _proc_config(args: argparse.Namespace) -> Any:
         raise CliError(f"configuration: {exc}") from None
 
 
+def _kafka_settings(args: argparse.Namespace) -> Any:
+    from gpuledger.pipeline.kafka.settings import KafkaSettingsError, load_settings
+
+    environ = None
+    if getattr(args, "topic_prefix", None):
+        import os
+
+        environ = {**os.environ, "GPULEDGER_KAFKA_TOPIC_PREFIX": args.topic_prefix}
+    try:
+        return load_settings(args.kafka, environ)
+    except KafkaSettingsError as exc:
+        raise CliError(f"kafka: {exc}") from None
+
+
+def _logging(verbose: bool) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     _need_pipeline()
-    from gpuledger.pipeline.demo import run_demo
     from gpuledger.pipeline.report import summary_text
 
     sim = _sim_config(args)
@@ -108,7 +128,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     update, stop = _progress(f"simulating {sim.hours:g} h and processing",
                              not args.quiet)
     try:
-        result = run_demo(sim, config, args.warehouse, update)
+        if args.kafka:
+            from gpuledger.pipeline.kafka.demo import run_kafka_demo
+
+            result = run_kafka_demo(sim, config, args.warehouse, _kafka_settings(args), update)
+        else:
+            from gpuledger.pipeline.demo import run_demo
+
+            result = run_demo(sim, config, args.warehouse, update)
     finally:
         stop()
     elapsed = time.monotonic() - started
@@ -178,6 +205,37 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 1 if (args.strict and rej.height) else 0
 
 
+def cmd_topics(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline.kafka.topics import create_topics
+
+    settings = _kafka_settings(args)
+    try:
+        result = create_topics(settings, args.telemetry_partitions, args.replication)
+    except Exception as exc:
+        raise CliError(f"cannot create topics on {settings.bootstrap}: {exc}") from None
+    for topic, what in result.items():
+        print(f"{topic}: {what}")
+    return 0
+
+
+def cmd_process(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
+
+    _logging(not args.quiet)
+    settings = _kafka_settings(args)
+    options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
+                             exit_when_idle_s=args.exit_when_idle)
+    service = KafkaProcessorService(settings, _proc_config(args), args.warehouse, options)
+    service.install_signal_handlers()
+    try:
+        service.run()
+    finally:
+        service.close()
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline import query
@@ -223,7 +281,45 @@ def build_parser() -> argparse.ArgumentParser:
     sim_args(p)
     common(p)
     p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
+    p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
+                   help="run the demo through this Kafka cluster instead of the embedded bus "
+                   "(topics are created; credentials from GPULEDGER_KAFKA_* variables)")
+    p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
     p.set_defaults(func=cmd_demo)
+
+    def kafka_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
+                       help="HOST:PORT[,HOST:PORT] (default $GPULEDGER_KAFKA_BOOTSTRAP); "
+                       "security from GPULEDGER_KAFKA_* variables, see docs/kafka.md")
+        p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
+
+    p = sub.add_parser("topics", help="Kafka topics: create them",
+                       description="Create gpuledger's topics (telemetry, inventory, "
+                       "scheduler events, dead letters) with their partitions, retention and "
+                       "compaction; existing topics are left as they are.")
+    p.add_argument("action", choices=("create",), help="what to do")
+    kafka_args(p)
+    p.add_argument("--telemetry-partitions", type=_positive(int, "--telemetry-partitions"),
+                   default=12, help="partitions of the telemetry topic (default 12)")
+    p.add_argument("--replication", type=_positive(int, "--replication"), default=1,
+                   help="replication factor (default 1)")
+    p.set_defaults(func=cmd_topics)
+
+    p = sub.add_parser("process", help="run the processor as a Kafka service",
+                       description="Consume telemetry (consumer group), scheduler events and "
+                       "inventory from Kafka and write facts to the warehouse, checkpointing "
+                       "state and offsets together; SIGTERM finishes the batch, writes, "
+                       "checkpoints and commits.")
+    kafka_args(p)
+    common(p)
+    p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
+    p.add_argument("--group", default="gpuledger-processor", help="consumer group id")
+    p.add_argument("--checkpoint-interval", type=_positive(float, "--checkpoint-interval"),
+                   default=10.0, help="seconds between checkpoints (default 10)")
+    p.add_argument("--exit-when-idle", type=_positive(float, "--exit-when-idle"), default=None,
+                   metavar="SECONDS", help="flush everything and exit after this long without "
+                   "input (for batch runs); default: run until SIGTERM")
+    p.set_defaults(func=cmd_process)
 
     p = sub.add_parser("simulate", help="write simulated events as contract JSON lines",
                        description="Write telemetry.jsonl, inventory.jsonl and job.jsonl "

@@ -76,8 +76,13 @@ class Processor:
         config: ProcessorConfig,
         warehouse: Warehouse,
         now: Callable[[], datetime] | None = None,
+        telemetry_clock: bool = False,
     ) -> None:
+        """``telemetry_clock``: only telemetry moves the watermark (a live service, where
+        scheduler events may be read ahead of telemetry); off, scheduler and inventory
+        time moves it until telemetry is seen (history imports without telemetry)."""
         self.config = config
+        self.telemetry_clock = telemetry_clock
         self.warehouse = warehouse
         self.counters = Counters()
         self._now = now or (lambda: datetime.now(UTC))
@@ -100,8 +105,14 @@ class Processor:
 
     # -- input ---------------------------------------------------------------------
 
-    def process(self, batch: Batch, validated: bool = False) -> None:
-        """Take one micro-batch; close every minute the watermark has passed."""
+    def process(self, batch: Batch, validated: bool = False,
+                event_time_limit: datetime | None = None) -> None:
+        """Take one micro-batch; close every minute the watermark has passed.
+
+        ``event_time_limit`` caps the watermark: a transport reading several partitions
+        passes the oldest of their newest event times, so that a partition read ahead
+        of the others cannot make the others' samples late.
+        """
         self.counters.batches += 1
         frames: dict[RecordType, pl.DataFrame] = {}
         for record_type in ("telemetry", "inventory", "job"):
@@ -122,7 +133,7 @@ class Processor:
             if not good.is_empty():
                 frames[record_type] = good
         self._ingest(frames)
-        self._advance()
+        self._advance(event_time_limit)
 
     def add_rejects(self, rejects: pl.DataFrame) -> None:
         """Record rejects found before the processor (e.g. by the JSON decoder)."""
@@ -134,11 +145,12 @@ class Processor:
             self.counters.add_rejects(kind, group.height)
 
     def _ingest(self, frames: dict[RecordType, pl.DataFrame]) -> None:
-        times = [f.select(pl.col("time").min()).item() for f in frames.values()]
+        clocks = {k: f for k, f in frames.items()
+                  if k == "telemetry" or not self.telemetry_clock}
+        times = [f.select(pl.col("time").min()).item() for f in clocks.values()]
         if self.closed_until is None and times:
             self.closed_until = _floor_minute(min(times))
         closed = self.closed_until
-        assert closed is not None or not frames
         if "inventory" in frames:
             inv = frames["inventory"]
             if closed is not None:
@@ -178,14 +190,32 @@ class Processor:
 
     def _watermark(self) -> datetime | None:
         lateness = timedelta(seconds=self.config.windows.allowed_lateness_s)
-        newest = self.max_telemetry_time or self.max_other_time
+        newest = self.max_telemetry_time
+        if newest is None and not self.telemetry_clock:
+            newest = self.max_other_time
         return None if newest is None else newest - lateness
 
-    def _advance(self) -> None:
+    def _advance(self, limit: datetime | None = None) -> None:
         mark = self._watermark()
         if mark is None or self.closed_until is None:
             return
-        self.close_until(_floor_minute(mark))
+        if limit is not None:
+            mark = min(mark, limit - timedelta(seconds=self.config.windows.allowed_lateness_s))
+        if mark > self.closed_until:
+            self.close_until(_floor_minute(mark))
+
+    def write_partial(self) -> None:
+        """Make what is buffered durable without closing open minutes (graceful stop).
+
+        Partial hours are written (and rewritten whole when they complete), late samples
+        and snapshots too; the open windows stay open.
+        """
+        if self.closed_until is None:
+            return
+        self._write_hours(final=True)
+        self._write_late()
+        self._write_snapshots()
+        self.warehouse.publish_catalog()
 
     def flush(self) -> None:
         """End of input: close every minute up to the newest event, write everything."""
@@ -319,8 +349,8 @@ class Processor:
         blocked = demand.blocked_jobs(pend.select(
             "minute", "job_id", "attempt", "team", "queue", "pool", "card_type", "gpus",
             "priority"), nodes)
-        since = b - timedelta(days=1)
-        weighted = demand.demand_weighted(pend, self.jobs.started_size_weights(since), nodes,
+        starts = self.jobs.started_size_weights(a - timedelta(days=1), b)
+        weighted = demand.demand_weighted(pend, starts, nodes,
                                           minutes)
         counts = blocked.group_by(["minute", "pool", "card_type"]).agg(
             pl.len().cast(pl.Int64).alias("pending_jobs"),

@@ -8,7 +8,7 @@ of its pool (and weighs on the demand-weighted rate of each).
 
 The demand-weighted fragmentation rate of a pool and card type weights ``frag(g)`` by
 the GPUs ``g`` of its pending jobs (``k = min(g, node size)``); with nothing pending it
-falls back to the sizes of the attempts started in the last day there.
+falls back to the sizes of the attempts started there in the day before the minute.
 """
 
 from __future__ import annotations
@@ -72,9 +72,13 @@ def demand_weighted(
         weights = typed.group_by([*_KEYS, "gpus"]).agg(pl.len().alias("jobs"))
         parts.append(_weighted(per, weights, "pending"))
     if not started_sizes.is_empty():
-        weights = _any_card_to_each(
-            started_sizes.join(pl.DataFrame({"minute": minutes}), how="cross"), cards
-        ).group_by([*_KEYS, "gpus"]).agg(pl.len().alias("jobs"))
+        # per minute: the attempts started in the day before the minute's middle
+        mid = pl.col("minute") + pl.duration(seconds=30)
+        recent = started_sizes.join(pl.DataFrame({"minute": minutes}), how="cross").filter(
+            (pl.col("started_at") <= mid) & (pl.col("started_at") > mid - pl.duration(days=1))
+        ).drop("started_at")
+        weights = _any_card_to_each(recent, cards).group_by([*_KEYS, "gpus"]).agg(
+            pl.len().alias("jobs"))
         per = _per_size(nodes, weights.select([*_KEYS, "gpus"]), [*_KEYS, "gpus"])
         parts.append(_weighted(per, weights, "started_1d"))
     if not parts:

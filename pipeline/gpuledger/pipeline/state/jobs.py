@@ -362,12 +362,13 @@ class JobBook:
         return pl.DataFrame(done, schema=PREEMPTION_SCHEMA) if done else \
             pl.DataFrame(schema=PREEMPTION_SCHEMA)
 
-    def started_size_weights(self, since: datetime) -> pl.DataFrame:
-        """GPU counts of attempts started since ``since``, per pool and card type."""
+    def started_size_weights(self, since: datetime, until: datetime) -> pl.DataFrame:
+        """Starts in ``[since, until)``: time, pool, card type, GPUs (older ones dropped)."""
         self.started_sizes = [s for s in self.started_sizes if s[0] >= since]
         return pl.DataFrame(
-            [(p, c, g) for _, p, c, g in self.started_sizes],
-            schema={"pool": pl.String(), "card_type": pl.String(), "gpus": pl.Int64()},
+            [s for s in self.started_sizes if s[0] < until],
+            schema={"started_at": TIME_DTYPE, "pool": pl.String(), "card_type": pl.String(),
+                    "gpus": pl.Int64()},
             orient="row",
         )
 

@@ -1,0 +1,140 @@
+"""Kafka connection settings: bootstrap, security, topic names.
+
+Credentials come from the environment or from files, never from the command line, and
+are never printed: :class:`KafkaSettings` masks them in ``repr`` and logs.
+
+Environment (all optional except the bootstrap, which may also come from ``--kafka``):
+
+| variable | meaning |
+|---|---|
+| ``GPULEDGER_KAFKA_BOOTSTRAP`` | ``host:port[,host:port]`` |
+| ``GPULEDGER_KAFKA_SECURITY_PROTOCOL`` | ``PLAINTEXT`` (default), ``SASL_PLAINTEXT``, ... |
+| ``GPULEDGER_KAFKA_SASL_MECHANISM`` | ``PLAIN`` or ``SCRAM-SHA-512`` (also ``SCRAM-SHA-256``) |
+| ``GPULEDGER_KAFKA_SASL_USERNAME`` / ``_FILE`` | user name, or a file holding it |
+| ``GPULEDGER_KAFKA_SASL_PASSWORD`` / ``_FILE`` | password, or a file holding it |
+| ``GPULEDGER_KAFKA_SSL_CAFILE`` | CA bundle for TLS |
+| ``GPULEDGER_KAFKA_TOPIC_PREFIX`` | prefix for every topic name (default none) |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class KafkaSettingsError(ValueError):
+    """A Kafka setting is missing or wrong; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names (see ``docs/kafka.md`` for partitions, retention and compaction)."""
+
+    telemetry: str = "gpu.telemetry.v1"
+    inventory: str = "gpu.inventory.v1"
+    jobs: str = "sched.events.v1"
+    dead_letters: str = "gpuledger.deadletter.v1"
+
+    def prefixed(self, prefix: str) -> Topics:
+        return Topics(*(prefix + getattr(self, f) for f in
+                        ("telemetry", "inventory", "jobs", "dead_letters")))
+
+    def for_record_type(self, record_type: str) -> str:
+        return {"telemetry": self.telemetry, "inventory": self.inventory,
+                "job": self.jobs}[record_type]
+
+    def record_type_of(self, topic: str) -> str | None:
+        return {self.telemetry: "telemetry", self.inventory: "inventory",
+                self.jobs: "job"}.get(topic)
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """How to reach the cluster. ``password`` never appears in ``repr``."""
+
+    bootstrap: str
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    topics: Topics = field(default_factory=Topics)
+    client_id: str = "gpuledger"
+
+    def __repr__(self) -> str:
+        secret = "set" if self.password else "unset"
+        return (f"KafkaSettings(bootstrap={self.bootstrap!r}, "
+                f"security_protocol={self.security_protocol!r}, "
+                f"sasl_mechanism={self.sasl_mechanism!r}, username={self.username!r}, "
+                f"password=<{secret}>)")
+
+    __str__ = __repr__
+
+    def client_config(self) -> dict[str, Any]:
+        """Keyword arguments shared by kafka-python producers, consumers and admins."""
+        cfg: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap.split(","),
+            "security_protocol": self.security_protocol,
+            "client_id": self.client_id,
+        }
+        if self.security_protocol.startswith("SASL"):
+            cfg.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.username,
+                       sasl_plain_password=self.password)
+        if self.security_protocol in ("SSL", "SASL_SSL") and self.ssl_cafile:
+            cfg["ssl_cafile"] = self.ssl_cafile
+        return cfg
+
+
+def _secret(environ: dict[str, str], name: str) -> str | None:
+    value = environ.get(name)
+    path = environ.get(f"{name}_FILE")
+    if value is not None and path is not None:
+        raise KafkaSettingsError(f"{name} and {name}_FILE are both set; use one")
+    if path is not None:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise KafkaSettingsError(f"{name}_FILE: cannot read {path}: {exc.strerror}") from None
+    return value
+
+
+def load_settings(bootstrap: str | None = None,
+                  environ: dict[str, str] | None = None) -> KafkaSettings:
+    """Settings from ``bootstrap`` (e.g. ``--kafka``) and the environment, validated."""
+    env = dict(os.environ) if environ is None else environ
+    servers = bootstrap or env.get("GPULEDGER_KAFKA_BOOTSTRAP")
+    if not servers:
+        raise KafkaSettingsError("no Kafka bootstrap: pass --kafka HOST:PORT or set "
+                                 "GPULEDGER_KAFKA_BOOTSTRAP")
+    for server in servers.split(","):
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit():
+            raise KafkaSettingsError(f"bootstrap {server!r}: expected HOST:PORT")
+    protocol = env.get("GPULEDGER_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
+    if protocol not in PROTOCOLS:
+        raise KafkaSettingsError(
+            f"GPULEDGER_KAFKA_SECURITY_PROTOCOL: {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    mechanism = env.get("GPULEDGER_KAFKA_SASL_MECHANISM")
+    username = _secret(env, "GPULEDGER_KAFKA_SASL_USERNAME")
+    password = _secret(env, "GPULEDGER_KAFKA_SASL_PASSWORD")
+    if protocol.startswith("SASL"):
+        mechanism = (mechanism or "PLAIN").upper()
+        if mechanism not in MECHANISMS:
+            raise KafkaSettingsError(
+                f"GPULEDGER_KAFKA_SASL_MECHANISM: {mechanism!r} is not one of "
+                f"{', '.join(MECHANISMS)}")
+        if not username or not password:
+            raise KafkaSettingsError(
+                f"{protocol} needs GPULEDGER_KAFKA_SASL_USERNAME and "
+                "GPULEDGER_KAFKA_SASL_PASSWORD (or their _FILE variants)")
+    prefix = env.get("GPULEDGER_KAFKA_TOPIC_PREFIX", "")
+    return KafkaSettings(
+        bootstrap=servers, security_protocol=protocol, sasl_mechanism=mechanism,
+        username=username, password=password, ssl_cafile=env.get("GPULEDGER_KAFKA_SSL_CAFILE"),
+        topics=Topics().prefixed(prefix),
+    )

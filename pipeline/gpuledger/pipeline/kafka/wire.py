@@ -1,0 +1,159 @@
+"""The wire format of gpuledger's Kafka messages (version 1).
+
+A message carries a batch of records of one type, in one of two encodings, named by the
+``gpuledger-format`` header:
+
+- ``jsonl-v1`` — contract JSON lines (``docs/events.md``), one record per line. What the
+  node agent sends: no Arrow needed on the node.
+- ``arrow-v1`` — an Arrow IPC stream of one frame with exactly the contract's columnar
+  schema (``schema_of``); the record type is in the ``gpuledger-type`` header. Compact and
+  fast; used by the simulator and by anything that already holds frames.
+
+A message without the header is read as ``jsonl-v1``. Keys: telemetry and inventory by
+node, job events by job id. Decoding works on whole poll batches: all JSON-lines values
+are joined and decoded in one columnar pass; Arrow values are read as they are.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import polars as pl
+
+from gpuledger.contract.schema import RECORD_TYPES, RecordType
+from gpuledger.pipeline.columns import conform, empty_frame
+from gpuledger.pipeline.decode import decode_jsonl, encode_jsonl
+from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
+
+FORMAT_HEADER = "gpuledger-format"
+TYPE_HEADER = "gpuledger-type"
+JSONL = b"jsonl-v1"
+ARROW = b"arrow-v1"
+
+
+@dataclass(frozen=True)
+class Message:
+    """What the transport needs of one consumed message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass
+class DecodedBatch:
+    """Valid frames per record type, and dead letters with their origin."""
+
+    frames: dict[RecordType, pl.DataFrame]
+    dead_letters: pl.DataFrame  # REJECT_SCHEMA + topic, partition, offset
+
+
+DEAD_SCHEMA = pl.Schema({**dict(REJECT_SCHEMA), "topic": pl.String(), "partition": pl.Int64(),
+                         "offset": pl.Int64()})
+
+
+def encode(frame: pl.DataFrame, record_type: RecordType, fmt: bytes = ARROW) -> bytes:
+    """One message value holding ``frame``."""
+    if fmt == JSONL:
+        return encode_jsonl(frame, record_type)
+    sink = io.BytesIO()
+    conform(frame, record_type).write_ipc_stream(sink, compression="uncompressed")
+    return sink.getvalue()
+
+
+def split_by_key(frame: pl.DataFrame, key: str) -> Iterator[tuple[str, pl.DataFrame]]:
+    """Frames per key value (node or job), in first-seen order."""
+    for (value,), part in frame.group_by(key, maintain_order=True):
+        yield str(value), part
+
+
+def decode(messages: Sequence[Message], record_type: RecordType, *,
+           now: datetime | None = None, max_future_s: float = 3600) -> DecodedBatch:
+    """Decode messages of one topic; bad records become dead letters, not errors."""
+    jsonl = [m for m in messages if m.header(FORMAT_HEADER) in (None, JSONL)]
+    arrow = [m for m in messages if m.header(FORMAT_HEADER) == ARROW]
+    other = [m for m in messages if m.header(FORMAT_HEADER) not in (None, JSONL, ARROW)]
+    frames: list[pl.DataFrame] = []
+    dead: list[pl.DataFrame] = []
+    if jsonl:
+        values = [m.value if m.value.endswith(b"\n") else m.value + b"\n" for m in jsonl]
+        lines_per = np.fromiter((v.count(b"\n") for v in values), dtype=np.int64,
+                                count=len(values))
+        decoded = decode_jsonl(b"".join(values), source=jsonl[0].topic, now=now,
+                               max_future_s=max_future_s)
+        frames.append(decoded.frames[record_type])
+        for other_type in RECORD_TYPES:
+            if other_type != record_type and decoded.frames[other_type].height:
+                dead.append(_wrong_topic(decoded.frames[other_type], other_type, record_type))
+        if decoded.rejects.height:
+            dead.append(_origin(decoded.rejects, jsonl, lines_per))
+    for m in arrow:
+        try:
+            frame = pl.read_ipc_stream(io.BytesIO(m.value))
+        except Exception as exc:
+            dead.append(_whole(m, f"unreadable Arrow IPC: {type(exc).__name__}: {exc}"))
+            continue
+        declared = (m.header(TYPE_HEADER) or b"").decode(errors="replace")
+        if declared != record_type:
+            dead.append(_whole(m, f"gpuledger-type {declared!r} on topic {m.topic}"))
+            continue
+        try:
+            good, bad = validate(frame, record_type, now=now, max_future_s=max_future_s,
+                                 source=m.topic)
+        except Exception as exc:
+            dead.append(_whole(m, f"frame does not fit the contract: {exc}"))
+            continue
+        frames.append(good)
+        if bad.height:
+            dead.append(bad.with_columns(pl.lit(m.topic).alias("topic"),
+                                         pl.lit(m.partition, pl.Int64).alias("partition"),
+                                         pl.lit(m.offset, pl.Int64).alias("offset")))
+    for m in other:
+        fmt = (m.header(FORMAT_HEADER) or b"").decode(errors="replace")
+        dead.append(_whole(m, f"unknown gpuledger-format {fmt!r}"))
+    valid = pl.concat(frames) if frames else empty_frame(record_type)
+    dead_frame = (pl.concat([d.select(DEAD_SCHEMA.names()).cast(DEAD_SCHEMA)
+                             for d in dead]) if dead else pl.DataFrame(schema=DEAD_SCHEMA))
+    return DecodedBatch({record_type: valid}, dead_frame)
+
+
+def _origin(rejects: pl.DataFrame, messages: Sequence[Message],
+            lines_per: np.ndarray) -> pl.DataFrame:
+    """Map reject line numbers of the joined batch back to their messages."""
+    ends = np.cumsum(lines_per)
+    idx = np.searchsorted(ends, rejects["line"].to_numpy() - 1, side="right")
+    return rejects.with_columns(
+        pl.Series("topic", [messages[i].topic for i in idx], dtype=pl.String),
+        pl.Series("partition", [messages[i].partition for i in idx], dtype=pl.Int64),
+        pl.Series("offset", [messages[i].offset for i in idx], dtype=pl.Int64),
+    )
+
+
+def _whole(m: Message, reason: str) -> pl.DataFrame:
+    return pl.DataFrame({"record_type": [None], "source": [m.topic], "line": [None],
+                         "reason": [reason], "raw": [m.value.decode("utf-8", "replace")],
+                         "topic": [m.topic], "partition": [m.partition],
+                         "offset": [m.offset]}, schema=DEAD_SCHEMA)
+
+
+def _wrong_topic(frame: pl.DataFrame, found: str, expected: str) -> pl.DataFrame:
+    n = frame.height
+    return pl.DataFrame({
+        "record_type": [found] * n, "source": [""] * n, "line": [None] * n,
+        "reason": [f"a {found} record on the {expected} topic"] * n,
+        "raw": encode_jsonl(frame, found).decode().splitlines(),  # type: ignore[arg-type]
+        "topic": [None] * n, "partition": [None] * n, "offset": [None] * n,
+    }, schema=DEAD_SCHEMA)
