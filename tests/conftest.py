@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from events import frames
+from kafka_fixtures import kafka  # noqa: F401
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor

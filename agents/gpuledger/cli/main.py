@@ -226,7 +226,8 @@ def cmd_process(args: argparse.Namespace) -> int:
     _logging(not args.quiet)
     settings = _kafka_settings(args)
     options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
-                             exit_when_idle_s=args.exit_when_idle)
+                             exit_when_idle_s=args.exit_when_idle,
+                             instance_id=args.instance_id)
     service = KafkaProcessorService(settings, _proc_config(args), args.warehouse, options)
     service.install_signal_handlers()
     try:
@@ -314,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
     p.add_argument("--group", default="gpuledger-processor", help="consumer group id")
+    p.add_argument("--instance-id", default=None,
+                   help="static group membership id (a restarted instance keeps its "
+                   "partitions without waiting for a rebalance)")
     p.add_argument("--checkpoint-interval", type=_positive(float, "--checkpoint-interval"),
                    default=10.0, help="seconds between checkpoints (default 10)")
     p.add_argument("--exit-when-idle", type=_positive(float, "--exit-when-idle"), default=None,

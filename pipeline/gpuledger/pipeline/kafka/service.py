@@ -47,7 +47,10 @@ class ServiceOptions:
     poll_timeout_ms: int = 500
     checkpoint_interval_s: float = 10.0
     exit_when_idle_s: float | None = None
-    """Flush everything and exit after this long with no new input (batch runs, tests)."""
+    """Flush everything and exit once caught up with all input and idle this long."""
+    instance_id: str | None = None
+    """Static group membership: a restarted instance takes its partitions back at once."""
+    session_timeout_ms: int = 10_000
     log_interval_s: float = 10.0
 
 
@@ -92,6 +95,8 @@ class KafkaProcessorService:
         base = settings.client_config()
         self.telemetry = KafkaConsumer(
             **base, group_id=self.options.group_id, enable_auto_commit=False,
+            group_instance_id=self.options.instance_id,
+            session_timeout_ms=self.options.session_timeout_ms,
             auto_offset_reset="earliest", max_poll_records=self.options.max_records,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
         )
@@ -131,7 +136,7 @@ class KafkaProcessorService:
             records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
                                           max_records=self.options.max_records)
             got += self._handle(_messages(records), telemetry=True)
-            if got:
+            if got or not self._caught_up():
                 idle_since = None
             else:
                 idle_since = idle_since or time.monotonic()
@@ -146,6 +151,15 @@ class KafkaProcessorService:
             self._log_progress()
         self.processor.write_partial()
         self._checkpoint()
+
+    def _caught_up(self) -> bool:
+        """Telemetry partitions assigned and every one read to its end."""
+        assignment = list(self.telemetry.assignment())
+        if not assignment:
+            return False
+        ends = self.telemetry.end_offsets(assignment)
+        return all(self.offsets.get((tp.topic, tp.partition), 0) >= end
+                   for tp, end in ends.items())
 
     def close(self) -> None:
         self.closing = True  # the final checkpoint is written; revocation needs none
@@ -181,42 +195,57 @@ class KafkaProcessorService:
             frame = decoded.frames[record_type]  # type: ignore[index]
             if frame.height:
                 frames[record_type] = frame
-                if record_type == "telemetry":
-                    self._track_partition_times(msgs, frame)
+                self._track_partition_times(msgs, frame)
             for m in msgs:
                 key = (m.topic, m.partition)
                 self.offsets[key] = max(self.offsets.get(key, 0), m.offset + 1)
             count += len(msgs)
         self.stats.messages += count
         if frames:
-            self.processor.process(frames, validated=True,
-                                   event_time_limit=self._time_limit() if telemetry else None)
+            self.processor.process(frames, validated=True, event_time_limit=self._time_limit())
         return count
 
     def _track_partition_times(self, msgs: list[Message], frame: pl.DataFrame) -> None:
-        newest = frame.select(pl.col("time").max()).item()
-        for key in {(m.topic, m.partition) for m in msgs}:
-            old = self.partition_time.get(key)
-            self.partition_time[key] = newest if old is None or newest > old else old
+        """Newest event time per partition, through the message keys (node or job)."""
+        column = "job_id" if frame.columns.count("event") else "node"
+        partition_of: dict[str, tuple[str, int]] = {}
+        for m in msgs:
+            if m.key is not None:
+                partition_of[m.key.decode("utf-8", "replace")] = (m.topic, m.partition)
+        newest = frame.group_by(column).agg(pl.col("time").max())
+        unkeyed = {(m.topic, m.partition) for m in msgs if m.key is None}
+        if unkeyed:  # no key to go by: the batch's newest time stands for them
+            newest_all = frame.select(pl.col("time").max()).item()
+            for part in unkeyed - set(self.partition_time):
+                self.partition_time[part] = newest_all
+        for key, when in newest.iter_rows():
+            part = partition_of.get(str(key))
+            if part is None:
+                continue
+            old = self.partition_time.get(part)
+            if old is None or when > old:
+                self.partition_time[part] = when
 
     def _time_limit(self) -> datetime | None:
-        """Oldest newest-time among telemetry partitions that still have unread data.
+        """Oldest newest-time among input partitions that still have unread data.
 
-        A partition with unread data whose time is not known yet (nothing fetched from
-        it) holds the watermark where it is; a partition read to its end holds nothing.
+        Telemetry partitions of this instance and every scheduler/inventory partition
+        count: minutes must not close while scheduler events for them may still be
+        unread. A partition with unread data whose time is not known yet holds the
+        watermark where it is; a partition read to its end holds nothing.
         """
-        assignment = list(self.telemetry.assignment())
-        if not assignment:
+        tele = list(self.telemetry.assignment())
+        glob = list(self.globals.assignment())
+        if not tele:
             return None
         if time.monotonic() - self._ends_at > 1.0:
-            self._ends = {(tp.topic, tp.partition): off
-                          for tp, off in self.telemetry.end_offsets(assignment).items()}
+            ends = {**self.telemetry.end_offsets(tele), **self.globals.end_offsets(glob)}
+            self._ends = {(tp.topic, tp.partition): off for tp, off in ends.items()}
             self._ends_at = time.monotonic()
         behind: list[datetime] = []
-        for tp in assignment:
+        for tp in (*tele, *glob):
             key = (tp.topic, tp.partition)
-            end = self._ends.get(key, 0)
-            if self.offsets.get(key, 0) >= end:
+            if self.offsets.get(key, 0) >= self._ends.get(key, 0):
                 continue
             seen = self.partition_time.get(key)
             if seen is None:

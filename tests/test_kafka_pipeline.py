@@ -1,0 +1,229 @@
+"""The pipeline on a real Kafka broker (KRaft, started by the harness).
+
+Each test uses its own topic prefix, so tests share one broker per session.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from kafka_broker import Broker
+from test_pipeline_properties import digest
+from test_simulate import SMALL
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.demo import run_demo
+from gpuledger.pipeline.kafka.producer import KafkaSink
+from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
+from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics, load_settings
+from gpuledger.pipeline.kafka.topics import create_topics
+from gpuledger.pipeline.kafka.wire import ARROW, JSONL
+from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
+
+HOURS = 1.0
+
+
+def _sim() -> SimConfig:
+    return SimConfig(hours=HOURS, seed=5, cluster=parse_cluster(SMALL))
+
+
+def _settings(kafka: Broker) -> KafkaSettings:
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    return KafkaSettings(bootstrap=kafka.bootstrap, topics=Topics().prefixed(prefix))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same simulation processed on the embedded bus."""
+    root = tmp_path_factory.mktemp("embedded")
+    run_demo(_sim(), ProcessorConfig(), root)
+    return root
+
+
+def _publish(settings: KafkaSettings, fmt: bytes = ARROW) -> int:
+    create_topics(settings, telemetry_partitions=4)
+    sink = KafkaSink(settings, fmt=fmt)
+    for batch in simulate(_sim()):
+        sink.publish_batch(batch)
+    sink.close()
+    return sink.messages
+
+
+def _process(settings: KafkaSettings, root: Path, group: str = "g") -> KafkaProcessorService:
+    service = KafkaProcessorService(settings, ProcessorConfig(), root,
+                                    ServiceOptions(group_id=group, exit_when_idle_s=2.0,
+                                                   checkpoint_interval_s=1.0))
+    try:
+        service.run()
+    finally:
+        service.close()
+    return service
+
+
+def test_topics_are_created_once(kafka: Broker) -> None:
+    settings = _settings(kafka)
+    first = create_topics(settings, telemetry_partitions=4)
+    assert set(first.values()) == {"created"}
+    assert set(create_topics(settings).values()) == {"exists"}
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
+    try:
+        assert consumer.partitions_for_topic(settings.topics.telemetry) == {0, 1, 2, 3}
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("fmt", [ARROW, JSONL], ids=["arrow", "jsonl"])
+def test_kafka_gives_the_same_facts_as_the_embedded_bus(
+    kafka: Broker, reference: Path, tmp_path: Path, fmt: bytes,
+) -> None:
+    settings = _settings(kafka)
+    assert _publish(settings, fmt) > 0
+    service = _process(settings, tmp_path / "wh")
+    assert service.processor.counters.late_telemetry == 0
+    assert digest(tmp_path / "wh") == digest(reference)
+
+
+def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
+    kafka: Broker, reference: Path, tmp_path: Path,
+) -> None:
+    settings = _settings(kafka)
+    _publish(settings)
+    t = settings.topics
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    bad_json = b'{"v":1,"type":"job","time":"2026-01-05T00:30:00Z","event":"exploded","job_id":"x"}'
+    producer.send(t.jobs, key=b"x", value=b"{not json\n" + bad_json + b"\n")
+    producer.send(t.telemetry, key=b"h100-001", value=b"\x00\x01garbage",
+                  headers=[("gpuledger-format", ARROW), ("gpuledger-type", b"telemetry")])
+    producer.send(t.telemetry, key=b"h100-001", value=b"whatever",
+                  headers=[("gpuledger-format", b"protobuf-v9")])
+    producer.flush()
+    producer.close()
+    service = _process(settings, tmp_path / "wh")
+    assert service.stats.dead_letters == 4
+    consumer = KafkaConsumer(t.dead_letters, bootstrap_servers=kafka.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        dead = list(consumer)
+    finally:
+        consumer.close()
+    assert len(dead) == 4
+    reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
+    assert any("malformed JSON" in r for r in reasons)
+    assert any("'exploded'" in r for r in reasons)
+    assert any("unreadable Arrow IPC" in r for r in reasons)
+    assert any("unknown gpuledger-format" in r for r in reasons)
+    for m in dead:
+        h = dict(m.headers)
+        assert h["source-topic"].decode() in (t.jobs, t.telemetry)
+        assert int(h["source-offset"]) >= 0
+    assert b"{not json" in [m.value for m in dead]
+    facts = {k: v for k, v in digest(tmp_path / "wh").items() if "rejects" not in k}
+    ref = {k: v for k, v in digest(reference).items() if "rejects" not in k}
+    assert facts == ref
+
+
+def test_sigkill_at_random_points_loses_and_doubles_nothing(
+    kafka: Broker, reference: Path, tmp_path: Path,
+) -> None:
+    settings = _settings(kafka)
+    _publish(settings)
+    prefix = settings.topics.telemetry.split("gpu.telemetry.v1")[0]
+    root = tmp_path / "wh"
+    cmd = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka", kafka.bootstrap,
+           "--topic-prefix", prefix, "--warehouse", str(root), "--group", "crashy",
+           "--instance-id", "crashy-1",
+           "--checkpoint-interval", "0.3", "--exit-when-idle", "3"]
+    rng = random.Random(7)
+    kills = 0
+    log = open(tmp_path / "service.log", "wb")  # noqa: SIM115 - closed below
+    try:
+        while kills < 10:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+            time.sleep(rng.uniform(1.0, 3.5))  # from start-up to mid-stream
+            if proc.poll() is not None:
+                break  # it finished before the kill
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        final = subprocess.run(cmd, stdout=log, stderr=log, timeout=300)
+        assert final.returncode == 0
+    finally:
+        log.close()
+    assert kills == 10, (tmp_path / "service.log").read_text()[-2000:]
+    assert digest(root) == digest(reference)
+
+
+def test_sigterm_checkpoints_and_a_restart_finishes_the_job(
+    kafka: Broker, reference: Path, tmp_path: Path,
+) -> None:
+    settings = _settings(kafka)
+    _publish(settings)
+    prefix = settings.topics.telemetry.split("gpu.telemetry.v1")[0]
+    root = tmp_path / "wh"
+    base = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka", kafka.bootstrap,
+            "--topic-prefix", prefix, "--warehouse", str(root), "--group", "polite"]
+    proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(6)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    assert (root / "state" / "polite.checkpoint").exists()
+    done = subprocess.run([*base, "--exit-when-idle", "3"], capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert digest(root) == digest(reference)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+def test_sasl_and_credentials_never_logged(kafka: Broker, tmp_path: Path,
+                                           mechanism: str) -> None:
+    if kafka.sasl_bootstrap is None:
+        pytest.skip("the external broker has no SASL listener configured")
+    user, password = next(iter(kafka.users.items()))
+    secret_file = tmp_path / "password"
+    secret_file.write_text(password + "\n")
+    prefix = f"s{uuid.uuid4().hex[:8]}."
+    env = {**os.environ, "GPULEDGER_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+           "GPULEDGER_KAFKA_SASL_MECHANISM": mechanism,
+           "GPULEDGER_KAFKA_SASL_USERNAME": user,
+           "GPULEDGER_KAFKA_SASL_PASSWORD_FILE": str(secret_file)}
+    settings = load_settings(kafka.sasl_bootstrap, {**env, "GPULEDGER_KAFKA_TOPIC_PREFIX": prefix})
+    assert password not in repr(settings) and password not in str(settings)
+    created = subprocess.run(
+        [sys.executable, "-m", "gpuledger.cli.main", "topics", "create", "--kafka",
+         kafka.sasl_bootstrap, "--topic-prefix", prefix, "--telemetry-partitions", "2"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert created.returncode == 0, created.stderr[-2000:]
+    assert "created" in created.stdout
+    sink = KafkaSink(settings)
+    for batch, _ in zip(simulate(SimConfig(hours=0.2, cluster=parse_cluster(SMALL))), range(2),
+                        strict=False):
+        sink.publish_batch(batch)
+    sink.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
+         kafka.sasl_bootstrap, "--topic-prefix", prefix, "--warehouse", str(tmp_path / "wh"),
+         "--exit-when-idle", "2"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = done.stdout + done.stderr + created.stdout + created.stderr
+    assert "messages=" in logs or "flushing" in logs      # it did log, verbosely
+    assert password not in logs
+    gm = pl.read_parquet(tmp_path / "wh" / "facts" / "gpu_minute" / "**" / "*.parquet")
+    assert gm.height > 0
+    bad_env = {**env, "GPULEDGER_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "nope")}
+    refused = subprocess.run(
+        [sys.executable, "-m", "gpuledger.cli.main", "topics", "create", "--kafka",
+         kafka.sasl_bootstrap, "--topic-prefix", prefix],
+        env=bad_env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert "GPULEDGER_KAFKA_SASL_PASSWORD_FILE: cannot read" in refused.stderr
