@@ -216,15 +216,15 @@ class KafkaProcessorService:
         unkeyed = {(m.topic, m.partition) for m in msgs if m.key is None}
         if unkeyed:  # no key to go by: the batch's newest time stands for them
             newest_all = frame.select(pl.col("time").max()).item()
-            for part in unkeyed - set(self.partition_time):
-                self.partition_time[part] = newest_all
+            for loose in unkeyed - set(self.partition_time):
+                self.partition_time[loose] = newest_all
         for key, when in newest.iter_rows():
-            part = partition_of.get(str(key))
-            if part is None:
+            found = partition_of.get(str(key))
+            if found is None:
                 continue
-            old = self.partition_time.get(part)
+            old = self.partition_time.get(found)
             if old is None or when > old:
-                self.partition_time[part] = when
+                self.partition_time[found] = when
 
     def _time_limit(self) -> datetime | None:
         """Oldest newest-time among input partitions that still have unread data.
