@@ -70,6 +70,14 @@ def _process(settings: KafkaSettings, root: Path, group: str = "g") -> KafkaProc
     return service
 
 
+def _process_cmd(kafka: Broker, settings: KafkaSettings, root: Path, group: str,
+                 *extra: str) -> list[str]:
+    """The `gpuledger process` command line for a test's topics."""
+    prefix = settings.topics.telemetry.split("gpu.telemetry.v1")[0]
+    return [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka", kafka.bootstrap,
+            "--topic-prefix", prefix, "--warehouse", str(root), "--group", group, *extra]
+
+
 def test_topics_are_created_once(kafka: Broker) -> None:
     settings = _settings(kafka)
     first = create_topics(settings, telemetry_partitions=4)
@@ -137,12 +145,9 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(
 ) -> None:
     settings = _settings(kafka)
     _publish(settings)
-    prefix = settings.topics.telemetry.split("gpu.telemetry.v1")[0]
     root = tmp_path / "wh"
-    cmd = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka", kafka.bootstrap,
-           "--topic-prefix", prefix, "--warehouse", str(root), "--group", "crashy",
-           "--instance-id", "crashy-1",
-           "--checkpoint-interval", "0.3", "--exit-when-idle", "3"]
+    cmd = _process_cmd(kafka, settings, root, "crashy", "--instance-id", "crashy-1",
+                       "--checkpoint-interval", "0.3", "--exit-when-idle", "3")
     rng = random.Random(7)
     kills = 0
     log = open(tmp_path / "service.log", "wb")  # noqa: SIM115 - closed below
@@ -168,10 +173,8 @@ def test_sigterm_checkpoints_and_a_restart_finishes_the_job(
 ) -> None:
     settings = _settings(kafka)
     _publish(settings)
-    prefix = settings.topics.telemetry.split("gpu.telemetry.v1")[0]
     root = tmp_path / "wh"
-    base = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka", kafka.bootstrap,
-            "--topic-prefix", prefix, "--warehouse", str(root), "--group", "polite"]
+    base = _process_cmd(kafka, settings, root, "polite")
     proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(6)
     proc.send_signal(signal.SIGTERM)

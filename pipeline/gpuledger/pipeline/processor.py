@@ -27,18 +27,19 @@ facts for the nodes it receives; one instance writes the cluster-wide facts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
 from gpuledger.contract.schema import RecordType
+from gpuledger.pipeline.bus import Batch
 from gpuledger.pipeline.columns import TIME_DTYPE, conform
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import demand, job_usage, recommendations, rollup
 from gpuledger.pipeline.facts.fragmentation import fragmentation, node_free_gpus
-from gpuledger.pipeline.facts.gpu_state import STATES, classify
+from gpuledger.pipeline.facts.gpu_state import classify
 from gpuledger.pipeline.facts.minutes import expand_to_minutes, minute_range
 from gpuledger.pipeline.facts.telemetry_minutes import (
     job_memory,
@@ -53,7 +54,6 @@ from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.processor")
 
-Batch = Mapping[str, pl.DataFrame]
 HOURLY_TABLES = ("gpu_minute", "frag_minute", "pending_minute", "blocked_minute",
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
@@ -532,8 +532,3 @@ class Processor:
         cands = recommendations.candidates(running, self.last_free_blocks, LOW_PRIORITY)
         self.warehouse.write_snapshot("candidates", self._shape("candidates", cands),
                                       [*keys, "kind"])
-
-
-def state_names() -> tuple[str, ...]:
-    """The GPU-minute states, in their documented order."""
-    return STATES
