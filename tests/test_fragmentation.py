@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import polars as pl
 import pytest
 from conftest import Facts
 from events import alloc, at, inventory, job
@@ -77,3 +78,24 @@ def test_unhealthy_and_drained_nodes_are_not_free(process: Callable[..., Facts])
     row = process(recs).table("frag_minute").row(0, named=True)
     assert row["free_gpus"] == 3
     assert row["healthy_nodes"] == 1
+
+
+def test_any_card_job_counts_on_each_card_type(process: Callable[..., Facts]) -> None:
+    recs: list[dict[str, object]] = [
+        inventory("h", at(0), gpus=4), inventory("a", at(0), gpus=4, card="A100-SXM4-80GB")]
+    # 2 free on each node: F = 4 over both card types, no node has 3
+    for node in ("h", "a"):
+        recs += [job("submitted", f"hold-{node}", at(0), gpus=2),
+                 job("started", f"hold-{node}", at(0), allocation=alloc(node, 0, 1))]
+    recs += [job("submitted", "any3", at(0), gpus=3, card_type=None),
+             job("checkpointed", "hold-h", at(5))]
+    facts = process(recs)
+    blocked = facts.table("blocked_minute")
+    assert set(blocked["job_id"]) == {"any3"} and blocked.height == 5
+    frag = facts.table("frag_minute").filter(pl.col("minute") == at(0))
+    by_card = {r["card_type"]: r for r in frag.iter_rows(named=True)}
+    for card in ("H100-SXM5-80GB", "A100-SXM4-80GB"):
+        assert by_card[card]["pending_jobs"] == 1
+        assert by_card[card]["blocked_jobs"] == 1
+    pend = facts.table("pending_minute")
+    assert pend.filter(pl.col("minute") == at(0))["pending_jobs"].sum() == 1

@@ -352,7 +352,10 @@ class Processor:
         starts = self.jobs.started_size_weights(a - timedelta(days=1), b)
         weighted = demand.demand_weighted(pend, starts, nodes,
                                           minutes)
-        counts = blocked.group_by(["minute", "pool", "card_type"]).agg(
+        # a job that accepts any card type is demand on each card type of its pool
+        cards = nodes.select("minute", "pool", "card_type").unique()
+        counts = demand.any_card_to_each(blocked, cards).group_by(
+            ["minute", "pool", "card_type"]).agg(
             pl.len().cast(pl.Int64).alias("pending_jobs"),
             pl.col("gpus").sum().alias("pending_gpus"),
             pl.col("blocked").sum().cast(pl.Int64).alias("blocked_jobs"),

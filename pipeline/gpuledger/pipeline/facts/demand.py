@@ -65,7 +65,7 @@ def demand_weighted(
               "frag_demand": pl.Float64(), "demand_source": pl.String()}
     parts: list[pl.DataFrame] = []
     cards = nodes.select("minute", "pool", "card_type").unique()
-    typed = _any_card_to_each(pending.select([*_KEYS, "gpus"]), cards)
+    typed = any_card_to_each(pending.select([*_KEYS, "gpus"]), cards)
     if not typed.is_empty():
         per = _per_size(nodes, typed.select([*_KEYS, "gpus"]).unique(),
                         [*_KEYS, "gpus"])
@@ -77,7 +77,7 @@ def demand_weighted(
         recent = started_sizes.join(pl.DataFrame({"minute": minutes}), how="cross").filter(
             (pl.col("started_at") <= mid) & (pl.col("started_at") > mid - pl.duration(days=1))
         ).drop("started_at")
-        weights = _any_card_to_each(recent, cards).group_by([*_KEYS, "gpus"]).agg(
+        weights = any_card_to_each(recent, cards).group_by([*_KEYS, "gpus"]).agg(
             pl.len().alias("jobs"))
         per = _per_size(nodes, weights.select([*_KEYS, "gpus"]), [*_KEYS, "gpus"])
         parts.append(_weighted(per, weights, "started_1d"))
@@ -92,7 +92,7 @@ def demand_weighted(
     )
 
 
-def _any_card_to_each(demand: pl.DataFrame, cards: pl.DataFrame) -> pl.DataFrame:
+def any_card_to_each(demand: pl.DataFrame, cards: pl.DataFrame) -> pl.DataFrame:
     """Demand that names no card type counts towards every card type of its pool."""
     named = demand.filter(pl.col("card_type").is_not_null())
     anyc = demand.filter(pl.col("card_type").is_null()).drop("card_type").join(
