@@ -4,7 +4,8 @@ The jars come from ``scripts/kafka-jars.sh`` (run by the setup script); this mod
 never downloads anything. It writes a ``server.properties`` under a work folder,
 formats the storage with Kafka's StorageTool (creating the SCRAM users up front when
 SASL is on), launches ``kafka.Kafka`` as a child process in its own process group and
-waits until a real client gets metadata back.
+waits until a real client gets metadata back. With ``tls=True`` it first makes a
+throwaway CA and a broker certificate in the work folder and opens a SASL_SSL listener.
 
     broker = start_broker(tmp_path, sasl=True)
     try:
@@ -19,10 +20,13 @@ one run in Docker): see docs/kafka-dev.md.
 Environment:
     GPULEDGER_KAFKA_VERSION   Kafka version of the jar cache (default DEFAULT_KAFKA_VERSION)
     GPULEDGER_KAFKA_HOME      jar cache folder (default ~/.cache/gpuledger/kafka-<version>)
-    GPULEDGER_TEST_KAFKA_BOOTSTRAP, ..._SASL_BOOTSTRAP, ..._SASL_USER, ..._SASL_PASSWORD
+    GPULEDGER_TEST_KAFKA_BOOTSTRAP, ..._SASL_BOOTSTRAP, ..._SASL_USER, ..._SASL_PASSWORD,
+    ..._SASL_SSL_BOOTSTRAP, ..._SSL_CAFILE
                               use an existing broker (see broker_from_env)
     GPULEDGER_KAFKA_JAVA_OPTS extra JVM options for the broker (appended)
     GPULEDGER_KAFKA_CDS=0     do not make or use the class-data-sharing archive
+    GPULEDGER_KAFKA_CERT_TOOL make the TLS certificates with `openssl` or `keytool`
+                              (default: openssl when on PATH, else keytool)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import os
 import random
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -43,7 +48,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,16 +57,20 @@ from typing import Any
 __all__ = [
     "DEFAULT_KAFKA_VERSION",
     "SASL_LISTENER",
+    "SASL_SSL_LISTENER",
     "Broker",
     "KafkaSetupError",
+    "TlsFiles",
     "broker_from_env",
     "kafka_libs",
+    "make_tls_files",
     "start_broker",
 ]
 
 # Keep in step with KAFKA_VERSION in scripts/kafka-jars.sh.
 DEFAULT_KAFKA_VERSION = "4.3.1"
 SASL_LISTENER = "SASL_PLAINTEXT"
+SASL_SSL_LISTENER = "SASL_SSL"
 DEFAULT_SASL_USER = "gpuledger"
 
 _JVM_OPTS = (
@@ -233,6 +243,161 @@ def _pdeathsig_prefix() -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--"]
 
 
+# --------------------------------------------------------------------------- TLS
+
+_CERT_DAYS = 7
+_OPENSSL_CNF = """\
+# Written by tests/kafka_broker.py: extensions for the throwaway test CA and broker cert.
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = gpuledger test
+[v3_ca]
+basicConstraints = critical, CA:TRUE, pathlen:0
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[v3_broker]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throwaway CA and a broker certificate for 127.0.0.1 and localhost.
+
+    ca_file: the CA certificate (PEM), what a client trusts (`ssl_cafile`).
+    keystore: PKCS12 with the broker's key and its chain (broker cert, CA cert).
+    """
+
+    ca_file: Path
+    keystore: Path
+    keystore_password: str = field(repr=False)
+    tool: str
+    seconds: float
+
+
+def _run_tool(cmd: list[str], folder: Path, env: Mapping[str, str] | None = None) -> None:
+    try:
+        done = subprocess.run(
+            cmd,
+            cwd=folder,
+            env=None if env is None else {**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise KafkaSetupError(f"{Path(cmd[0]).name} timed out making test certificates") from exc
+    if done.returncode != 0:
+        step = next((a for a in cmd[1:] if not a.startswith("-J")), "")
+        raise KafkaSetupError(
+            f"making test certificates failed (exit {done.returncode}): "
+            f"{Path(cmd[0]).name} {step}\n{(done.stdout + done.stderr)[-2000:]}"
+        )
+
+
+def _certs_with_openssl(openssl: str, folder: Path, password: str) -> None:
+    (folder / "openssl.cnf").write_text(_OPENSSL_CNF)
+    # Relative names: every command runs in folder.
+    new_key = "-config openssl.cnf -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    days = f"-days {_CERT_DAYS}"
+    serial = f"0x{secrets.token_hex(8)}"
+    steps = [
+        f"req -x509 {new_key} -extensions v3_ca -keyout ca.key -out ca.pem {days} "
+        "-subj '/CN=gpuledger test CA'",
+        f"req -new {new_key} -keyout broker.key -out broker.csr -subj /CN=localhost",
+        f"x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -set_serial {serial} {days} "
+        "-sha256 -extfile openssl.cnf -extensions v3_broker -out broker.pem",
+        "pkcs12 -export -in broker.pem -inkey broker.key -certfile ca.pem -name broker "
+        "-out broker.p12 -passout env:GPULEDGER_TEST_KEYSTORE_PASSWORD",
+    ]
+    for step in steps:
+        _run_tool(
+            [openssl, *shlex.split(step)], folder, {"GPULEDGER_TEST_KEYSTORE_PASSWORD": password}
+        )
+
+
+def _certs_with_keytool(keytool: str, folder: Path, password: str) -> None:
+    # Six JVMs (~0.5 s each); the CA's two and the broker key's two run side by side.
+    kt = [keytool, "-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC"]
+    ca = f"-keystore ca.p12 -storetype PKCS12 -storepass {password}"
+    br = f"-keystore broker.p12 -storetype PKCS12 -storepass {password}"
+    ec = f"-keyalg EC -groupname secp256r1 -validity {_CERT_DAYS}"
+
+    def run_all(*steps: str) -> Callable[[], None]:
+        def go() -> None:
+            for step in steps:
+                _run_tool([*kt, *shlex.split(step)], folder)
+
+        return go
+
+    make_ca = run_all(
+        f"-genkeypair -alias ca {ec} -dname 'CN=gpuledger test CA' {ca} "
+        "-ext bc:c=ca:true,pathlen:0 -ext ku:c=keyCertSign,cRLSign",
+        f"-exportcert -rfc -alias ca -file ca.pem {ca}",
+    )
+    make_key = run_all(
+        f"-genkeypair -alias broker {ec} -dname CN=localhost {br}",
+        f"-certreq -alias broker -file broker.csr {br}",
+    )
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(make_ca), pool.submit(make_key)]:
+            future.result()
+    run_all(
+        f"-gencert -alias ca -infile broker.csr -outfile broker.pem -rfc -validity {_CERT_DAYS} "
+        f"-ext san=ip:127.0.0.1,dns:localhost -ext ku:c=digitalSignature -ext eku=serverAuth {ca}"
+    )()
+    chain = (folder / "broker.pem").read_text() + (folder / "ca.pem").read_text()
+    (folder / "chain.pem").write_text(chain)
+    run_all(f"-importcert -noprompt -alias broker -file chain.pem {br}")()
+
+
+def _keytool(java: str) -> str | None:
+    beside = Path(java).resolve().parent / "keytool"
+    return str(beside) if beside.is_file() else shutil.which("keytool")
+
+
+def make_tls_files(folder: Path, *, java: str = "java", tool: str | None = None) -> TlsFiles:
+    """Make a throwaway CA and a broker certificate (127.0.0.1, localhost) in folder.
+
+    tool: "openssl" or "keytool"; default GPULEDGER_KAFKA_CERT_TOOL, else openssl when it
+    is on PATH, else the keytool beside `java`. EC P-256 keys, valid for a week; the CA's
+    key stays in folder (ca.key or ca.p12) and is never used again.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    want = tool or os.environ.get("GPULEDGER_KAFKA_CERT_TOOL") or None
+    if want not in (None, "openssl", "keytool"):
+        raise ValueError(f"certificate tool {want!r}: use openssl or keytool")
+    openssl = shutil.which("openssl") if want in (None, "openssl") else None
+    keytool = _keytool(java) if openssl is None and want in (None, "keytool") else None
+    password = secrets.token_urlsafe(18)
+    t0 = time.monotonic()
+    if openssl is not None:
+        _certs_with_openssl(openssl, folder, password)
+        used = "openssl"
+    elif keytool is not None:
+        _certs_with_keytool(keytool, folder, password)
+        used = "keytool"
+    else:
+        raise KafkaSetupError(f"no {want or 'openssl or keytool'} to make test certificates")
+    return TlsFiles(
+        ca_file=folder / "ca.pem",
+        keystore=folder / "broker.p12",
+        keystore_password=password,
+        tool=used,
+        seconds=time.monotonic() - t0,
+    )
+
+
 _LIVE: set[Broker] = set()
 
 
@@ -260,6 +425,9 @@ class Broker:
     ports: dict[str, int] = field(default_factory=dict)
     # start_broker: format + start until ready; after start_again: that start alone.
     start_seconds: float = 0.0
+    # tls=True: the SASL_SSL listener ("127.0.0.1:PORT") and the CA (PEM) it chains to.
+    sasl_ssl_bootstrap: str | None = None
+    ca_file: Path | None = None
     _cmd: list[str] = field(default_factory=list, repr=False)
     _java: str = field(default="java", repr=False)
     _cds: Path | None = field(default=None, repr=False)
@@ -286,25 +454,33 @@ class Broker:
         return None if self._proc is None else self._proc.pid
 
     def client_kwargs(
-        self, mechanism: str | None = None, *, user: str | None = None
+        self, mechanism: str | None = None, *, user: str | None = None, tls: bool = False
     ) -> dict[str, Any]:
         """kafka-python keyword arguments for this broker.
 
         mechanism None: the PLAINTEXT listener. "PLAIN" or "SCRAM-SHA-512": the SASL
-        listener as `user` (default: the first user).
+        listener as `user` (default: the first user); with tls=True the SASL_SSL listener
+        instead, trusting ca_file.
         """
         if mechanism is None:
+            if tls:
+                raise ValueError("tls=True needs a SASL mechanism (the TLS listener is SASL_SSL)")
             return {"bootstrap_servers": self.bootstrap}
-        if self.sasl_bootstrap is None or not self.users:
-            raise KafkaSetupError("this broker has no SASL listener or no SASL user")
+        bootstrap = self.sasl_ssl_bootstrap if tls else self.sasl_bootstrap
+        if bootstrap is None or not self.users:
+            kind = "SASL_SSL" if tls else "SASL"
+            raise KafkaSetupError(f"this broker has no {kind} listener or no SASL user")
         name = user if user is not None else next(iter(self.users))
-        return {
-            "bootstrap_servers": self.sasl_bootstrap,
-            "security_protocol": "SASL_PLAINTEXT",
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "security_protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
             "sasl_mechanism": mechanism,
             "sasl_plain_username": name,
             "sasl_plain_password": self.users[name],
         }
+        if tls and self.ca_file is not None:
+            kwargs["ssl_cafile"] = str(self.ca_file)
+        return kwargs
 
     def create_topic(
         self,
@@ -433,6 +609,8 @@ class Broker:
         checks: list[dict[str, Any]] = [self.client_kwargs()]
         if self.sasl_bootstrap is not None and self.users:
             checks.append(self.client_kwargs("SCRAM-SHA-512"))
+        if self.sasl_ssl_bootstrap is not None and self.users:
+            checks.append(self.client_kwargs("SCRAM-SHA-512", tls=True))
         while checks:
             proc = self._proc
             if proc is None or proc.poll() is not None:
@@ -489,7 +667,29 @@ def _probe_metadata(kwargs: Mapping[str, Any], timeout_s: float) -> None:
         admin.close()
 
 
-def _server_properties(workdir: Path, ports: Mapping[str, int], users: Mapping[str, str]) -> str:
+def _sasl_listener_lines(listener: str, users: Mapping[str, str]) -> list[str]:
+    prefix = f"listener.name.{listener.lower()}"
+    plain_users = " ".join(f"user_{n}={_jaas_quote(p)}" for n, p in users.items())
+    return [
+        f"{prefix}.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
+        f"{prefix}.plain.sasl.jaas.config="
+        f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};",
+        f"{prefix}.scram-sha-512.sasl.jaas.config="
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    ]
+
+
+def _properties_value(value: str) -> str:
+    """A value for a java.util.Properties file (backslashes and line ends escaped)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _server_properties(
+    workdir: Path,
+    ports: Mapping[str, int],
+    users: Mapping[str, str],
+    tls: TlsFiles | None = None,
+) -> str:
     host = "127.0.0.1"
     listeners = [
         f"PLAINTEXT://{host}:{ports['plaintext']}",
@@ -530,19 +730,25 @@ def _server_properties(workdir: Path, ports: Mapping[str, int], users: Mapping[s
         "log.cleaner.threads=1",
         "log.cleaner.dedupe.buffer.size=16777216",
     ]
-    if users:
+    if users and ("sasl" in ports or "sasl_ssl" in ports):
+        lines.append("sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512")
+    if users and "sasl" in ports:
         listeners.append(f"{SASL_LISTENER}://{host}:{ports['sasl']}")
         advertised.append(f"{SASL_LISTENER}://{host}:{ports['sasl']}")
         protocol_map.append(f"{SASL_LISTENER}:SASL_PLAINTEXT")
-        prefix = f"listener.name.{SASL_LISTENER.lower()}"
-        plain_users = " ".join(f"user_{n}={_jaas_quote(p)}" for n, p in users.items())
+        lines += _sasl_listener_lines(SASL_LISTENER, users)
+    if users and tls is not None and "sasl_ssl" in ports:
+        listeners.append(f"{SASL_SSL_LISTENER}://{host}:{ports['sasl_ssl']}")
+        advertised.append(f"{SASL_SSL_LISTENER}://{host}:{ports['sasl_ssl']}")
+        protocol_map.append(f"{SASL_SSL_LISTENER}:SASL_SSL")
+        prefix = f"listener.name.{SASL_SSL_LISTENER.lower()}"
+        lines += _sasl_listener_lines(SASL_SSL_LISTENER, users)
         lines += [
-            "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
-            f"{prefix}.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
-            f"{prefix}.plain.sasl.jaas.config="
-            f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};",
-            f"{prefix}.scram-sha-512.sasl.jaas.config="
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            f"{prefix}.ssl.keystore.type=PKCS12",
+            f"{prefix}.ssl.keystore.location={_properties_value(str(tls.keystore))}",
+            f"{prefix}.ssl.keystore.password={_properties_value(tls.keystore_password)}",
+            f"{prefix}.ssl.key.password={_properties_value(tls.keystore_password)}",
+            f"{prefix}.ssl.client.auth=none",
         ]
     lines += [
         f"listeners={','.join(listeners)}",
@@ -556,6 +762,7 @@ def start_broker(
     workdir: Path,
     *,
     sasl: bool = False,
+    tls: bool = False,
     timeout_s: float = 90,
     users: Mapping[str, str] | None = None,
 ) -> Broker:
@@ -563,8 +770,11 @@ def start_broker(
 
     sasl: also open a SASL_PLAINTEXT listener with PLAIN and SCRAM-SHA-512, for `users`
     (default: {"gpuledger": <random password>}); each user has the same password for both
-    mechanisms. Waits until the broker answers a metadata request on every listener;
-    raises KafkaSetupError with the log's last lines if it does not within timeout_s.
+    mechanisms. tls: make a throwaway CA and broker certificate in workdir/tls (see
+    make_tls_files) and open a SASL_SSL listener with the same mechanisms and users
+    (`sasl_ssl_bootstrap`, `ca_file`); it works with or without sasl. Waits until the
+    broker answers a metadata request on every listener; raises KafkaSetupError with the
+    log's last lines if it does not within timeout_s.
     """
     libs = kafka_libs()
     java, java_version = _java()
@@ -574,16 +784,19 @@ def start_broker(
     if (workdir / "data").exists():
         raise KafkaSetupError(f"{workdir / 'data'} exists: start_broker needs a fresh workdir")
     sasl_users: dict[str, str] = {}
-    if sasl:
+    if sasl or tls:
         sasl_users = dict(users) if users else {DEFAULT_SASL_USER: secrets.token_urlsafe(18)}
         for name in sasl_users:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ValueError(f"SASL user name {name!r}: use letters, digits, _ . -")
-    ports = dict(zip(("plaintext", "controller", "sasl"), _free_ports(3), strict=True))
-    if not sasl:
-        del ports["sasl"]
+    names = ["plaintext", "controller", *(["sasl"] if sasl else []), *(["sasl_ssl"] if tls else [])]
+    ports = dict(zip(names, _free_ports(len(names)), strict=True))
 
-    (workdir / "server.properties").write_text(_server_properties(workdir, ports, sasl_users))
+    t0 = time.monotonic()
+    tls_files = make_tls_files(workdir / "tls", java=java) if tls else None
+    (workdir / "server.properties").write_text(
+        _server_properties(workdir, ports, sasl_users, tls_files)
+    )
     (workdir / "log4j2.properties").write_text(_LOG4J2)
     log_path = workdir / "broker.log"
     jvm = [
@@ -595,7 +808,6 @@ def start_broker(
         f"{libs}/*",
     ]
 
-    t0 = time.monotonic()
     fmt = [
         java,
         *([f"-XX:SharedArchiveFile={cds}"] if cds is not None and cds.is_file() else []),
@@ -637,6 +849,8 @@ def start_broker(
         log_path=log_path,
         workdir=workdir,
         ports=ports,
+        sasl_ssl_bootstrap=f"127.0.0.1:{ports['sasl_ssl']}" if tls else None,
+        ca_file=tls_files.ca_file if tls_files is not None else None,
         _cmd=[*jvm, "kafka.Kafka", str(workdir / "server.properties")],
         _java=java,
         _cds=cds,
@@ -657,6 +871,8 @@ def broker_from_env(environ: Mapping[str, str] | None = None) -> Broker | None:
     GPULEDGER_TEST_KAFKA_BOOTSTRAP=host:port        PLAINTEXT listener (required)
     GPULEDGER_TEST_KAFKA_SASL_BOOTSTRAP=host:port   SASL_PLAINTEXT listener (optional)
     GPULEDGER_TEST_KAFKA_SASL_USER / _SASL_PASSWORD a user valid for PLAIN and SCRAM-SHA-512
+    GPULEDGER_TEST_KAFKA_SASL_SSL_BOOTSTRAP=h:p     SASL_SSL listener, same user (optional)
+    GPULEDGER_TEST_KAFKA_SSL_CAFILE=path            CA (PEM) of that listener's certificate
 
     Such a broker is neither started nor stopped here (stop() does nothing).
     """
@@ -667,18 +883,28 @@ def broker_from_env(environ: Mapping[str, str] | None = None) -> Broker | None:
     sasl_bootstrap = env.get("GPULEDGER_TEST_KAFKA_SASL_BOOTSTRAP", "").strip() or None
     user = env.get("GPULEDGER_TEST_KAFKA_SASL_USER", "").strip()
     password = env.get("GPULEDGER_TEST_KAFKA_SASL_PASSWORD", "")
-    users = {user: password} if sasl_bootstrap and user else {}
-    return Broker(bootstrap=bootstrap, sasl_bootstrap=sasl_bootstrap, users=users)
+    sasl_ssl_bootstrap = env.get("GPULEDGER_TEST_KAFKA_SASL_SSL_BOOTSTRAP", "").strip() or None
+    ca_file = env.get("GPULEDGER_TEST_KAFKA_SSL_CAFILE", "").strip()
+    users = {user: password} if (sasl_bootstrap or sasl_ssl_bootstrap) and user else {}
+    return Broker(
+        bootstrap=bootstrap,
+        sasl_bootstrap=sasl_bootstrap,
+        users=users,
+        sasl_ssl_bootstrap=sasl_ssl_bootstrap,
+        ca_file=Path(ca_file).expanduser() if ca_file else None,
+    )
 
 
 @contextlib.contextmanager
-def running_broker(workdir: Path, *, sasl: bool = False, timeout_s: float = 90) -> Iterator[Broker]:
+def running_broker(
+    workdir: Path, *, sasl: bool = False, tls: bool = False, timeout_s: float = 90
+) -> Iterator[Broker]:
     """`with running_broker(path) as b:` — the broker from the environment, or a new one."""
     env_broker = broker_from_env()
     if env_broker is not None:
         yield env_broker
         return
-    broker = start_broker(workdir, sasl=sasl, timeout_s=timeout_s)
+    broker = start_broker(workdir, sasl=sasl, tls=tls, timeout_s=timeout_s)
     try:
         yield broker
     finally:
