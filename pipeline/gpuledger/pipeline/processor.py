@@ -284,9 +284,9 @@ class Processor:
         attrs: pl.DataFrame,
     ) -> pl.DataFrame:
         keys = ["minute", "node", "gpu_index"]
-        base = grid.join(alloc_gpu, on=keys, how="full", coalesce=True)
+        base = grid.lazy().join(alloc_gpu.lazy(), on=keys, how="full", coalesce=True)
         if telem is not None:
-            base = base.join(telem, on=keys, how="full", coalesce=True)
+            base = base.join(telem.lazy(), on=keys, how="full", coalesce=True)
         else:
             base = base.with_columns(
                 pl.lit(None, pl.Int64).alias("telemetry_samples"),
@@ -316,14 +316,14 @@ class Processor:
             (pl.col("processes").fill_null(0) > 0).alias("has_process"),
             pl.col("telemetry_samples").fill_null(0),
         ).with_columns(classify(t)).join(
-            attrs.select("job_id", "team", "queue", "job_type", "user", "priority"),
+            attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority"),
             on="job_id", how="left",
         )
         return out.with_columns(
             pl.col("minute").dt.date().alias("date"),
             pl.lit(t.idle_activity).alias("idle_threshold"),
             pl.lit(t.efficient_activity).alias("efficient_threshold"),
-        ).select(TABLE_SCHEMAS["gpu_minute"].names())
+        ).select(TABLE_SCHEMAS["gpu_minute"].names()).collect()
 
     def _cluster_facts(
         self, grid: pl.DataFrame, alloc_gpu: pl.DataFrame, attrs: pl.DataFrame,
@@ -465,6 +465,13 @@ class Processor:
         if frame.is_empty():
             return
         frame = self._shape(table, frame)
+        first, last = frame.select(
+            pl.col(time_col).min().dt.truncate("1h").alias("first"),
+            pl.col(time_col).max().dt.truncate("1h").alias("last"),
+        ).row(0)
+        if first == last:  # the common case: a close step never crosses an hour
+            self.hour_parts.setdefault((table, first), []).append(frame)
+            return
         for (hour,), part in frame.group_by(pl.col(time_col).dt.truncate("1h").alias("_h")):
             assert isinstance(hour, datetime)
             self.hour_parts.setdefault((table, hour), []).append(part)
