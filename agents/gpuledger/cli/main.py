@@ -205,6 +205,41 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 1 if (args.strict and rej.height) else 0
 
 
+def cmd_import_openb(args: argparse.Namespace) -> int:
+    _need_pipeline()
+    from gpuledger.pipeline.importers.openb import load_openb
+    from gpuledger.pipeline.ingest import feed_in_time_order
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.validate import validate
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    for path in (args.nodes, args.pods):
+        if not path.is_file():
+            raise CliError(f"{path}: no such file")
+    lo = args.from_hours * 3600.0
+    hi = lo + args.hours * 3600.0 if args.hours is not None else None
+    kw: dict[str, Any] = {"window_from_s": lo, "window_to_s": hi}
+    if args.start is not None:
+        kw["start"] = args.start
+    imported = load_openb(args.nodes, args.pods, **kw)
+    processor = Processor(_proc_config(args), Warehouse(args.warehouse))
+    frames: dict[str, Any] = {}
+    for kind, frame in imported.frames.items():
+        good, bad = validate(frame, kind)  # type: ignore[arg-type]
+        processor.add_rejects(bad)
+        frames[kind] = good
+    update, stop = _progress("importing openb", not args.quiet)
+    try:
+        feed_in_time_order(processor, frames, update)  # type: ignore[arg-type]
+    finally:
+        stop()
+    print(f"openb: {imported.pods_total:,} pods ({imported.pods_cpu_only:,} CPU-only skipped), "
+          f"{imported.pods_imported:,} imported into {args.warehouse}/; "
+          f"{len(imported.unplaced):,} could not be placed"
+          + (f" (e.g. {', '.join(imported.unplaced[:5])})" if imported.unplaced else ""))
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.kafka.topics import create_topics
@@ -346,6 +381,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-rejects", type=int, default=20, metavar="N",
                    help="print at most N rejected lines (default 20)")
     p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("import", help="import scheduler history (openb trace)",
+                       description="Import scheduler history into the warehouse through the "
+                       "same processor. Formats: openb (Alibaba GPU cluster trace, ATC '23).")
+    fmt = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    q = fmt.add_parser("openb", help="the Alibaba openb trace (node list + pod list CSV)",
+                       description="Import the openb trace: nodes become inventory, GPU pods "
+                       "become jobs placed by a documented best-fit policy (docs/import.md); "
+                       "pods that cannot be placed are reported.")
+    q.add_argument("--nodes", type=Path, required=True, help="openb_node_list_*.csv")
+    q.add_argument("--pods", type=Path, required=True, help="openb_pod_list_*.csv")
+    q.add_argument("--from-hours", type=float, default=0.0,
+                   help="window start, hours after the trace start (default 0)")
+    q.add_argument("--hours", type=_positive(float, "--hours"), default=None,
+                   help="window length in hours (default: to the end of the trace)")
+    q.add_argument("--start", type=_start_time, default=None,
+                   help="wall-clock time of the trace's second 0 (default 2026-01-01T00:00Z)")
+    q.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
+    common(q)
+    q.set_defaults(func=cmd_import_openb)
 
     p = sub.add_parser("query", help="run a read-only SQL query on the warehouse",
                        description="Run SELECT/EXPLAIN SQL (DuckDB dialect) on the warehouse "

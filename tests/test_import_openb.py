@@ -1,0 +1,92 @@
+"""The openb trace through the importer and the processor equals a direct computation
+from its CSV files (queue wait per pod, allocated GPUs over time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+from gpuledger.pipeline.importers.openb import load_openb
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
+NODES = DATA / "openb_node_list_gpu_node.csv"
+PODS = DATA / "openb_pod_list_default.csv"
+FROM_H, HOURS = 3552.0, 2.0          # a busy stretch of day 148
+LO, HI = FROM_H * 3600, (FROM_H + HOURS) * 3600
+
+pytestmark = pytest.mark.skipif(not PODS.exists(), reason="shared/data/openb is not here")
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("openb")
+    code = main(["import", "openb", "--nodes", str(NODES), "--pods", str(PODS),
+                 "--from-hours", str(FROM_H), "--hours", str(HOURS), "--quiet",
+                 "--warehouse", str(root)])
+    assert code == 0
+    return root
+
+
+def _pods() -> pl.DataFrame:
+    return pl.read_csv(PODS).filter(pl.col("num_gpu") > 0)
+
+
+def test_queue_wait_per_pod_is_scheduled_minus_creation(warehouse: Path) -> None:
+    direct = _pods().filter(
+        (pl.col("creation_time") >= LO) & (pl.col("creation_time") < HI)
+        & pl.col("scheduled_time").is_not_null() & (pl.col("scheduled_time") < HI)
+    ).select(pl.col("name").alias("job_id"),
+             (pl.col("scheduled_time") - pl.col("creation_time")).cast(pl.Float64)
+             .alias("wait"))
+    assert direct.height > 20
+    cols, rows = query.run(warehouse, "SELECT job_id, queue_wait_s FROM attempts "
+                                      "WHERE queue_wait_s IS NOT NULL")
+    got = pl.DataFrame(rows, schema=cols, orient="row")
+    joined = direct.join(got, on="job_id", how="left")
+    assert joined["queue_wait_s"].null_count() == 0
+    assert (joined["queue_wait_s"] == joined["wait"]).all()
+    # and the percentiles per queue, as the queue_wait view computes them
+    ids = ", ".join(f"'{j}'" for j in direct["job_id"])
+    _, rows = query.run(warehouse, "SELECT queue, quantile_cont(queue_wait_s, 0.5), "
+                                   "quantile_cont(queue_wait_s, 0.9) FROM attempts "
+                                   f"WHERE job_id IN ({ids}) GROUP BY queue")
+    qos = _pods().select(pl.col("name").alias("job_id"), "qos")
+    by_queue = direct.join(qos, on="job_id").group_by("qos").agg(
+        pl.col("wait").quantile(0.5, "linear").alias("p50"),
+        pl.col("wait").quantile(0.9, "linear").alias("p90"))
+    expected = {q: [a, b] for q, a, b in by_queue.iter_rows()}
+    got_q = {q: [a, b] for q, a, b in rows}
+    assert set(got_q) == set(expected) and len(expected) >= 2
+    for q, values in expected.items():
+        assert got_q[q] == pytest.approx(values)
+
+
+def test_allocated_gpus_over_time_match_the_trace(warehouse: Path) -> None:
+    minutes = pl.DataFrame({"m": pl.int_range(int(LO // 60), int(HI // 60), eager=True)})
+    # a pod holds num_gpu × gpu_milli/1000 GPUs from scheduled to deletion; a minute counts
+    # when its middle lies inside (docs/metrics.md)
+    pods = _pods().filter(pl.col("scheduled_time").is_not_null()).select(
+        "scheduled_time", "deletion_time",
+        (pl.col("num_gpu") * pl.col("gpu_milli") / 1000).alias("g"))
+    direct = minutes.join(pods, how="cross").filter(
+        (pl.col("scheduled_time") <= pl.col("m") * 60 + 30)
+        & (pl.col("m") * 60 + 30 < pl.col("deletion_time"))
+    ).group_by("m").agg(pl.col("g").sum()).sort("m")
+    cols, rows = query.run(warehouse, "SELECT minute, sum(alloc_fraction) AS g FROM gpu_minute "
+                                      "WHERE allocated GROUP BY minute ORDER BY minute")
+    got = pl.DataFrame(rows, schema=cols, orient="row")
+    assert got.height == direct.height == int(HOURS * 60)
+    assert got["g"].to_list() == pytest.approx(direct["g"].to_list())
+
+
+def test_every_pod_is_placed_and_cpu_pods_are_skipped() -> None:
+    imported = load_openb(NODES, PODS, window_from_s=LO, window_to_s=HI)
+    assert imported.unplaced == []
+    assert imported.pods_cpu_only == pl.read_csv(PODS).filter(pl.col("num_gpu") == 0).height
+    inv = imported.frames["inventory"]
+    assert inv.height == pl.read_csv(NODES).filter(pl.col("gpu") > 0).height
+    assert inv["gpu_count"].sum() == pl.read_csv(NODES)["gpu"].sum()
