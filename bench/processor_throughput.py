@@ -14,7 +14,6 @@ GPU-samples per CPU-second is the per-core rate. Usage:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from gpuledger.pipeline.bus import EmbeddedBus
+from gpuledger.pipeline.bus import EmbeddedBus, decode_message
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
@@ -68,7 +67,7 @@ def main() -> None:
     decoded = 0
     while ceiling_bus._messages:
         _kind, data = ceiling_bus._messages.popleft()
-        decoded += pl.read_ipc(io.BytesIO(data)).height
+        decoded += decode_message(data).height
     ceiling_cpu, ceiling_wall = time.process_time() - c0, time.perf_counter() - w0
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 import polars as pl
+import pyarrow as pa
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
 
@@ -35,6 +36,14 @@ class Source(Protocol):
     def commit(self) -> None:
         """Everything yielded so far is durable downstream; never replay it."""
         ...
+
+
+def decode_message(data: bytes) -> pl.DataFrame:
+    """One published message back to its frame. Arrow reads the IPC file in place and
+    Polars takes over its buffers (no copy: the message holds string views already)."""
+    frame = pl.from_arrow(pa.ipc.open_file(pa.py_buffer(data)).read_all())
+    assert isinstance(frame, pl.DataFrame)
+    return frame
 
 
 class EmbeddedBus:
@@ -78,7 +87,7 @@ class EmbeddedBus:
             parts: dict[str, list[pl.DataFrame]] = {}
             while taken < mark and self._messages:
                 record_type, data = self._messages.popleft()
-                parts.setdefault(record_type, []).append(pl.read_ipc(io.BytesIO(data)))
+                parts.setdefault(record_type, []).append(decode_message(data))
                 taken += 1
             yield {k: pl.concat(v) if len(v) > 1 else v[0] for k, v in parts.items()}
 

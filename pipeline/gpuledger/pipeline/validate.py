@@ -39,8 +39,9 @@ rejected with a reason instead of raising.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -209,6 +210,11 @@ class _Check:
 
     cond: pl.Expr
     reason: pl.Expr
+    screen: pl.Expr | None = None
+    """A scalar that is true when ``cond`` may hold on some row (default ``cond.any()``);
+    when no rule's screen holds, no per-row flags are built."""
+    screen_entries: str | None = None
+    """When set, ``screen`` reads this list column flattened to its entries."""
 
 
 @dataclass
@@ -332,13 +338,20 @@ def _prepare(frame: pl.DataFrame, record_type: RecordType) -> _Prepared:
 
 
 def _numeric_checks(name: str, col: pl.Expr, field: Field) -> list[_Check]:
-    """Finite (floats) and inclusive bounds."""
+    """Finite (floats) and inclusive bounds.
+
+    Screens: a NaN or an infinity makes the column's sum non-finite; without one, the
+    column's minimum and maximum decide the bounds (Polars' min/max skip NaN).
+    """
     checks: list[_Check] = []
     finite: pl.Expr | None = None
     if field.kind == "float":
-        checks.append(_Check(col.is_nan(), pl.lit(f"field '{name}': NaN is not a number")))
+        not_finite_sum = ~col.sum().is_finite()
+        checks.append(_Check(col.is_nan(), pl.lit(f"field '{name}': NaN is not a number"),
+                             not_finite_sum))
         checks.append(
-            _Check(col.is_infinite(), _msg(f"field '{name}': ", _num(col), " is not finite"))
+            _Check(col.is_infinite(), _msg(f"field '{name}': ", _num(col), " is not finite"),
+                   not_finite_sum)
         )
         finite = col.is_finite()
     if field.minimum is not None:
@@ -351,6 +364,7 @@ def _numeric_checks(name: str, col: pl.Expr, field: Field) -> list[_Check]:
                     _num(col),
                     f" is below the minimum {_fmt_number(field.minimum)}",
                 ),
+                (col.min() < field.minimum).fill_null(False),
             )
         )
     if field.maximum is not None:
@@ -363,6 +377,7 @@ def _numeric_checks(name: str, col: pl.Expr, field: Field) -> list[_Check]:
                     _num(col),
                     f" is above the maximum {_fmt_number(field.maximum)}",
                 ),
+                (col.max() > field.maximum).fill_null(False),
             )
         )
     return checks
@@ -381,19 +396,32 @@ def _entry_checks(name: str, col: pl.Expr, nested: list[tuple[str, str, str]]) -
     ``fraction`` (in (0, 1]).
     """
     el = pl.element()
+    # screens read the entries of every row as one column: a rule holds on some row's
+    # entry exactly when it holds on some entry of the flattened column
+    flat = pl.col(name)
+
+    def screen(rule: Callable[[pl.Expr], pl.Expr]) -> pl.Expr:
+        return rule(flat).any()
+
     checks = [
         _Check(
             col.list.eval(el.is_null()).list.any(),
             pl.lit(f"field '{name}': an entry is null"),
+            screen(lambda e: e.is_null()),
         )
     ]
     for sub, rule, _word in nested:
         v = el.struct.field(sub)
+
+        def field_of(e: pl.Expr, sub: str = sub) -> pl.Expr:
+            return e.struct.field(sub)
+
         if rule == "required":
             checks.append(
                 _Check(
                     col.list.eval(el.is_not_null() & v.is_null()).list.any(),
                     pl.lit(f"field '{name}': an entry has no {sub}"),
+                    screen(lambda e: e.is_not_null() & field_of(e).is_null()),
                 )
             )
         elif rule == "nonempty":
@@ -401,16 +429,23 @@ def _entry_checks(name: str, col: pl.Expr, nested: list[tuple[str, str, str]]) -
                 _Check(
                     col.list.eval(el.is_not_null() & (v.is_null() | (v == ""))).list.any(),
                     pl.lit(f"field '{name}': an entry has no {sub}"),
+                    screen(lambda e: e.is_not_null()
+                           & (field_of(e).is_null() | (field_of(e) == ""))),
                 )
             )
         elif rule == "nonneg":
-            bad = v < 0
-            if _word == "float":
-                bad = bad & v.is_finite()
+            float_word = _word == "float"
+
+            def negative(e: pl.Expr, float_word: bool = float_word) -> pl.Expr:
+                bad = field_of(e) < 0
+                return bad & field_of(e).is_finite() if float_word else bad
+
+            bad = negative(el)
             checks.append(
                 _Check(
                     col.list.eval(bad).list.any(),
                     _msg(f"field '{name}': {sub} ", _num(_first(col, v, bad)), " is negative"),
+                    screen(negative),
                 )
             )
         elif rule == "finite":
@@ -418,6 +453,7 @@ def _entry_checks(name: str, col: pl.Expr, nested: list[tuple[str, str, str]]) -
                 _Check(
                     col.list.eval(v.is_nan()).list.any(),
                     pl.lit(f"field '{name}': {sub} NaN is not a number"),
+                    screen(lambda e: field_of(e).is_nan()),
                 )
             )
             checks.append(
@@ -428,6 +464,7 @@ def _entry_checks(name: str, col: pl.Expr, nested: list[tuple[str, str, str]]) -
                         _num(_first(col, v, v.is_infinite())),
                         " is not finite",
                     ),
+                    screen(lambda e: field_of(e).is_infinite()),
                 )
             )
         elif rule == "fraction":
@@ -440,9 +477,11 @@ def _entry_checks(name: str, col: pl.Expr, nested: list[tuple[str, str, str]]) -
                         _num(_first(col, v, bad)),
                         " is not in (0, 1]",
                     ),
+                    screen(lambda e: field_of(e).is_finite()
+                           & ((field_of(e) <= 0) | (field_of(e) > 1))),
                 )
             )
-    return checks
+    return [dataclasses.replace(c, screen_entries=name) for c in checks]
 
 
 def _json_object_of_strings(text: str) -> bool:
@@ -581,10 +620,12 @@ def _time_checks(name: str, now: datetime, max_future_s: float, min_time: dateti
                 _short_time(col),
                 f" is more than {_fmt_number(max_future_s)} s in the future",
             ),
+            (col.max() > horizon).fill_null(False),
         ),
         _Check(
             col < floor,
             _msg(f"field '{name}': ", _short_time(col), " is before ", _short_time(floor)),
+            (col.min() < floor).fill_null(False),
         ),
     ]
 
@@ -671,11 +712,20 @@ def check(
     prepared = _prepare(frame, record_type)
     checks = _checks_for(prepared, record_type, now, max_future_s, min_time)
     p = prepared.frame
+    schema = schema_of(record_type)
+    names = list(schema.names())
+    # Fast path: one row of scalars says whether any rule may break on any row; only
+    # then are the per-row flags built.
+    if p.height >= _SCREEN_MIN_ROWS and not _may_break(p, checks):
+        return Checked(
+            valid=_finish(p.select(names), record_type),
+            rejected_index=pl.Series("index", [], dtype=pl.UInt32),
+            reasons=pl.Series("reason", [], dtype=pl.String),
+            rejected=pl.DataFrame(schema=schema),
+        )
     # One boolean column per rule (much cheaper for Polars to plan than one wide OR).
     flags = p.select([c.cond.alias(f"__flag{i}") for i, c in enumerate(checks)])
     bad_mask = flags.select(pl.any_horizontal(pl.all()).fill_null(False)).to_series()
-    schema = schema_of(record_type)
-    names = list(schema.names())
     if not bad_mask.any():
         return Checked(
             valid=_finish(p.select(names), record_type),
@@ -701,6 +751,24 @@ def check(
         reasons=reasons,
         rejected=bad_rows,
     )
+
+
+_SCREEN_MIN_ROWS = 4096
+"""Below this many rows, building the per-row flags directly is as cheap as screening."""
+
+
+def _may_break(frame: pl.DataFrame, checks: list[_Check]) -> bool:
+    """Whether some rule may break on some row, from one row of scalars per source."""
+    by_source: dict[str | None, list[pl.Expr]] = {}
+    for i, c in enumerate(checks):
+        screen = c.cond.any() if c.screen is None else c.screen
+        by_source.setdefault(c.screen_entries, []).append(screen.alias(f"__screen{i}"))
+    for entries, screens in by_source.items():
+        source = frame if entries is None else frame.select(
+            pl.col(entries).explode(empty_as_null=False, keep_nulls=False))
+        if any(v is True for v in source.select(screens).row(0)):
+            return True
+    return False
 
 
 def _finish(valid: pl.DataFrame, record_type: RecordType) -> pl.DataFrame:

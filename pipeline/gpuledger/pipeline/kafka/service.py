@@ -39,6 +39,9 @@ from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.kafka.service")
 
+HOLD = datetime(1970, 1, 1, tzinfo=UTC)
+"""A time limit that closes nothing (the Unix epoch: older than any event)."""
+
 
 @dataclass
 class ServiceOptions:
@@ -249,7 +252,7 @@ class KafkaProcessorService:
                 continue
             seen = self.partition_time.get(key)
             if seen is None:
-                return self.processor.closed_until or datetime.min.replace(tzinfo=UTC)
+                return self.processor.closed_until or HOLD
             behind.append(seen)
         return min(behind) if behind else None
 
