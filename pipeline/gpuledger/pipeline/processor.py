@@ -50,6 +50,7 @@ from gpuledger.pipeline.facts.telemetry_minutes import (
 from gpuledger.pipeline.state.inventory import InventoryBook
 from gpuledger.pipeline.state.jobs import JobBook
 from gpuledger.pipeline.tables import SORT_KEYS, TABLE_SCHEMAS
+from gpuledger.pipeline.validate import validate
 from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.processor")
@@ -122,8 +123,6 @@ class Processor:
             if validated:
                 good = conform(frame, record_type)
             else:
-                from gpuledger.pipeline.validate import validate
-
                 good, bad = validate(frame, record_type, now=self._now(),
                                      max_future_s=self.config.windows.max_future_s)
                 if not bad.is_empty():
@@ -489,9 +488,9 @@ class Processor:
                           and hour + timedelta(hours=1) <= self.closed_until)}
         )
         for hour in done:
-            self._write_hour(hour, final)
+            self._write_hour(hour)
 
-    def _write_hour(self, hour: datetime, final: bool) -> None:
+    def _write_hour(self, hour: datetime) -> None:
         """Write the buffered parts of ``hour`` (partial ones stay buffered)."""
         complete = self.closed_until is not None and hour + timedelta(hours=1) <= self.closed_until
         gm = self.hour_parts.get(("gpu_minute", hour))
