@@ -100,27 +100,33 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
                 dead.append(_wrong_topic(decoded.frames[other_type], other_type, record_type))
         if decoded.rejects.height:
             dead.append(_origin(decoded.rejects, jsonl, lines_per))
+    readable: list[Message] = []
+    arrow_frames: list[pl.DataFrame] = []
     for m in arrow:
-        try:
-            frame = pl.read_ipc_stream(io.BytesIO(m.value))
-        except Exception as exc:
-            dead.append(_whole(m, f"unreadable Arrow IPC: {type(exc).__name__}: {exc}"))
-            continue
         declared = (m.header(TYPE_HEADER) or b"").decode(errors="replace")
         if declared != record_type:
             dead.append(_whole(m, f"gpuledger-type {declared!r} on topic {m.topic}"))
             continue
         try:
-            good, bad = validate(frame, record_type, now=now, max_future_s=max_future_s,
-                                 source=m.topic)
+            frame = conform(pl.read_ipc_stream(io.BytesIO(m.value)), record_type)
         except Exception as exc:
-            dead.append(_whole(m, f"frame does not fit the contract: {exc}"))
+            dead.append(_whole(m, f"unreadable Arrow IPC or not the contract's columns: "
+                                  f"{type(exc).__name__}: {exc}"))
             continue
+        readable.append(m)
+        arrow_frames.append(frame)
+    if arrow_frames:
+        # one validation for the whole poll batch; row numbers map rejects back
+        rows_per = np.fromiter((f.height for f in arrow_frames), dtype=np.int64,
+                               count=len(arrow_frames))
+        batch = pl.concat(arrow_frames)
+        row = pl.int_range(1, batch.height + 1, eager=True, dtype=pl.Int64)
+        good, bad = validate(batch, record_type, now=now, max_future_s=max_future_s,
+                             source=readable[0].topic, line=row)
         frames.append(good)
         if bad.height:
-            dead.append(bad.with_columns(pl.lit(m.topic).alias("topic"),
-                                         pl.lit(m.partition, pl.Int64).alias("partition"),
-                                         pl.lit(m.offset, pl.Int64).alias("offset")))
+            dead.append(_origin(bad, readable, rows_per).with_columns(
+                pl.lit(None, pl.Int64).alias("line")))
     for m in other:
         fmt = (m.header(FORMAT_HEADER) or b"").decode(errors="replace")
         dead.append(_whole(m, f"unknown gpuledger-format {fmt!r}"))
