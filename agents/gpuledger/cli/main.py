@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--start", type=_start_time, default=None,
                        help="simulated start time, ISO 8601 UTC (default 2026-01-05T00:00Z)")
         p.add_argument("--cluster", type=Path, default=None,
-                       help="cluster spec YAML (default: the built-in 560-GPU cluster)")
+                       help="cluster spec YAML (default: the built-in 576-GPU cluster)")
 
     def common(p: argparse.ArgumentParser, warehouse: bool = True) -> None:
         if warehouse:
