@@ -56,7 +56,7 @@ def _broker(bootstrap: str | None, workdir: Path) -> Iterator[tuple[str, Path | 
         yield bootstrap, None
         return
     sys.path.insert(0, str(REPO / "tests"))
-    from kafka_broker import start_broker
+    from kafka_broker import start_broker  # type: ignore[import-not-found]
 
     broker = start_broker(workdir / "broker")
     try:
@@ -176,8 +176,8 @@ class Lag:
         tps = [TopicPartition(self.topic, p) for p in parts]
         ends = self.consumer.end_offsets(tps)
         committed = self.admin.list_group_offsets({self.group: tps}).get(self.group, {})
-        return sum(max(end - max(getattr(committed.get(tp), "offset", 0) or 0, 0), 0)
-                   for tp, end in ends.items())
+        return int(sum(max(end - max(getattr(committed.get(tp), "offset", 0) or 0, 0), 0)
+                       for tp, end in ends.items()))
 
     def close(self) -> None:
         self.consumer.close()

@@ -151,7 +151,7 @@ def _broker(bootstrap: str | None, workdir: Path) -> Iterator[tuple[str, Path | 
         yield bootstrap, None, None
         return
     sys.path.insert(0, str(REPO / "tests"))
-    from kafka_broker import start_broker
+    from kafka_broker import start_broker  # type: ignore[import-not-found]
 
     t0 = time.monotonic()
     broker = start_broker(workdir / "broker")
@@ -611,7 +611,7 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
     service_cpu = time.process_time() - c0
     child.join(30)
     result = json.loads(out.read_text())
-    stamps: list[tuple[int, float, float]] = [tuple(s) for s in result["stamps"]]  # type: ignore[misc]
+    stamps = [(int(e), float(a), float(b)) for e, a, b in result["stamps"]]
     samples = proc.counters.records_in["telemetry"]
     span_s = stamps[-1][1] - stamps[0][1]
     analysis = _analyse(stamps, closes, files, lateness_s, warmup_s)

@@ -245,6 +245,8 @@ class Processor:
             self._close(start, step_end)
             self.closed_until = step_end
             self._write_hours(final=False)
+            if self.late_parts:  # durable now, not held in memory until the stop
+                self._write_late()
             self.jobs.prune(step_end)
             self.inventory.prune(step_end)
 
