@@ -305,7 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cluster spec YAML (default: the built-in 576-GPU cluster)")
 
     def common(p: argparse.ArgumentParser, warehouse: bool = True) -> None:
+        """Options of every command that writes a warehouse (or, without it, of simulate)."""
         if warehouse:
+            p.add_argument("--config", type=Path, default=None,
+                           help="processor configuration YAML (docs/configuration.md)")
             p.add_argument("--warehouse", type=Path, default=DEFAULT_WAREHOUSE,
                            help="warehouse folder (default ./warehouse)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -316,7 +319,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "a Parquet/DuckDB warehouse, and print the summary tables.")
     sim_args(p)
     common(p)
-    p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
                    help="run the demo through this Kafka cluster instead of the embedded bus "
                    "(topics are created; credentials from GPULEDGER_KAFKA_* variables)")
@@ -348,7 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "checkpoints and commits.")
     kafka_args(p)
     common(p)
-    p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
     p.add_argument("--group", default="gpuledger-processor", help="consumer group id")
     p.add_argument("--instance-id", default=None,
                    help="static group membership id (a restarted instance keeps its "
@@ -375,7 +376,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "the same files writes the same facts.")
     p.add_argument("files", nargs="+", type=Path, help="JSON-lines files (any mix of types)")
     common(p)
-    p.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when any line was rejected")
     p.add_argument("--show-rejects", type=int, default=20, metavar="N",
@@ -398,7 +398,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="window length in hours (default: to the end of the trace)")
     q.add_argument("--start", type=_start_time, default=None,
                    help="wall-clock time of the trace's second 0 (default 2026-01-01T00:00Z)")
-    q.add_argument("--config", type=Path, default=None, help="processor configuration YAML")
     common(q)
     q.set_defaults(func=cmd_import_openb)
 
