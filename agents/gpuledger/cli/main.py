@@ -8,6 +8,7 @@ it is missing.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -285,6 +286,15 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+# Commands kept in modules of their own. Each module has
+# ``register(subparsers, common)``, where ``common(parser)`` adds the warehouse options;
+# a module imports its heavy dependencies inside its command function, so that
+# ``gpuledger --help`` and the agent work on the lean base install.
+COMMAND_MODULES: tuple[str, ...] = ()
+# Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
+IMPORT_MODULES: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuledger",
@@ -400,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock time of the trace's second 0 (default 2026-01-01T00:00Z)")
     common(q)
     q.set_defaults(func=cmd_import_openb)
+    for name in IMPORT_MODULES:
+        importlib.import_module(name).register(fmt, common)
 
     p = sub.add_parser("query", help="run a read-only SQL query on the warehouse",
                        description="Run SELECT/EXPLAIN SQL (DuckDB dialect) on the warehouse "
@@ -413,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (default table)")
     p.set_defaults(func=cmd_query)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub, common)
     return parser
 
 
