@@ -16,11 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuledger.cli.errors import CliError
+
 DEFAULT_WAREHOUSE = Path("warehouse")
-
-
-class CliError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
 
 
 def _need_pipeline() -> None:
