@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import polars as pl
 
@@ -69,6 +70,17 @@ def _floor_hour(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
 
 
+class FactListener(Protocol):
+    """Something that follows the facts as windows close (the Prometheus exporter, the
+    alert engine). Listeners are not part of the checkpointed state."""
+
+    def facts(self, table: str, frame: pl.DataFrame) -> None:
+        """Rows of ``table`` (a name in ``TABLE_SCHEMAS``) closed just now."""
+
+    def closed(self, processor: Processor, until: datetime) -> None:
+        """Every minute before ``until`` is closed; ``processor`` may be read, not changed."""
+
+
 class Processor:
     """Turns batches of contract events into warehouse facts."""
 
@@ -101,6 +113,7 @@ class Processor:
         self.last_free_blocks = pl.DataFrame(
             schema={"pool": pl.String, "card_type": pl.String, "largest_free_block": pl.Int64})
         self._seq_last: dict[str, int] = {}
+        self.listeners: list[FactListener] = []
         for table, schema in TABLE_SCHEMAS.items():
             warehouse.ensure_schema(table, schema)
 
@@ -244,6 +257,8 @@ class Processor:
             step_end = min(end, _floor_hour(start) + timedelta(hours=1))
             self._close(start, step_end)
             self.closed_until = step_end
+            for listener in self.listeners:
+                listener.closed(self, step_end)
             self._write_hours(final=False)
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
@@ -466,6 +481,8 @@ class Processor:
         if frame.is_empty():
             return
         frame = self._shape(table, frame)
+        for listener in self.listeners:
+            listener.facts(table, frame)
         first, last = frame.select(
             pl.col(time_col).min().dt.truncate("1h").alias("first"),
             pl.col(time_col).max().dt.truncate("1h").alias("last"),
