@@ -1,0 +1,1 @@
+"""Scheduler bridges: Slurm, Kubernetes/Kueue → contract job events and inventory."""
