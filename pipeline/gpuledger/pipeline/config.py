@@ -51,6 +51,42 @@ class Windows:
 
 
 @dataclass(frozen=True)
+class AlertThresholds:
+    """Alert thresholds: the processor's alert engine and the generated Prometheus rules
+    (``gpuledger alerts generate``) both read these, so there is one definition."""
+
+    low_util_activity: float = 0.10
+    """A running job fires when its trailing mean activity is below this ..."""
+    low_util_resolve_activity: float = 0.15
+    """... and resolves only once it is above this (hysteresis)."""
+    low_util_grace_s: int = 900
+    """No low-utilisation alert before a job has run this long."""
+    low_util_window_s: int = 1800
+    """The trailing window of the mean activity."""
+    waste_warning_gpu_hours: float = 1.0
+    """Severity grows with wasted GPU-hours: below this ``info``, from it ``warning`` ..."""
+    waste_critical_gpu_hours: float = 8.0
+    """... from this ``critical``."""
+    idle_gpu_s: int = 1800
+    """An allocated GPU with no process and no activity for this long."""
+    memory_oversized_runtime_s: int = 3600
+    """Memory over-sized alerts only for jobs that have run this long (the ratio is
+    ``thresholds.memory_oversized_ratio``)."""
+    blocked_s: int = 1800
+    """A pending job blocked by fragmentation for this long."""
+    queue_wait_objective_s: int = 3600
+    """Queue-wait objective per queue ..."""
+    queue_wait_quantile: float = 0.95
+    """... for this quantile of the waits of the trailing hour."""
+    agent_silent_s: int = 300
+    """A healthy node with no telemetry for this long."""
+    processor_lag_s: int = 600
+    """The processor's closed minutes this far behind the wall clock."""
+    keep_firing_s: int = 300
+    """Prometheus rules keep firing this long after the condition clears (``keep_firing_for``)."""
+
+
+@dataclass(frozen=True)
 class CardTier:
     """A card type's place in the hierarchy used by card-mismatch and right-sizing."""
 
@@ -73,6 +109,7 @@ class ProcessorConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     windows: Windows = field(default_factory=Windows)
     card_tiers: dict[str, CardTier] = field(default_factory=lambda: dict(DEFAULT_CARD_TIERS))
+    alerts: AlertThresholds = field(default_factory=AlertThresholds)
     cluster_facts: bool = True
     """Compute cluster-wide facts (fragmentation, pending, queue wait). Exactly one
     processor instance of a consumer group has this on."""
@@ -91,6 +128,16 @@ class ProcessorConfig:
                 "thresholds.idle_activity: must not exceed thresholds.efficient_activity "
                 f"({t.idle_activity} > {t.efficient_activity})"
             )
+        a = self.alerts
+        for name in ("low_util_activity", "low_util_resolve_activity", "queue_wait_quantile"):
+            if not 0.0 <= getattr(a, name) <= 1.0:
+                raise ConfigError(f"alerts.{name}: {getattr(a, name)} must be between 0 and 1")
+        if a.low_util_activity > a.low_util_resolve_activity:
+            raise ConfigError("alerts.low_util_activity: must not exceed "
+                              "alerts.low_util_resolve_activity")
+        for f in fields(a):
+            if getattr(a, f.name) < 0:
+                raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
         for name in ("allowed_lateness_s", "max_future_s", "ended_job_memory_s"):
             if getattr(w, name) < 0:
@@ -170,7 +217,7 @@ def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, An
         if not var.startswith(ENV_PREFIX) or "__" not in var:
             continue
         section, _, key = var[len(ENV_PREFIX):].lower().partition("__")
-        if section not in ("thresholds", "windows"):
+        if section not in ("thresholds", "windows", "alerts"):
             continue
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
@@ -192,14 +239,16 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     for key in raw:
-        if key not in ("thresholds", "windows", "card_tiers", "cluster_facts"):
+        if key not in ("thresholds", "windows", "alerts", "card_tiers", "cluster_facts"):
             raise ConfigError(
-                f"{key}: unknown key (known: thresholds, windows, card_tiers, cluster_facts)"
+                f"{key}: unknown key (known: thresholds, windows, alerts, card_tiers, "
+                "cluster_facts)"
             )
     raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)
     config = ProcessorConfig(
         thresholds=_section("thresholds", Thresholds, raw.get("thresholds")),
         windows=_section("windows", Windows, raw.get("windows")),
+        alerts=_section("alerts", AlertThresholds, raw.get("alerts")),
         card_tiers=_card_tiers(raw.get("card_tiers")),
         cluster_facts=_coerce("cluster_facts", raw.get("cluster_facts", True), True),
     )
