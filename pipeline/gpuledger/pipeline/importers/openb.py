@@ -18,10 +18,11 @@ Mapping (documented in ``docs/import.md``):
 - queue = QoS class; priority Guaranteed 100, LS 90, Burstable 50, BE 10; BE pods are
   preemptible; job type ``training`` for BE, ``inference`` otherwise; team ``default``.
 
-Placement policy (the trace has none), applied in event-time order with releases first:
-a whole-GPU pod goes to the node with the fewest free whole GPUs that still fits it
-(best fit; ties by node name); a fractional pod goes to the partly used GPU with the
-least room that fits, else to a free GPU chosen like a one-GPU pod. A pod that fits
+Placement policy (the trace has none; ``gpuledger.bridges.placement``), applied in
+event-time order with releases first: a whole-GPU pod goes to the node with the fewest
+free whole GPUs that still fits it (best fit; ties by node name); a fractional pod goes
+to the partly used GPU with the least room that fits, else to a free GPU chosen like a
+one-GPU pod. A pod that fits
 nowhere is reported as unplaced and ends ``failed`` (reason ``unplaced by importer``)
 at its deletion time, so that its queue time is still counted.
 
@@ -40,6 +41,7 @@ from typing import Any
 
 import polars as pl
 
+from gpuledger.bridges.placement import Placer
 from gpuledger.pipeline.columns import conform
 
 GPU_MEMORY_MIB = {"P100": 16_384.0, "V100M16": 16_384.0, "V100M32": 32_768.0,
@@ -48,7 +50,6 @@ DEFAULT_GPU_MEMORY_MIB = 16_384.0
 PRIORITY = {"Guaranteed": 100, "LS": 90, "Burstable": 50, "BE": 10}
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 POOL = "openb"
-EPS = 1e-9
 
 
 @dataclass
@@ -60,51 +61,6 @@ class OpenbImport:
     pods_cpu_only: int = 0
     pods_imported: int = 0
     unplaced: list[str] = field(default_factory=list)
-
-
-class _Placer:
-    """Free GPU capacity per node, with the best-fit policy of the module docstring."""
-
-    def __init__(self, nodes: pl.DataFrame) -> None:
-        self.free: dict[str, list[float]] = {
-            sn: [1.0] * gpus for sn, gpus in nodes.select("sn", "gpu").iter_rows()}
-
-    def place(self, gpus: int, milli: int) -> list[tuple[str, int, float]] | None:
-        if milli < 1000:
-            return self._place_fraction(milli / 1000.0)
-        best: tuple[int, str] | None = None
-        for sn, cap in self.free.items():
-            whole = sum(1 for c in cap if c >= 1.0 - EPS)
-            if whole >= gpus and (best is None or (whole, sn) < best):
-                best = (whole, sn)
-        if best is None:
-            return None
-        cap = self.free[best[1]]
-        chosen = [i for i, c in enumerate(cap) if c >= 1.0 - EPS][:gpus]
-        for i in chosen:
-            cap[i] = 0.0
-        return [(best[1], i, 1.0) for i in chosen]
-
-    def _place_fraction(self, need: float) -> list[tuple[str, int, float]] | None:
-        best: tuple[float, str, int] | None = None
-        for sn, cap in self.free.items():
-            for i, c in enumerate(cap):
-                if need - EPS <= c < 1.0 - EPS and (best is None or (c, sn, i) < best):
-                    best = (c, sn, i)
-        if best is None:
-            whole = self.place(1, 1000)
-            if whole is None:
-                return None
-            sn, i, _ = whole[0]
-            self.free[sn][i] = 1.0 - need
-            return [(sn, i, need)]
-        _, sn, i = best
-        self.free[sn][i] -= need
-        return [(sn, i, need)]
-
-    def release(self, allocation: list[tuple[str, int, float]]) -> None:
-        for sn, i, frac in allocation:
-            self.free[sn][i] = min(1.0, self.free[sn][i] + frac)
 
 
 def load_openb(
@@ -131,7 +87,7 @@ def load_openb(
                                        return_dtype=pl.Float64).alias("gpu_mem_mib"),
         pl.lit(True).alias("schedulable"), pl.lit("ok").alias("health"),
     )
-    placer = _Placer(nodes)
+    placer = Placer(dict(nodes.select("sn", "gpu").iter_rows()))
     # (time, order, pod) where order puts releases before placements at the same time
     timeline: list[tuple[float, int, dict[str, Any]]] = []
     for pod in gpu_pods.iter_rows(named=True):
@@ -145,7 +101,8 @@ def load_openb(
     for _t, kind, pod in timeline:
         name = pod["name"]
         if kind == 1:
-            placements[name] = placer.place(pod["num_gpu"], pod["gpu_milli"])
+            share = min(pod["gpu_milli"], 1000) / 1000.0
+            placements[name] = placer.place(pod["num_gpu"], share)
         elif placements.get(name):
             placer.release(placements[name] or [])
 
