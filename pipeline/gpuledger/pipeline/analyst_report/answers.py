@@ -1,0 +1,33 @@
+"""Run every section's SQL on the warehouse (one read-only connection)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpuledger.pipeline import query
+from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, render_sql
+
+
+@dataclass(frozen=True)
+class Answer:
+    section: Section
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def answer_all(warehouse: Path, since: datetime | None = None, until: datetime | None = None,
+               top: int = 10, sections: tuple[Section, ...] = SECTIONS) -> list[Answer]:
+    """Each section's rows, in order."""
+    con = query.connect(warehouse)
+    try:
+        out = []
+        for section in sections:
+            rel = con.execute(render_sql(section, since, until, top))
+            columns = [d[0] for d in rel.description or []]
+            out.append(Answer(section, columns, rel.fetchall()))
+        return out
+    finally:
+        con.close()

@@ -1,0 +1,93 @@
+"""``gpuledger report``: registered through ``COMMAND_MODULES`` (no heavy imports here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpuledger.cli.errors import CliError
+
+
+def _time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _top(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--top must be a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--top must be > 0, got {value}")
+    return value
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    try:
+        import duckdb
+        from rich.console import Console
+    except ImportError:
+        raise CliError(
+            "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
+        ) from None
+    from gpuledger.pipeline.analyst_report.answers import answer_all
+    from gpuledger.pipeline.analyst_report.html import render_html
+    from gpuledger.pipeline.analyst_report.terminal import print_answers
+    from gpuledger.pipeline.query import QueryError
+
+    if args.since and args.until and args.since >= args.until:
+        raise CliError("--since must be before --until")
+    try:
+        answers = answer_all(args.warehouse, args.since, args.until, args.top)
+    except (QueryError, duckdb.Error) as exc:
+        raise CliError(f"{args.warehouse}: {exc}") from None
+    if args.html is not None:
+        window = (f"{args.since.isoformat() if args.since else 'start'} – "
+                  f"{args.until.isoformat() if args.until else 'end'}")
+        text = render_html(answers, str(args.warehouse), datetime.now(UTC).replace(
+            microsecond=0), window)
+        try:
+            args.html.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot write {args.html}: {exc.strerror}") from None
+        print(f"wrote {args.html} ({len(text.encode()):,} bytes, "
+              f"{sum(a.section.chart is not None and bool(a.rows) for a in answers)} charts)",
+              file=sys.stderr)
+    if not args.quiet or args.html is None:
+        print_answers(answers, Console(width=args.width))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+             common: Callable[..., None]) -> None:
+    p = subparsers.add_parser(
+        "report", help="answer the key questions from the warehouse (tables, or HTML)",
+        description="Answer the seed's questions from the warehouse: allocation vs use, "
+        "where idle and inefficient GPU-hours come from, top wasting jobs, memory "
+        "over-requests, jobs blocked by fragmentation, queue wait (and over time), "
+        "preemption lost work, borrowing and reclaim, recommendations. Prints rich tables; "
+        "--html FILE also writes one self-contained HTML file with charts (works offline). "
+        "The SQL behind each section is in sql/20_analyst.sql (docs/analyst-guide.md).")
+    p.add_argument("--warehouse", type=Path, default=Path("warehouse"),
+                   help="warehouse folder (default ./warehouse)")
+    p.add_argument("--html", type=Path, default=None, metavar="FILE",
+                   help="also write the report as a self-contained HTML file with charts")
+    p.add_argument("--since", type=_time, default=None,
+                   help="window start (ISO 8601) for the waste and preemption sections")
+    p.add_argument("--until", type=_time, default=None,
+                   help="window end (ISO 8601, exclusive) for the same sections")
+    p.add_argument("--top", type=_top, default=10,
+                   help="rows in the top-N tables (default 10)")
+    p.add_argument("--width", type=int, default=None,
+                   help="terminal width for the tables (default: the terminal's)")
+    p.add_argument("--quiet", action="store_true",
+                   help="with --html: do not print the tables")
+    p.set_defaults(func=cmd_report)
