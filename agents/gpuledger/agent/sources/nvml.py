@@ -1,0 +1,571 @@
+"""Source: the node's GPUs, read through NVIDIA's NVML with the official bindings.
+
+The bindings are ``nvidia-ml-py`` (module ``pynvml``, the ``agent`` extra); they load the
+driver's ``libnvidia-ml.so.1``. Which contract fields are collected, and with which NVML
+call, is data (``nvml_fields.yaml``, docs/nvml.md). Rules:
+
+* A field the GPU answers ``NVML_ERROR_NOT_SUPPORTED`` for is omitted, never filled in,
+  and that way of reading it is not asked again (per GPU); the next way listed, if any,
+  is tried instead.
+* A GPU that answers ``NVML_ERROR_GPU_IS_LOST`` is reported with ``healthy: false`` and
+  no metrics from then on (a lost GPU needs a reset; the agent's restart re-detects it).
+* An XID critical error listed as fatal in the field file makes the GPU unhealthy from
+  then on; every XID is counted in the sample's ``xid_errors``.
+* A MIG-enabled GPU gives one sample for the whole GPU (power, temperature, ECC, XID,
+  health; no ``processes``) and one per MIG device (``mig_instance`` "profile/GI id",
+  its memory and its processes).
+* No driver (or no bindings) is :class:`NvmlUnavailable` at construction.
+
+Per sample the work is a handful of NVML calls per GPU (counters in one
+``nvmlDeviceGetFieldValues`` call); the layout (GPUs, MIG devices, NVLink links) is read
+at start and again by :meth:`NvmlSource.inventory`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuledger.contract.schema import TELEMETRY
+
+MIB = 1.0 / (1024 * 1024)
+KINDS = ("gauge", "delta", "rate")
+TELEMETRY_FIELDS = frozenset(f.name for f in TELEMETRY)
+# Fields the source itself sets; the field file cannot map NVML values onto them.
+OWN_FIELDS = frozenset({"node", "seq", "agent", "gpu_index", "gpu_uuid", "card_type",
+                        "mig_instance", "healthy", "processes", "xid_errors"})
+MAX_EVENTS_PER_SAMPLE = 1024
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here: no bindings, no driver library, or no driver."""
+
+
+class FieldFileError(ValueError):
+    """The field file is invalid; the message names the bad key."""
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One way to read a contract field from NVML."""
+
+    field: str
+    call: str | None = None
+    args: tuple[int, ...] = ()
+    attr: str | None = None
+    field_id: int | None = None
+    scope: int | None = None
+    scale: float = 1.0
+    kind: str = "gauge"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """The parsed field file."""
+
+    readers: dict[str, tuple[Reader, ...]]
+    mig_fields: frozenset[str]
+    xid: bool
+    fatal_xids: frozenset[int]
+    processes: bool
+
+
+def _constant(nvml: Any, value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise FieldFileError(f"{where}: expected an integer or an NVML constant name")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and isinstance(getattr(nvml, value, None), int):
+        return int(getattr(nvml, value))
+    raise FieldFileError(f"{where}: {value!r} is not an NVML constant of this pynvml")
+
+
+def _reader(nvml: Any, name: str, i: int, raw: Any) -> Reader:
+    where = f"fields.{name}[{i}]"
+    if not isinstance(raw, dict):
+        raise FieldFileError(f"{where}: expected a mapping with 'call' or 'field'")
+    unknown = set(raw) - {"call", "args", "attr", "field", "scope", "scale", "kind"}
+    if unknown:
+        raise FieldFileError(f"{where}.{sorted(unknown)[0]}: unknown key")
+    kind = raw.get("kind", "gauge")
+    if kind not in KINDS:
+        raise FieldFileError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    scale = raw.get("scale", 1.0)
+    if not isinstance(scale, int | float) or isinstance(scale, bool):
+        raise FieldFileError(f"{where}.scale: expected a number")
+    if ("call" in raw) == ("field" in raw):
+        raise FieldFileError(f"{where}: give exactly one of 'call' and 'field'")
+    if "call" in raw:
+        call = raw["call"]
+        if not isinstance(call, str) or not callable(getattr(nvml, call, None)):
+            raise FieldFileError(f"{where}.call: {call!r} is not a pynvml function")
+        args = raw.get("args", [])
+        if not isinstance(args, list):
+            raise FieldFileError(f"{where}.args: expected a list")
+        attr = raw.get("attr")
+        if attr is not None and not isinstance(attr, str):
+            raise FieldFileError(f"{where}.attr: expected a name")
+        return Reader(name, call=call, attr=attr, scale=float(scale), kind=kind,
+                      args=tuple(_constant(nvml, a, f"{where}.args") for a in args))
+    scope = raw.get("scope")
+    return Reader(name, field_id=_constant(nvml, raw["field"], f"{where}.field"),
+                  scope=None if scope is None else _constant(nvml, scope, f"{where}.scope"),
+                  scale=float(scale), kind=kind)
+
+
+def load_field_spec(nvml: Any, path: str | Path | None = None) -> FieldSpec:
+    """Read and check a field file (the packaged one when ``path`` is None)."""
+    if path is None:
+        text = resources.files("gpuledger.agent.sources").joinpath("nvml_fields.yaml").read_text()
+        origin = "nvml_fields.yaml"
+    else:
+        text, origin = Path(path).read_text(), str(path)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise FieldFileError(f"{origin}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise FieldFileError(f"{origin}: expected a mapping at the top")
+    unknown = set(raw) - {"fields", "mig_fields", "xid", "fatal_xids", "processes"}
+    if unknown:
+        raise FieldFileError(f"{origin}: {sorted(unknown)[0]}: unknown key")
+    fields = raw.get("fields") or {}
+    if not isinstance(fields, dict):
+        raise FieldFileError(f"{origin}: fields: expected a mapping")
+    readers: dict[str, tuple[Reader, ...]] = {}
+    for name, ways in fields.items():
+        if name not in TELEMETRY_FIELDS or name in OWN_FIELDS:
+            raise FieldFileError(f"{origin}: fields.{name}: not a telemetry metric field "
+                                 "of the contract")
+        if not isinstance(ways, list) or not ways:
+            raise FieldFileError(f"{origin}: fields.{name}: expected a list of ways to read it")
+        try:
+            readers[name] = tuple(_reader(nvml, name, i, w) for i, w in enumerate(ways))
+        except FieldFileError as err:
+            raise FieldFileError(f"{origin}: {err}") from err
+    mig = raw.get("mig_fields") or []
+    if not isinstance(mig, list) or any(m not in readers for m in mig):
+        raise FieldFileError(f"{origin}: mig_fields: expected a list of names under fields")
+    fatal = raw.get("fatal_xids") or []
+    if not isinstance(fatal, list) or not all(isinstance(x, int) for x in fatal):
+        raise FieldFileError(f"{origin}: fatal_xids: expected a list of XID codes")
+    for key in ("xid", "processes"):
+        if not isinstance(raw.get(key, True), bool):
+            raise FieldFileError(f"{origin}: {key}: expected true or false")
+    return FieldSpec(readers, frozenset(mig), bool(raw.get("xid", True)),
+                     frozenset(fatal), bool(raw.get("processes", True)))
+
+
+def card_type_of(name: str) -> str:
+    """NVML's product name as a card type: 'NVIDIA H100 80GB HBM3' → 'H100-80GB-HBM3'."""
+    name = name.strip()
+    if name.startswith("NVIDIA "):
+        name = name[len("NVIDIA "):]
+    return "-".join(name.split()) or "unknown"
+
+
+@dataclass
+class _Device:
+    """A GPU or a MIG device, with what the source remembers about it."""
+
+    index: int
+    handle: Any
+    uuid: str
+    card_type: str
+    mig_instance: str | None = None
+    parent: _Device | None = None
+    lost: bool = False
+    fatal: bool = False
+    xid_events: bool = False
+    xids: int = 0
+    nvlinks: int = 0
+    mem_total_mib: float | None = None
+    migs: list[_Device] = field(default_factory=list)
+    ways: dict[str, list[Reader]] = field(default_factory=dict)
+    previous: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        root = self.parent or self
+        return not (root.lost or root.fatal)
+
+
+class NvmlSource:
+    """Contract telemetry and inventory records from the node's GPUs through NVML."""
+
+    def __init__(self, node: str, fields: str | Path | None = None) -> None:
+        try:
+            import pynvml  # type: ignore[import-untyped,unused-ignore]
+        except ImportError as err:
+            raise NvmlUnavailable(
+                "the NVML bindings are not installed (Python package nvidia-ml-py): "
+                "install the agent extra, pip install 'gpuledger[agent]'") from err
+        self._nvml: Any = pynvml
+        self.node = node
+        self.seq = 0
+        self.errors = 0
+        self._spec = load_field_spec(pynvml, fields)
+        self._start()
+        self._open_nvml = True
+        self._events: Any = None
+        self.driver_version = str(self._nvml.nvmlSystemGetDriverVersion())
+        self._gpus: list[_Device] = []
+        self._by_address: dict[int, _Device] = {}
+        try:
+            self._discover()
+        except Exception:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound as err:
+            raise NvmlUnavailable(
+                "the NVIDIA driver library libnvidia-ml.so.1 was not found: install the "
+                "NVIDIA driver on this node (in a container, run it with the NVIDIA "
+                "container toolkit so that the driver's libraries are mounted), or "
+                "configure the dcgm-exporter or simulator source instead") from err
+        except nvml.NVMLError_DriverNotLoaded as err:
+            raise NvmlUnavailable(
+                "the NVIDIA kernel driver is not loaded (nvmlInit: Driver Not Loaded): "
+                "check that `nvidia-smi` works on this node") from err
+        except nvml.NVMLError_NoPermission as err:
+            raise NvmlUnavailable(
+                "no permission to open the NVIDIA devices (nvmlInit: Insufficient "
+                "Permissions): run the agent as a user that may open /dev/nvidia*") from err
+        except nvml.NVMLError as err:
+            raise NvmlUnavailable(f"NVML initialisation failed: {err}") from err
+
+    # ---- layout ------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        nvml = self._nvml
+        count = int(nvml.nvmlDeviceGetCount())
+        if self._spec.xid:
+            try:
+                self._events = nvml.nvmlEventSetCreate()
+            except nvml.NVMLError:
+                self._events = None
+        for index in range(count):
+            gpu = self._open(index)
+            self._gpus.append(gpu)
+            if gpu.lost:
+                continue
+            self._by_address[_address(gpu.handle)] = gpu
+            if self._events is not None:
+                try:
+                    nvml.nvmlDeviceRegisterEvents(gpu.handle, nvml.nvmlEventTypeXidCriticalError,
+                                                  self._events)
+                    gpu.xid_events = True
+                except nvml.NVMLError:
+                    gpu.xid_events = False
+            self._read_layout(gpu)
+
+    def _open(self, index: int) -> _Device:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = str(nvml.nvmlDeviceGetUUID(handle))
+            name = str(nvml.nvmlDeviceGetName(handle))
+        except nvml.NVMLError_GpuIsLost:
+            return _Device(index, None, f"gpu-{index}", "unknown", lost=True)
+        return _Device(index, handle, uuid, card_type_of(name), ways=self._ways(None))
+
+    def _ways(self, mig: bool | None) -> dict[str, list[Reader]]:
+        names = self._spec.mig_fields if mig else self._spec.readers.keys()
+        return {n: list(self._spec.readers[n]) for n in self._spec.readers if n in names}
+
+    def _read_layout(self, gpu: _Device) -> None:
+        """MIG devices, active NVLink links and memory size of one GPU."""
+        nvml = self._nvml
+        try:
+            gpu.migs = self._mig_devices(gpu)
+            gpu.nvlinks = self._active_links(gpu.handle)
+            gpu.mem_total_mib = nvml.nvmlDeviceGetMemoryInfo(gpu.handle).total * MIB
+        except nvml.NVMLError_GpuIsLost:
+            gpu.lost = True
+        except nvml.NVMLError:
+            self.errors += 1
+
+    def _mig_devices(self, gpu: _Device) -> list[_Device]:
+        nvml = self._nvml
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(gpu.handle)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            return []
+        if current != nvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        known = {m.uuid: m for m in gpu.migs}
+        found: list[_Device] = []
+        for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu.handle))):
+            try:
+                handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, slot)
+            except nvml.NVMLError_NotFound:
+                continue
+            uuid = str(nvml.nvmlDeviceGetUUID(handle))
+            name = str(nvml.nvmlDeviceGetName(handle))
+            profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else name
+            instance = f"{profile}/{int(nvml.nvmlDeviceGetGpuInstanceId(handle))}"
+            mig = known.get(uuid)
+            if mig is None or mig.mig_instance != instance:
+                mig = _Device(gpu.index, handle, uuid, gpu.card_type, instance, gpu,
+                              ways=self._ways(True))
+            mig.handle = handle
+            found.append(mig)
+        return found
+
+    def _active_links(self, handle: Any) -> int:
+        nvml = self._nvml
+        active = 0
+        for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except nvml.NVMLError_GpuIsLost:
+                raise
+            except nvml.NVMLError:
+                break
+            if state == nvml.NVML_FEATURE_ENABLED:
+                active += 1
+        return active
+
+    # ---- samples -----------------------------------------------------------------
+
+    def collect(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        """One sample per GPU (and per MIG device), as contract telemetry records."""
+        when = (now or datetime.now(UTC)).astimezone(UTC)
+        stamp = when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+        seconds = when.timestamp()
+        self._drain_events()
+        out: list[dict[str, Any]] = []
+        for gpu in self._gpus:
+            out.append(self._sample(gpu, stamp, seconds, whole=not gpu.migs))
+            for mig in gpu.migs:
+                out.append(self._sample(mig, stamp, seconds, whole=True))
+            gpu.xids = 0
+        for rec in out:
+            rec["seq"] = self.seq
+            self.seq += 1
+        return out
+
+    def _sample(self, dev: _Device, stamp: str, seconds: float, whole: bool) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "v": 1, "type": "telemetry", "time": stamp, "node": self.node,
+            "gpu_index": dev.index, "gpu_uuid": dev.uuid, "card_type": dev.card_type,
+            "mig_instance": dev.mig_instance}
+        nvml = self._nvml
+        root = dev.parent or dev
+        if not root.lost:
+            try:
+                rec.update(self._metrics(dev, seconds))
+                if self._spec.processes and whole:
+                    rec["processes"] = self._processes(dev)
+            except nvml.NVMLError_GpuIsLost:
+                root.lost = True
+                for key in list(rec):
+                    if key not in ("v", "type", "time", "node", "gpu_index", "gpu_uuid",
+                                   "card_type", "mig_instance"):
+                        del rec[key]
+        if dev.parent is None and dev.xid_events:
+            rec["xid_errors"] = dev.xids
+        rec["healthy"] = dev.healthy
+        return rec
+
+    def _metrics(self, dev: _Device, seconds: float) -> dict[str, float | int]:
+        nvml = self._nvml
+        out: dict[str, float | int] = {}
+        values = self._field_values(dev)
+        results: dict[tuple[str, tuple[int, ...]], Any] = {}
+        for name, ways in list(dev.ways.items()):
+            while ways:
+                way = ways[0]
+                try:
+                    if way.field_id is not None:
+                        if (way.field_id, way.scope) not in values:
+                            break  # a fallback field way: read from the next sample on
+                        raw = values[(way.field_id, way.scope)]
+                    else:
+                        raw = self._call(dev, way, results)
+                except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+                    ways.pop(0)
+                    continue
+                except nvml.NVMLError_GpuIsLost:
+                    raise
+                except nvml.NVMLError:
+                    self.errors += 1
+                    break
+                value = _convert(dev, way, float(raw), seconds)
+                if value is not None:
+                    out[name] = value
+                break
+            if not ways:
+                del dev.ways[name]
+        return out
+
+    def _call(self, dev: _Device, way: Reader,
+              results: dict[tuple[str, tuple[int, ...]], Any]) -> float:
+        assert way.call is not None
+        key = (way.call, way.args)
+        if key not in results:
+            try:
+                results[key] = getattr(self._nvml, way.call)(dev.handle, *way.args)
+            except self._nvml.NVMLError as err:
+                results[key] = err
+        result = results[key]
+        if isinstance(result, Exception):
+            raise result
+        return float(getattr(result, way.attr) if way.attr else result)
+
+    def _field_values(self, dev: _Device) -> dict[tuple[int, int | None], float]:
+        """The GPU's counter fields in one nvmlDeviceGetFieldValues call."""
+        nvml = self._nvml
+        wanted = [(ways[0].field_id, ways[0].scope) for ways in dev.ways.values()
+                  if ways and ways[0].field_id is not None]
+        if not wanted:
+            return {}
+        request = [(fid, scope) if scope is not None else fid for fid, scope in wanted]
+        got = nvml.nvmlDeviceGetFieldValues(dev.handle, request)
+        out: dict[tuple[int, int | None], float] = {}
+        unsupported: set[tuple[int | None, int | None]] = set()
+        for (fid, scope), value in zip(wanted, got, strict=True):
+            if value.nvmlReturn == nvml.NVML_SUCCESS:
+                out[(fid, scope)] = _field_value(nvml, value)
+            elif value.nvmlReturn == nvml.NVML_ERROR_GPU_IS_LOST:
+                raise nvml.NVMLError(nvml.NVML_ERROR_GPU_IS_LOST)
+            elif value.nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED:
+                unsupported.add((fid, scope))
+            else:
+                self.errors += 1
+        for ways in dev.ways.values():
+            if ways and (ways[0].field_id, ways[0].scope) in unsupported:
+                ways.pop(0)
+        return out
+
+    def _processes(self, dev: _Device) -> list[dict[str, Any]] | None:
+        nvml = self._nvml
+        try:
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(dev.handle)
+        except nvml.NVMLError_GpuIsLost:
+            raise
+        except nvml.NVMLError:
+            self.errors += 1
+            return None
+        out: list[dict[str, Any]] = []
+        for p in procs:
+            entry: dict[str, Any] = {"pid": int(p.pid)}
+            if p.usedGpuMemory is not None:
+                entry["used_mib"] = p.usedGpuMemory * MIB
+            entry["job_id"] = None
+            out.append(entry)
+        return out
+
+    def _drain_events(self) -> None:
+        nvml = self._nvml
+        if self._events is None:
+            return
+        for _ in range(MAX_EVENTS_PER_SAMPLE):
+            try:
+                data = nvml.nvmlEventSetWait(self._events, 0)
+            except nvml.NVMLError_Timeout:
+                return
+            except nvml.NVMLError:
+                self.errors += 1
+                return
+            gpu = self._by_address.get(_address(data.device))
+            if gpu is None or not data.eventType & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            gpu.xids += 1
+            if int(data.eventData) in self._spec.fatal_xids:
+                gpu.fatal = True
+
+    # ---- inventory and devices ---------------------------------------------------
+
+    def devices(self) -> list[dict[str, Any]]:
+        """The GPUs by index, with their MIG device UUIDs (for attribution by device)."""
+        return [{"index": g.index, "uuid": g.uuid, "mig": [m.uuid for m in g.migs]}
+                for g in self._gpus]
+
+    def inventory(self, pool: str, now: datetime | None = None) -> dict[str, Any]:
+        """The node's inventory record; re-reads MIG layout, NVLink links and health."""
+        for gpu in self._gpus:
+            if not gpu.lost:
+                self._read_layout(gpu)
+        when = (now or datetime.now(UTC)).astimezone(UTC)
+        types = Counter(g.card_type for g in self._gpus if g.card_type != "unknown")
+        sizes = [g.mem_total_mib for g in self._gpus if g.mem_total_mib is not None]
+        unhealthy = [g.index for g in self._gpus if not g.healthy]
+        labels = {"nvidia.driver_version": self.driver_version}
+        if len(types) > 1:
+            labels["nvidia.card_types"] = ",".join(sorted(types))
+        layout = [f"{g.index}:" + "+".join(m.mig_instance or "" for m in g.migs)
+                  for g in self._gpus if g.migs]
+        if layout:
+            labels["nvidia.mig"] = ";".join(layout)
+        if unhealthy and len(unhealthy) == len(self._gpus):
+            health = "down"
+        else:
+            health = "degraded" if unhealthy else "ok"
+        return {
+            "v": 1, "type": "inventory",
+            "time": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z",
+            "node": self.node, "pool": pool,
+            "card_type": types.most_common(1)[0][0] if types else "unknown",
+            "gpu_count": len(self._gpus), "gpu_mem_mib": max(sizes, default=0.0),
+            "topology": "nvlink" if any(g.nvlinks for g in self._gpus) else "pcie",
+            "labels": labels, "schedulable": True, "health": health,
+            "unhealthy_gpus": unhealthy,
+        }
+
+    def close(self) -> None:
+        """Release the event set and shut NVML down (idempotent)."""
+        nvml = self._nvml
+        if self._events is not None:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(self._events)
+            self._events = None
+        if self._open_nvml:
+            self._open_nvml = False
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+
+
+def _address(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+def _field_value(nvml: Any, value: Any) -> float:
+    kind = value.valueType
+    if kind == nvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(value.value.dVal)
+    if kind == nvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return float(value.value.uiVal)
+    if kind == nvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(value.value.ulVal)
+    if kind == nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return float(value.value.sllVal)
+    if kind == getattr(nvml, "NVML_VALUE_TYPE_SIGNED_INT", -1):
+        return float(value.value.siVal)
+    return float(value.value.ullVal)
+
+
+def _convert(dev: _Device, way: Reader, raw: float, seconds: float) -> float | int | None:
+    """The field's value from a raw reading: gauge, counter delta or counter rate."""
+    if way.kind == "gauge":
+        return raw * way.scale
+    previous = dev.previous.get(way.field)
+    dev.previous[way.field] = (raw, seconds)
+    if previous is None or raw < previous[0]:
+        return None
+    if way.kind == "delta":
+        return round((raw - previous[0]) * way.scale)
+    interval = seconds - previous[1]
+    return (raw - previous[0]) * way.scale / interval if interval > 0 else None
