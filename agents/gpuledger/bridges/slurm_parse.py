@@ -1,0 +1,377 @@
+"""Parsing what Slurm's commands print into job and node snapshots.
+
+Two forms of the same facts, normalised into :class:`SlurmJob` and :class:`SlurmNode`:
+
+* JSON (Slurm ≥ 21.08 with the ``serializer/json`` plugin): ``squeue --json`` and
+  ``sinfo --json``. GPU indices come from a job's ``gres_detail``
+  (``gpu:h100:2(IDX:1-2)``, one entry per allocated node, in node-list order).
+* Text (any version): ``scontrol -o show job -d`` (one line per job; the detail part
+  ``Nodes=… GRES=gpu:h100:2(IDX:1-2)`` carries the indices) and
+  ``scontrol -o show node``. Text times are the controller's local time.
+
+Pure Python: the bridge is as lean as the node agent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Job states after which Slurm will not run the job again (unless requeued).
+ENDED_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT")
+RUNNING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
+                  "STAGE_OUT", "CONFIGURING", "RESIZING")
+PENDING_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD")
+
+
+class SlurmParseError(ValueError):
+    """Slurm's output could not be understood."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job (or array task) as the controller sees it now."""
+
+    job_id: str
+    state: str
+    name: str = ""
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    priority: int | None = None
+    reason: str | None = None
+    restarts: int = 0
+    requeue: bool = True
+    submit: float | None = None
+    start: float | None = None
+    end: float | None = None
+    exit_code: str | None = None
+    gpus: int = 0
+    gpu_type: str | None = None
+    allocation: tuple[tuple[str, int], ...] = ()
+    """(node, GPU index) pairs, from GRES IDX; empty when not running or not known."""
+
+    def __post_init__(self) -> None:
+        # Slurm fills in expected times for jobs that have not started / ended; drop them.
+        if self.phase == "pending":
+            object.__setattr__(self, "start", None)
+        if self.phase != "ended":
+            object.__setattr__(self, "end", None)
+
+    @property
+    def phase(self) -> str:
+        """``pending``, ``running`` or ``ended``."""
+        if self.state in ENDED_STATES:
+            return "ended"
+        if self.state in RUNNING_STATES:
+            return "running"
+        return "pending"
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node: its partitions, GPUs and state."""
+
+    name: str
+    state: str
+    """Base state, lower case: idle, mixed, allocated, down, ..."""
+    flags: tuple[str, ...] = ()
+    """State flags, upper case: DRAIN, NOT_RESPONDING, MAINTENANCE, ..."""
+    partitions: tuple[str, ...] = ()
+    gpu_type: str | None = None
+    gpus: int = 0
+    gres_drained: tuple[int, ...] = ()
+    reason: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+# -- small grammars --------------------------------------------------------------------
+
+_GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(=,]+))?[:=](?P<count>\d+)"
+                        r"(?:\((?:S:[^)]*?)?(?:IDX:(?P<idx>[^)]*))?\))?$")
+
+
+def expand_indices(text: str) -> list[int]:
+    """``0-2,5`` → [0, 1, 2, 5]; ``N/A`` or empty → []."""
+    out: list[int] = []
+    if not text or text.upper() == "N/A":
+        return out
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def parse_gres(text: str | None) -> tuple[str | None, int, list[int]]:
+    """GPU type, count and indices of a GRES string.
+
+    ``gpu:h100:2(IDX:1-2)``, ``gres:gpu:h100:8``, ``gres/gpu:h100=2``, ``gpu:4``,
+    ``gpu:h100:8(S:0-1)``; other GRES (``nic:1``) in a comma list are skipped.
+    """
+    if not text or text in ("(null)", "N/A"):
+        return None, 0, []
+    gpu_type: str | None = None
+    count = 0
+    indices: list[int] = []
+    for item in _split_gres(text):
+        m = _GRES_ITEM.match(item.strip())
+        if not m:
+            continue
+        gpu_type = gpu_type or m.group("type")
+        count += int(m.group("count"))
+        if m.group("idx"):
+            indices.extend(expand_indices(m.group("idx")))
+    return gpu_type, count, indices
+
+
+def _split_gres(text: str) -> list[str]:
+    """Split a comma list at top level (not inside parentheses)."""
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return [i for i in items if i]
+
+
+def expand_hostlist(text: str | None) -> list[str]:
+    """``gpu-[1-3,5],login1`` → ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-5', 'login1']."""
+    if not text or text in ("(null)", "None assigned"):
+        return []
+    out: list[str] = []
+    for item in _split_hostlist(text):
+        m = re.match(r"^(.*?)\[([^\]]+)\](.*)$", item)
+        if not m:
+            out.append(item)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                for n in range(int(lo), int(hi) + 1):
+                    out.append(f"{prefix}{str(n).zfill(len(lo))}{suffix}")
+            else:
+                out.append(f"{prefix}{part}{suffix}")
+    return out
+
+
+def _split_hostlist(text: str) -> list[str]:
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return [i for i in items if i]
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    s = str(value)
+    return None if s in ("", "(null)", "N/A", "None") else s
+
+
+def _epoch(value: Any) -> float | None:
+    """JSON times: epoch seconds; 0 means unset."""
+    if isinstance(value, dict):  # Slurm ≥ 23.02: {"set": true, "number": N}
+        value = value.get("number") if value.get("set", True) else None
+    if value is None or isinstance(value, bool):
+        return None
+    number = float(value)
+    return number if number > 0 else None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _state(value: Any) -> str:
+    if isinstance(value, list):  # Slurm ≥ 23.02: ["RUNNING", "COMPLETING"]
+        value = value[0] if value else "UNKNOWN"
+    return str(value or "UNKNOWN").upper()
+
+
+# -- JSON ------------------------------------------------------------------------------
+
+
+def _job_id(raw: dict[str, Any]) -> str:
+    return str(_int(raw.get("job_id")))
+
+
+def parse_squeue_json(text: str) -> list[SlurmJob]:
+    """Jobs from ``squeue --json`` (optionally ``--states=all``)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"squeue --json: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise SlurmParseError("squeue --json: no 'jobs' list")
+    jobs = []
+    for raw in doc["jobs"]:
+        gpu_type, gpus, _ = parse_gres(_text(raw.get("tres_per_node")))
+        if not gpus:
+            gpu_type, gpus, _ = parse_gres(_text(raw.get("tres_per_job")))
+        nodes = expand_hostlist(_text(raw.get("nodes")))
+        allocation: list[tuple[str, int]] = []
+        for node, detail in zip(nodes, raw.get("gres_detail") or [], strict=False):
+            _, _, idx = parse_gres(detail)
+            allocation.extend((node, i) for i in idx)
+        if gpus and len(nodes) > 1 and _text(raw.get("tres_per_node")):
+            gpus *= len(nodes)
+        jobs.append(SlurmJob(
+            job_id=_job_id(raw), state=_state(raw.get("job_state")),
+            name=str(raw.get("name") or ""), user=_text(raw.get("user_name")),
+            account=_text(raw.get("account")), partition=_text(raw.get("partition")),
+            qos=_text(raw.get("qos")), priority=_int(raw.get("priority")),
+            reason=_text(raw.get("state_reason")), restarts=_int(raw.get("restart_cnt")) or 0,
+            requeue=bool(raw.get("requeue", True)), submit=_epoch(raw.get("submit_time")),
+            start=_epoch(raw.get("start_time")), end=_epoch(raw.get("end_time")),
+            exit_code=_text(raw.get("exit_code")), gpus=gpus, gpu_type=gpu_type,
+            allocation=tuple(allocation)))
+    return jobs
+
+
+def parse_sinfo_json(text: str) -> list[SlurmNode]:
+    """Nodes from ``sinfo --json``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"sinfo --json: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise SlurmParseError("sinfo --json: no 'nodes' list")
+    nodes: dict[str, SlurmNode] = {}
+    for raw in doc["nodes"]:
+        gpu_type, gpus, _ = parse_gres(_text(raw.get("gres")))
+        _, _, drained = parse_gres(_text(raw.get("gres_drained")))
+        state = raw.get("state")
+        flags = [str(f).upper() for f in raw.get("state_flags") or []]
+        if isinstance(state, list):  # Slurm ≥ 23.02
+            flags = [str(s).upper() for s in state[1:]] + flags
+            state = state[0] if state else "unknown"
+        name = str(raw.get("name"))
+        nodes[name] = SlurmNode(
+            name=name, state=str(state or "unknown").lower(), flags=tuple(flags),
+            partitions=tuple(raw.get("partitions") or ()), gpu_type=gpu_type, gpus=gpus,
+            gres_drained=tuple(drained), reason=_text(raw.get("reason")))
+    return list(nodes.values())
+
+
+# -- text ------------------------------------------------------------------------------
+
+_KV = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=")
+
+
+def _key_values(line: str) -> list[tuple[str, str]]:
+    """``A=1 B=x y C=2`` → [(A, 1), (B, 'x y'), (C, 2)] (values may hold spaces)."""
+    marks = list(_KV.finditer(line))
+    out = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
+        out.append((m.group(1), line[m.end():end].strip()))
+    return out
+
+
+def _local_time(text: str | None) -> float | None:
+    if not text or text in ("Unknown", "None", "N/A", "(null)"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()  # naive: the local time zone
+    except ValueError:
+        return None
+
+
+def _name_of(text: str | None) -> str | None:
+    """``root(0)`` → ``root``."""
+    if not text:
+        return None
+    return _text(text.split("(")[0])
+
+
+def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
+    """Jobs from ``scontrol -o show job -d`` (one line per job)."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.startswith("JobId="):
+            continue
+        kv = _key_values(line)
+        first: dict[str, str] = {}
+        allocation: list[tuple[str, int]] = []
+        node_group: list[str] = []
+        for key, value in kv:
+            if key == "Nodes" and "JobId" in first:  # detail part: Nodes=... GRES=...
+                node_group = expand_hostlist(value)
+            elif key == "GRES" and node_group:
+                _, _, idx = parse_gres(value)
+                allocation.extend((n, i) for n in node_group for i in idx)
+                node_group = []
+            elif key not in first:
+                first[key] = value
+        if "ArrayJobId" in first and "ArrayTaskId" in first and "JobId" not in first:
+            continue
+        tres = first.get("TresPerNode") or first.get("TresPerJob") or first.get("TRES")
+        gpu_type, gpus, _ = parse_gres(_text(tres))
+        if not gpus:
+            gpu_type, gpus, _ = parse_gres(_text(first.get("JOB_GRES")))
+        nodes = expand_hostlist(_text(first.get("NodeList")))
+        if gpus and len(nodes) > 1 and first.get("TresPerNode"):
+            gpus *= len(nodes)
+        state = first.get("JobState", "UNKNOWN").split()[0]
+        jobs.append(SlurmJob(
+            job_id=first["JobId"], state=state.upper(), name=first.get("JobName", ""),
+            user=_name_of(first.get("UserId")), account=_text(first.get("Account")),
+            partition=_text(first.get("Partition")), qos=_text(first.get("QOS")),
+            priority=_int(first.get("Priority")), reason=_text(first.get("Reason")),
+            restarts=_int(first.get("Restarts")) or 0, requeue=first.get("Requeue") != "0",
+            submit=_local_time(first.get("SubmitTime")),
+            start=_local_time(first.get("StartTime")), end=_local_time(first.get("EndTime")),
+            exit_code=_text(first.get("ExitCode")), gpus=gpus, gpu_type=gpu_type,
+            allocation=tuple(allocation)))
+    return jobs
+
+
+def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
+    """Nodes from ``scontrol -o show node``."""
+    nodes = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = dict(_key_values(line))
+        gpu_type, gpus, _ = parse_gres(_text(kv.get("Gres")))
+        _, _, drained = parse_gres(_text(kv.get("GresDrain")))
+        parts = (kv.get("State") or "UNKNOWN").split("+")
+        nodes.append(SlurmNode(
+            name=kv["NodeName"].split()[0], state=parts[0].rstrip("*").lower(),
+            flags=tuple(p.upper() for p in parts[1:]),
+            partitions=tuple(p for p in (kv.get("Partitions") or "").split(",") if p),
+            gpu_type=gpu_type, gpus=gpus, gres_drained=tuple(drained),
+            reason=_text(kv.get("Reason"))))
+    return nodes

@@ -1,0 +1,188 @@
+"""A real single-node Slurm cluster for the tests: munged, slurmctld and slurmd.
+
+Everything lives in one folder: its own munge key and socket, ``slurm.conf`` and
+``gres.conf`` (one node ``gpu-node-1`` with ``Gres=gpu:h100:8`` backed by eight
+placeholder files ``dev/nvidia0..7``), state and spool folders, logs. The daemons run in
+the foreground as children of the test process on free ports and are stopped at the
+end. Clients find the cluster through ``SLURM_CONF`` (see :meth:`SlurmCluster.env`).
+
+Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
+(``scripts/setup.d/20-slurm.sh``) and root (slurmd runs jobs as their user).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODE = "gpu-node-1"
+PARTITION = "gpu"
+GPUS = 8
+REQUIRED = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "scancel")
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in REQUIRED if shutil.which(tool) is None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # -- set up ----------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        for sub in ("etc", "dev", "state", "spool", "log", "munge", "run"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(self.root / sub, 0o700)
+        os.chmod(self.root, 0o755)
+        for i in range(GPUS):
+            (self.root / "dev" / f"nvidia{i}").write_text("")
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        ctld_port, slurmd_port = _free_port(), _free_port()
+        r = self.root
+        self.conf.write_text(f"""\
+ClusterName=gpuledger-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={r}/munge/munge.socket
+CredType=cred/munge
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/run/slurmctld.pid
+SlurmdPidFile={r}/run/slurmd.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
+GresTypes=gpu
+ReturnToService=2
+SlurmdParameters=config_overrides
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=600
+KillWait=2
+PlugStackConfig={r}/etc/plugstack.conf
+NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=32 Sockets=1 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=64000 Gres=gpu:h100:{GPUS} State=UNKNOWN
+PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+""")
+        (r / "etc" / "plugstack.conf").write_text("")
+        (r / "etc" / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={NODE} Name=gpu Type=h100 "
+            f"File={r}/dev/nvidia[0-{GPUS - 1}]\n")
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.write_config()
+        r = self.root
+        self._spawn(["munged", "--foreground", "--force",
+                     f"--key-file={r}/munge/munge.key", f"--socket={r}/munge/munge.socket",
+                     f"--pid-file={r}/munge/munged.pid", f"--log-file={r}/log/munged.log",
+                     f"--seed-file={r}/munge/munged.seed"], "munged")
+        self._wait(lambda: (r / "munge" / "munge.socket").exists(), 10, "munged socket")
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+        self._wait(self._ctld_up, timeout_s, "slurmctld to answer")
+        self._spawn(["slurmd", "-D", "-N", NODE, "-f", str(self.conf)], "slurmd")
+        self._wait(self._node_idle, timeout_s, f"{NODE} to be idle")
+
+    def _spawn(self, argv: list[str], name: str) -> None:
+        out = open(self.root / "log" / f"{name}.stdout", "wb")  # noqa: SIM115
+        self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                           env=self.env(), start_new_session=True))
+
+    def _wait(self, ready: object, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args[0]!r} exited with {proc.returncode} "
+                                       f"while waiting for {what}:\n{self.logs()}")
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out waiting for {what}:\n{self.logs()}")
+
+    def _ctld_up(self) -> bool:
+        return self.run("scontrol", "ping", check=False).returncode == 0
+
+    def _node_idle(self) -> bool:
+        out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
+        return out == "idle"
+
+    def logs(self) -> str:
+        parts = []
+        for path in sorted((self.root / "log").glob("*")):
+            text = path.read_text(errors="replace")
+            parts.append(f"--- {path.name}\n{text[-3000:]}")
+        return "\n".join(parts)
+
+    # -- use -------------------------------------------------------------------------
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env=self.env(), capture_output=True, text=True,
+                              check=check, timeout=30)
+
+    def sbatch(self, gpus: int, seconds: int, name: str = "job", *extra: str) -> str:
+        out = self.run("sbatch", "--parsable", f"--job-name={name}", f"--gres=gpu:h100:{gpus}",
+                       "-n", "1", "-o", "/dev/null", *extra,
+                       "--wrap", f"sleep {seconds}").stdout
+        return out.strip().split(";")[0]
+
+    # -- tear down -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        # cancel this cluster's jobs first, so that their slurmstepd and sleep processes end
+        if self.procs and all(p.poll() is None for p in self.procs):
+            ids = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+            if ids:
+                self.run("scancel", *ids, check=False)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and self.run(
+                        "squeue", "-h", "-t", "R,CG", "-o", "%i", check=False).stdout.strip():
+                    time.sleep(0.3)
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        self.procs.clear()
