@@ -24,9 +24,10 @@ from gpuledger.pipeline.processor import Processor
 STATE_FIELDS = (
     "counters", "inventory", "jobs", "samples", "acc", "closed_until", "max_telemetry_time",
     "max_other_time", "hour_parts", "day_hourly", "late_parts", "rejects",
-    "last_free_blocks", "_seq_last",
+    "last_free_blocks", "_seq_last", "outbox", "waiting", "received", "completed",
+    "running_parts",
 )
-VERSION = 1
+VERSION = 2
 
 Offsets = dict[tuple[str, int], int]
 

@@ -19,6 +19,8 @@ class Counters:
     duplicate_job_events: int = 0
     out_of_order_job_events: int = 0
     telemetry_lost_samples: int = 0
+    misrouted_telemetry: int = 0
+    """Samples for a node of another shard's partition (dropped; see shard.py)."""
     minutes_closed: int = 0
     fact_rows: dict[str, int] = field(default_factory=dict)
     batches: int = 0

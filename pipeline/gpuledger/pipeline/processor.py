@@ -20,8 +20,8 @@ Windows, watermark and lateness (the documented policy):
 - At the end of input (:meth:`Processor.flush`) every minute up to the newest event is
   closed and partial hours are written; running jobs go to the snapshot tables.
 
-Scale-out seam: with ``cluster_facts`` off, an instance writes only telemetry-derived
-facts for the nodes it receives; one instance writes the cluster-wide facts.
+Scale-out: with a :class:`~gpuledger.pipeline.shard.Shard`, the processor is one of
+several, one per telemetry partition; ``shard.py`` says who writes what.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ from gpuledger.pipeline.facts.telemetry_minutes import (
     prepare,
     sequence_gaps,
 )
+from gpuledger.pipeline.shard import Shard
 from gpuledger.pipeline.state.inventory import InventoryBook
-from gpuledger.pipeline.state.jobs import JobBook
+from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, JobBook
 from gpuledger.pipeline.tables import SORT_KEYS, TABLE_SCHEMAS
 from gpuledger.pipeline.validate import validate
 from gpuledger.pipeline.warehouse import Warehouse
@@ -60,6 +61,20 @@ HOURLY_TABLES = ("gpu_minute", "frag_minute", "pending_minute", "blocked_minute"
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
 LOW_PRIORITY = 10
+# An attempt's accumulator rows as one shard sends them to the owner (``shard.py``).
+ACC_SCHEMA = job_usage.ACC_SCHEMA
+PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", pl.String())])
+
+
+def _per_gpu(allocs: pl.DataFrame) -> pl.DataFrame:
+    """Allocation per GPU-minute: the fraction held, and the main job on it."""
+    return allocs.sort(["fraction", "job_id"], descending=[True, False]).group_by(
+        ["minute", "node", "gpu_index"]).agg(
+        pl.col("fraction").sum().alias("alloc_fraction"),
+        pl.col("job_id").first(),
+        pl.col("attempt").first(),
+        pl.len().cast(pl.Int64).alias("jobs_on_gpu"),
+    )
 
 
 def _floor_minute(t: datetime) -> datetime:
@@ -90,11 +105,16 @@ class Processor:
         warehouse: Warehouse,
         now: Callable[[], datetime] | None = None,
         telemetry_clock: bool = False,
+        shard: Shard | None = None,
     ) -> None:
         """``telemetry_clock``: only telemetry moves the watermark (a live service, where
         scheduler events may be read ahead of telemetry); off, scheduler and inventory
-        time moves it until telemetry is seen (history imports without telemetry)."""
+        time moves it until telemetry is seen (history imports without telemetry).
+        ``shard``: this processor is one of several, one per telemetry partition
+        (``shard.py``); without it, it is the only one."""
         self.config = config
+        self.shard = shard
+        self.cluster = config.cluster_facts and (shard is None or shard.owner)
         self.telemetry_clock = telemetry_clock
         self.warehouse = warehouse
         self.counters = Counters()
@@ -114,6 +134,13 @@ class Processor:
             schema={"pool": pl.String, "card_type": pl.String, "largest_free_block": pl.Int64})
         self._seq_last: dict[str, int] = {}
         self.listeners: list[FactListener] = []
+        # the attempt exchange (several shards): parts to send, and at the owner the
+        # ended attempts waiting for parts, the parts received, the attempts done
+        self.outbox: list[pl.DataFrame] = []
+        self.waiting = pl.DataFrame(schema=ATTEMPT_SCHEMA)
+        self.received = pl.DataFrame(schema=PARTS_SCHEMA)
+        self.completed: dict[tuple[str, int], datetime] = {}
+        self.running_parts: dict[int, pl.DataFrame] = {}
         for table, schema in TABLE_SCHEMAS.items():
             warehouse.ensure_schema(table, schema)
 
@@ -178,7 +205,18 @@ class Processor:
             self.counters.out_of_order_job_events = self.jobs.counters.out_of_order
             self._bump_other(jobs)
         if "telemetry" in frames:
-            tel = prepare(frames["telemetry"])
+            tel = frames["telemetry"]
+            if self.shard is not None:
+                mine = self.shard.mine(tel)
+                if mine.height < tel.height:
+                    self.counters.misrouted_telemetry += tel.height - mine.height
+                    log.warning("%d telemetry sample(s) for nodes of other partitions "
+                                "dropped (producers must use Kafka's default murmur2 "
+                                "partitioner, keyed by node)", tel.height - mine.height)
+                if mine.is_empty():
+                    return
+                tel = mine
+            tel = prepare(tel)
             newest = tel.select(pl.col("time").max()).item()
             if self.max_telemetry_time is None or newest > self.max_telemetry_time:
                 self.max_telemetry_time = newest
@@ -263,6 +301,7 @@ class Processor:
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
             self.jobs.prune(step_end)
+            self._forget_completed(step_end)
             self.inventory.prune(step_end)
 
     def _close(self, a: datetime, b: datetime) -> None:
@@ -278,20 +317,16 @@ class Processor:
         grid = self.inventory.gpus_at(minutes)
         allocs = expand_to_minutes(self.jobs.allocations(), "start", "end", a, b)
         attrs = self.jobs.attributes()
-        alloc_gpu = allocs.sort(["fraction", "job_id"], descending=[True, False]).group_by(
-            ["minute", "node", "gpu_index"]).agg(
-            pl.col("fraction").sum().alias("alloc_fraction"),
-            pl.col("job_id").first(),
-            pl.col("attempt").first(),
-            pl.len().cast(pl.Int64).alias("jobs_on_gpu"),
-        )
+        if self.cluster:  # cluster-wide: every node, whatever the shard
+            self._cluster_facts(grid, _per_gpu(allocs), attrs, minutes, a, b)
+        if self.shard is not None:  # per-GPU facts: this shard's nodes only
+            grid, allocs = self.shard.mine(grid), self.shard.mine(allocs)
+        alloc_gpu = _per_gpu(allocs)
         telem = per_gpu_minute(window) if not window.is_empty() else None
         if telem is not None:
             self._count_sequence(telem)
         gpu = self._gpu_minutes(grid, alloc_gpu, telem, attrs)
         self._buffer("gpu_minute", gpu)
-        if self.config.cluster_facts:
-            self._cluster_facts(grid, alloc_gpu, attrs, minutes, a, b)
         self._job_usage(allocs, gpu, window)
         self._finish_attempts(b)
 
@@ -422,7 +457,7 @@ class Processor:
     def _finish_attempts(self, b: datetime) -> None:
         ended = self.jobs.take_ended_attempts(b)
         pre = self.jobs.take_preemptions(b)
-        if not pre.is_empty():
+        if not pre.is_empty() and self.cluster:
             self._buffer_by_hour("preemptions", pre.with_columns(
                 pl.col("time").dt.date().alias("date")), "time")
         if ended.is_empty():
@@ -430,18 +465,107 @@ class Processor:
         keys = ["job_id", "attempt"]
         mine = self.acc.join(ended.select(keys), on=keys, how="semi")
         self.acc = self.acc.join(ended.select(keys), on=keys, how="anti")
-        facts = self._attempt_facts(ended, mine)
-        self._buffer_by_hour("job_attempts", facts, "ended_at")
         gpus = job_usage.per_gpu(mine).join(ended.select(*keys, "ended_at"), on=keys)
         self._buffer_by_hour("job_gpu", gpus.with_columns(
             pl.col("ended_at").dt.date().alias("date")).select(
             TABLE_SCHEMAS["job_gpu"].names()), "ended_at")
+        if self.shard is None or not self.shard.exchanges:
+            self._write_attempts(ended, mine)
+            return
+        parts = self._parts(ended, mine, "ended")
+        if self.shard.owner:
+            self.waiting = pl.concat([self.waiting, ended])
+            self._take_parts(parts)
+            self._complete_attempts()
+        elif not parts.is_empty():
+            self.outbox.append(parts)
+
+    def _write_attempts(self, ended: pl.DataFrame, acc: pl.DataFrame) -> None:
+        """``job_attempts`` and ``recommendations`` rows of ended attempts."""
+        keys = ["job_id", "attempt"]
+        facts = self._attempt_facts(ended, acc)
+        self._buffer_by_hour("job_attempts", facts, "ended_at")
         recs = recommendations.for_attempts(facts, self.config)
         if not recs.is_empty():
             recs = recs.join(ended.select(*keys, "ended_at"), on=keys).with_columns(
                 pl.col("ended_at").dt.date().alias("date"))
             self._buffer_by_hour("recommendations", recs.select(
                 TABLE_SCHEMAS["recommendations"].names()), "ended_at")
+
+    # -- the attempt exchange (several shards) -------------------------------------------
+
+    def _parts(self, attempts: pl.DataFrame, acc: pl.DataFrame, kind: str) -> pl.DataFrame:
+        """This shard's part of ``attempts``: its accumulator rows, plus one marker row
+        (node null) per attempt that has a GPU on this shard, so that an attempt with
+        no usage rows still counts as reported."""
+        assert self.shard is not None
+        shard = self.shard
+        expected = [shard.partition in shard.shards_of(n)
+                    for n in attempts["nodes"].to_list()]
+        markers = attempts.filter(pl.Series(expected, dtype=pl.Boolean)).select(
+            "job_id", "attempt")
+        rows = pl.concat([
+            acc.join(markers, on=["job_id", "attempt"], how="semi"),
+            markers.with_columns(*[pl.lit(None, dtype).alias(name)
+                                   for name, dtype in ACC_SCHEMA.items()
+                                   if name not in ("job_id", "attempt")]),
+        ], how="vertical_relaxed")
+        return rows.select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)).with_columns(  # type: ignore[arg-type]
+            pl.lit(shard.partition, pl.Int64).alias("shard"), pl.lit(kind).alias("kind"))
+
+    def receive_parts(self, parts: pl.DataFrame) -> None:
+        """Parts sent by other shards (the owner's input from the attempt exchange)."""
+        if self.shard is None or not self.shard.owner or parts.is_empty():
+            return
+        parts = parts.select(PARTS_SCHEMA.names()).cast(dict(PARTS_SCHEMA))  # type: ignore[arg-type]
+        running = parts.filter(pl.col("kind") == "running")
+        for (shard,), rows in running.group_by(["shard"]):
+            assert isinstance(shard, int)
+            self.running_parts[shard] = rows.filter(pl.col("node").is_not_null())
+        self._take_parts(parts.filter(pl.col("kind") == "ended"))
+        self._complete_attempts()
+
+    def _take_parts(self, parts: pl.DataFrame) -> None:
+        """Keep new parts; a part sent again (a shard replaying after a restart) or one of
+        an attempt already written is dropped."""
+        if parts.is_empty():
+            return
+        keys = ["job_id", "attempt", "shard"]
+        seen = self.received.select(keys).unique()
+        done = pl.DataFrame([{"job_id": j, "attempt": a} for j, a in self.completed],
+                            schema={"job_id": pl.String, "attempt": pl.Int64})
+        fresh = parts.join(seen, on=keys, how="anti").join(
+            done, on=["job_id", "attempt"], how="anti")
+        self.received = pl.concat([self.received, fresh])
+
+    def _complete_attempts(self) -> None:
+        """Write the waiting attempts whose every shard has reported."""
+        assert self.shard is not None
+        if self.waiting.is_empty():
+            return
+        got: dict[tuple[str, int], set[int]] = {}
+        for job, attempt, shard in self.received.select(
+                "job_id", "attempt", "shard").unique().iter_rows():
+            got.setdefault((job, attempt), set()).add(shard)
+        ready = [self.shard.shards_of(nodes) <= got.get((job, attempt), set())
+                 for job, attempt, nodes in self.waiting.select(
+                     "job_id", "attempt", "nodes").iter_rows()]
+        mask = pl.Series(ready, dtype=pl.Boolean)
+        done = self.waiting.filter(mask)
+        if done.is_empty():
+            return
+        self.waiting = self.waiting.filter(~mask)
+        keys = ["job_id", "attempt"]
+        acc = self.received.join(done.select(keys), on=keys, how="semi")
+        self.received = self.received.join(done.select(keys), on=keys, how="anti")
+        self._write_attempts(done, acc.filter(pl.col("node").is_not_null()).select(
+            ACC_SCHEMA.names()))
+        for job, attempt, ended in done.select(*keys, "ended_at").iter_rows():
+            self.completed[(job, attempt)] = ended
+
+    def _forget_completed(self, closed_until: datetime) -> None:
+        horizon = closed_until - timedelta(seconds=self.config.windows.ended_job_memory_s)
+        self.completed = {k: t for k, t in self.completed.items() if t >= horizon}
 
     def _attempt_facts(self, attempts: pl.DataFrame, acc: pl.DataFrame) -> pl.DataFrame:
         usage = job_usage.card_mismatch(job_usage.attempt_usage(acc, self.config), self.config)
@@ -551,8 +675,15 @@ class Processor:
     def _write_snapshots(self) -> None:
         running = self.jobs.running_attempts()
         keys = ["job_id", "attempt"]
+        acc = self.acc
+        if self.shard is not None and self.shard.exchanges:
+            if not self.shard.owner:  # the owner writes the snapshots, with our part
+                self.outbox.append(self._parts(running, self.acc, "running"))
+                return
+            acc = pl.concat([acc, *[p.select(ACC_SCHEMA.names())
+                                    for p in self.running_parts.values()]])
         usage = job_usage.card_mismatch(
-            job_usage.attempt_usage(self.acc, self.config), self.config)
+            job_usage.attempt_usage(acc, self.config), self.config)
         snap = running.join(usage, on=keys, how="left").with_columns(
             (pl.col("mem_peak_mib") / pl.col("gpu_mem_mib")).alias("mem_peak_of_requested"))
         self.warehouse.write_snapshot("running_attempts", self._shape("running_attempts", snap),

@@ -43,8 +43,11 @@ def sql_dir() -> Path:
 class Warehouse:
     """Writes fact files under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, suffix: str = "") -> None:
+        """``suffix``: a shard's mark on the names of the files it writes (``shard.py``),
+        so that several processors write side by side into one warehouse."""
         self.root = root
+        self.suffix = f"-{suffix}" if suffix else ""
         self.files_written = 0
         self.rows_written = 0
         (root / FACTS).mkdir(parents=True, exist_ok=True)
@@ -55,7 +58,7 @@ class Warehouse:
     def part_path(self, table: str, when: datetime, hourly: bool = True) -> Path:
         date = when.strftime("%Y-%m-%d")
         stamp = when.strftime("%Y-%m-%dT%H") if hourly else date
-        return self.table_dir(table) / f"date={date}" / f"{table}-{stamp}.parquet"
+        return self.table_dir(table) / f"date={date}" / f"{table}-{stamp}{self.suffix}.parquet"
 
     def write(self, path: Path, frame: pl.DataFrame, sort_by: list[str] | None = None) -> None:
         """Write ``frame`` atomically to ``path`` (sorted for determinism)."""
@@ -91,7 +94,7 @@ class Warehouse:
         return path
 
     def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str]) -> None:
-        self.write(self.table_dir(table) / "snapshot.parquet", frame, sort_by)
+        self.write(self.table_dir(table) / f"snapshot{self.suffix}.parquet", frame, sort_by)
 
     def ensure_schema(self, table: str, schema: pl.Schema) -> None:
         """Write the table's empty schema file so its view exists before any rows do."""
@@ -102,7 +105,7 @@ class Warehouse:
     def publish_catalog(self) -> Path:
         """(Re)build ``catalog.duckdb`` with the views of ``sql/*.sql``; atomic."""
         target = self.root / CATALOG
-        tmp = self.root / f".{CATALOG}.tmp"
+        tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"  # several processors may publish
         if tmp.exists():
             tmp.unlink()
         con = duckdb.connect(str(tmp))
@@ -112,7 +115,7 @@ class Warehouse:
         finally:
             con.close()
         os.replace(tmp, target)
-        wal = self.root / f".{CATALOG}.tmp.wal"
+        wal = tmp.with_name(f"{tmp.name}.wal")
         if wal.exists():
             wal.unlink()
         return target
