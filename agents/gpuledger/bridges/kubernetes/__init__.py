@@ -1,0 +1,4 @@
+"""Kubernetes/Kueue bridge: Pods, Nodes and Kueue Workloads → contract v1 events.
+
+See ``docs/kubernetes.md``.
+"""

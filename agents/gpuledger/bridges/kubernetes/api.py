@@ -1,0 +1,166 @@
+"""A small Kubernetes API client: list (paginated) and watch, over http.client.
+
+No client library: the bridge needs two verbs on three resources. Authentication is a
+bearer token (a service account's, re-read from its file on every request because
+projected tokens rotate, or a kubeconfig's) or a client certificate; TLS is verified
+against the cluster CA unless the configuration says otherwise.
+
+``watch`` yields the API's watch events (``ADDED``, ``MODIFIED``, ``DELETED``,
+``BOOKMARK``) from a chunked stream of JSON lines and ends when the server closes the
+stream; the caller resumes from the last ``resourceVersion`` it saw. A ``410 Gone``
+answer, or an ``ERROR`` event whose status has code 410 (the resource version was
+compacted away), raises :class:`Gone`: the caller must list again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+
+class ApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class Gone(ApiError):
+    """410: the requested resourceVersion is too old; list again."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the API server is and how to authenticate."""
+
+    server: str
+    token: str | None = None
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    ca_data: str | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+
+    def bearer(self) -> str | None:
+        if self.token_file is not None:
+            return self.token_file.read_text(encoding="utf-8").strip()
+        return self.token
+
+
+class ApiClient:
+    """List and watch collections such as ``/api/v1/pods``."""
+
+    def __init__(self, connection: Connection, request_timeout_s: float = 30.0,
+                 page_size: int = 500) -> None:
+        self.connection = connection
+        self.request_timeout_s = request_timeout_s
+        self.page_size = page_size
+        url = urlsplit(connection.server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"server {connection.server!r} is not an http(s) URL")
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port or (443 if self._https else 80)
+        self._prefix = url.path.rstrip("/")
+        self._ssl: ssl.SSLContext | None = None
+        if self._https:
+            ctx = ssl.create_default_context(
+                cafile=str(connection.ca_file) if connection.ca_file else None,
+                cadata=connection.ca_data)
+            if connection.insecure:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            if connection.cert_file:
+                ctx.load_cert_chain(str(connection.cert_file),
+                                    str(connection.key_file) if connection.key_file else None)
+            self._ssl = ctx
+
+    def _request(self, path: str, params: dict[str, Any],
+                 timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        conn: http.client.HTTPConnection
+        if self._https:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        headers = {"Accept": "application/json", "User-Agent": "gpuledger-bridge"}
+        token = self.connection.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+        try:
+            conn.request("GET", f"{self._prefix}{path}?{query}", headers=headers)
+            resp = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        if resp.status != 200:
+            body = resp.read(4096).decode("utf-8", "replace")
+            conn.close()
+            message = body
+            with contextlib.suppress(ValueError, AttributeError):
+                message = json.loads(body).get("message", body)
+            cls = Gone if resp.status == 410 else ApiError
+            raise cls(resp.status, f"{path}: {message}")
+        return conn, resp
+
+    def list(self, path: str, label_selector: str | None = None
+             ) -> tuple[list[dict[str, Any]], str]:
+        """Every item of a collection (following ``continue``) and the list's version."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            conn, resp = self._request(path, {"limit": self.page_size, "continue": token,
+                                              "labelSelector": label_selector},
+                                       self.request_timeout_s)
+            try:
+                body = json.loads(resp.read())
+            finally:
+                conn.close()
+            items += body.get("items") or []
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def watch(self, path: str, resource_version: str, timeout_s: float = 300.0,
+              read_timeout_s: float = 90.0, label_selector: str | None = None
+              ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Watch events after ``resource_version`` until the server ends the stream.
+
+        A read that waits longer than ``read_timeout_s`` ends the stream too (the caller
+        resumes); bookmarks keep a quiet watch alive.
+        """
+        params = {"watch": 1, "resourceVersion": resource_version,
+                  "allowWatchBookmarks": "true", "timeoutSeconds": int(timeout_s),
+                  "labelSelector": label_selector}
+        conn, resp = self._request(path, params, read_timeout_s)
+        try:
+            while True:
+                try:
+                    line = resp.readline()
+                except (TimeoutError, http.client.IncompleteRead):
+                    return
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = str(event.get("type"))
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    cls = Gone if code == 410 else ApiError
+                    raise cls(code, f"{path}: {obj.get('message', 'watch error')}")
+                yield kind, obj
+        finally:
+            conn.close()

@@ -1,0 +1,215 @@
+"""The bridge's loop: list, then watch with resource versions; resume, relist, persist.
+
+- On start, a resource with a saved ``resourceVersion`` is watched from there (a
+  restart resumes where it stopped); one without is listed first. Nodes, Workloads and
+  Pods are listed in that order, so that pods find their Workload.
+- One thread per resource reads its watch stream; a single thread translates, so the
+  translator needs no locks. A stream that ends (server timeout, dropped connection,
+  read timeout) is resumed from the last resourceVersion seen.
+- ``410 Gone`` (an HTTP status or an ``ERROR`` event): the resource is listed again and
+  the list is diffed against what was already emitted (:meth:`Translator.relist`):
+  changes missed during the gap are emitted once, nothing is repeated, objects missing
+  from the list count as deleted.
+- After each batch the sink makes the records durable, then the state (translator state
+  and resourceVersions) is written atomically to ``state_file``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpuledger.bridges.kubernetes.api import ApiClient, ApiError, Gone
+from gpuledger.bridges.kubernetes.config import BridgeConfig
+from gpuledger.bridges.kubernetes.sink import Sink
+from gpuledger.bridges.kubernetes.translate import Record, Translator
+
+log = logging.getLogger("gpuledger.bridges.kubernetes")
+
+PATHS = {
+    "nodes": "/api/v1/nodes",
+    "workloads": "/apis/kueue.x-k8s.io/v1beta1/workloads",
+    "pods": "/api/v1/pods",
+}
+STATE_VERSION = 1
+
+
+@dataclass
+class Stats:
+    """What the bridge did (also logged)."""
+
+    lists: dict[str, int] = field(default_factory=dict)
+    relists: dict[str, int] = field(default_factory=dict)
+    resumes: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    records: int = 0
+
+    def bump(self, counter: dict[str, int], resource: str) -> None:
+        counter[resource] = counter.get(resource, 0) + 1
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    state: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"{path}: state version {state.get('version')} is not "
+                         f"{STATE_VERSION}")
+    return state
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(state, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Bridge:
+    """Kubernetes/Kueue → contract records, into a sink."""
+
+    def __init__(self, config: BridgeConfig, client: ApiClient, sink: Sink,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        self.config = config
+        self.client = client
+        self.sink = sink
+        saved = load_state(config.state_file)
+        self.versions: dict[str, str] = dict(saved.get("resource_versions") or {})
+        self.translator = Translator(config.mapping, config.options,
+                                     clock or (lambda: datetime.now(UTC)),
+                                     saved.get("translator") or {})
+        self.stats = Stats()
+        self.resources = [r for r in PATHS if r != "workloads" or config.options.kueue]
+        self._stop = threading.Event()
+        self._last_save = 0.0
+
+    # -- one pass ----------------------------------------------------------------------
+
+    def _list(self, resource: str) -> list[Record]:
+        try:
+            items, version = self.client.list(PATHS[resource], self._selector(resource))
+        except ApiError as exc:
+            if resource == "workloads" and exc.status == 404:
+                log.warning("Kueue's Workload API is not served (404); not watching "
+                            "workloads")
+                self.resources.remove("workloads")
+                return []
+            raise
+        self.stats.bump(self.stats.lists, resource)
+        self.versions[resource] = version
+        return self.translator.relist(resource, items)
+
+    def _selector(self, resource: str) -> str | None:
+        return self.config.label_selector if resource == "pods" else None
+
+    def sync(self) -> int:
+        """List everything once (diffing against the saved state), emit, save."""
+        total = 0
+        for resource in list(self.resources):
+            records = self._list(resource)
+            self._emit(records, force_save=True)
+            total += len(records)
+        return total
+
+    # -- watching ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, idle: Callable[[], None] | None = None) -> None:
+        """Watch until :meth:`stop`; ``idle`` is called when nothing is pending."""
+        for resource in list(self.resources):
+            if resource not in self.versions:
+                self._emit(self._list(resource), force_save=True)
+        inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        threads = [threading.Thread(target=self._watch, args=(r, inbox), daemon=True,
+                                    name=f"watch-{r}") for r in self.resources]
+        for t in threads:
+            t.start()
+        try:
+            while not self._stop.is_set():
+                try:
+                    item = inbox.get(timeout=0.2)
+                except queue.Empty:
+                    self._emit([], force_save=False)
+                    if idle is not None:
+                        idle()
+                    continue
+                self._emit(self._handle(item), force_save=False)
+        finally:
+            self._stop.set()
+            for t in threads:
+                t.join(timeout=self.config.read_timeout_s + 5)
+            self._save()
+
+    def _handle(self, item: tuple[Any, ...]) -> list[Record]:
+        if item[0] == "list":
+            _, resource, items, version = item
+            self.stats.bump(self.stats.relists, resource)
+            self.versions[resource] = version
+            return self.translator.relist(resource, items)
+        _, resource, kind, obj = item
+        self.stats.bump(self.stats.events, resource)
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        records = [] if kind == "BOOKMARK" else self.translator.apply(resource, kind, obj)
+        if version:
+            self.versions[resource] = str(version)
+        return records
+
+    def _watch(self, resource: str, inbox: queue.Queue[tuple[Any, ...]]) -> None:
+        version: str | None = self.versions.get(resource)
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    items, version = self.client.list(PATHS[resource],
+                                                      self._selector(resource))
+                    inbox.put(("list", resource, items, version))
+                for kind, obj in self.client.watch(
+                        PATHS[resource], version, self.config.watch_timeout_s,
+                        self.config.read_timeout_s, self._selector(resource)):
+                    seen = (obj.get("metadata") or {}).get("resourceVersion")
+                    inbox.put(("event", resource, kind, obj))
+                    if seen:
+                        version = str(seen)
+                    if self._stop.is_set():
+                        return
+                self.stats.bump(self.stats.resumes, resource)
+                backoff = 0.5
+            except Gone:
+                log.info("%s: resourceVersion %s expired (410); listing again",
+                         resource, version)
+                version = None
+            except (OSError, ApiError, ValueError) as exc:
+                log.warning("%s: watch failed (%s); retrying in %.1f s", resource, exc,
+                            backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    # -- output --------------------------------------------------------------------------
+
+    def _emit(self, records: list[Record], force_save: bool) -> None:
+        if records:
+            self.sink.write(records)
+            self.stats.records += len(records)
+        now = time.monotonic()
+        if records or force_save or now - self._last_save > 5.0:
+            self._save()
+
+    def _save(self) -> None:
+        save_state(self.config.state_file, {
+            "version": STATE_VERSION, "resource_versions": self.versions,
+            "translator": self.translator.state})
+        self._last_save = time.monotonic()

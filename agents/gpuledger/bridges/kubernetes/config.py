@@ -1,0 +1,239 @@
+"""The Kubernetes bridge's configuration file, validated with errors naming the key.
+
+```yaml
+kubernetes:
+  server: https://10.0.0.1:6443        # default: in-cluster, else the kubeconfig's
+  kubeconfig: ~/.kube/config            # token or client-certificate users
+  context: prod                         # default: the kubeconfig's current context
+  token_file: /path/to/token            # bearer token file (re-read on every request)
+  ca_file: /path/to/ca.crt
+  insecure_skip_tls_verify: false
+  kueue: true                           # watch kueue.x-k8s.io/v1beta1 Workloads
+  label_selector: ""                    # only pods with these labels
+  gpu_index_annotation: null            # pod annotation holding "0,1" GPU indices
+  node_labels: [topology.kubernetes.io/zone, kubernetes.io/hostname]
+  unschedulable_taints: [node.kubernetes.io/unschedulable, ...]
+  default_pool: default
+  watch_timeout_s: 300
+  read_timeout_s: 90
+  request_timeout_s: 30
+state_file: /var/lib/gpuledger/kubernetes-bridge.json
+spool_dir: /var/lib/gpuledger/kubernetes-spool      # with --kafka
+mapping: {...}                          # docs/mapping.md
+```
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuledger.bridges.kubernetes.api import Connection
+from gpuledger.bridges.kubernetes.translate import (
+    DEFAULT_NODE_LABELS,
+    DEFAULT_UNSCHEDULABLE_TAINTS,
+    Options,
+)
+from gpuledger.bridges.mapping import Mapping, MappingError, parse_mapping
+
+IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_TOP = ("kubernetes", "state_file", "spool_dir", "mapping")
+_KUBE = ("server", "kubeconfig", "context", "token_file", "ca_file",
+         "insecure_skip_tls_verify", "kueue", "label_selector", "gpu_index_annotation",
+         "node_labels", "unschedulable_taints", "default_pool", "watch_timeout_s",
+         "read_timeout_s", "request_timeout_s")
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message names the key."""
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    server: str | None = None
+    kubeconfig: Path | None = None
+    context: str | None = None
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    insecure: bool = False
+    label_selector: str | None = None
+    watch_timeout_s: float = 300.0
+    read_timeout_s: float = 90.0
+    request_timeout_s: float = 30.0
+    state_file: Path = Path("gpuledger-kubernetes-state.json")
+    spool_dir: Path = Path("gpuledger-kubernetes-spool")
+    options: Options = field(default_factory=Options)
+    mapping: Mapping = field(default_factory=Mapping)
+
+
+def _check(raw: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    for k in raw:
+        if k not in known:
+            raise ConfigError(f"{where}.{k}: unknown key (known: {', '.join(known)})")
+    return raw
+
+
+def _str(where: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _path(where: str, value: Any) -> Path | None:
+    text = _str(where, value)
+    return Path(text).expanduser() if text else None
+
+
+def _bool(where: str, value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _seconds(where: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{where}: expected a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _strings(where: str, value: Any, default: tuple[str, ...]) -> tuple[str, ...]:
+    if value is None:
+        return default
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+    return tuple(_str(f"{where}[{i}]", v) or "" for i, v in enumerate(value))
+
+
+def parse_config(raw: Any, where: str = "config") -> BridgeConfig:
+    """Build a :class:`BridgeConfig` from parsed YAML."""
+    top = _check(raw, where, _TOP)
+    kube = _check(top.get("kubernetes"), f"{where}.kubernetes", _KUBE)
+    k = f"{where}.kubernetes"
+    server = _str(f"{k}.server", kube.get("server"))
+    if server is not None and not server.startswith(("http://", "https://")):
+        raise ConfigError(f"{k}.server: expected an http(s):// URL, got {server!r}")
+    try:
+        mapping = parse_mapping(top.get("mapping"), f"{where}.mapping")
+    except MappingError as exc:
+        raise ConfigError(str(exc)) from None
+    options = Options(
+        kueue=_bool(f"{k}.kueue", kube.get("kueue"), True),
+        gpu_index_annotation=_str(f"{k}.gpu_index_annotation",
+                                  kube.get("gpu_index_annotation")),
+        node_labels=_strings(f"{k}.node_labels", kube.get("node_labels"),
+                             DEFAULT_NODE_LABELS),
+        unschedulable_taints=_strings(f"{k}.unschedulable_taints",
+                                      kube.get("unschedulable_taints"),
+                                      DEFAULT_UNSCHEDULABLE_TAINTS),
+        default_pool=_str(f"{k}.default_pool", kube.get("default_pool")) or "default",
+    )
+    kw: dict[str, Any] = {}
+    for name in ("state_file", "spool_dir"):
+        value = _path(f"{where}.{name}", top.get(name))
+        if value is not None:
+            kw[name] = value
+    return BridgeConfig(
+        server=server,
+        kubeconfig=_path(f"{k}.kubeconfig", kube.get("kubeconfig")),
+        context=_str(f"{k}.context", kube.get("context")),
+        token_file=_path(f"{k}.token_file", kube.get("token_file")),
+        ca_file=_path(f"{k}.ca_file", kube.get("ca_file")),
+        insecure=_bool(f"{k}.insecure_skip_tls_verify",
+                       kube.get("insecure_skip_tls_verify"), False),
+        label_selector=_str(f"{k}.label_selector", kube.get("label_selector")),
+        watch_timeout_s=_seconds(f"{k}.watch_timeout_s", kube.get("watch_timeout_s"), 300.0),
+        read_timeout_s=_seconds(f"{k}.read_timeout_s", kube.get("read_timeout_s"), 90.0),
+        request_timeout_s=_seconds(f"{k}.request_timeout_s", kube.get("request_timeout_s"),
+                                   30.0),
+        options=options, mapping=mapping, **kw)
+
+
+def load_config(path: Path | None) -> BridgeConfig:
+    """Read and validate a configuration file (``None``: all defaults)."""
+    if path is None:
+        return BridgeConfig()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(raw, str(path))
+
+
+def connection(config: BridgeConfig, environ: dict[str, str] | None = None,
+               in_cluster: Path = IN_CLUSTER) -> Connection:
+    """How to reach the API: the config's server, else in-cluster, else the kubeconfig."""
+    env = os.environ if environ is None else environ
+    if config.kubeconfig is not None and config.server is None:
+        return _from_kubeconfig(config)
+    server = config.server
+    token_file, ca_file = config.token_file, config.ca_file
+    if server is None and env.get("KUBERNETES_SERVICE_HOST"):
+        host, port = env["KUBERNETES_SERVICE_HOST"], env.get("KUBERNETES_SERVICE_PORT", "443")
+        host = f"[{host}]" if ":" in host else host
+        server = f"https://{host}:{port}"
+        token_file = token_file or in_cluster / "token"
+        ca_file = ca_file or in_cluster / "ca.crt"
+    if server is None:
+        raise ConfigError("kubernetes.server: not set, not running in a cluster "
+                          "(no KUBERNETES_SERVICE_HOST) and no kubernetes.kubeconfig")
+    return Connection(server=server, token_file=token_file, ca_file=ca_file,
+                      insecure=config.insecure)
+
+
+def _from_kubeconfig(config: BridgeConfig) -> Connection:
+    assert config.kubeconfig is not None
+    where = str(config.kubeconfig)
+    try:
+        raw = yaml.safe_load(config.kubeconfig.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"kubernetes.kubeconfig: cannot read {where}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"kubernetes.kubeconfig: {where} is not a kubeconfig")
+    name = config.context or raw.get("current-context")
+
+    def named(section: str, wanted: Any) -> dict[str, Any]:
+        for entry in raw.get(section) or []:
+            if isinstance(entry, dict) and entry.get("name") == wanted:
+                value = entry.get(section[:-1])
+                if isinstance(value, dict):
+                    return value
+        raise ConfigError(f"kubernetes.kubeconfig: {where} has no {section[:-1]} {wanted!r}")
+
+    ctx = named("contexts", name)
+    cluster, user = named("clusters", ctx.get("cluster")), named("users", ctx.get("user"))
+    base = config.kubeconfig.parent
+
+    def rel(value: Any) -> Path | None:
+        return (base / str(value)).resolve() if value else None
+
+    if user.get("exec") or user.get("auth-provider"):
+        raise ConfigError("kubernetes.kubeconfig: exec/auth-provider users are not "
+                          "supported; use a token, a token file or a client certificate")
+    ca_data = None
+    if cluster.get("certificate-authority-data") and not config.ca_file:
+        ca_data = base64.b64decode(str(cluster["certificate-authority-data"])).decode()
+    server = cluster.get("server")
+    if not isinstance(server, str):
+        raise ConfigError(f"kubernetes.kubeconfig: cluster of context {name!r} has no server")
+    return Connection(
+        server=server, token=user.get("token"), token_file=rel(user.get("tokenFile")),
+        ca_file=config.ca_file or rel(cluster.get("certificate-authority")), ca_data=ca_data,
+        cert_file=rel(user.get("client-certificate")), key_file=rel(user.get("client-key")),
+        insecure=config.insecure or bool(cluster.get("insecure-skip-tls-verify")))
