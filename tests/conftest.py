@@ -50,3 +50,6 @@ def process(tmp_path: Path) -> Callable[..., Facts]:
         return Facts(root, proc)
 
     return run
+
+
+from fake_nvml import fake_nvml_lib  # noqa: E402, F401  (the fake NVML driver, built once)

@@ -46,9 +46,10 @@ def main() -> None:
     out: dict[str, Any] = {"collects": [], "inventories": [], "counts": {}}
     for step in steps:
         lib.fake_nvml_set_step(ctypes.c_uint(step))
-        out["collects"].append(source.collect(start + timedelta(seconds=interval * step)))
+        when = start + timedelta(seconds=interval * step)
+        out["collects"].append(source.collect(when))
         if plan.get("pool"):
-            out["inventories"].append(source.inventory(plan["pool"]))
+            out["inventories"].append(source.inventory(plan["pool"], when))
     out["devices"] = source.devices()
     out["errors"] = source.errors
     lib.fake_nvml_query_count.restype = ctypes.c_uint
