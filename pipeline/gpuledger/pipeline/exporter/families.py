@@ -1,0 +1,45 @@
+"""Frames to metric families: one sample per row, label columns as strings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+MIB = 1_048_576.0
+UNKNOWN = "unknown"
+
+
+def label_exprs(labels: Sequence[str], empty: Sequence[str] = ()) -> list[pl.Expr]:
+    """Label columns as strings; nulls become ``unknown`` (or ``""`` for ``empty``)."""
+    return [pl.col(c).cast(pl.String).fill_null("" if c in empty else UNKNOWN)
+            for c in labels]
+
+
+def gauge(name: str, doc: str, frame: pl.DataFrame, labels: Sequence[str],
+          value: str | pl.Expr, empty: Sequence[str] = ()) -> GaugeMetricFamily:
+    """A gauge with one sample per row of ``frame`` (rows whose value is null are left out)."""
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    if frame.is_empty():
+        return family
+    expr = pl.col(value) if isinstance(value, str) else value
+    rows = frame.select(*label_exprs(labels, empty), expr.cast(pl.Float64).alias("_v")) \
+        .filter(pl.col("_v").is_not_null())
+    n = len(labels)
+    for row in rows.iter_rows():
+        family.add_metric(list(row[:n]), row[n])
+    return family
+
+
+def counter(name: str, doc: str, values: dict[str, int | float] | int | float,
+            label: str | None = None) -> CounterMetricFamily:
+    """A counter from a number or from ``{label value: number}``."""
+    if label is None:
+        assert not isinstance(values, dict)
+        return CounterMetricFamily(name, doc, value=float(values))
+    assert isinstance(values, dict)
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, v in sorted(values.items()):
+        family.add_metric([key], float(v))
+    return family

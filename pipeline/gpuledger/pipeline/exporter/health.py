@@ -1,0 +1,88 @@
+"""The pipeline's own health: counters, event clocks, Kafka consumer lag."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gpuledger.pipeline.exporter.families import counter
+
+if TYPE_CHECKING:
+    from gpuledger.pipeline.processor import Processor
+
+
+class HealthCollector:
+    """Reads the processor's :class:`~gpuledger.pipeline.counters.Counters` and clocks
+    (and the Kafka service's, when there is one) at scrape time."""
+
+    name = "health"
+
+    def __init__(self) -> None:
+        self.processor: Processor | None = None
+        self.service: Any = None
+        self._lag = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.processor
+        if p is None:
+            return
+        c = p.counters
+        yield counter("gpuledger_records", "Records received, by record type.",
+                      dict(c.records_in), "record_type")
+        yield counter("gpuledger_rejected_records",
+                      "Records rejected (dead letters), by record type.", dict(c.rejected),
+                      "record_type")
+        yield counter("gpuledger_late_events",
+                      "Events that arrived after their minute had closed, by record type.",
+                      {"telemetry": c.late_telemetry, "job": c.late_job_events,
+                       "inventory": c.late_inventory}, "record_type")
+        yield counter("gpuledger_duplicate_events", "Duplicated events counted once.",
+                      {"telemetry": c.duplicate_samples, "job": c.duplicate_job_events},
+                      "record_type")
+        yield counter("gpuledger_out_of_order_job_events",
+                      "Job events that did not fit the job life cycle.",
+                      c.out_of_order_job_events)
+        yield counter("gpuledger_telemetry_lost_samples",
+                      "Telemetry samples missing from agents' sequence numbers.",
+                      c.telemetry_lost_samples)
+        yield counter("gpuledger_minutes_closed", "One-minute windows closed.", c.minutes_closed)
+        yield counter("gpuledger_fact_rows", "Fact rows written, by table.",
+                      dict(c.fact_rows), "table")
+        yield counter("gpuledger_batches", "Micro-batches processed.", c.batches)
+        last = GaugeMetricFamily("gpuledger_last_event_timestamp_seconds",
+                                 "Newest event time seen (Unix seconds), by stream "
+                                 "(telemetry; scheduler = job and inventory events).",
+                                 labels=["stream"])
+        for stream, t in (("telemetry", p.max_telemetry_time), ("scheduler", p.max_other_time)):
+            if t is not None:
+                last.add_metric([stream], t.timestamp())
+        yield last
+        closed = GaugeMetricFamily("gpuledger_closed_until_timestamp_seconds",
+                                   "End of the latest closed minute (event time, Unix seconds).")
+        if p.closed_until is not None:
+            closed.add_metric([], p.closed_until.timestamp())
+        yield closed
+        if self.service is not None:
+            yield from self._kafka()
+
+    def _kafka(self) -> Iterator[Metric]:
+        s = self.service
+        yield counter("gpuledger_kafka_messages", "Kafka messages consumed.", s.stats.messages)
+        yield counter("gpuledger_kafka_dead_letters",
+                      "Bad Kafka records sent to the dead-letter topic.", s.stats.dead_letters)
+        yield counter("gpuledger_kafka_checkpoints", "Checkpoints written (state + offsets).",
+                      s.stats.checkpoints)
+        try:  # read from the client's local fetch state; a rebalance may be under way
+            lag = 0.0
+            for tp in list(s.telemetry.assignment()):
+                high = s.telemetry.highwater(tp)
+                if high is not None:
+                    lag += max(high - s.offsets.get((tp.topic, tp.partition), 0), 0)
+            self._lag = lag
+        except (RuntimeError, KeyError, AttributeError):
+            pass
+        yield GaugeMetricFamily("gpuledger_kafka_consumer_lag_messages",
+                                "Telemetry messages in this instance's partitions not yet read.",
+                                value=self._lag)

@@ -1,0 +1,127 @@
+"""The exporter: one registry, the collectors, the HTTP server.
+
+Usage (the CLI's ``--metrics-address``)::
+
+    exporter = Exporter(config)
+    exporter.attach(processor)            # listens to its closed facts, reads its counters
+    exporter.start("0.0.0.0", 9108)       # GET /metrics
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.exporter.demand import DemandCollector
+from gpuledger.pipeline.exporter.fleet import FleetCollector
+from gpuledger.pipeline.exporter.health import HealthCollector
+from gpuledger.pipeline.exporter.jobs import JobCollector
+from gpuledger.pipeline.exporter.nodes import NodeCollector
+from gpuledger.pipeline.exporter.snapshot import FactSnapshots
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from gpuledger.pipeline.processor import Processor
+
+DEFAULT_PORT = 9108
+
+
+class AddressError(ValueError):
+    """A ``HOST:PORT`` that is not one."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``:PORT`` means all interfaces) → (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise AddressError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+class _Collector(Collector):
+    """Runs every fact collector on the current snapshot, timing each (node_exporter's
+    ``*_collector_duration_seconds`` / ``*_collector_success``)."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+
+    def collect(self) -> Iterator[Metric]:
+        ex = self.exporter
+        snap = ex.snapshots.snapshot
+        duration = GaugeMetricFamily("gpuledger_exporter_collect_duration_seconds",
+                                     "Seconds each collector took for this scrape.",
+                                     labels=["collector"])
+        success = GaugeMetricFamily("gpuledger_exporter_collect_success",
+                                    "1 when the collector succeeded in this scrape.",
+                                    labels=["collector"])
+        runs: list[tuple[str, Any]] = [(c.name, lambda c=c: c.collect(snap))
+                                       for c in ex.collectors]
+        runs.append((ex.health.name, ex.health.collect))
+        for name, run in runs:
+            t0 = time.perf_counter()
+            try:
+                metrics = list(run())
+                ok = 1.0
+            except Exception:  # a broken collector must not break the whole scrape
+                ex.log_failure(name)
+                metrics, ok = [], 0.0
+            yield from metrics
+            duration.add_metric([name], time.perf_counter() - t0)
+            success.add_metric([name], ok)
+        yield duration
+        yield success
+
+
+class Exporter:
+    """Prometheus metrics from a processor's closed facts, computed at scrape time."""
+
+    def __init__(self, config: ProcessorConfig) -> None:
+        self.snapshots = FactSnapshots()
+        self.health = HealthCollector()
+        self.collectors: list[Any] = [
+            FleetCollector(),
+            DemandCollector(self.snapshots.queue_wait, self.snapshots.lock),
+            JobCollector(config),
+            NodeCollector(),
+        ]
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(self))
+        ProcessCollector(registry=self.registry)
+        self._server: WSGIServer | None = None
+
+    def attach(self, processor: Processor, service: Any = None) -> None:
+        """Follow ``processor``'s closed facts; ``service``: its Kafka service, if any."""
+        processor.listeners.append(self.snapshots)
+        self.health.processor = processor
+        self.health.service = service
+
+    def render(self) -> bytes:
+        """The exposition text, as a scrape would get it."""
+        return generate_latest(self.registry)
+
+    def start(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` in a daemon thread; the bound port."""
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return int(server.server_address[1])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @staticmethod
+    def log_failure(name: str) -> None:
+        import logging
+
+        logging.getLogger("gpuledger.exporter").exception("collector %s failed", name)
