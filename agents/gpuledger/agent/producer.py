@@ -1,0 +1,51 @@
+"""The agent's Kafka producer: settings, topics and delivery options.
+
+Connection and security settings are the processor's (``GPULEDGER_KAFKA_*``, see
+``docs/kafka.md``), read by ``gpuledger.pipeline.kafka.settings``, which is plain Python
+(no Polars); the bootstrap and topic prefix may also come from the agent's
+configuration. The producer is idempotent with ``acks=all``; its timeouts are bounded
+by ``kafka.send_timeout_s`` so that an unreachable broker never blocks the agent for
+longer (the spool keeps what was not confirmed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from gpuledger.agent.config import AgentConfig
+from gpuledger.pipeline.kafka.settings import KafkaSettings, load_settings
+
+
+def kafka_settings(config: AgentConfig, environ: dict[str, str] | None = None
+                   ) -> KafkaSettings:
+    """Settings from the configuration and ``GPULEDGER_KAFKA_*`` (KafkaSettingsError)."""
+    env = dict(os.environ) if environ is None else dict(environ)
+    if config.kafka.topic_prefix:
+        env["GPULEDGER_KAFKA_TOPIC_PREFIX"] = config.kafka.topic_prefix
+    return load_settings(config.kafka.bootstrap, env)
+
+
+def producer_options(settings: KafkaSettings, send_timeout_s: float) -> dict[str, Any]:
+    budget_ms = max(2000, int(send_timeout_s * 1000))
+    cfg = settings.client_config()
+    cfg.update(acks="all", enable_idempotence=True, compression_type="gzip",
+               linger_ms=20, batch_size=1 << 20, max_request_size=8 << 20,
+               max_in_flight_requests_per_connection=5,
+               request_timeout_ms=budget_ms // 2, delivery_timeout_ms=budget_ms,
+               max_block_ms=budget_ms // 2, reconnect_backoff_max_ms=1000)
+    cfg["client_id"] = "gpuledger-agent"
+    return cfg
+
+
+def producer_factory(settings: KafkaSettings, send_timeout_s: float) -> Callable[[], Any]:
+    """A callable that makes a kafka-python producer (the Sender calls it lazily)."""
+    options = producer_options(settings, send_timeout_s)
+
+    def make() -> Any:
+        from kafka import KafkaProducer
+
+        return KafkaProducer(**options)
+
+    return make

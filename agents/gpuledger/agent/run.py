@@ -1,0 +1,266 @@
+"""The agent loop: collect, attribute, number, encode, spool; a sender drains to Kafka.
+
+Every ``interval_s`` the agent collects one sample per GPU (and MIG instance) from the
+configured source, attributes processes and GPUs to jobs, stamps every sample with the
+agent's own sequence number (``seq``, +1 per sample, kept across restarts in the spool
+folder so that gaps downstream mean lost samples) and appends one JSON-lines message
+per collection to the spool, keyed by node. The inventory is re-read every
+``inventory.check_s`` and spooled at start and whenever it changes. A sender thread
+drains the spool into Kafka in order (``gpuledger.agent.sender``). SIGTERM (or
+SIGINT) finishes the current collection, gives the sender ``kafka.send_timeout_s`` to
+deliver what is spooled, and exits; what it could not deliver stays in the spool for
+the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuledger.agent.attribution import Chain
+from gpuledger.agent.config import AgentConfig
+from gpuledger.agent.encode import encode_lines, stamp
+from gpuledger.agent.inventory import (
+    DEFAULT_POOL,
+    InventoryPublisher,
+    explicit_pool,
+    inventory_from_samples,
+    node_labels,
+    with_labels,
+)
+from gpuledger.agent.sender import Sender
+from gpuledger.agent.spool import Message, Spool
+
+log = logging.getLogger("gpuledger.agent")
+
+SEQ_FILE = "agent.seq"
+
+
+class Source(Protocol):
+    def collect(self, now: datetime | None = None) -> list[dict[str, Any]]: ...
+
+
+class SharedSpool(Spool):
+    """The spool, safe to share between the collecting and the sending thread."""
+
+    def __init__(self, folder: Path, max_bytes: int = 256 << 20,
+                 segment_bytes: int = 8 << 20) -> None:
+        self._lock = threading.RLock()
+        super().__init__(folder, max_bytes, segment_bytes)
+
+    def append(self, topic: str, key: bytes, value: bytes) -> int:
+        with self._lock:
+            return super().append(topic, key, value)
+
+    def pending(self, limit: int = 10_000) -> list[Message]:
+        with self._lock:
+            return super().pending(limit)
+
+    def ack(self, through: int) -> None:
+        with self._lock:
+            super().ack(through)
+
+    @property
+    def bytes_used(self) -> int:
+        with self._lock:
+            return sum(size for _, _, size in self._segments)
+
+    @property
+    def backlog(self) -> int:
+        with self._lock:
+            return max(0, self.next_number - self.cursor)
+
+
+class Agent:
+    """One node's agent: a source, an attribution chain, a spool and a sender."""
+
+    def __init__(self, config: AgentConfig, source: Source, chain: Chain,
+                 spool: Spool | None = None, sender: Sender | None = None,
+                 telemetry_topic: str = "gpu.telemetry.v1",
+                 inventory_topic: str = "gpu.inventory.v1") -> None:
+        self.config = config
+        self.source = source
+        self.chain = chain
+        self.spool = spool
+        self.sender = sender
+        self.telemetry_topic = telemetry_topic
+        self.inventory_topic = inventory_topic
+        self.node = config.node_name
+        self.agent_id = config.agent_name
+        self.source_name = config.source
+        self.publisher = InventoryPublisher(config.inventory.republish_s)
+        self.seq = self._read_seq()
+        self.samples = 0
+        self.collect_errors = 0
+        self.last_success = False
+        self.last_duration_s = 0.0
+        self.last_cycle_end: float | None = None
+        self.last_error = ""
+        self._inventory_checked = float("-inf")
+        self._wake = threading.Event()
+
+    # -- sequence numbers ----------------------------------------------------------
+
+    def _seq_path(self) -> Path | None:
+        return self.spool.folder / SEQ_FILE if self.spool is not None else None
+
+    def _read_seq(self) -> int:
+        path = self._seq_path()
+        try:
+            return int(path.read_text().strip()) if path is not None else 0
+        except (OSError, ValueError):
+            return 0
+
+    def _write_seq(self) -> None:
+        path = self._seq_path()
+        if path is None:
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(self.seq))
+        os.replace(tmp, path)
+
+    # -- one collection ------------------------------------------------------------
+
+    def collect(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Collect, attribute and number one sample per GPU (not spooled)."""
+        when = now or datetime.now(UTC)
+        started = time.perf_counter()
+        try:
+            records = self.source.collect(when)
+            self.last_success = True
+        except Exception as exc:
+            records = []
+            self.collect_errors += 1
+            self.last_success = False
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("collection from %s failed: %s", self.source_name, self.last_error)
+        try:
+            self.chain.apply(records)
+        except Exception:
+            log.exception("attribution failed; samples are sent unattributed")
+        for rec in records:
+            rec["node"] = self.node
+            rec["agent"] = self.agent_id
+            rec["seq"] = self.seq
+            self.seq += 1
+        self.last_duration_s = time.perf_counter() - started
+        return records
+
+    def inventory(self, samples: list[dict[str, Any]], now: datetime | None = None
+                  ) -> dict[str, Any] | None:
+        """The node's inventory record now (None when the source cannot tell)."""
+        inv = self.config.inventory
+        labels = node_labels(inv.labels, inv.labels_file)
+        when = now or datetime.now(UTC)
+        explicit = explicit_pool(inv.pool, inv.pool_label, labels)
+        build = getattr(self.source, "inventory", None)
+        try:
+            if build is not None:
+                # the simulator knows its nodes' pools; other sources get the default
+                wanted = explicit if self.source_name == "simulator" else (
+                    explicit or DEFAULT_POOL)
+                record: dict[str, Any] = build(wanted, when)
+            elif samples:
+                record = inventory_from_samples(self.node, explicit or DEFAULT_POOL,
+                                                samples, stamp(when))
+            else:
+                return None
+        except Exception as exc:
+            log.warning("reading the inventory from %s failed: %s", self.source_name, exc)
+            return None
+        pool = str(record.get("pool") or explicit or DEFAULT_POOL)
+        record = with_labels(record, labels, pool, inv.schedulable)
+        record["node"] = self.node
+        if isinstance(record.get("time"), datetime):
+            record["time"] = stamp(record["time"])
+        record.setdefault("time", stamp(when))
+        return record
+
+    def cycle(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        """One collection: spool the samples, and the inventory when it is due."""
+        when = now or datetime.now(UTC)
+        records = self.collect(when)
+        key = self.node.encode()
+        if records and self.spool is not None:
+            self._write_seq()  # first: a crash after this leaves a gap, never a repeat
+            self.spool.append(self.telemetry_topic, key, encode_lines(records))
+            self.samples += len(records)
+        checked = time.monotonic()
+        if checked - self._inventory_checked >= self.config.inventory.check_s:
+            self._inventory_checked = checked
+            record = self.inventory(records, when)
+            if record is not None and self.publisher.due(record, checked):
+                if self.spool is not None:
+                    self.spool.append(self.inventory_topic, key, encode_lines([record]))
+                self.publisher.mark(record, checked)
+        self.last_cycle_end = time.monotonic()
+        self._wake.set()
+        return records
+
+    # -- running -------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        limit = max(3 * self.config.interval_s, 30.0)
+        if self.last_cycle_end is None:
+            return False, "no collection has completed yet"
+        age = time.monotonic() - self.last_cycle_end
+        if age > limit:
+            return False, f"the last collection ended {age:.0f} s ago (limit {limit:.0f} s)"
+        if not self.last_success:
+            return False, f"the last collection from {self.source_name} failed: " \
+                          f"{self.last_error}"
+        backlog = self.spool.backlog if self.spool is not None else 0
+        return True, f"ok: collecting from {self.source_name}; {backlog} messages spooled"
+
+    def run(self, stop: threading.Event) -> None:
+        """Collect every ``interval_s`` until ``stop``; the sender runs beside it."""
+        sending = threading.Thread(target=self._send_loop, args=(stop,),
+                                   name="gpuledger-agent-sender", daemon=True)
+        if self.sender is not None:
+            sending.start()
+        interval = self.config.interval_s
+        tick = time.monotonic()
+        try:
+            while not stop.is_set():
+                self.cycle()
+                tick += interval
+                delay = tick - time.monotonic()
+                if delay < 0:       # fell behind (a slow source): skip, do not burst
+                    tick = time.monotonic()
+                    delay = 0
+                stop.wait(delay)
+        finally:
+            self._wake.set()
+            if self.sender is not None:
+                sending.join()
+
+    def _send_loop(self, stop: threading.Event) -> None:
+        assert self.sender is not None and self.spool is not None
+        sender, spool = self.sender, self.spool
+        while not stop.is_set():
+            delivered = sender.drain()
+            if delivered == 0:
+                self._wake.wait(1.0)
+                self._wake.clear()
+        deadline = time.monotonic() + self.config.kafka.send_timeout_s
+        while spool.backlog and time.monotonic() < deadline:
+            if sender.drain() == 0:
+                time.sleep(0.2)
+        if spool.backlog:
+            log.warning("stopping with %d messages in the spool; they are sent at the "
+                        "next start", spool.backlog)
+        try:
+            sender.close()
+        except Exception as exc:
+            log.warning("closing the Kafka producer failed: %s", exc)
+
+    def close(self) -> None:
+        self.chain.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
