@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import ctypes.util
 import json
-import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pynvml
 import pytest
 import yaml
 from fake_nvml import MIB, Scenario, drive, processes_value
 
-from gpuledger.agent.sources.nvml import FieldFileError, card_type_of, load_field_spec
+from gpuledger.agent.sources.nvml import card_type_of
 from gpuledger.pipeline.decode import decode_jsonl
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -306,26 +304,15 @@ def test_a_field_file_chooses_what_is_collected(tmp_path: Path, fake_nvml_lib: P
     assert out["counts"]["temp"] == 0
 
 
-@pytest.mark.parametrize(("text", "names"), [
-    ("fields: {gpu_util: [{call: nvmlDeviceGetUtilizationRates}]}", "fields.gpu_util"),
-    ("fields: {util_gpu: [{call: nvmlNoSuchCall}]}", "fields.util_gpu[0].call"),
-    ("fields: {ecc_sbe: [{field: NVML_FI_NO_SUCH, kind: delta}]}", "fields.ecc_sbe[0].field"),
-    ("fields: {ecc_sbe: [{field: 3, kind: sum}]}", "fields.ecc_sbe[0].kind"),
-    ("fields: {power_w: [{call: nvmlDeviceGetPowerUsage, scael: 2}]}", "fields.power_w[0].scael"),
-    ("fields: {}\nfatal_xid: [79]", "fatal_xid"),
-    ("fields: {}\nmig_fields: [power_w]", "mig_fields"),
-])
-def test_a_bad_field_file_names_the_bad_key(tmp_path: Path, text: str, names: str) -> None:
-    path = tmp_path / "fields.yaml"
-    path.write_text(text)
-    with pytest.raises(FieldFileError, match=f"{re.escape(str(path))}: .*{re.escape(names)}"):
-        load_field_spec(pynvml, path)
-
-
-def test_the_packaged_field_file_is_valid() -> None:
-    spec = load_field_spec(pynvml)
-    assert set(spec.readers) == set(FIELDS["fields"]) and spec.xid and spec.processes
-    assert spec.fatal_xids == set(FIELDS["fatal_xids"])
+def test_the_scenario_can_advance_by_itself(tmp_path: Path, fake_nvml_lib: Path) -> None:
+    """For a free-running agent: FAKE_NVML_STEP_S moves the scenario on with time."""
+    sc = Scenario(gpus=1)
+    gpu(sc, 0)
+    sc.at(3, "g0", "util.gpu", 99)
+    out = drive(fake_nvml_lib, sc.write(tmp_path / "s.txt"), step_s=0.5, steps=[0, 1],
+                sleep_s=1.6)
+    first, second = (c[0]["util_gpu"] for c in out["collects"])
+    assert first == sc.number(0, "g0", "util.gpu") and second == sc.number(3, "g0", "util.gpu")
 
 
 def test_no_driver_library_is_a_clear_error(tmp_path: Path) -> None:

@@ -71,10 +71,12 @@ def nvml_env(lib_dir: Path, scenario: Path | None, step_s: float | None = None) 
     return env
 
 
-def drive(lib_dir: Path, scenario: Path | None, **plan: Any) -> dict[str, Any]:
-    """Run NvmlSource in a subprocess against the fake driver (see drive.py for ``plan``)."""
+def drive(lib_dir: Path, scenario: Path | None, step_s: float | None = None,
+          **plan: Any) -> dict[str, Any]:
+    """Run NvmlSource in a subprocess against the fake driver (see drive.py for ``plan``);
+    ``step_s`` lets the scenario advance by itself (FAKE_NVML_STEP_S)."""
     proc = subprocess.run(
-        [sys.executable, str(DRIVE), json.dumps(plan)], env=nvml_env(lib_dir, scenario),
+        [sys.executable, str(DRIVE), json.dumps(plan)], env=nvml_env(lib_dir, scenario, step_s),
         capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise AssertionError(f"drive.py failed ({proc.returncode}):\n{proc.stderr}")

@@ -11,6 +11,8 @@ Started by ``fake_nvml.drive`` in a subprocess whose LD_LIBRARY_PATH holds the f
     pool        when given, an inventory record is taken after every collection
     fields      a field file for the source (default: the packaged one)
     counts      fake-driver keys whose query counts to report at the end
+    sleep_s     when given, the steps are not set: the driver advances them by itself
+                (FAKE_NVML_STEP_S) and drive.py sleeps this long between collections
 
 Output: {"collects": [[records]...], "inventories": [...], "devices": [...],
 "counts": {key: n}} or {"error": {"type": ..., "message": ...}} when construction fails.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,8 +47,11 @@ def main() -> None:
         print(json.dumps({"error": {"type": type(err).__name__, "message": str(err)}}))
         return
     out: dict[str, Any] = {"collects": [], "inventories": [], "counts": {}}
-    for step in steps:
-        lib.fake_nvml_set_step(ctypes.c_uint(step))
+    for n, step in enumerate(steps):
+        if plan.get("sleep_s") is None:
+            lib.fake_nvml_set_step(ctypes.c_uint(step))
+        elif n > 0:
+            time.sleep(float(plan["sleep_s"]))
         when = start + timedelta(seconds=interval * step)
         out["collects"].append(source.collect(when))
         if plan.get("pool"):
