@@ -1,0 +1,102 @@
+"""Agent configuration: YAML, environment overrides, validation that names the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuledger.agent.config import AgentConfig, AgentConfigError, load_agent_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_agent_config(None, {})
+    assert config == AgentConfig()
+    assert config.node_name and config.agent_name == config.node_name
+
+
+def test_file_values_and_nested_sections(tmp_path: Path) -> None:
+    path = _write(tmp_path, """
+node: gpu-a-017
+interval_s: 5
+source: dcgm-exporter
+dcgm_exporter: {url: "http://10.0.0.1:9400/metrics", card_type: H100-SXM5-80GB}
+attribution:
+  methods: [slurm, mapping_dir]
+  proc_root: /host/proc
+  slurm: {job_id: "slurm-{id}"}
+  mapping_dir: {path: /run/jobs}
+inventory: {pool: train, labels: {rack: r12}}
+kafka: {bootstrap: "k1:9092,k2:9092", topic_prefix: "prod."}
+spool: {path: /var/spool/gl, max_bytes: 1048576, segment_bytes: 65536}
+metrics: {listen: "127.0.0.1:0"}
+""")
+    c = load_agent_config(path, {})
+    assert (c.node, c.interval_s, c.source) == ("gpu-a-017", 5.0, "dcgm-exporter")
+    assert c.dcgm_exporter.card_type == "H100-SXM5-80GB"
+    assert c.attribution.methods == ["slurm", "mapping_dir"]
+    assert c.attribution.proc_root == Path("/host/proc")
+    assert c.attribution.slurm.job_id == "slurm-{id}"
+    assert c.attribution.mapping_dir.path == Path("/run/jobs")
+    assert c.inventory.labels == {"rack": "r12"} and c.inventory.pool == "train"
+    assert c.spool.max_bytes == 1048576 and c.metrics.listen == "127.0.0.1:0"
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "kafka: {bootstrap: 'file:9092'}\ninterval_s: 10\n")
+    env = {"GPULEDGER_AGENT__KAFKA__BOOTSTRAP": "env:9093",
+           "GPULEDGER_AGENT__INTERVAL_S": "2.5",
+           "GPULEDGER_AGENT__ATTRIBUTION__METHODS": "kubernetes,static",
+           "GPULEDGER_AGENT__ATTRIBUTION__KUBERNETES__POD_RESOURCES_SOCKET": "",
+           "GPULEDGER_AGENT__ATTRIBUTION__STATIC__GPUS": "{0: job-a, 1: job-b}",
+           "GPULEDGER_AGENT__INVENTORY__SCHEDULABLE": "false",
+           "GPULEDGER_KAFKA_BOOTSTRAP": "not-ours:1"}
+    c = load_agent_config(path, env)
+    assert c.kafka.bootstrap == "env:9093" and c.interval_s == 2.5
+    assert c.attribution.methods == ["kubernetes", "static"]
+    assert c.attribution.kubernetes.pod_resources_socket is None
+    assert c.attribution.static.gpus == {"0": "job-a", "1": "job-b"}
+    assert c.inventory.schedulable is False
+
+
+@pytest.mark.parametrize(("text", "env", "message"), [
+    ("intervall_s: 3\n", {}, "intervall_s: unknown key"),
+    ("interval_s: soon\n", {}, "interval_s: expected a number, got 'soon'"),
+    ("interval_s: 0\n", {}, "interval_s: must be > 0"),
+    ("source: nvidia\n", {}, "source: 'nvidia' is not one of nvml, dcgm-exporter, simulator"),
+    ("attribution: {methods: [slurm, lsf]}\n", {}, "attribution.methods[1]: 'lsf'"),
+    ("attribution: {methods: [slurm, slurm]}\n", {}, "attribution.methods[1]: 'slurm' is listed"),
+    ("attribution: {methods: [mapping_dir]}\n", {}, "attribution.mapping_dir.path: required"),
+    ("attribution: {slurm: {job_id: 'x-{jobid}'}}\n", {}, "attribution.slurm.job_id:"),
+    ("attribution: {kubernetes: {refresh_s: x}}\n", {},
+     "attribution.kubernetes.refresh_s: expected a number"),
+    ("attribution: {kubernetes: {colour: red}}\n", {}, "attribution.kubernetes.colour: unknown"),
+    ("inventory: {labels: [a, b]}\n", {}, "inventory.labels: expected a mapping"),
+    ("inventory: {schedulable: maybe}\n", {}, "inventory.schedulable: expected true or false"),
+    ("kafka: {bootstrap: 'k1:9092,k2'}\n", {}, "kafka.bootstrap[1]: expected HOST:PORT"),
+    ("spool: {max_bytes: 10000, segment_bytes: 65536}\n", {}, "spool.max_bytes: must be at"),
+    ("spool: {segment_bytes: 1.5}\n", {}, "spool.segment_bytes: expected a whole number"),
+    ("metrics: {listen: 'localhost'}\n", {}, "metrics.listen: expected HOST:PORT"),
+    ("", {"GPULEDGER_AGENT__KAFKA__BATCH": "many"}, "kafka.batch: expected a number"),
+    ("", {"GPULEDGER_AGENT__SPOOOL__PATH": "/x"}, "spoool: unknown key"),
+    ("kafka: 3\n", {}, "kafka: expected a mapping"),
+    ("- a\n- b\n", {}, "expected a mapping at the top level"),
+])
+def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
+                                 message: str) -> None:
+    with pytest.raises(AgentConfigError) as err:
+        load_agent_config(_write(tmp_path, text), env)
+    assert message in str(err.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(AgentConfigError, match="cannot read"):
+        load_agent_config(tmp_path / "absent.yaml", {})
+    with pytest.raises(AgentConfigError, match="not valid YAML"):
+        load_agent_config(_write(tmp_path, "a: [b\n"), {})

@@ -1,0 +1,104 @@
+"""The agent loop on a real spool: numbering, attribution, inventory, failures, restarts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from agent_sources import TinySource
+
+from gpuledger.agent.attribution import Chain
+from gpuledger.agent.attribution.static import StaticAttribution
+from gpuledger.agent.config import AgentConfig, InventoryConfig
+from gpuledger.agent.run import Agent, SharedSpool
+from gpuledger.pipeline.decode import decode_jsonl
+
+T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+TEL, INV = "t.tel", "t.inv"
+
+
+def _config(**inventory: object) -> AgentConfig:
+    inv = replace(InventoryConfig(), check_s=1e-9, **inventory)  # type: ignore[arg-type]
+    return AgentConfig(node="gpu-a-001", agent_id="agent-7", interval_s=0.05, inventory=inv)
+
+
+def _agent(folder: Path, source: TinySource, **inventory: object) -> Agent:
+    spool = SharedSpool(folder, max_bytes=1 << 20, segment_bytes=1 << 16)
+    chain = Chain([StaticAttribution(gpus={"0": "job-17"})])
+    return Agent(_config(**inventory), source, chain, spool, None, TEL, INV)
+
+
+def _spooled(agent: Agent) -> list[tuple[str, bytes, list[dict[str, object]]]]:
+    assert agent.spool is not None
+    return [(m.topic, m.key, [json.loads(line) for line in m.value.splitlines()])
+            for m in agent.spool.pending()]
+
+
+def test_cycles_number_attribute_and_spool_contract_records(tmp_path: Path) -> None:
+    source = TinySource(gpus=3)
+    agent = _agent(tmp_path / "spool", source, pool="train")
+    for k in range(4):
+        agent.cycle(T0 + timedelta(seconds=10 * k))
+    msgs = _spooled(agent)
+    tel = [recs for topic, _, recs in msgs if topic == TEL]
+    inv = [recs for topic, _, recs in msgs if topic == INV]
+    assert {key for _, key, _ in msgs} == {b"gpu-a-001"}
+    assert len(tel) == 4 and len(inv) == 1                       # inventory unchanged
+    samples = [r for recs in tel for r in recs]
+    assert [r["seq"] for r in samples] == list(range(12))        # the agent's numbering
+    assert {(r["node"], r["agent"]) for r in samples} == {("gpu-a-001", "agent-7")}
+    assert samples[0]["processes"] == [{"pid": 100, "used_mib": 3.0, "job_id": "job-17"}]
+    assert samples[1]["processes"] == [] and samples[2]["processes"] == []
+    assert inv[0][0]["pool"] == "train" and inv[0][0]["gpu_count"] == 3
+    data = b"".join(m.value for m in agent.spool.pending())       # type: ignore[union-attr]
+    decoded = decode_jsonl(data, now=T0 + timedelta(minutes=1))
+    assert decoded.rejects.height == 0
+    assert decoded.frames["telemetry"].height == 12 and decoded.frames["inventory"].height == 1
+
+
+def test_inventory_again_when_it_changes(tmp_path: Path) -> None:
+    source = TinySource(gpus=2)
+    agent = _agent(tmp_path / "spool", source)
+    agent.cycle(T0)
+    agent.cycle(T0 + timedelta(seconds=10))
+    source.unhealthy = {1}                                        # a GPU is lost
+    agent.cycle(T0 + timedelta(seconds=20))
+    agent.cycle(T0 + timedelta(seconds=30))
+    inv = [recs[0] for topic, _, recs in _spooled(agent) if topic == INV]
+    assert [(r["health"], r["unhealthy_gpus"]) for r in inv] == [("ok", []), ("degraded", [1])]
+    assert inv[0]["pool"] == "default" and agent.publisher.published == 2
+
+
+def test_seq_survives_a_restart_and_failures_spool_nothing(tmp_path: Path) -> None:
+    source = TinySource(gpus=2)
+    agent = _agent(tmp_path / "spool", source)
+    agent.cycle(T0)
+    agent.cycle(T0 + timedelta(seconds=10))
+    source.fail = True
+    agent.cycle(T0 + timedelta(seconds=20))
+    assert agent.collect_errors == 1 and not agent.last_success
+    assert agent.health()[0] is False and "driver hiccup" in agent.health()[1]
+    restarted = _agent(tmp_path / "spool", TinySource(gpus=2))
+    restarted.cycle(T0 + timedelta(seconds=30))
+    seqs = [r["seq"] for topic, _, recs in _spooled(restarted) if topic == TEL for r in recs]
+    assert seqs == [0, 1, 2, 3, 4, 5]
+    assert restarted.health()[0] is True
+
+
+def test_run_loop_stops_on_the_event(tmp_path: Path) -> None:
+    source = TinySource(gpus=1)
+    agent = _agent(tmp_path / "spool", source)
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while source.calls < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    runner.join(timeout=10)
+    assert not runner.is_alive() and source.calls >= 3
+    assert agent.seq == source.calls
