@@ -280,8 +280,10 @@ class Translator:
             if job["phase"] == "running":
                 if evicted and evicted >= start:
                     if view["evict_reason"] == "Preempted":
-                        reason = view["preempt_reason"] or view["evict_message"] or "preempted"
-                        out.append(self._job("preempted", job_id, evicted, reason=reason))
+                        reason = ": ".join(x for x in (view["preempt_reason"],
+                                                       view["evict_message"]) if x)
+                        out.append(self._job("preempted", job_id, evicted,
+                                             reason=reason or "preempted"))
                         job["await_requeue"] = True
                     else:
                         out.append(self._job("requeued", job_id, evicted,
