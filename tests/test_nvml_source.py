@@ -116,6 +116,8 @@ def test_eight_gpus_with_processes_from_two_jobs(tmp_path: Path, fake_nvml_lib: 
     assert_valid([inv])
     assert out["devices"] == [{"index": i, "uuid": sc.value(0, f"g{i}", "uuid"), "mig": []}
                               for i in range(8)]
+    assert out["errors"] == 0
+    assert out["heavy_modules"] == []          # the agent stays lean: no Polars/DuckDB/Arrow
 
 
 def test_mig_partitioned_gpu_has_a_sample_per_instance(tmp_path: Path,

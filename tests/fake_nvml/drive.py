@@ -15,7 +15,8 @@ Started by ``fake_nvml.drive`` in a subprocess whose LD_LIBRARY_PATH holds the f
                 (FAKE_NVML_STEP_S) and drive.py sleeps this long between collections
 
 Output: {"collects": [[records]...], "inventories": [...], "devices": [...],
-"counts": {key: n}} or {"error": {"type": ..., "message": ...}} when construction fails.
+"counts": {key: n}, "errors": n, "heavy_modules": [...]}, or
+{"error": {"type": ..., "message": ...}} when construction fails.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main() -> None:
             out["inventories"].append(source.inventory(plan["pool"], when))
     out["devices"] = source.devices()
     out["errors"] = source.errors
+    out["heavy_modules"] = sorted(m for m in ("polars", "duckdb", "pyarrow", "numpy")
+                                  if m in sys.modules)
     lib.fake_nvml_query_count.restype = ctypes.c_uint
     for key in plan.get("counts", []):
         out["counts"][key] = int(lib.fake_nvml_query_count(key.encode()))
