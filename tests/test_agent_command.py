@@ -1,0 +1,237 @@
+"""``gpuledger agent`` end to end: the fake NVML driver under the real bindings, Slurm
+attribution on a temporary proc root, and a real Kafka broker; the processor turns what
+arrives into facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fake_nvml import MIB, Scenario, fake_nvml_lib, nvml_env  # noqa: F401 (a fixture)
+from kafka import KafkaConsumer
+from kafka_broker import Broker
+from proctree import add_process
+
+from gpuledger.agent.spool import Spool
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.kafka.wire import Message, decode
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
+
+NODE = "gpu-e2e-01"
+GPUS = 8
+JOB_A, JOB_B = "101", "202"   # GPUs 0-3 run job A (cgroup), 4-6 job B (environment)
+NO_TEMP = 5                   # a GPU whose temperature is NOT_SUPPORTED
+# GPU 7: no process, no activity (free)
+
+
+def _scenario(tmp_path: Path) -> Path:
+    sc = Scenario(gpus=GPUS)
+    for i in range(GPUS):
+        procs = f"{1000 + i}:{(2000 + 100 * i) * MIB}" if i < 7 else "-"
+        values: dict[str, object] = {
+            "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08d}-0000-4000-8000-000000000000",
+            "util_gpu": 10 + 11 * i if i < 7 else 0, "util_mem": 5, "mem_total": 81559 * MIB,
+            "mem_used": (1000 + 997 * i) * MIB, "power": 100_000 + 1000 * i, "temp": 40 + i,
+            "clock_sm": 1400, "pcie_tx": 1000, "pcie_rx": 2000, "nvlinks": 18,
+            "processes": procs}
+        if i == NO_TEMP:
+            del values["temp"]
+        sc.set(f"g{i}", **values)
+    return sc.write(tmp_path / "scenario.txt")
+
+
+def _proc_root(tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    add_process(proc, 1, 0)
+    add_process(proc, 900, 1, cgroup="0::/user.slice", environ={"SLURM_JOB_ID": JOB_B})
+    for i in range(7):
+        if i < 4:
+            add_process(proc, 1000 + i, 1,
+                        cgroup=f"0::/system.slice/slurmstepd.scope/job_{JOB_A}/step_0/task_0")
+        else:
+            add_process(proc, 1000 + i, 900, cgroup="0::/user.slice", environ={})
+    return proc
+
+
+def _config(tmp_path: Path, **extra: Any) -> Path:
+    cfg: dict[str, Any] = {
+        "node": NODE, "source": "nvml", "interval_s": 0.25,
+        "attribution": {"methods": ["slurm"], "proc_root": str(_proc_root(tmp_path)),
+                        "cgroup_root": str(tmp_path / "cgroup"),
+                        "slurm": {"job_id": "slurm-{id}"}},
+        "inventory": {"pool": "train", "labels": {"rack": "r7"}},
+        "spool": {"path": str(tmp_path / "spool")},
+        "metrics": {"listen": "127.0.0.1:0"},
+    }
+    cfg.update(extra)
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _agent_cmd(config: Path, *more: str) -> list[str]:
+    return [sys.executable, "-m", "gpuledger.cli.main", "agent", "--config", str(config), *more]
+
+
+def _expected_job(i: int) -> str | None:
+    return f"slurm-{JOB_A}" if i < 4 else f"slurm-{JOB_B}" if i < 7 else None
+
+
+def test_once_prints_attributed_samples_and_inventory(tmp_path: Path,
+                                                      fake_nvml_lib: Path) -> None:  # noqa: F811
+    env = nvml_env(fake_nvml_lib, _scenario(tmp_path))
+    done = subprocess.run(_agent_cmd(_config(tmp_path), "--once"), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    tel = {r["gpu_index"]: r for r in out["telemetry"]}
+    assert sorted(tel) == list(range(GPUS))
+    assert [r["seq"] for r in out["telemetry"]] == list(range(GPUS))
+    for i, rec in tel.items():
+        want = [] if i == 7 else [(1000 + i, 2000.0 + 100 * i, _expected_job(i))]
+        assert [(p["pid"], p["used_mib"], p["job_id"]) for p in rec["processes"]] == want
+        assert rec["util_gpu"] == (10 + 11 * i if i < 7 else 0) and rec["node"] == NODE
+    assert "temp_c" not in tel[NO_TEMP] and tel[0]["temp_c"] == 40   # omitted, not faked
+    inv = out["inventory"]
+    assert (inv["node"], inv["pool"], inv["gpu_count"], inv["gpu_mem_mib"]) == (
+        NODE, "train", GPUS, 81559.0)
+    assert inv["labels"]["rack"] == "r7" and inv["health"] == "ok"
+    assert not (tmp_path / "spool").exists()                  # --once spools nothing
+
+
+def test_no_driver_is_a_clear_start_up_error(tmp_path: Path,
+                                             fake_nvml_lib: Path) -> None:  # noqa: F811
+    env = nvml_env(fake_nvml_lib, None)                        # the driver is not loaded
+    env["GPULEDGER_AGENT__KAFKA__BOOTSTRAP"] = "127.0.0.1:9"
+    for more in (["--once"], []):
+        done = subprocess.run(_agent_cmd(_config(tmp_path), *more), env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "source nvml:" in done.stderr and "driver" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_bad_configuration_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("interval_s: 10\nattribution: {methods: [slurm, pbs]}\n")
+    done = subprocess.run(_agent_cmd(path, "--once"), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "configuration: attribution.methods[1]: 'pbs'" in done.stderr
+    env = {**os.environ, "GPULEDGER_AGENT__KAFKA__BOOTSTRAP": ""}
+    env.pop("GPULEDGER_KAFKA_BOOTSTRAP", None)
+    good = tmp_path / "good.yaml"
+    good.write_text(f"spool: {{path: {tmp_path / 'sp'}}}\n")
+    done = subprocess.run(_agent_cmd(good), env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "kafka: no Kafka bootstrap" in done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metric(port: int, name: str) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return -1.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def _run_agent(config: Path, env: dict[str, str], port: int, min_sent: int) -> None:
+    """Start the agent, wait until Kafka confirmed ``min_sent`` messages, SIGTERM it."""
+    proc = subprocess.Popen(_agent_cmd(config), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _metric(port, "gpuledger_agent_sent_messages_total") < min_sent:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the agent sent too little in 60 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _consume(broker: Broker, topic: str) -> list[Message]:
+    consumer = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=4000)
+    try:
+        return [Message(m.topic, m.partition, m.offset, m.key, m.value,
+                        tuple((k, v) for k, v in (m.headers or [])))
+                for m in consumer]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.slow
+def test_agent_streams_into_kafka_and_the_processor_makes_facts(
+        tmp_path: Path, kafka: Broker, fake_nvml_lib: Path) -> None:  # noqa: F811
+    prefix = f"e2e{uuid.uuid4().hex[:8]}."
+    tel_topic, inv_topic = prefix + "gpu.telemetry.v1", prefix + "gpu.inventory.v1"
+    kafka.create_topic(tel_topic, partitions=3)
+    kafka.create_topic(inv_topic, partitions=1)
+    port = _free_port()
+    config = _config(tmp_path, kafka={"bootstrap": kafka.bootstrap, "topic_prefix": prefix,
+                                      "send_timeout_s": 5},
+                     metrics={"listen": f"127.0.0.1:{port}"})
+    env = nvml_env(fake_nvml_lib, _scenario(tmp_path))
+    _run_agent(config, env, port, min_sent=6)
+    _run_agent(config, env, port, min_sent=4)                 # a restart continues the numbering
+    spool = Spool(tmp_path / "spool")
+    assert spool.backlog == 0                                  # everything was confirmed
+    total = int((tmp_path / "spool" / "agent.seq").read_text())
+
+    messages = _consume(kafka, tel_topic)
+    assert {m.key for m in messages} == {NODE.encode()}
+    records = [json.loads(line) for m in messages for line in m.value.splitlines()]
+    assert sorted(r["seq"] for r in records) == list(range(total))   # each once, no gap
+    assert total >= 8 * GPUS
+    for rec in records:
+        want = [] if rec["gpu_index"] == 7 else [_expected_job(rec["gpu_index"])]
+        assert [p["job_id"] for p in rec["processes"]] == want
+    inventory = [json.loads(m.value) for m in _consume(kafka, inv_topic)]
+    assert len(inventory) == 2                                 # once per start, unchanged
+    assert {(r["node"], r["pool"], r["gpu_count"]) for r in inventory} == {(NODE, "train", 8)}
+
+    decoded = decode(messages, "telemetry")
+    assert decoded.dead_letters.height == 0
+    inv_decoded = decode(_consume(kafka, inv_topic), "inventory")
+    processor = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
+    processor.process({"telemetry": decoded.frames["telemetry"],
+                       "inventory": inv_decoded.frames["inventory"]})
+    processor.flush()
+    import polars as pl
+
+    files = sorted((tmp_path / "wh" / "facts" / "gpu_minute").glob("**/*.parquet"))
+    facts = pl.concat([pl.read_parquet(f) for f in files])
+    assert set(facts["node"].to_list()) == {NODE}
+    assert sorted(set(facts["gpu_index"].to_list())) == list(range(GPUS))
+    # no scheduler events were sent: GPUs with processes are use outside the scheduler
+    states = dict(facts.group_by("gpu_index").agg(pl.col("state").first()).iter_rows())
+    assert states[7] == "free"
+    assert {states[i] for i in range(7)} == {"unaccounted_use"}
