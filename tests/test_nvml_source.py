@@ -13,12 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 import yaml
 from fake_nvml import MIB, Scenario, drive, processes_value
 
 from gpuledger.agent.sources.nvml import card_type_of
 from gpuledger.pipeline.decode import decode_jsonl
+from gpuledger.pipeline.facts.telemetry_minutes import per_gpu_minute, prepare
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -144,7 +146,8 @@ def test_mig_partitioned_gpu_has_a_sample_per_instance(tmp_path: Path,
     assert "processes" not in whole          # the processes are on the instance samples
     assert "util_gpu" not in whole           # not supported in MIG mode: omitted
     assert whole["power_w"] == sc.number(0, "g1", "power") / 1000
-    assert whole["mem_used_mib"] == sc.number(0, "g1", "mem.used") / MIB
+    assert "mem_used_mib" not in whole       # split over the instances, not counted twice
+    assert whole["mem_total_mib"] == sc.number(0, "g1", "mem.total") / MIB
     for slot, gi, _ci, profile, _total, _procs in migs:
         rec, target = got[(1, f"{profile}/{gi}")], f"g1.m{slot}"
         assert rec["gpu_uuid"] == sc.value(0, target, "uuid")
@@ -155,6 +158,14 @@ def test_mig_partitioned_gpu_has_a_sample_per_instance(tmp_path: Path,
         assert "power_w" not in rec and "xid_errors" not in rec   # whole-GPU fields
     assert got[(0, None)]["processes"] == expected_processes(sc, 0, "g0")
     assert_valid(records)
+    # The processor folds the instances into one GPU-minute: memory and processes add up.
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    telemetry = decode_jsonl(data, now=START + timedelta(days=1)).frames["telemetry"]
+    minute = per_gpu_minute(prepare(telemetry)).filter(pl.col("gpu_index") == 1).row(
+        0, named=True)
+    assert minute["mem_used_mib"] == sum(sc.number(0, f"g1.m{s}", "mem.used") / MIB
+                                         for s, *_ in migs)
+    assert minute["processes"] == sum(len(sc.processes(0, f"g1.m{s}")) for s, *_ in migs)
     inv = out["inventories"][0]
     assert inv["labels"]["nvidia.mig"] == "1:" + "+".join(f"{p}/{gi}" for _, gi, _, p, _, _ in migs)
     assert inv["topology"] == "pcie" and inv["gpu_count"] == 2

@@ -23,6 +23,7 @@ PACKAGED = yaml.safe_load(
     ("fields: {power_w: [{call: nvmlDeviceGetPowerUsage, scael: 2}]}", "fields.power_w[0].scael"),
     ("fields: {}\nfatal_xid: [79]", "fatal_xid"),
     ("fields: {}\nmig_fields: [power_w]", "mig_fields"),
+    ("fields: {}\nmig_parent_omit: [mem_used_mib]", "mig_parent_omit"),
 ])
 def test_a_bad_field_file_names_the_bad_key(tmp_path: Path, text: str, names: str) -> None:
     path = tmp_path / "fields.yaml"
@@ -35,6 +36,7 @@ def test_the_packaged_field_file_is_valid() -> None:
     spec = load_field_spec(pynvml)
     assert set(spec.readers) == set(PACKAGED["fields"]) and spec.xid and spec.processes
     assert spec.fatal_xids == set(PACKAGED["fatal_xids"])
+    assert spec.mig_parent_omit == set(PACKAGED["mig_parent_omit"])
     temp, pcie = spec.readers["temp_c"], spec.readers["pcie_rx_bytes_s"]
     assert temp[0].call == "nvmlDeviceGetTemperature"
     assert temp[0].args == (pynvml.NVML_TEMPERATURE_GPU,)

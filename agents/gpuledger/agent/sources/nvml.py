@@ -12,8 +12,9 @@ call, is data (``nvml_fields.yaml``, docs/nvml.md). Rules:
 * An XID critical error listed as fatal in the field file makes the GPU unhealthy from
   then on; every XID is counted in the sample's ``xid_errors``.
 * A MIG-enabled GPU gives one sample for the whole GPU (power, temperature, ECC, XID,
-  health; no ``processes``) and one per MIG device (``mig_instance`` "profile/GI id",
-  its memory and its processes).
+  health, total memory; no ``processes``, no used memory: those are split over the MIG
+  devices and the processor adds them up) and one per MIG device (``mig_instance``
+  "profile/GI id", its memory and its processes).
 * No driver (or no bindings) is :class:`NvmlUnavailable` at construction.
 
 Per sample the work is a handful of NVML calls per GPU (counters in one
@@ -244,6 +245,9 @@ class NvmlSource:
         if not root.lost:
             try:
                 rec.update(self._metrics(dev, seconds))
+                if dev.migs:
+                    for name in self._spec.mig_parent_omit:
+                        rec.pop(name, None)
                 if self._spec.processes and whole:
                     rec["processes"] = self._processes(dev)
             except nvml.NVMLError_GpuIsLost:

@@ -50,6 +50,7 @@ class FieldSpec:
     xid: bool
     fatal_xids: frozenset[int]
     processes: bool
+    mig_parent_omit: frozenset[str] = frozenset()
 
 
 def _constant(nvml: Any, value: Any, where: str) -> int:
@@ -108,7 +109,8 @@ def load_field_spec(nvml: Any, path: str | Path | None = None) -> FieldSpec:
         raise FieldFileError(f"{origin}: not valid YAML: {err}") from err
     if not isinstance(raw, dict):
         raise FieldFileError(f"{origin}: expected a mapping at the top")
-    unknown = set(raw) - {"fields", "mig_fields", "xid", "fatal_xids", "processes"}
+    unknown = set(raw) - {"fields", "mig_fields", "mig_parent_omit", "xid", "fatal_xids",
+                      "processes"}
     if unknown:
         raise FieldFileError(f"{origin}: {sorted(unknown)[0]}: unknown key")
     fields = raw.get("fields") or {}
@@ -128,6 +130,9 @@ def load_field_spec(nvml: Any, path: str | Path | None = None) -> FieldSpec:
     mig = raw.get("mig_fields") or []
     if not isinstance(mig, list) or any(m not in readers for m in mig):
         raise FieldFileError(f"{origin}: mig_fields: expected a list of names under fields")
+    omit = raw.get("mig_parent_omit") or []
+    if not isinstance(omit, list) or any(m not in readers for m in omit):
+        raise FieldFileError(f"{origin}: mig_parent_omit: expected a list of names under fields")
     fatal = raw.get("fatal_xids") or []
     if not isinstance(fatal, list) or not all(isinstance(x, int) for x in fatal):
         raise FieldFileError(f"{origin}: fatal_xids: expected a list of XID codes")
@@ -135,4 +140,4 @@ def load_field_spec(nvml: Any, path: str | Path | None = None) -> FieldSpec:
         if not isinstance(raw.get(key, True), bool):
             raise FieldFileError(f"{origin}: {key}: expected true or false")
     return FieldSpec(readers, frozenset(mig), bool(raw.get("xid", True)),
-                     frozenset(fatal), bool(raw.get("processes", True)))
+                     frozenset(fatal), bool(raw.get("processes", True)), frozenset(omit))
