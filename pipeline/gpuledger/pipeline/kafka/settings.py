@@ -14,17 +14,19 @@ Environment (all optional except the bootstrap, which may also come from ``--kaf
 | ``GPULEDGER_KAFKA_SASL_PASSWORD`` / ``_FILE`` | password, or a file holding it |
 | ``GPULEDGER_KAFKA_SSL_CAFILE`` | CA bundle for TLS |
 | ``GPULEDGER_KAFKA_TOPIC_PREFIX`` | prefix for every topic name (default none) |
+| ``GPULEDGER_KAFKA_CLIENT`` | ``kafka-python`` (default) or ``confluent`` (``kafka-fast`` extra) |
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+CLIENTS = ("kafka-python", "confluent")
 
 
 class KafkaSettingsError(ValueError):
@@ -39,10 +41,11 @@ class Topics:
     inventory: str = "gpu.inventory.v1"
     jobs: str = "sched.events.v1"
     dead_letters: str = "gpuledger.deadletter.v1"
+    attempt_parts: str = "gpuledger.attempt-parts.v1"
+    """Internal: processors' parts of job attempts, for the owner shard (shard.py)."""
 
     def prefixed(self, prefix: str) -> Topics:
-        return Topics(*(prefix + getattr(self, f) for f in
-                        ("telemetry", "inventory", "jobs", "dead_letters")))
+        return Topics(**{f.name: prefix + getattr(self, f.name) for f in fields(self)})
 
     def for_record_type(self, record_type: str) -> str:
         return {"telemetry": self.telemetry, "inventory": self.inventory,
@@ -65,6 +68,8 @@ class KafkaSettings:
     ssl_cafile: str | None = None
     topics: Topics = field(default_factory=Topics)
     client_id: str = "gpuledger"
+    client: str = "kafka-python"
+    """Which Kafka library the processor's consumers use (``client.py``)."""
 
     def __repr__(self) -> str:
         secret = "set" if self.password else "unset"
@@ -133,8 +138,12 @@ def load_settings(bootstrap: str | None = None,
                 f"{protocol} needs GPULEDGER_KAFKA_SASL_USERNAME and "
                 "GPULEDGER_KAFKA_SASL_PASSWORD (or their _FILE variants)")
     prefix = env.get("GPULEDGER_KAFKA_TOPIC_PREFIX", "")
+    client = env.get("GPULEDGER_KAFKA_CLIENT", "kafka-python").lower()
+    if client not in CLIENTS:
+        raise KafkaSettingsError(
+            f"GPULEDGER_KAFKA_CLIENT: {client!r} is not one of {', '.join(CLIENTS)}")
     return KafkaSettings(
         bootstrap=servers, security_protocol=protocol, sasl_mechanism=mechanism,
         username=username, password=password, ssl_cafile=env.get("GPULEDGER_KAFKA_SSL_CAFILE"),
-        topics=Topics().prefixed(prefix),
+        topics=Topics().prefixed(prefix), client=client,
     )
