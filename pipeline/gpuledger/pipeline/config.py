@@ -82,6 +82,9 @@ class AlertThresholds:
     """A healthy node with no telemetry for this long."""
     processor_lag_s: int = 600
     """The processor's closed minutes this far behind the wall clock."""
+    for_s: int = 300
+    """Prometheus rules whose threshold is not itself a duration (low utilisation, memory,
+    queue wait, processor lag) must hold this long before firing (``for``)."""
     keep_firing_s: int = 300
     """Prometheus rules keep firing this long after the condition clears (``keep_firing_for``)."""
 

@@ -7,10 +7,25 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.exporter.families import counter
 
 if TYPE_CHECKING:
     from gpuledger.pipeline.processor import Processor
+
+
+def total(parts: list[Counters]) -> Counters:
+    """Several processors' (shards') counters added up."""
+    out = Counters()
+    for c in parts:
+        for name, value in vars(c).items():
+            if isinstance(value, dict):
+                mine = getattr(out, name)
+                for k, v in value.items():
+                    mine[k] = mine.get(k, 0) + v
+            else:
+                setattr(out, name, getattr(out, name) + value)
+    return out
 
 
 class HealthCollector:
@@ -20,15 +35,15 @@ class HealthCollector:
     name = "health"
 
     def __init__(self) -> None:
-        self.processor: Processor | None = None
+        self.processors: list[Processor] = []
         self.service: Any = None
         self._lag = 0.0
 
     def collect(self) -> Iterator[Metric]:
-        p = self.processor
-        if p is None:
+        procs = list(self.processors)
+        if not procs:
             return
-        c = p.counters
+        c = total([p.counters for p in procs])
         yield counter("gpuledger_records", "Records received, by record type.",
                       dict(c.records_in), "record_type")
         yield counter("gpuledger_rejected_records",
@@ -55,14 +70,17 @@ class HealthCollector:
                                  "Newest event time seen (Unix seconds), by stream "
                                  "(telemetry; scheduler = job and inventory events).",
                                  labels=["stream"])
-        for stream, t in (("telemetry", p.max_telemetry_time), ("scheduler", p.max_other_time)):
-            if t is not None:
-                last.add_metric([stream], t.timestamp())
+        for stream, attr in (("telemetry", "max_telemetry_time"), ("scheduler", "max_other_time")):
+            times = [t for t in (getattr(p, attr) for p in procs) if t is not None]
+            if times:
+                last.add_metric([stream], max(times).timestamp())
         yield last
         closed = GaugeMetricFamily("gpuledger_closed_until_timestamp_seconds",
-                                   "End of the latest closed minute (event time, Unix seconds).")
-        if p.closed_until is not None:
-            closed.add_metric([], p.closed_until.timestamp())
+                                   "End of the latest minute closed by every shard (event "
+                                   "time, Unix seconds).")
+        until = [p.closed_until for p in procs]
+        if until and all(t is not None for t in until):
+            closed.add_metric([], min(t for t in until if t is not None).timestamp())
         yield closed
         if self.service is not None:
             yield from self._kafka()

@@ -9,6 +9,7 @@ Usage (the CLI's ``--metrics-address``)::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,16 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.exporter.demand import DemandCollector
 from gpuledger.pipeline.exporter.fleet import FleetCollector
 from gpuledger.pipeline.exporter.health import HealthCollector
+from gpuledger.pipeline.exporter.histogram import Histogram
 from gpuledger.pipeline.exporter.jobs import JobCollector
 from gpuledger.pipeline.exporter.nodes import NodeCollector
-from gpuledger.pipeline.exporter.snapshot import FactSnapshots
+from gpuledger.pipeline.exporter.snapshot import (
+    QUEUE_LABELS,
+    QUEUE_WAIT_BUCKETS,
+    FactSnapshots,
+    Snapshot,
+    merge,
+)
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -54,7 +62,7 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         ex = self.exporter
-        snap = ex.snapshots.snapshot
+        snap = ex.snapshot()
         duration = GaugeMetricFamily("gpuledger_exporter_collect_duration_seconds",
                                      "Seconds each collector took for this scrape.",
                                      labels=["collector"])
@@ -83,11 +91,13 @@ class Exporter:
     """Prometheus metrics from a processor's closed facts, computed at scrape time."""
 
     def __init__(self, config: ProcessorConfig) -> None:
-        self.snapshots = FactSnapshots()
+        self.queue_wait = Histogram(QUEUE_LABELS, QUEUE_WAIT_BUCKETS)
+        self.lock = threading.Lock()
+        self.sources: dict[int, tuple[Processor, FactSnapshots]] = {}
         self.health = HealthCollector()
         self.collectors: list[Any] = [
             FleetCollector(),
-            DemandCollector(self.snapshots.queue_wait, self.snapshots.lock),
+            DemandCollector(self.queue_wait, self.lock),
             JobCollector(config),
             NodeCollector(),
         ]
@@ -96,11 +106,32 @@ class Exporter:
         ProcessCollector(registry=self.registry)
         self._server: WSGIServer | None = None
 
-    def attach(self, processor: Processor, service: Any = None) -> None:
-        """Follow ``processor``'s closed facts; ``service``: its Kafka service, if any."""
-        processor.listeners.append(self.snapshots)
-        self.health.processor = processor
-        self.health.service = service
+    def attach(self, processor: Processor, service: Any = None) -> FactSnapshots:
+        """Follow ``processor``'s closed facts (call it for each shard of a Kafka service);
+        ``service``: the Kafka service, if any (its consumer lag and counters)."""
+        snaps = FactSnapshots(self.queue_wait, self.lock,
+                              observe_waits=bool(getattr(processor, "cluster", True)))
+        processor.listeners.append(snaps)
+        with self.lock:
+            self.sources[id(processor)] = (processor, snaps)
+            self.health.processors = [p for p, _ in self.sources.values()]
+        if service is not None:
+            self.health.service = service
+        return snaps
+
+    def detach(self, processor: Processor) -> None:
+        """Stop following ``processor`` (a shard this instance no longer runs)."""
+        with self.lock:
+            found = self.sources.pop(id(processor), None)
+            self.health.processors = [p for p, _ in self.sources.values()]
+        if found is not None and found[1] in processor.listeners:
+            processor.listeners.remove(found[1])
+
+    def snapshot(self) -> Snapshot:
+        """The latest closed minute over every processor followed."""
+        with self.lock:
+            snaps = [s.snapshot for _, s in self.sources.values()]
+        return merge(snaps)
 
     def render(self) -> bytes:
         """The exposition text, as a scrape would get it."""

@@ -59,16 +59,48 @@ class Snapshot:
         return None if self.minute is None else self.minute + timedelta(minutes=1)
 
 
-class FactSnapshots:
-    """Listener that keeps the latest :class:`Snapshot` for the collectors."""
+def merge(snaps: list[Snapshot]) -> Snapshot:
+    """One snapshot from the shards' (processors') snapshots of one instance.
 
-    def __init__(self) -> None:
+    Shards own disjoint nodes: their GPU rows, usage and node clocks are put together;
+    the cluster-wide tables come from the shard that writes them; the job book (the
+    same on every shard) from the shard that has closed the newest minute. The minute
+    is the oldest shard's: every shard has closed it.
+    """
+    live = [s for s in snaps if s.minute is not None]
+    if len(live) <= 1:
+        return live[0] if live else Snapshot()
+    newest = max(live, key=lambda s: s.minute or datetime.min)
+    tables: dict[str, pl.DataFrame] = {}
+    for name in KEPT_TABLES:
+        parts = [s.tables[name] for s in live if name in s.tables]
+        if parts:
+            tables[name] = pl.concat(parts, how="vertical_relaxed")
+    usage = [s.usage for s in live if not s.usage.is_empty()]
+    return Snapshot(
+        minute=min(s.minute for s in live if s.minute is not None), tables=tables,
+        allocations=newest.allocations, attributes=newest.attributes, pending=newest.pending,
+        usage=pl.concat(usage, how="vertical_relaxed") if usage else pl.DataFrame(),
+        node_seen=pl.concat([s.node_seen for s in live]).group_by("node").agg(
+            pl.col("last_seen").max()))
+
+
+class FactSnapshots:
+    """Listener that keeps the latest :class:`Snapshot` of one processor.
+
+    ``queue_wait``: the instance's histogram, fed only when ``observe_waits`` (the
+    processor that writes the cluster-wide facts: every shard sees every job).
+    """
+
+    def __init__(self, queue_wait: Histogram | None = None, lock: threading.Lock | None = None,
+                 observe_waits: bool = True) -> None:
         self.snapshot = Snapshot()
-        self.queue_wait = Histogram(QUEUE_LABELS, QUEUE_WAIT_BUCKETS)
+        self.queue_wait = queue_wait or Histogram(QUEUE_LABELS, QUEUE_WAIT_BUCKETS)
+        self.lock = lock or threading.Lock()
+        self.observe_waits = observe_waits
         self._step: dict[str, list[pl.DataFrame]] = {}
         self._node_seen = pl.DataFrame(schema=NODE_SEEN_SCHEMA)
         self._waits_seen: set[tuple[str, int]] = set()
-        self.lock = threading.Lock()
 
     # -- FactListener --------------------------------------------------------------
 
@@ -93,7 +125,8 @@ class FactSnapshots:
         attempts = processor.jobs.running_attempts()
         pending = attempts.filter(
             pl.col("started_at").is_null() & (pl.col("queued_at") < pl.lit(until).cast(TIME_DTYPE)))
-        self._observe_waits(attempts, step.get("job_attempts", []), until)
+        if self.observe_waits:
+            self._observe_waits(attempts, step.get("job_attempts", []), until)
         snap = Snapshot(minute=minute, tables=tables, allocations=allocs.drop("minute"),
                         attributes=attrs, usage=processor.acc, pending=pending,
                         node_seen=self._node_seen)

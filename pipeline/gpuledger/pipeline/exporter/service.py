@@ -1,0 +1,34 @@
+"""Follow a Kafka service's shards: each assigned telemetry partition runs a processor
+of its own, created and dropped as partitions are assigned and revoked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuledger.pipeline.exporter.server import Exporter
+
+
+def follow_service(exporter: Exporter, service: Any) -> None:
+    """Attach ``exporter`` to every shard ``service`` runs now or will run.
+
+    The service's ``add_shard``/``drop_shard`` are wrapped on the instance (the seam the
+    rebalance listener calls), so a shard's processor is followed from its first close.
+    """
+    for run in list(service.shards.values()):
+        exporter.attach(run.processor, service)
+    exporter.health.service = service
+    add, drop = service.add_shard, service.drop_shard
+
+    def add_shard(partition: int) -> Any:
+        run = add(partition)
+        exporter.attach(run.processor, service)
+        return run
+
+    def drop_shard(partition: int) -> None:
+        run = service.shards.get(partition)
+        drop(partition)
+        if run is not None:
+            exporter.detach(run.processor)
+
+    setattr(service, "add_shard", add_shard)  # noqa: B010 (an instance attribute on purpose)
+    setattr(service, "drop_shard", drop_shard)  # noqa: B010
