@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pynvml
 import pytest
 import yaml
 from fake_nvml import MIB, Scenario, drive, processes_value
@@ -174,23 +175,29 @@ def test_mig_partitioned_gpu_has_a_sample_per_instance(tmp_path: Path,
 
 def test_unsupported_fields_are_omitted_and_not_asked_again(tmp_path: Path,
                                                              fake_nvml_lib: Path) -> None:
-    sc = Scenario(gpus=2)
+    sc = Scenario(gpus=3)
     gpu(sc, 0)
     rx, tx = 198, 197  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES / _TX_BYTES: byte counters
     for step, (r, t) in enumerate([(10_000, 5_000), (260_000, 45_000), (1_260_000, 45_000)]):
         sc.at(step, "g0", f"field.{rx}", r).at(step, "g0", f"field.{tx}", t)
     gpu(sc, 1)
     sc.values = [v for v in sc.values if not (v[1] == "g1" and v[2] in ("temp", "clock.sm"))]
+    # g2: a driver without nvmlDeviceGetFieldValues support and no process list
+    gpu(sc, 2).at(0, "g2", "fieldvalues.error", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    sc.at(0, "g2", f"field.{rx}", 1)
+    sc.values = [v for v in sc.values if not (v[1] == "g2" and v[2] == "processes")]
     steps = [0, 1, 2]
     out = run(tmp_path, fake_nvml_lib, sc, steps=steps,
-              counts=["temp", "clock.sm", f"field.{rx}", "pcie.rx"])
+              counts=["temp", "clock.sm", f"field.{rx}", "pcie.rx", "fieldvalues.error",
+                      "processes"])
     for step, records in enumerate(out["collects"]):
-        g0, g1 = records
+        g0, g1, g2 = records
         assert "temp_c" not in g1 and "sm_clock_mhz" not in g1
         assert g1["util_gpu"] == sc.number(step, "g1", "util.gpu")
         assert g0["temp_c"] == sc.number(step, "g0", "temp")
-        # g1 has no byte counters: the 20 ms throughput sample, KB/s → bytes/s
-        assert g1["pcie_rx_bytes_s"] == sc.number(step, "g1", "pcie.rx") * 1024
+        # g1, g2 have no byte counters: the 20 ms throughput sample, KB/s → bytes/s
+        for rec, target in ((g1, "g1"), (g2, "g2")):
+            assert rec["pcie_rx_bytes_s"] == sc.number(step, target, "pcie.rx") * 1024
         if step == 0:
             assert "pcie_rx_bytes_s" not in g0   # a rate needs two readings
         else:
@@ -198,12 +205,17 @@ def test_unsupported_fields_are_omitted_and_not_asked_again(tmp_path: Path,
                 delta = sc.number(step, "g0", f"field.{fid}") - sc.number(
                     step - 1, "g0", f"field.{fid}")
                 assert g0[field] == pytest.approx(delta / INTERVAL)
+        assert "processes" not in g2 and g2["healthy"] is True
+        assert g1["processes"] == [] and g0["processes"] == []
         assert_valid(records)
     n = len(steps)
-    assert out["counts"]["temp"] == n + 1          # g0 every sample, g1 once
-    assert out["counts"]["clock.sm"] == n + 1
-    assert out["counts"][f"field.{rx}"] == n + 1   # g1 tried the counter once
-    assert out["counts"]["pcie.rx"] == n           # g0 never needed the fallback
+    assert out["errors"] == 0
+    assert out["counts"]["temp"] == 2 * n + 1          # g0 and g2 every sample, g1 once
+    assert out["counts"]["clock.sm"] == 2 * n + 1
+    assert out["counts"][f"field.{rx}"] == n + 1       # g1 tried the counter once
+    assert out["counts"]["pcie.rx"] == 2 * n           # g0 never needed the fallback
+    assert out["counts"]["fieldvalues.error"] == n + 2  # g0 every sample, g1 and g2 once
+    assert out["counts"]["processes"] == 2 * n + 1     # g2 asked once
 
 
 def test_a_gpu_lost_mid_run_is_unhealthy_and_the_others_carry_on(

@@ -30,6 +30,8 @@
  *   pcie.tx, pcie.rx    KB/s (nvmlDeviceGetPcieThroughput)
  *   field.<id>          value of NVML field <id> (nvmlDeviceGetFieldValues), as an
  *                       unsigned 64-bit integer
+ *   fieldvalues.error   an NVML return code that nvmlDeviceGetFieldValues answers for
+ *                       the whole call (e.g. 3, NOT_SUPPORTED, as on old drivers)
  *   processes           pid:bytes,pid:bytes...  ('-' for none)
  *                       (nvmlDeviceGetComputeRunningProcesses_v3)
  *   mig.mode            0 or 1 (nvmlDeviceGetMigMode)
@@ -351,6 +353,8 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                       nvmlFieldValue_t *values) {
     nvmlReturn_t r = check(device);
     if (r != NVML_SUCCESS) return r;
+    const char *error = lookup(device->target, "fieldvalues.error");
+    if (error != NULL) return (nvmlReturn_t)atoi(error);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     for (int i = 0; i < valuesCount; i++) {

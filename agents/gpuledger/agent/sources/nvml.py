@@ -63,6 +63,7 @@ class _Device:
     lost: bool = False
     fatal: bool = False
     xid_events: bool = False
+    process_list: bool = True
     xids: int = 0
     nvlinks: int = 0
     mem_total_mib: float | None = None
@@ -248,8 +249,10 @@ class NvmlSource:
                 if dev.migs:
                     for name in self._spec.mig_parent_omit:
                         rec.pop(name, None)
-                if self._spec.processes and whole:
-                    rec["processes"] = self._processes(dev)
+                if self._spec.processes and whole and dev.process_list:
+                    procs = self._processes(dev)
+                    if procs is not None:
+                        rec["processes"] = procs
             except nvml.NVMLError_GpuIsLost:
                 root.lost = True
                 for key in list(rec):
@@ -314,10 +317,18 @@ class NvmlSource:
         if not wanted:
             return {}
         request = [(fid, scope) if scope is not None else fid for fid, scope in wanted]
-        got = nvml.nvmlDeviceGetFieldValues(dev.handle, request)
+        try:
+            got = nvml.nvmlDeviceGetFieldValues(dev.handle, request)
+        except nvml.NVMLError_GpuIsLost:
+            raise
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            got = None  # the whole call: no counter field can be read on this GPU
+        except nvml.NVMLError:
+            self.errors += 1
+            return {}
         out: dict[tuple[int, int | None], float] = {}
         unsupported: set[tuple[int | None, int | None]] = set()
-        for (fid, scope), value in zip(wanted, got, strict=True):
+        for (fid, scope), value in zip(wanted, [] if got is None else got, strict=False):
             if value.nvmlReturn == nvml.NVML_SUCCESS:
                 out[(fid, scope)] = _field_value(nvml, value)
             elif value.nvmlReturn == nvml.NVML_ERROR_GPU_IS_LOST:
@@ -327,7 +338,8 @@ class NvmlSource:
             else:
                 self.errors += 1
         for ways in dev.ways.values():
-            if ways and (ways[0].field_id, ways[0].scope) in unsupported:
+            while ways and ways[0].field_id is not None and (
+                    got is None or (ways[0].field_id, ways[0].scope) in unsupported):
                 ways.pop(0)
         return out
 
@@ -337,6 +349,9 @@ class NvmlSource:
             procs = nvml.nvmlDeviceGetComputeRunningProcesses(dev.handle)
         except nvml.NVMLError_GpuIsLost:
             raise
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            dev.process_list = False
+            return None
         except nvml.NVMLError:
             self.errors += 1
             return None
