@@ -1,0 +1,1 @@
+"""Grafana boards generated from code (``dashboards/*.json``), and pushing them."""
