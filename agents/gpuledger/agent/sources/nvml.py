@@ -95,11 +95,14 @@ class NvmlSource:
         self._start()
         self._open_nvml = True
         self._events: Any = None
-        self.driver_version = str(self._nvml.nvmlSystemGetDriverVersion())
         self._gpus: list[_Device] = []
         self._by_address: dict[int, _Device] = {}
         try:
+            self.driver_version = str(self._nvml.nvmlSystemGetDriverVersion())
             self._discover()
+        except pynvml.NVMLError as err:
+            self.close()
+            raise NvmlUnavailable(f"NVML failed while listing the GPUs: {err}") from err
         except Exception:
             self.close()
             raise
@@ -157,6 +160,9 @@ class NvmlSource:
             uuid = str(nvml.nvmlDeviceGetUUID(handle))
             name = str(nvml.nvmlDeviceGetName(handle))
         except nvml.NVMLError_GpuIsLost:
+            return _Device(index, None, f"gpu-{index}", "unknown", lost=True)
+        except nvml.NVMLError:  # e.g. no permission on this GPU: unusable, say so
+            self.errors += 1
             return _Device(index, None, f"gpu-{index}", "unknown", lost=True)
         return _Device(index, handle, uuid, card_type_of(name), ways=self._ways(None))
 
