@@ -63,6 +63,7 @@ class Recording:
         self.history: list[dict[str, Any]] = []   # events that happened, in order
         self.compacted_rv = 0
         self.pending_http_gone = False
+        self.generation = 0  # a new watch supersedes the older streams
 
     @staticmethod
     def ident(obj: dict[str, Any]) -> str:
@@ -90,7 +91,9 @@ class FakeApiServer:
     """Serves recordings from ``folder``; ``requests`` logs (resource, kind, rv)."""
 
     def __init__(self, folder: Path, token: str | None = None) -> None:
-        self.recordings = {n: Recording(folder, n) for n in ("nodes", "workloads", "pods")}
+        self.recordings: dict[str, Recording] = {
+            n: Recording(folder, n) for n in ("nodes", "workloads", "pods")
+            if (folder / f"{n}-list.json").exists()}
         self.token = token
         self.lock = threading.Condition()
         self.sent: set[int] = set()
@@ -141,16 +144,18 @@ class FakeApiServer:
         if self.token and h.headers.get("Authorization") != f"Bearer {self.token}":
             self._status(h, 401, "Unauthorized", "Unauthorized")
             return
-        if resource is None:
+        watch = query.get("watch") in ("1", "true")
+        rv = int(query.get("resourceVersion") or 0)
+        if resource is not None:
+            self.requests.append((resource, "watch", str(rv)) if watch
+                                 else (resource, "list", ""))
+        if resource is None or resource not in self.recordings:
             self._status(h, 404, "NotFound", f"the server could not find {url.path}")
             return
         rec = self.recordings[resource]
-        if query.get("watch") in ("1", "true"):
-            rv = int(query.get("resourceVersion") or 0)
-            self.requests.append((resource, "watch", str(rv)))
+        if watch:
             self._watch(h, rec, rv, float(query.get("timeoutSeconds") or 5))
         else:
-            self.requests.append((resource, "list", ""))
             with self.lock:
                 api, kind = LIST_KIND[resource]
                 body = {"kind": kind, "apiVersion": api,
@@ -195,6 +200,8 @@ class FakeApiServer:
                              f"({rec.compacted_rv})")
                 return
             replay = [e for e in rec.history if _rv(e) > rv]
+            rec.generation += 1
+            mine = rec.generation
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.send_header("Transfer-Encoding", "chunked")
@@ -205,6 +212,8 @@ class FakeApiServer:
             deadline = time.monotonic() + timeout_s
             while not self.stopping.is_set():
                 with self.lock:
+                    if rec.generation != mine:
+                        break  # the client reconnected; this stream is dead
                     if rec.exhausted():
                         step = None
                     else:
@@ -223,11 +232,13 @@ class FakeApiServer:
                     time.sleep(0.05)
                     continue
                 if "type" in step:
-                    self._chunk(h, step)
-                    time.sleep(0.02)  # let the client take it before the next version
-                    with self.lock:
-                        self.sent.add(_rv(step))
-                        self.lock.notify_all()
+                    try:
+                        self._chunk(h, step)
+                        time.sleep(0.02)  # let the client take it before the next version
+                    finally:  # it happened either way; a resumed watch replays it
+                        with self.lock:
+                            self.sent.add(_rv(step))
+                            self.lock.notify_all()
                     continue
                 if step.get("cut"):
                     break

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -103,8 +103,9 @@ class Bridge:
         except ApiError as exc:
             if resource == "workloads" and exc.status == 404:
                 log.warning("Kueue's Workload API is not served (404); not watching "
-                            "workloads")
+                            "workloads, every GPU pod is a job of its own")
                 self.resources.remove("workloads")
+                self.translator.options = replace(self.translator.options, kueue=False)
                 return []
             raise
         self.stats.bump(self.stats.lists, resource)
