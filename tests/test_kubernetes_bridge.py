@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from k8s_api_server import FakeApiServer
 from gpuledger.bridges.kubernetes.api import ApiClient
 from gpuledger.bridges.kubernetes.bridge import Bridge
 from gpuledger.bridges.kubernetes.config import BridgeConfig, connection, parse_config
-from gpuledger.bridges.kubernetes.sink import JsonlSink
+from gpuledger.bridges.output import FileSink
 from gpuledger.pipeline import query
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import ingest
@@ -34,19 +35,19 @@ KUEUE_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/podset")
 
 
 def _config(url: str, state: Path) -> BridgeConfig:
-    return parse_config({
+    config = parse_config({
         "kubernetes": {"server": url, "watch_timeout_s": 2, "read_timeout_s": 1},
-        "state_file": str(state),
         "mapping": {"pools": {"node_label": "gpuledger.io/pool"},
                     "job_types": {"rules": [{"type": t, "labels": {"gpuledger.io/job-type": t}}
                                             for t in JOB_TYPES]}}})
+    return replace(config, state_file=state)
 
 
 def _run(server: FakeApiServer, out: Path, state: Path,
          until: Any = None, timeout_s: float = 60.0) -> Bridge:
     """Run a bridge until ``until(bridge)`` (default: it has seen the whole recording)."""
     config = _config(server.url, state)
-    bridge = Bridge(config, ApiClient(connection(config)), JsonlSink(out),
+    bridge = Bridge(config, ApiClient(connection(config)), FileSink(out),
                     clock=lambda: OBSERVED)
     final = server.final_versions()
     done = until or (lambda b: b.versions == final)

@@ -10,28 +10,29 @@
   the list is diffed against what was already emitted (:meth:`Translator.relist`):
   changes missed during the gap are emitted once, nothing is repeated, objects missing
   from the list count as deleted.
-- After each batch the sink makes the records durable, then the state (translator state
-  and resourceVersions) is written atomically to ``state_file``.
+- Hand-over is exactly once, with the shared protocol of the bridges
+  (:mod:`gpuledger.bridges.state`, :mod:`gpuledger.bridges.output`): the state file
+  first records the batch and the sink's position together with the new translator
+  state and resourceVersions, then the sink takes the batch, then the outbox is
+  cleared; after a crash the bridge completes an interrupted batch before anything else.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from gpuledger.bridges.kubernetes.api import ApiClient, ApiError, Gone
 from gpuledger.bridges.kubernetes.config import BridgeConfig
-from gpuledger.bridges.kubernetes.sink import Sink
 from gpuledger.bridges.kubernetes.translate import Record, Translator
+from gpuledger.bridges.output import Sink
+from gpuledger.bridges.state import load_state, save_state
 
 log = logging.getLogger("gpuledger.bridges.kubernetes")
 
@@ -57,26 +58,6 @@ class Stats:
         counter[resource] = counter.get(resource, 0) + 1
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    state: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"{path}: state version {state.get('version')} is not "
-                         f"{STATE_VERSION}")
-    return state
-
-
-def save_state(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(state, f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Bridge:
     """Kubernetes/Kueue → contract records, into a sink."""
 
@@ -86,6 +67,9 @@ class Bridge:
         self.client = client
         self.sink = sink
         saved = load_state(config.state_file)
+        if saved and saved.get("version") != STATE_VERSION:
+            raise ValueError(f"{config.state_file}: not a Kubernetes bridge state file "
+                             f"(version {saved.get('version')!r})")
         self.versions: dict[str, str] = dict(saved.get("resource_versions") or {})
         self.translator = Translator(config.mapping, config.options,
                                      clock or (lambda: datetime.now(UTC)),
@@ -94,6 +78,11 @@ class Bridge:
         self.resources = [r for r in PATHS if r != "workloads" or config.options.kueue]
         self._stop = threading.Event()
         self._last_save = 0.0
+        outbox = saved.get("outbox")
+        if outbox:
+            sink.complete(int(outbox["position"]), outbox["records"])
+            log.info("completed an interrupted batch of %d records", len(outbox["records"]))
+            self._save()
 
     # -- one pass ----------------------------------------------------------------------
 
@@ -203,14 +192,18 @@ class Bridge:
 
     def _emit(self, records: list[Record], force_save: bool) -> None:
         if records:
-            self.sink.write(records)
+            position = self.sink.position()
+            self._save({"position": position, "records": records})
+            self.sink.complete(position, records)
             self.stats.records += len(records)
-        now = time.monotonic()
-        if records or force_save or now - self._last_save > 5.0:
             self._save()
+            self.sink.flush()
+        elif force_save or time.monotonic() - self._last_save > 5.0:
+            self._save()
+            self.sink.flush()
 
-    def _save(self) -> None:
+    def _save(self, outbox: dict[str, Any] | None = None) -> None:
         save_state(self.config.state_file, {
             "version": STATE_VERSION, "resource_versions": self.versions,
-            "translator": self.translator.state})
+            "translator": self.translator.state, "outbox": outbox})
         self._last_save = time.monotonic()

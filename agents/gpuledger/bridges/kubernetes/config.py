@@ -1,5 +1,9 @@
 """The Kubernetes bridge's configuration file, validated with errors naming the key.
 
+One YAML file holds the ``kubernetes:`` section and the shared ``mapping:`` section
+(``docs/mapping.md``); a file with only mapping keys is read as a mapping. The state
+file and the spool are command-line options (``gpuledger bridge kubernetes --help``).
+
 ```yaml
 kubernetes:
   server: https://10.0.0.1:6443        # default: in-cluster, else the kubeconfig's
@@ -17,8 +21,6 @@ kubernetes:
   watch_timeout_s: 300
   read_timeout_s: 90
   request_timeout_s: 30
-state_file: /var/lib/gpuledger/kubernetes-bridge.json
-spool_dir: /var/lib/gpuledger/kubernetes-spool      # with --kafka
 mapping: {...}                          # docs/mapping.md
 ```
 """
@@ -42,7 +44,9 @@ from gpuledger.bridges.kubernetes.translate import (
 from gpuledger.bridges.mapping import Mapping, MappingError, parse_mapping
 
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-_TOP = ("kubernetes", "state_file", "spool_dir", "mapping")
+_TOP = ("kubernetes", "mapping")
+_MAPPING_KEYS = ("teams", "pools", "queues", "priorities", "job_types", "card_types",
+                 "preemptible")
 _KUBE = ("server", "kubeconfig", "context", "token_file", "ca_file",
          "insecure_skip_tls_verify", "kueue", "label_selector", "gpu_index_annotation",
          "node_labels", "unschedulable_taints", "default_pool", "watch_timeout_s",
@@ -65,8 +69,7 @@ class BridgeConfig:
     watch_timeout_s: float = 300.0
     read_timeout_s: float = 90.0
     request_timeout_s: float = 30.0
-    state_file: Path = Path("gpuledger-kubernetes-state.json")
-    spool_dir: Path = Path("gpuledger-kubernetes-spool")
+    state_file: Path = Path("gpuledger-kubernetes-bridge.state")
     options: Options = field(default_factory=Options)
     mapping: Mapping = field(default_factory=Mapping)
 
@@ -121,6 +124,9 @@ def _strings(where: str, value: Any, default: tuple[str, ...]) -> tuple[str, ...
 
 def parse_config(raw: Any, where: str = "config") -> BridgeConfig:
     """Build a :class:`BridgeConfig` from parsed YAML."""
+    if isinstance(raw, dict) and raw and not set(raw) & set(_TOP) \
+            and set(raw) <= set(_MAPPING_KEYS):
+        raw = {"mapping": raw}  # a plain mapping file
     top = _check(raw, where, _TOP)
     kube = _check(top.get("kubernetes"), f"{where}.kubernetes", _KUBE)
     k = f"{where}.kubernetes"
@@ -142,11 +148,6 @@ def parse_config(raw: Any, where: str = "config") -> BridgeConfig:
                                       DEFAULT_UNSCHEDULABLE_TAINTS),
         default_pool=_str(f"{k}.default_pool", kube.get("default_pool")) or "default",
     )
-    kw: dict[str, Any] = {}
-    for name in ("state_file", "spool_dir"):
-        value = _path(f"{where}.{name}", top.get(name))
-        if value is not None:
-            kw[name] = value
     return BridgeConfig(
         server=server,
         kubeconfig=_path(f"{k}.kubeconfig", kube.get("kubeconfig")),
@@ -160,7 +161,7 @@ def parse_config(raw: Any, where: str = "config") -> BridgeConfig:
         read_timeout_s=_seconds(f"{k}.read_timeout_s", kube.get("read_timeout_s"), 90.0),
         request_timeout_s=_seconds(f"{k}.request_timeout_s", kube.get("request_timeout_s"),
                                    30.0),
-        options=options, mapping=mapping, **kw)
+        options=options, mapping=mapping)
 
 
 def load_config(path: Path | None) -> BridgeConfig:
