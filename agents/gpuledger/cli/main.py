@@ -290,6 +290,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 # ``gpuledger --help`` and the agent work on the lean base install.
 COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.pipeline.dashboards.command",
+                                    "gpuledger.pipeline.livefeed.command",
                                     "gpuledger.cli.bridge_command",
                                     "gpuledger.cli.agent_command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
