@@ -118,8 +118,10 @@ class Bridge:
     def stop(self) -> None:
         self._stop.set()
 
-    def run(self, idle: Callable[[], None] | None = None) -> None:
-        """Watch until :meth:`stop`; ``idle`` is called when nothing is pending."""
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Watch until :meth:`stop` (or until ``stop`` is set)."""
+        if stop is not None:
+            self._stop = stop
         for resource in list(self.resources):
             if resource not in self.versions:
                 self._emit(self._list(resource), force_save=True)
@@ -134,8 +136,6 @@ class Bridge:
                     item = inbox.get(timeout=0.2)
                 except queue.Empty:
                     self._emit([], force_save=False)
-                    if idle is not None:
-                        idle()
                     continue
                 self._emit(self._handle(item), force_save=False)
         finally:

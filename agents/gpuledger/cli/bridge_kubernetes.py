@@ -1,0 +1,77 @@
+"""``gpuledger bridge kubernetes``: the Kubernetes/Kueue bridge (docs/kubernetes.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from gpuledger.cli.errors import CliError
+
+
+def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
+    from gpuledger.bridges.kubernetes.api import ApiClient, ApiError
+    from gpuledger.bridges.kubernetes.bridge import Bridge
+    from gpuledger.bridges.kubernetes.config import ConfigError, connection, load_config
+    from gpuledger.bridges.state import StateError
+
+    helpers._logging(args.quiet)
+    try:
+        config = replace(load_config(args.config), state_file=args.state)
+        client = ApiClient(connection(config), request_timeout_s=config.request_timeout_s)
+    except (ConfigError, ValueError) as exc:
+        raise CliError(f"config: {exc}") from None
+    sink = helpers.open_sink(args)
+    try:
+        bridge = Bridge(config, client, sink)
+    except (StateError, ValueError) as exc:
+        raise CliError(f"state: {exc}") from None
+    try:
+        if args.once:
+            bridge.sync()
+        else:
+            bridge.run(helpers.stop_on_signals())
+    except (OSError, ApiError) as exc:
+        raise CliError(f"cannot read the Kubernetes API at {client.connection.server}: "
+                       f"{exc}") from None
+    finally:
+        sink.close()
+    s = bridge.stats
+    print(f"kubernetes bridge: {s.records} records; lists {s.lists}, relists after 410 "
+          f"{s.relists}, resumed watches {s.resumes}, watch events {s.events}",
+          file=sys.stderr)
+    return 0
+
+
+def register(bridges: Any, helpers: Any) -> None:
+    q = bridges.add_parser(
+        "kubernetes", help="watch Pods, Nodes and Kueue Workloads of a Kubernetes cluster",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Watch a Kubernetes cluster and emit contract v1 records (docs/kubernetes.md):
+
+  Nodes with GPUs           → inventory (card type from nvidia.com/gpu.product, GPU count,
+                              memory, pool label; cordon/taints → schedulable; Ready and
+                              allocatable GPUs → health)
+  Kueue Workloads           → jobs kueue/NAMESPACE/NAME: submitted at creation, started at
+                              admission (queue wait = admission − creation) with the GPUs
+                              of their bound pods, preempted/requeued on eviction,
+                              finished/failed at Finished
+  GPU pods of no Workload   → jobs NAMESPACE/POD (requests of nvidia.com/gpu and MIG
+                              resources nvidia.com/mig-*)
+
+Lists, then watches with resourceVersions; resumes cut watches, lists again after
+410 Gone and emits only what it had not emitted. --config FILE holds a `kubernetes:`
+section (server, kubeconfig, token/CA files, kueue, gpu_index_annotation, timeouts) and
+the shared `mapping:` section (docs/mapping.md); without `server` the bridge uses the
+in-cluster service account, or `kubernetes.kubeconfig`. The RBAC it needs is in
+deploy/kubernetes/clusterrole.yaml. --interval is not used: the bridge watches.
+
+examples:
+  gpuledger bridge kubernetes --config k8s.yaml --out events.jsonl --once
+  gpuledger bridge kubernetes --config k8s.yaml --kafka kafka:9092 \\
+      --state /var/lib/gpuledger/k8s.state
+""")
+    helpers.output_options(q, "gpuledger-kubernetes-bridge.state")
+    q.set_defaults(func=lambda args: cmd_bridge_kubernetes(args, helpers))

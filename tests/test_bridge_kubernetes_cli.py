@@ -1,0 +1,68 @@
+"""``gpuledger bridge kubernetes`` against the recorded API server (real HTTP)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from k8s_api_server import FakeApiServer
+
+from gpuledger.cli.main import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kubernetes"
+
+
+def _config(tmp_path: Path, server: str, token_file: Path | None = None) -> Path:
+    kube: dict[str, object] = {"server": server}
+    if token_file is not None:
+        kube["token_file"] = str(token_file)
+    path = tmp_path / "k8s.yaml"
+    path.write_text(yaml.safe_dump({"kubernetes": kube,
+                                    "mapping": {"pools": {"node_label": "gpuledger.io/pool"}}}))
+    return path
+
+
+def test_once_lists_everything_and_a_second_run_adds_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    out, state = tmp_path / "events.jsonl", tmp_path / "k8s.state"
+    with FakeApiServer(FIXTURES, token="abc") as server:
+        args = ["bridge", "kubernetes", "--config", str(_config(tmp_path, server.url, token)),
+                "--out", str(out), "--state", str(state), "--once", "--quiet"]
+        assert main(args) == 0
+        first = out.read_text()
+        assert main(args) == 0
+        assert [r for r, kind, _ in server.requests if kind == "watch"] == []
+    assert out.read_text() == first  # the second run found nothing new
+    records = [json.loads(line) for line in first.splitlines()]
+    listed = {n["metadata"]["name"] for n in
+              json.loads((FIXTURES / "nodes-list.json").read_text())["items"]
+              if "nvidia.com/gpu.count" in n["metadata"]["labels"]}
+    assert {r["node"] for r in records if r["type"] == "inventory"} == listed
+    workloads = json.loads((FIXTURES / "workloads-list.json").read_text())["items"]
+    submitted = {r["job_id"] for r in records if r["type"] == "job"
+                 and r["event"] == "submitted"}
+    assert {f"kueue/{w['metadata']['namespace']}/{w['metadata']['name']}"
+            for w in workloads} <= submitted
+    assert "kubernetes bridge:" in capsys.readouterr().err
+
+
+def test_wrong_token_and_bad_config_are_clear_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text("wrong\n")
+    with FakeApiServer(FIXTURES, token="abc") as server:
+        code = main(["bridge", "kubernetes", "--config", str(_config(tmp_path, server.url, token)),
+                     "--out", str(tmp_path / "o.jsonl"), "--state", str(tmp_path / "s"),
+                     "--once", "--quiet"])
+    assert code == 2
+    assert "HTTP 401" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kubernetes:\n  server: https://x\n  watch_timeout: 3\n")
+    code = main(["bridge", "kubernetes", "--config", str(bad), "--out", str(tmp_path / "o"),
+                 "--once"])
+    assert code == 2
+    assert "kubernetes.watch_timeout: unknown key" in capsys.readouterr().err
