@@ -22,7 +22,7 @@ from typing import Any
 from gpuledger.cli.errors import CliError
 
 # Modules of further bridges (``register(bridges, helpers)``), e.g. the Kubernetes one.
-BRIDGE_MODULES: tuple[str, ...] = ()
+BRIDGE_MODULES: tuple[str, ...] = ("gpuledger.cli.bridge_kubernetes",)
 
 
 def _positive_float(name: str) -> Any:
