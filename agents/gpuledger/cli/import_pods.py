@@ -1,0 +1,126 @@
+"""``gpuledger import pods FILE``: a CSV pod list as job history (docs/import.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from gpuledger.cli.errors import CliError
+
+FILE_KEYS = ("columns", "mapping")
+
+
+def _mapping_file(path: Path | None) -> tuple[dict[str, str], Any]:
+    """The ``columns:`` and ``mapping:`` sections of ``--mapping FILE``."""
+    import yaml
+
+    from gpuledger.bridges.mapping import Mapping, MappingError, parse_mapping
+    from gpuledger.pipeline.importers.pods import FIELDS
+
+    if path is None:
+        return {}, Mapping()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise CliError(f"--mapping: cannot read {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CliError(f"{path}: expected a mapping with columns: and/or mapping:")
+    if not set(raw) & set(FILE_KEYS):
+        raw = {"mapping": raw}  # a plain shared mapping file
+    for key in raw:
+        if key not in FILE_KEYS:
+            raise CliError(f"{path}: {key}: unknown key (known: {', '.join(FILE_KEYS)})")
+    columns = raw.get("columns") or {}
+    if not isinstance(columns, dict):
+        raise CliError(f"{path}: columns: expected FIELD: COLUMN pairs")
+    for name, column in columns.items():
+        if name not in FIELDS:
+            raise CliError(f"{path}: columns.{name}: unknown field "
+                           f"(fields: {', '.join(FIELDS)})")
+        if not isinstance(column, str) or not column:
+            raise CliError(f"{path}: columns.{name}: expected a column name, got {column!r}")
+    try:
+        mapping = parse_mapping(raw.get("mapping"), f"{path}: mapping")
+    except MappingError as exc:
+        raise CliError(str(exc)) from None
+    return dict(columns), mapping
+
+
+def cmd_import_pods(args: argparse.Namespace) -> int:
+    from gpuledger.cli.main import _need_pipeline, _proc_config, _progress
+
+    _need_pipeline()
+    from gpuledger.pipeline.importers.pods import PodsImportError, load_pods, parse_columns
+    from gpuledger.pipeline.ingest import feed_in_time_order
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.validate import validate
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    for path in (args.file, args.nodes):
+        if path is not None and not path.is_file():
+            raise CliError(f"{path}: no such file")
+    base, mapping = _mapping_file(args.mapping)
+    try:
+        columns = parse_columns(args.columns, base)
+        imported = load_pods(args.file, columns=columns, mapping=mapping, nodes_csv=args.nodes)
+    except PodsImportError as exc:
+        raise CliError(str(exc)) from None
+    processor = Processor(_proc_config(args), Warehouse(args.warehouse))
+    frames: dict[str, Any] = {}
+    rejected = 0
+    for kind, frame in imported.frames.items():
+        good, bad = validate(frame, kind)  # type: ignore[arg-type]
+        processor.add_rejects(bad)
+        rejected += bad.height
+        frames[kind] = good
+    update, stop = _progress("importing pods", not args.quiet)
+    try:
+        feed_in_time_order(processor, frames, update)  # type: ignore[arg-type]
+    finally:
+        stop()
+    print(f"pods: {imported.rows:,} rows, {imported.imported:,} imported into "
+          f"{args.warehouse}/, {imported.cpu_only:,} CPU-only skipped, "
+          f"{len(imported.bad_rows):,} bad row(s); {len(imported.unplaced):,} could not be "
+          "placed" + (f" (e.g. {', '.join(imported.unplaced[:5])})" if imported.unplaced
+                      else "")
+          + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
+    for row, reason in imported.bad_rows[:args.show_bad]:
+        print(f"{args.file}:{row}: {reason}")
+    if len(imported.bad_rows) > args.show_bad:
+        print(f"... and {len(imported.bad_rows) - args.show_bad:,} more bad rows")
+    return 0
+
+
+def register(formats: Any, common: Any) -> None:
+    q = formats.add_parser(
+        "pods", help="a CSV pod list (any scheduler) with a column mapping",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Import a CSV pod list: one row per pod with its creation, scheduling and deletion
+times (ISO 8601 or epoch seconds) and GPU count; optional node and GPU indices,
+namespace, team, queue, priority, job type, card type, status. Pods without a
+placement are placed by the documented best-fit policy (docs/import.md) over the
+nodes of --nodes; pods that fit nowhere are reported. Facts come out as for live data.
+
+Columns are found by field name; map others with --columns or a columns: section:
+  fields: name, created, gpus (required); scheduled, deleted, gpu_milli, node,
+  gpu_indices, namespace, team, user, queue, pool, priority, job_type, card_type, status
+
+examples:
+  gpuledger import pods pods.csv --nodes nodes.csv
+  gpuledger import pods export.csv --columns name=pod,created=creationTimestamp,gpus=gpu
+""")
+    q.add_argument("file", type=Path, metavar="FILE", help="the pod list (CSV with a header)")
+    q.add_argument("--columns", default=None, metavar="FIELD=COLUMN,...",
+                   help="which CSV column holds which field (default: the field's name)")
+    q.add_argument("--mapping", type=Path, default=None, metavar="FILE",
+                   help="YAML with columns: (FIELD: COLUMN) and/or mapping: (namespace → "
+                   "team, queue names, priorities, job types, card types; docs/mapping.md)")
+    q.add_argument("--nodes", type=Path, default=None, metavar="FILE",
+                   help="node list CSV: node,gpus[,card_type,pool,gpu_mem_mib] (needed to "
+                   "place pods that have no node)")
+    q.add_argument("--show-bad", type=int, default=20, metavar="N",
+                   help="print at most N bad rows (default 20)")
+    common(q)
+    q.set_defaults(func=cmd_import_pods)

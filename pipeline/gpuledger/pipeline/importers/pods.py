@@ -1,0 +1,322 @@
+"""Import a CSV pod list (exported from Kubernetes or any scheduler) as job history.
+
+One row per pod. Columns are mapped to gpuledger's fields by name (``--columns
+name=pod_name,created=creation_time`` and/or a ``columns:`` section in the mapping
+file); a field's default column is its own name. Fields (``docs/import.md``):
+
+| field | required | meaning |
+|---|---|---|
+| ``name`` | yes | pod (job) id |
+| ``created`` | yes | creation time: ISO 8601 (no offset = UTC) or epoch seconds |
+| ``gpus`` | yes | GPUs requested; below 1 = a share of one GPU (0.25) |
+| ``scheduled`` | no | when it started; empty = never scheduled |
+| ``deleted`` | no | when it ended; empty = still running at the end of the list |
+| ``gpu_milli`` | no | thousandths of each GPU used (openb style; < 1000 = shared GPU) |
+| ``node`` | no | node it ran on |
+| ``gpu_indices`` | no | GPU indices on that node: ``0,1`` / ``0;1`` / ``[0, 1]`` |
+| ``namespace`` | no | namespace (→ team through the mapping) |
+| ``team``, ``user``, ``queue``, ``pool`` | no | as in the contract (mapped) |
+| ``priority``, ``job_type``, ``card_type`` | no | as in the contract (mapped) |
+| ``status`` | no | final phase; ``Failed``/``failed``/``error`` → ``failed`` |
+
+Events: ``submitted`` at ``created``; ``started`` at ``scheduled`` with the placement;
+at ``deleted``: ``failed`` (status failed, or unplaced), ``cancelled`` (never
+scheduled), else ``finished``. Rows without a name, a creation time or a GPU count,
+or with unreadable values, are reported by row number and skipped; ``gpus = 0`` rows
+are CPU-only and skipped.
+
+Placement: a pod with a node and indices is placed there; with a node only, on that
+node's lowest free indices (best fit for a share); with neither, by the best-fit policy
+of :mod:`gpuledger.bridges.placement` (the openb importer's) over the nodes of
+``--nodes`` (CSV ``node,gpus[,card_type,pool,gpu_mem_mib]``), in event-time order with
+releases first. A pod that fits nowhere is reported and ends ``failed`` (reason
+``unplaced by importer``) at its deletion, so that its queue time still counts.
+Without ``--nodes``, inventory is made for the nodes the list names (GPU count = the
+highest index used + 1, or the most GPUs held at once).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from gpuledger.bridges.mapping import Mapping
+from gpuledger.bridges.placement import Placer, Slot
+from gpuledger.contract.schema import JOB_TYPES
+from gpuledger.pipeline.columns import conform
+
+FIELDS = ("name", "created", "gpus", "scheduled", "deleted", "gpu_milli", "node",
+          "gpu_indices", "namespace", "team", "user", "queue", "pool", "priority",
+          "job_type", "card_type", "status")
+REQUIRED = ("name", "created", "gpus")
+FAILED = ("failed", "error", "oomkilled", "evicted")
+DEFAULT_POOL = "default"
+DEFAULT_CARD = "unknown"
+
+
+class PodsImportError(ValueError):
+    """The file or the column mapping is unusable (not a bad row: those are reported)."""
+
+
+@dataclass
+class PodsImport:
+    """The events of an import and what could not be imported."""
+
+    frames: dict[str, pl.DataFrame]
+    rows: int = 0
+    imported: int = 0
+    cpu_only: int = 0
+    unplaced: list[str] = field(default_factory=list)
+    bad_rows: list[tuple[int, str]] = field(default_factory=list)
+
+
+def parse_columns(text: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``field=column,...`` on top of ``base``; an unknown field is an error naming it."""
+    columns = dict(base or {})
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, sep, column = part.partition("=")
+        name, column = name.strip(), column.strip()
+        if not sep or not column:
+            raise PodsImportError(f"--columns: {part.strip()!r} is not FIELD=COLUMN")
+        if name not in FIELDS:
+            raise PodsImportError(f"--columns: unknown field {name!r} "
+                                  f"(fields: {', '.join(FIELDS)})")
+        columns[name] = column
+    return columns
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 (no offset: UTC) or epoch seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        return t if t.tzinfo else t.replace(tzinfo=UTC)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a time")
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _indices(text: str) -> list[int]:
+    return [int(x) for x in re.split(r"[,;\s]+", text.strip().strip("[]")) if x]
+
+
+@dataclass
+class _Pod:
+    row: int
+    name: str
+    created: datetime
+    gpus: int
+    share: float
+    scheduled: datetime | None
+    deleted: datetime | None
+    node: str | None
+    indices: list[int] | None
+    failed: bool
+    attrs: dict[str, Any]
+
+
+def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or not {"node", "gpus"} <= set(reader.fieldnames):
+            raise PodsImportError(f"{path}: needs the columns node and gpus")
+        nodes = []
+        for n, row in enumerate(reader, start=2):
+            try:
+                gpus = int(row["gpus"])
+                mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
+            except ValueError as exc:
+                raise PodsImportError(f"{path}:{n}: {exc}") from None
+            card = mapping.card_type(row.get("card_type") or None) or DEFAULT_CARD
+            nodes.append({"node": row["node"], "gpu_count": gpus, "card_type": card,
+                          "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
+                          "gpu_mem_mib": mem if mem is not None
+                          else mapping.card_memory(card) or 0.0})
+        return nodes
+
+
+def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
+               result: PodsImport) -> list[_Pod]:
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        header = set(reader.fieldnames or [])
+        wanted = {name: columns.get(name, name) for name in FIELDS}
+        for name, column in columns.items():
+            if column not in header:
+                raise PodsImportError(f"column {column!r} (for {name}) is not in {path} "
+                                      f"(columns: {', '.join(sorted(header))})")
+        for name in REQUIRED:
+            if wanted[name] not in header:
+                raise PodsImportError(f"{path} has no column {wanted[name]!r} for the "
+                                      f"required field {name} (map it with --columns "
+                                      f"{name}=COLUMN)")
+        pods: list[_Pod] = []
+        for n, raw in enumerate(reader, start=2):
+            result.rows += 1
+            row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
+            try:
+                pod = _pod(n, row, mapping)
+            except ValueError as exc:
+                result.bad_rows.append((n, str(exc)))
+                continue
+            if pod is None:
+                result.cpu_only += 1
+                continue
+            pods.append(pod)
+        return pods
+
+
+def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
+    for name in REQUIRED:
+        if not row.get(name):
+            raise ValueError(f"{name}: empty")
+
+    def when(name: str) -> datetime | None:
+        if not row.get(name):
+            return None
+        try:
+            return parse_time(row[name])
+        except ValueError:
+            raise ValueError(f"{name}: {row[name]!r} is neither ISO 8601 nor epoch "
+                             "seconds") from None
+
+    try:
+        gpus_f = float(row["gpus"])
+        milli = float(row["gpu_milli"]) if row.get("gpu_milli") else 1000.0
+        priority = int(row["priority"]) if row.get("priority") else None
+        indices = _indices(row["gpu_indices"]) if row.get("gpu_indices") else None
+    except ValueError as exc:
+        raise ValueError(f"not a number: {exc}") from None
+    if gpus_f < 0 or not math.isfinite(gpus_f) or not 0 < milli <= 1000:
+        raise ValueError("gpus must be ≥ 0 and gpu_milli in (0, 1000]")
+    if gpus_f == 0:
+        return None
+    if gpus_f < 1:
+        gpus, share = 1, gpus_f
+    else:
+        if gpus_f != int(gpus_f):
+            raise ValueError(f"gpus: {row['gpus']!r} is above 1 and not whole")
+        gpus, share = int(gpus_f), milli / 1000.0
+    created, scheduled, deleted = when("created"), when("scheduled"), when("deleted")
+    assert created is not None
+    if scheduled is not None and scheduled < created:
+        raise ValueError("scheduled is before created")
+    if deleted is not None and deleted < (scheduled or created):
+        raise ValueError("deleted is before scheduled/created")
+    if indices is not None and (not row.get("node") or len(indices) != gpus):
+        raise ValueError("gpu_indices need a node and one index per GPU")
+    ns = row.get("namespace") or None
+    queue = row.get("queue") or None
+    job_type = row.get("job_type") or mapping.job_type(name=row["name"], namespace=ns,
+                                                       queue=queue)
+    if job_type is not None and job_type not in JOB_TYPES:
+        raise ValueError(f"job_type: {job_type!r} is not one of {', '.join(JOB_TYPES)}")
+    attrs = {
+        "team": row.get("team") or mapping.team(namespace=ns),
+        "user": row.get("user") or None,
+        "queue": mapping.queue(local_queue=queue),
+        "pool": row.get("pool") or mapping.pool_default,
+        "priority": mapping.priority(native=priority),
+        "job_type": job_type,
+        "gpus": gpus,
+        "card_type": mapping.card_type(row.get("card_type") or None),
+    }
+    return _Pod(n, row["name"], created, gpus, share, scheduled, deleted,
+                row.get("node") or None, indices,
+                row.get("status", "").lower() in FAILED, attrs)
+
+
+def _place(pods: list[_Pod], placer: Placer, strict_nodes: bool) -> dict[str, list[Slot]]:
+    """Placements in event-time order, releases first at equal times."""
+    timeline: list[tuple[datetime, int, str, _Pod]] = []
+    for pod in pods:
+        if pod.scheduled is not None:
+            timeline.append((pod.scheduled, 1, pod.name, pod))
+            if pod.deleted is not None:
+                timeline.append((pod.deleted, 0, pod.name, pod))
+    timeline.sort(key=lambda e: (e[0], e[1], e[2]))
+    placed: dict[str, list[Slot]] = {}
+    for _t, kind, name, pod in timeline:
+        if kind == 0:
+            placer.release(placed.get(name, []))
+            continue
+        slots: list[Slot] | None
+        if pod.node is not None and pod.indices is not None:
+            slots = [(pod.node, i, pod.share) for i in pod.indices]
+            placer.take(slots)
+        elif pod.node is not None:
+            slots = placer.place_on(pod.node, pod.gpus, pod.share, grow=not strict_nodes)
+        else:
+            slots = placer.place(pod.gpus, pod.share)
+        if slots:
+            placed[name] = slots
+    return placed
+
+
+def load_pods(pods_csv: Path, *, columns: dict[str, str] | None = None,
+              mapping: Mapping | None = None, nodes_csv: Path | None = None) -> PodsImport:
+    """Read a pod list and turn it into inventory and job event frames."""
+    mapping = mapping or Mapping()
+    result = PodsImport({})
+    pods = _read_pods(pods_csv, columns or {}, mapping, result)
+    twice = [n for n, k in Counter(p.name for p in pods).items() if k > 1]
+    if twice:
+        raise PodsImportError(f"{pods_csv}: pod {twice[0]!r} appears twice; names must be "
+                              "unique")
+    nodes = _read_nodes(nodes_csv, mapping) if nodes_csv else []
+    placer = Placer({n["node"]: n["gpu_count"] for n in nodes})
+    if not nodes and any(p.node is None and p.scheduled is not None for p in pods):
+        raise PodsImportError("pods without a node need --nodes (node,gpus CSV) to be "
+                              "placed")
+    placed = _place(pods, placer, strict_nodes=bool(nodes))
+    if not nodes:
+        width: dict[str, int] = {}
+        for slots in placed.values():
+            for node, index, _ in slots:
+                width[node] = max(width.get(node, 0), index + 1)
+        nodes = [{"node": node, "gpu_count": count, "card_type": DEFAULT_CARD,
+                  "pool": mapping.pool_default or DEFAULT_POOL, "gpu_mem_mib": 0.0}
+                 for node, count in sorted(width.items())]
+    first = min((p.created for p in pods), default=datetime(2026, 1, 1, tzinfo=UTC))
+    inventory = pl.DataFrame([{**n, "time": first} for n in nodes]) if nodes \
+        else pl.DataFrame({"time": []})
+    rows: list[dict[str, Any]] = []
+    for pod in pods:
+        result.imported += 1
+        rows.append({"time": pod.created, "event": "submitted", "job_id": pod.name,
+                     **pod.attrs})
+        got = placed.get(pod.name)
+        if pod.scheduled is not None and got:
+            rows.append({"time": pod.scheduled, "event": "started", "job_id": pod.name,
+                         "allocation": [{"node": n, "gpu_index": i, "gpu_uuid": None,
+                                         "fraction": f} for n, i, f in got]})
+            end, reason = ("failed" if pod.failed else "finished"), None
+        elif pod.scheduled is not None:
+            result.unplaced.append(pod.name)
+            end, reason = "failed", "unplaced by importer"
+        else:
+            end, reason = "cancelled", "never scheduled"
+        if pod.deleted is not None:
+            rows.append({"time": pod.deleted, "event": end, "job_id": pod.name,
+                         "reason": reason})
+    jobs = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame(
+        {"time": [], "event": [], "job_id": []})
+    jobs = jobs.with_columns(pl.lit(1).alias("v"), pl.lit("job").alias("type"))
+    if not inventory.is_empty():
+        inventory = inventory.with_columns(
+            pl.lit(1).alias("v"), pl.lit("inventory").alias("type"),
+            pl.lit(True).alias("schedulable"), pl.lit("ok").alias("health"))
+    result.frames = {"inventory": conform(inventory, "inventory"), "job": conform(jobs, "job")}
+    return result

@@ -1,0 +1,195 @@
+"""``gpuledger import pods``: a CSV pod list through the processor; expected numbers are
+computed here from the CSV the test writes (queue wait per pod, GPUs allocated per
+minute), placement and what could not be placed."""
+
+from __future__ import annotations
+
+import csv
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+from gpuledger.pipeline.importers.pods import PodsImportError, load_pods, parse_columns
+
+T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+# the export names its columns its own way; the test maps them with --columns
+COLUMNS = {"name": "pod", "created": "creationTimestamp", "scheduled": "startTime",
+           "deleted": "deletionTimestamp", "gpus": "gpu", "node": "nodeName",
+           "gpu_indices": "gpuIDs", "namespace": "ns", "status": "phase"}
+
+
+def _time(t: datetime | None, rng: random.Random) -> str:
+    """ISO with Z, ISO without offset (UTC), or epoch seconds, at random."""
+    if t is None:
+        return ""
+    form = rng.randrange(3)
+    if form == 0:
+        return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if form == 1:
+        return t.strftime("%Y-%m-%dT%H:%M:%S")
+    return str(int(t.timestamp()))
+
+
+def _write(folder: Path, seed: int = 11) -> tuple[Path, Path, list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    pods: list[dict[str, Any]] = []
+    for n in range(60):
+        created = T0 + timedelta(seconds=rng.randrange(0, 3 * 3600))
+        scheduled = created + timedelta(seconds=rng.randrange(0, 1800)) \
+            if rng.random() > 0.1 else None
+        deleted = (scheduled or created) + timedelta(seconds=rng.randrange(120, 3000))
+        pods.append({"pod": f"job-{n:03d}", "created": created, "scheduled": scheduled,
+                     "deleted": deleted, "gpu": rng.choice([1, 1, 2, 4, 0.5]),
+                     "node": "", "ids": "", "ns": rng.choice(["vision", "nlp"]),
+                     "phase": rng.choice(["Succeeded", "Failed"])})
+    # pinned pods: node and indices given (one after the other on pinned-1)
+    for n in range(4):
+        start = T0 + timedelta(minutes=20 + 30 * n)
+        pods.append({"pod": f"pinned-{n}", "created": start - timedelta(minutes=3),
+                     "scheduled": start, "deleted": start + timedelta(minutes=25),
+                     "gpu": 2, "node": "pinned-1", "ids": f"{2 * n};{2 * n + 1}", "ns": "nlp",
+                     "phase": "Succeeded"})
+    # a node but no indices; and one that no node can hold
+    pods.append({"pod": "on-node", "created": T0, "scheduled": T0 + timedelta(minutes=5),
+                 "deleted": T0 + timedelta(minutes=50), "gpu": 4, "node": "gpu-2", "ids": "",
+                 "ns": "vision", "phase": "Succeeded"})
+    pods.append({"pod": "too-big", "created": T0 + timedelta(minutes=1),
+                 "scheduled": T0 + timedelta(minutes=2), "deleted": T0 + timedelta(minutes=9),
+                 "gpu": 16, "node": "", "ids": "", "ns": "nlp", "phase": "Failed"})
+    path = folder / "pods.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["pod", "ns", "creationTimestamp", "startTime", "deletionTimestamp",
+                    "gpu", "nodeName", "gpuIDs", "phase"])
+        for p in pods:
+            w.writerow([p["pod"], p["ns"], _time(p["created"], rng),
+                        _time(p["scheduled"], rng), _time(p["deleted"], rng), p["gpu"],
+                        p["node"], p["ids"], p["phase"]])
+        w.writerow(["cpu-only", "nlp", _time(T0, rng), "", "", 0, "", "", ""])
+        w.writerow(["broken", "nlp", "yesterday", "", "", 1, "", "", ""])
+    nodes = folder / "nodes.csv"
+    nodes.write_text("node,gpus,card_type,pool\n"
+                     + "".join(f"gpu-{i},8,h100,train\n" for i in range(1, 9))
+                     + "pinned-1,8,h100,train\n")
+    return path, nodes, pods
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    folder = tmp_path_factory.mktemp("pods")
+    path, nodes, pods = _write(folder)
+    columns = ",".join(f"{k}={v}" for k, v in COLUMNS.items())
+    code = main(["import", "pods", str(path), "--columns", columns, "--nodes", str(nodes),
+                 "--quiet", "--warehouse", str(folder / "wh")])
+    assert code == 0
+    return folder / "wh", pods
+
+
+def test_queue_wait_per_pod_is_start_minus_creation(imported: Any) -> None:
+    warehouse, pods = imported
+    expected = {p["pod"]: (p["scheduled"] - p["created"]).total_seconds()
+                for p in pods if p["scheduled"] is not None and p["gpu"] <= 8}
+    _, rows = query.run(warehouse, "SELECT job_id, queue_wait_s FROM attempts "
+                                   "WHERE started_at IS NOT NULL")
+    assert dict(rows) == expected
+    _, rows = query.run(warehouse, "SELECT job_id, end_event FROM attempts WHERE started_at "
+                                   "IS NULL AND ended_at IS NOT NULL")
+    never = {p["pod"] for p in pods if p["scheduled"] is None}
+    assert dict(rows) == {**dict.fromkeys(never, "cancelled"), "too-big": "failed"}
+
+
+def test_allocated_gpus_over_time(imported: Any) -> None:
+    warehouse, pods = imported
+    placed = [p for p in pods if p["scheduled"] is not None and p["gpu"] <= 8]
+    lo = min(p["scheduled"] for p in placed).replace(second=0)
+    hi = max(p["deleted"] for p in placed)
+    expected: dict[datetime, float] = {}
+    minute = lo
+    while minute < hi:  # a minute counts when its middle lies in [scheduled, deleted)
+        mid = minute + timedelta(seconds=30)
+        total = sum(p["gpu"] for p in placed if p["scheduled"] <= mid < p["deleted"])
+        if total:
+            expected[minute] = total
+        minute += timedelta(minutes=1)
+    _, rows = query.run(warehouse, "SELECT minute, sum(alloc_fraction) FROM gpu_minute "
+                                   "WHERE allocated GROUP BY minute")
+    got = {m.astimezone(UTC): g for m, g in rows}
+    assert set(got) == set(expected)
+    for m, g in expected.items():
+        assert got[m] == pytest.approx(g), m
+
+
+def test_placement_keeps_given_indices_and_nodes(imported: Any) -> None:
+    warehouse, pods = imported
+    _, rows = query.run(warehouse, "SELECT job_id, node, gpu_index FROM job_gpu "
+                                   "WHERE job_id LIKE 'pinned-%' OR job_id = 'on-node'")
+    got: dict[str, set[tuple[str, int]]] = {}
+    for job, node, index in rows:
+        got.setdefault(job, set()).add((node, index))
+    for p in pods:
+        if p["ids"]:
+            assert got[p["pod"]] == {(p["node"], int(i)) for i in p["ids"].split(";")}
+    assert {n for n, _ in got["on-node"]} == {"gpu-2"} and len(got["on-node"]) == 4
+
+
+def test_report_of_what_was_not_imported(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path, nodes, pods = _write(tmp_path)
+    result = load_pods(path, columns=parse_columns(",".join(f"{k}={v}" for k, v in
+                                                           COLUMNS.items())),
+                       nodes_csv=nodes)
+    assert result.unplaced == [p["pod"] for p in pods if p["gpu"] > 8]
+    assert result.cpu_only == 1 and result.rows == len(pods) + 2
+    assert [row for row, _ in result.bad_rows] == [len(pods) + 3]  # header is row 1
+    assert "created" in result.bad_rows[0][1]
+    code = main(["import", "pods", str(path), "--columns",
+                 ",".join(f"{k}={v}" for k, v in COLUMNS.items()), "--nodes", str(nodes),
+                 "--quiet", "--warehouse", str(tmp_path / "wh")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "1 could not be placed (e.g. too-big)" in out and "1 bad row(s)" in out
+    assert f"pods.csv:{len(pods) + 3}: created" in out
+
+
+def test_column_mapping_from_a_file_and_errors_that_name_the_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, nodes, _ = _write(tmp_path)
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text(yaml.safe_dump({"columns": COLUMNS,
+                                       "mapping": {"teams": {"namespaces": {"nlp": "lang"}}}}))
+    assert main(["import", "pods", str(path), "--mapping", str(mapping), "--nodes", str(nodes),
+                 "--quiet", "--warehouse", str(tmp_path / "wh")]) == 0
+    _, rows = query.run(tmp_path / "wh", "SELECT DISTINCT team FROM attempts ORDER BY team")
+    assert [r[0] for r in rows] == ["lang", "vision"]
+    assert main(["import", "pods", str(path), "--columns", "nmae=pod", "--quiet",
+                 "--warehouse", str(tmp_path / "w2")]) == 2
+    assert "unknown field 'nmae'" in capsys.readouterr().err
+    assert main(["import", "pods", str(path), "--quiet", "--warehouse",
+                 str(tmp_path / "w3")]) == 2
+    assert "no column 'name' for the required field name" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("columns:\n  gpus: 3\n")
+    assert main(["import", "pods", str(path), "--mapping", str(bad), "--quiet"]) == 2
+    assert "columns.gpus: expected a column name" in capsys.readouterr().err
+
+
+def test_without_a_node_list_inventory_comes_from_the_placements(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text("name,created,scheduled,deleted,gpus,node,gpu_indices\n"
+                    "a,1767600000,1767600060,1767603600,2,n1,\"3,5\"\n"
+                    "b,2026-01-05T08:00:00Z,2026-01-05T08:10:00Z,,1,n2,0\n")
+    result = load_pods(path)
+    inv = {r["node"]: r["gpu_count"] for r in result.frames["inventory"].iter_rows(named=True)}
+    assert inv == {"n1": 6, "n2": 1}
+    events = result.frames["job"].select("job_id", "event").rows()
+    assert ("b", "finished") not in events and ("a", "finished") in events
+    with pytest.raises(PodsImportError, match="need --nodes"):
+        other = tmp_path / "q.csv"
+        other.write_text("name,created,scheduled,gpus\nx,0,60,1\n")
+        load_pods(other)
