@@ -292,9 +292,10 @@ COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.pipeline.dashboards.command",
                                     "gpuledger.pipeline.livefeed.command",
                                     "gpuledger.cli.bridge_command",
-                                    "gpuledger.cli.agent_command")
+                                    "gpuledger.cli.agent_command",
+                                    "gpuledger.pipeline.alerts.command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
-IMPORT_MODULES: tuple[str, ...] = ()
+IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",)
 
 
 def build_parser() -> argparse.ArgumentParser:
