@@ -1,0 +1,288 @@
+"""The processor's alert engine: fire once after the grace period, hold, resolve with
+hysteresis, no flapping, memory over-sizing, fragmentation blocking; delivery to an
+Alertmanager-shaped webhook (a real local HTTP server) and to the Kafka alerts topic."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from events import alloc, at, frames, inventory, job, series
+
+from gpuledger.pipeline.alerts.engine import AlertEngine
+from gpuledger.pipeline.alerts.model import Alert
+from gpuledger.pipeline.alerts.sinks import KafkaAlertSink, ListSink, WebhookSink, alerts_topic
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
+
+CONFIG = ProcessorConfig()
+A = CONFIG.alerts
+
+
+def ramp(node: str, gpu: int, job_id: str, levels: list[tuple[int, float]],
+         mem: float = 40_000.0) -> list[dict[str, Any]]:
+    """Samples for consecutive spans: [(minutes, activity), ...] from minute 0."""
+    out: list[dict[str, Any]] = []
+    start = 0
+    for minutes, level in levels:
+        out += series(node, gpu, at(start), minutes, sm=level, mem=mem, jobs=[job_id],
+                      seq0=start * 6)
+        start += minutes
+    return out
+
+
+def scenario() -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=8)]
+    # j1: 5 % for an hour, then 50 %: fires after the grace period, resolves on recovery
+    recs += [job("submitted", "j1", at(0), team="nlp", queue="prod"),
+             job("started", "j1", at(0), allocation=alloc("n1", 0)),
+             job("finished", "j1", at(90))]
+    recs += ramp("n1", 0, "j1", [(60, 0.05), (30, 0.5)])
+    # j2: 5 % for 20 min, then 12 % (between 10 % and 15 %): fires once, never flaps,
+    # resolves when the job ends
+    recs += [job("submitted", "j2", at(0), team="cv"),
+             job("started", "j2", at(0), allocation=alloc("n1", 1)),
+             job("finished", "j2", at(80))]
+    recs += ramp("n1", 1, "j2", [(20, 0.05), (60, 0.12)])
+    # j3: 12 % all along (never below 10 %): never fires
+    recs += [job("submitted", "j3", at(0)), job("started", "j3", at(0), allocation=alloc("n1", 2)),
+             job("finished", "j3", at(90))]
+    recs += ramp("n1", 2, "j3", [(90, 0.12)])
+    # j4: idle, but ends inside its grace period: never fires
+    recs += [job("submitted", "j4", at(0)), job("started", "j4", at(0), allocation=alloc("n1", 3)),
+             job("finished", "j4", at(10))]
+    recs += ramp("n1", 3, "j4", [(10, 0.0)])
+    # j5: busy but holds 81,559 MiB and uses 8,000: memory over-sized once it ran 1 h
+    recs += [job("submitted", "j5", at(0)), job("started", "j5", at(0), allocation=alloc("n1", 4)),
+             job("finished", "j5", at(90))]
+    recs += ramp("n1", 4, "j5", [(90, 0.6)], mem=8000.0)
+    # GPUs 5-7 idle without a job, so the node never has telemetry gaps
+    for g in (5, 6, 7):
+        recs += series("n1", g, at(0), 95, sm=0.0, mem=0.0)
+    return recs
+
+
+def run(recs: list[dict[str, Any]], tmp_path: Path, sinks: list[Any],
+        step_minutes: int = 10) -> AlertEngine:
+    proc = Processor(CONFIG, Warehouse(tmp_path / "wh"))
+    engine = AlertEngine(CONFIG, sinks)
+    engine.attach(proc)
+    end = max(r["time"] for r in recs)
+    t = at(0)
+    while t <= end:
+        nxt = t + timedelta(minutes=step_minutes)
+        proc.process(frames([r for r in recs if t <= r["time"] < nxt]))
+        t = nxt
+    proc.flush()
+    return engine
+
+
+def by_job(events: list[Alert]) -> dict[str, list[Alert]]:
+    out: dict[str, list[Alert]] = {}
+    for e in events:
+        out.setdefault(e.job_id, []).append(e)
+    return out
+
+
+def first_minute_above(low: float, high: float, threshold: float, window: int = 30) -> int:
+    """Minutes of ``high`` after ``low`` until the trailing mean passes ``threshold``."""
+    k = 0
+    while (low * (window - k) + high * k) / window <= threshold:
+        k += 1
+    return k
+
+
+@pytest.fixture(scope="module")
+def scenario_events(tmp_path_factory: pytest.TempPathFactory) -> list[Alert]:
+    sink = ListSink()
+    run(scenario(), tmp_path_factory.mktemp("alerts"), [sink])
+    return sink.events
+
+
+def test_low_utilisation_fires_once_after_grace_and_resolves_with_hysteresis(
+        scenario_events: list[Alert]) -> None:
+    ev = by_job([e for e in scenario_events if e.name == "GpuJobLowUtilisation"])
+    grace = timedelta(seconds=A.low_util_grace_s)
+    # j1: fires once, at the end of the grace period, with its evidence
+    j1 = ev["j1"]
+    assert [e.status for e in j1] == ["firing", "resolved"]
+    fire, resolve = j1
+    assert fire.starts_at == at(0) + grace
+    assert fire.evidence["mean_activity"] == pytest.approx(0.05)
+    assert fire.evidence["runtime_s"] == A.low_util_grace_s
+    assert fire.evidence["window_s"] == A.low_util_grace_s          # shorter than 30 min
+    wasted = (A.low_util_grace_s / 60) * (1 - 0.05) / 60
+    assert fire.evidence["wasted_gpu_hours"] == pytest.approx(wasted)
+    assert fire.severity == ("info" if wasted < A.waste_warning_gpu_hours else "warning")
+    assert fire.labels["team"] == "nlp" and fire.labels["queue"] == "prod"
+    assert "5.0%" in fire.description and fire.recommendation
+    # resolves when the trailing 30-minute mean passes 15 %, not when it passes 10 %
+    k = first_minute_above(0.05, 0.5, A.low_util_resolve_activity)
+    assert resolve.ends_at == at(60 + k)
+    assert resolve.resolution == "recovered"
+    assert resolve.evidence["resolved_mean_activity"] > A.low_util_resolve_activity
+    assert first_minute_above(0.05, 0.5, A.low_util_activity) < k   # hysteresis mattered
+    # j2 hovers at 12 %: one firing, held (no flapping), resolved when the job ends
+    assert [(e.status, e.resolution) for e in ev["j2"]] == [("firing", None),
+                                                            ("resolved", "job ended")]
+    assert ev["j2"][0].starts_at == at(0) + grace and ev["j2"][1].ends_at == at(80)
+    assert "j3" not in ev and "j4" not in ev
+
+
+def test_memory_oversized_fires_after_the_minimum_runtime(
+        scenario_events: list[Alert]) -> None:
+    mem = by_job([e for e in scenario_events if e.name == "GpuJobMemoryOversized"])
+    assert set(mem) == {"j5"}
+    fire, end = mem["j5"]
+    # the first minute whose end is more than 1 h after the start
+    assert fire.starts_at == at(0) + timedelta(seconds=A.memory_oversized_runtime_s,
+                                               minutes=1)
+    assert fire.evidence["mem_peak_mib"] == 8000.0
+    assert fire.evidence["mem_held_mib"] == 81_559.0
+    assert fire.evidence["mem_peak_ratio"] == pytest.approx(8000 / 81_559, abs=1e-4)
+    assert "A10-24GB" in fire.recommendation          # 8,000 MiB fits 90 % of 23,028
+    assert end.status == "resolved" and end.ends_at == at(90) and end.resolution == "job ended"
+
+
+def test_same_events_whatever_the_batching(tmp_path: Path,
+                                          scenario_events: list[Alert]) -> None:
+    other = ListSink()
+    run(scenario(), tmp_path, [other], step_minutes=3)
+
+    def key(e: Alert) -> tuple[Any, ...]:
+        return (e.name, e.job_id, e.status, e.starts_at, e.ends_at)
+
+    assert [key(e) for e in scenario_events] == [key(e) for e in other.events]
+    assert len(other.events) == 6     # j1, j2: fire + resolve; j5 memory: fire + resolve
+
+
+def blocked_scenario() -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=4), inventory("n2", at(0), gpus=4)]
+    # two GPUs busy on each node: 4 free, but at most 2 on one node; a 3-GPU job waits.
+    # b ends at minute 44 (n2 then has 4 free: big is no longer blocked); big starts at 45
+    recs += [job("submitted", "a", at(0)), job("started", "a", at(0), allocation=alloc("n1", 0, 1)),
+             job("submitted", "b", at(0)), job("started", "b", at(0), allocation=alloc("n2", 0, 1)),
+             job("finished", "b", at(44)),
+             job("submitted", "big", at(0), gpus=3, team="nlp", queue="batch"),
+             job("started", "big", at(45), allocation=alloc("n2", 0, 1, 2))]
+    for node in ("n1", "n2"):
+        for g in range(4):
+            recs += [{**r, "node": node} for r in series("x", g, at(0), 60, sm=0.5)]
+    return recs
+
+
+def test_blocked_by_fragmentation_fires_after_30_minutes_and_resolves(tmp_path: Path) -> None:
+    sink = ListSink()
+    run(blocked_scenario(), tmp_path, [sink])
+    ev = [e for e in sink.events if e.name == "GpuJobBlockedByFragmentation"]
+    assert [(e.job_id, e.status) for e in ev] == [("big", "firing"), ("big", "resolved")]
+    fire, resolve = ev
+    assert fire.starts_at == at(0) + timedelta(seconds=A.blocked_s)
+    assert fire.evidence["gpus"] == 3 and fire.evidence["free_gpus"] == 4
+    assert fire.evidence["largest_free_block"] == 2
+    assert fire.labels["queue"] == "batch"
+    assert resolve.ends_at == at(44) and resolve.resolution == "unblocked"
+
+
+class Receiver:
+    """A real HTTP server that records what is POSTed to /api/v2/alerts."""
+
+    def __init__(self) -> None:
+        self.posts: list[Any] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.posts.append((self.path, self.headers["Content-Type"], json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v2/alerts"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_webhook_receives_alertmanager_shaped_alerts(tmp_path: Path, receiver: Receiver) -> None:
+    listed = ListSink()
+    hook = WebhookSink(receiver.url, resend_s=3600)
+    run(scenario(), tmp_path, [listed, hook])
+    sent = [a for path, ctype, body in receiver.posts for a in body]
+    assert all(path == "/api/v2/alerts" and ctype == "application/json"
+               for path, ctype, _ in receiver.posts)
+    assert len(sent) == len(listed.events) == hook.posts + sum(
+        len(b) - 1 for _, _, b in receiver.posts)
+    for alert, event in zip(sent, listed.events, strict=True):
+        assert set(alert) >= {"labels", "annotations", "startsAt", "generatorURL"}
+        assert alert["labels"]["alertname"] == event.name
+        assert alert["labels"]["job_id"] == event.job_id
+        assert alert["labels"]["severity"] in ("info", "warning", "critical")
+        assert {"summary", "description", "recommendation", "evidence"} <= set(
+            alert["annotations"])
+        assert json.loads(alert["annotations"]["evidence"])  # the numbers, as JSON
+        assert datetime.fromisoformat(alert["startsAt"].replace("Z", "+00:00")) == \
+            event.starts_at
+        assert ("endsAt" in alert) == (event.status == "resolved")
+        assert alert["generatorURL"].startswith("gpuledger://job/")
+
+
+def test_webhook_resends_firing_alerts(tmp_path: Path, receiver: Receiver) -> None:
+    hook = WebhookSink(receiver.url, resend_s=0)  # resend at every evaluation
+    run(scenario(), tmp_path, [hook], step_minutes=10)
+    firing_posts = [b for _, _, b in receiver.posts
+                    if any(a["labels"]["job_id"] == "j2" and "endsAt" not in a for a in b)]
+    assert len(firing_posts) > 3      # j2 fires at minute 15 and is resent until minute 80
+
+
+def test_kafka_alerts_topic_receives_each_event_once(tmp_path: Path, kafka: Any) -> None:
+    from kafka import KafkaConsumer
+
+    from gpuledger.pipeline.kafka.settings import load_settings
+
+    settings = load_settings(kafka.bootstrap, {"GPULEDGER_KAFKA_TOPIC_PREFIX":
+                                               f"alerts-{uuid.uuid4().hex[:8]}."})
+    topic = alerts_topic(settings)
+    listed = ListSink()
+    sink = KafkaAlertSink(settings)
+    try:
+        run(scenario(), tmp_path, [listed, sink])
+    finally:
+        sink.close()
+    consumer = KafkaConsumer(topic, **settings.client_config(), auto_offset_reset="earliest",
+                             consumer_timeout_ms=2000)
+    got: list[tuple[str, dict[str, Any]]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(listed.events) and time.monotonic() < deadline:
+        for m in consumer:
+            got.append((m.key.decode(), json.loads(m.value)))
+    consumer.close()
+    assert len(got) == len(listed.events) == sink.sent
+    for (key, msg), event in zip(got, listed.events, strict=True):
+        assert key == f"{event.name}/{event.job_id}/{event.attempt}"
+        assert msg["status"] == event.status
+        assert msg["labels"]["alertname"] == event.name
+        assert msg["evidence"] == json.loads(json.dumps(event.evidence, default=str))
