@@ -1,0 +1,68 @@
+"""A real Prometheus scrapes the real exporter serving a simulated run's facts; the
+values it holds equal the facts in the warehouse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+import pytest
+from prometheus_server import PrometheusServer, prometheus  # noqa: F401  (a fixture)
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.exporter import Exporter
+from gpuledger.pipeline.facts.gpu_state import ALLOCATED_STATES
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.simulate import SimConfig, simulate
+from gpuledger.pipeline.warehouse import Warehouse
+
+ALERTS = Path(__file__).parent.parent / "alerts"
+
+
+def test_prometheus_holds_the_warehouse_facts(
+        tmp_path: Path, prometheus: Callable[..., PrometheusServer]) -> None:  # noqa: F811
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
+    exporter = Exporter(proc.config)
+    exporter.attach(proc)
+    port = exporter.start("127.0.0.1", 0)
+    try:
+        server = prometheus(targets=[f"127.0.0.1:{port}"],
+                            rule_files=sorted(ALERTS.glob("gpuledger-*.yml")), interval_s=0.5)
+        for batch in simulate(SimConfig(hours=1.5, seed=5, sample_interval_s=60)):
+            proc.process(batch)
+        proc.flush()
+        gm = pl.concat([pl.read_parquet(f) for f in sorted(
+            (tmp_path / "wh" / "facts" / "gpu_minute").glob("**/*.parquet"))],
+            how="diagonal_relaxed")
+        last = gm.filter(pl.col("minute") == pl.col("minute").max())
+        minute = last["minute"][0].timestamp()
+        server.wait_for("gpuledger_facts_minute_timestamp_seconds",
+                        lambda r: bool(r) and float(r[0]["value"][1]) == minute)
+        assert all(t["health"] == "up" for t in server.targets_up())
+        allocated = last.filter(pl.col("state").is_in(list(ALLOCATED_STATES)))
+        want = dict(allocated.group_by("pool").len().iter_rows())
+        got = server.values("sum by (pool) (gpuledger_allocated_gpus)", ["pool"])
+        assert got == {(p,): float(n) for p, n in want.items()}
+        want_used = dict(allocated.group_by("pool").agg(
+            pl.col("activity").fill_null(0.0).sum()).iter_rows())
+        used = server.values("sum by (pool) (gpuledger_used_gpus)", ["pool"])
+        assert used.keys() == {(p,) for p in want_used}
+        for (pool,), v in used.items():
+            assert v == pytest.approx(want_used[pool])
+        states = server.values("sum by (state) (gpuledger_gpus)", ["state"])
+        assert states == {(s,): float(n) for s, n in last.group_by("state").len().iter_rows()}
+        # the recording rules evaluate on what was scraped
+        rec = server.wait_for("pool_card_type:gpuledger_allocated_gpus:sum",
+                              lambda r: sum(float(x["value"][1]) for x in r) == allocated.height)
+        assert {x["metric"]["pool"] for x in rec} == set(want)
+        # job series: one per attempt running in the last minute, as the exporter serves it
+        jobs = server.query("count(gpuledger_job_info)")
+        running = allocated.select("job_id").n_unique()
+        assert jobs and float(jobs[0]["value"][1]) >= running > 0
+        # the alerting rules loaded and are evaluated by the real server
+        groups = server.api("rules")["groups"]
+        assert {g["name"] for g in groups} == {"gpuledger-alerts", "gpuledger-recording"}
+        assert all(r["health"] != "err" for g in groups for r in g["rules"])
+    finally:
+        exporter.stop()
