@@ -102,3 +102,39 @@ def test_run_loop_stops_on_the_event(tmp_path: Path) -> None:
     runner.join(timeout=10)
     assert not runner.is_alive() and source.calls >= 3
     assert agent.seq == source.calls
+
+
+def test_shared_spool_serves_from_memory_exactly_what_the_disk_holds(tmp_path: Path) -> None:
+    import random
+
+    from gpuledger.agent.spool import Spool
+
+    rng = random.Random(5)
+    folder = tmp_path / "spool"
+    shared = SharedSpool(folder, max_bytes=16384, segment_bytes=4096, cache_bytes=3000)
+    for step in range(900):
+        append_share = 0.9 if step < 300 else 0.1 if step < 600 else 0.6   # fill, drain, mix
+        op = rng.random()
+        if op < append_share:
+            shared.append("t", b"k", bytes(rng.randrange(10, 400)))
+        else:
+            pending = shared.pending(rng.randrange(1, 20))
+            if pending:
+                shared.ack(pending[rng.randrange(len(pending))].number)
+        on_disk = Spool(folder, max_bytes=16384, segment_bytes=4096)
+        assert [m.number for m in shared.pending()] == [m.number for m in on_disk.pending()], step
+        assert [m.value for m in shared.pending(5)] == [m.value for m in on_disk.pending(5)]
+        if step == 599:
+            assert shared.backlog == 0                 # drained: served from memory again
+    assert shared.dropped_messages > 0                 # the bound was hit along the way
+
+
+def test_seq_continues_from_the_spool_without_the_seq_file(tmp_path: Path) -> None:
+    agent = _agent(tmp_path / "spool", TinySource(gpus=3))
+    for k in range(3):
+        agent.cycle(T0 + timedelta(seconds=10 * k))
+    (tmp_path / "spool" / "agent.seq").unlink()        # lost, or written long ago
+    again = _agent(tmp_path / "spool", TinySource(gpus=3))
+    assert again.seq == 9
+    again.close()
+    assert (tmp_path / "spool" / "agent.seq").read_text() == "9"

@@ -2,9 +2,9 @@
 
 Every ``interval_s`` the agent collects one sample per GPU (and MIG instance) from the
 configured source, attributes processes and GPUs to jobs, stamps every sample with the
-agent's own sequence number (``seq``, +1 per sample, kept across restarts in the spool
-folder so that gaps downstream mean lost samples) and appends one JSON-lines message
-per collection to the spool, keyed by node. The inventory is re-read every
+agent's own sequence number (``seq``, +1 per sample, continued across restarts from
+the newest sample in the spool, so that gaps downstream mean lost samples) and appends
+one JSON-lines message per collection to the spool, keyed by node. The inventory is re-read every
 ``inventory.check_s`` and spooled at start and whenever it changes. A sender thread
 drains the spool into Kafka in order (``gpuledger.agent.sender``). SIGTERM (or
 SIGINT) finishes the current collection, gives the sender ``kafka.send_timeout_s`` to
@@ -14,11 +14,14 @@ the next start.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
+from collections import deque
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,11 +37,13 @@ from gpuledger.agent.inventory import (
     with_labels,
 )
 from gpuledger.agent.sender import Sender
-from gpuledger.agent.spool import Message, Spool
+from gpuledger.agent.spool import Message, Spool, _read_frames
 
 log = logging.getLogger("gpuledger.agent")
 
 SEQ_FILE = "agent.seq"
+SEQ_SAVE_S = 60.0
+"""How often the seq file is rewritten (the spool's newest sample is the main record)."""
 
 
 class Source(Protocol):
@@ -46,24 +51,51 @@ class Source(Protocol):
 
 
 class SharedSpool(Spool):
-    """The spool, safe to share between the collecting and the sending thread."""
+    """The spool, safe to share between the collecting and the sending thread.
+
+    It also keeps the newest unsent messages in memory (up to ``cache_bytes``), so that
+    the sender does not re-read and re-parse the current segment file from disk for
+    every batch; after a restart, or when an outage outgrows the cache, messages are
+    read from disk as before until the backlog is sent.
+    """
 
     def __init__(self, folder: Path, max_bytes: int = 256 << 20,
-                 segment_bytes: int = 8 << 20) -> None:
+                 segment_bytes: int = 8 << 20, cache_bytes: int = 4 << 20) -> None:
         self._lock = threading.RLock()
+        self._cache: deque[Message] = deque()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
         super().__init__(folder, max_bytes, segment_bytes)
+        self._dropped_seen = self.dropped_messages
+        self._cache_valid = self.backlog == 0
 
     def append(self, topic: str, key: bytes, value: bytes) -> int:
         with self._lock:
-            return super().append(topic, key, value)
+            number = super().append(topic, key, value)
+            if self._cache_valid:
+                self._cache.append(Message(number, topic, key, value))
+                self._cache_bytes += len(value)
+                dropped = self.dropped_messages != self._dropped_seen
+                self._dropped_seen = self.dropped_messages
+                if self._cache_bytes > self._cache_limit or dropped:
+                    self._cache_valid = False       # read from disk until caught up
+                    self._cache.clear()
+                    self._cache_bytes = 0
+            return number
 
     def pending(self, limit: int = 10_000) -> list[Message]:
         with self._lock:
+            if self._cache_valid:
+                return list(islice(self._cache, limit))
             return super().pending(limit)
 
     def ack(self, through: int) -> None:
         with self._lock:
             super().ack(through)
+            while self._cache and self._cache[0].number <= through:
+                self._cache_bytes -= len(self._cache.popleft().value)
+            if not self._cache_valid and self.next_number == self.cursor:
+                self._cache_valid = True            # caught up: serve from memory again
 
     @property
     def bytes_used(self) -> int:
@@ -74,6 +106,19 @@ class SharedSpool(Spool):
     def backlog(self) -> int:
         with self._lock:
             return max(0, self.next_number - self.cursor)
+
+    def last_message(self, topic: str) -> Message | None:
+        """The newest message of ``topic`` in the newest segment (kept after sending)."""
+        with self._lock:
+            if not self._segments:
+                return None
+            first = self._segments[-1][0]
+            frames, _ = _read_frames(self._path(first))
+            for i in range(len(frames) - 1, -1, -1):
+                if frames[i][0] == topic:
+                    t, k, v = frames[i]
+                    return Message(first + i, t, k, v)
+            return None
 
 
 class Agent:
@@ -95,6 +140,7 @@ class Agent:
         self.source_name = config.source
         self.publisher = InventoryPublisher(config.inventory.republish_s)
         self.seq = self._read_seq()
+        self._seq_saved = float("-inf")
         self.samples = 0
         self.collect_errors = 0
         self.last_success = False
@@ -110,11 +156,23 @@ class Agent:
         return self.spool.folder / SEQ_FILE if self.spool is not None else None
 
     def _read_seq(self) -> int:
+        """The next sequence number: after the newest sample still in the spool (the
+        spool keeps its newest segment after sending), or from the seq file."""
         path = self._seq_path()
         try:
-            return int(path.read_text().strip()) if path is not None else 0
+            saved = int(path.read_text().strip()) if path is not None else 0
         except (OSError, ValueError):
-            return 0
+            saved = 0
+        last = None
+        if isinstance(self.spool, SharedSpool):
+            last = self.spool.last_message(self.telemetry_topic)
+        if last is not None:
+            lines = last.value.rstrip(b"\n").rsplit(b"\n", 1)
+            try:
+                saved = max(saved, int(json.loads(lines[-1])["seq"]) + 1)
+            except (ValueError, KeyError, TypeError):
+                log.warning("the newest spooled sample has no readable seq")
+        return saved
 
     def _write_seq(self) -> None:
         path = self._seq_path()
@@ -187,9 +245,11 @@ class Agent:
         records = self.collect(when)
         key = self.node.encode()
         if records and self.spool is not None:
-            self._write_seq()  # first: a crash after this leaves a gap, never a repeat
             self.spool.append(self.telemetry_topic, key, encode_lines(records))
             self.samples += len(records)
+            if time.monotonic() - self._seq_saved >= SEQ_SAVE_S:
+                self._write_seq()
+                self._seq_saved = time.monotonic()
         checked = time.monotonic()
         if checked - self._inventory_checked >= self.config.inventory.check_s:
             self._inventory_checked = checked
@@ -260,6 +320,8 @@ class Agent:
             log.warning("closing the Kafka producer failed: %s", exc)
 
     def close(self) -> None:
+        if self.spool is not None and self.seq:
+            self._write_seq()
         self.chain.close()
         close = getattr(self.source, "close", None)
         if close is not None:
