@@ -28,6 +28,7 @@ from gpuledger.cli.main import main
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.dashboards.boards import JOB, UIDS, all_boards
 from gpuledger.pipeline.dashboards.files import load_boards, repo_dashboards_dir, stale_boards
+from gpuledger.pipeline.dashboards.interpolate import interpolate
 from gpuledger.pipeline.dashboards.model import DATASOURCES
 from gpuledger.pipeline.exporter import Exporter
 from gpuledger.pipeline.processor import Processor
@@ -60,47 +61,6 @@ def query_text(t: dict[str, Any]) -> str:
 
 def referenced(text: str) -> set[str]:
     return {a or b for a, b in VAR_REF.findall(text)} - GRAFANA_GLOBALS
-
-
-# --- Grafana's interpolation, as far as these boards use it ---------------------------------
-
-def _prom_escape(v: str) -> str:
-    return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", v)
-
-
-def interpolate(text: str, values: dict[str, list[str]], t0: datetime, t1: datetime,
-                interval_ms: int = 60_000) -> str:
-    """Expand $__timeFilter/$__timeFrom/$__timeTo/$__interval_ms (as the DuckDB plugin's
-    SQL macros do) and variables: ${v:sqlstring} → 'a','b'; $v / ${v} → a regex of the
-    values (Prometheus) or the single value."""
-    iso = {"from": t0.strftime("%Y-%m-%dT%H:%M:%SZ"), "to": t1.strftime("%Y-%m-%dT%H:%M:%SZ")}
-    text = re.sub(r"\$__timeFilter\(([^)]+)\)",
-                  lambda m: f"{m.group(1)} >= '{iso['from']}' AND {m.group(1)} <= '{iso['to']}'",
-                  text)
-    text = text.replace("$__timeFrom()", f"'{iso['from']}'")
-    text = text.replace("$__timeTo()", f"'{iso['to']}'")
-    text = text.replace("$__interval_ms", str(interval_ms))
-    text = text.replace("$__rate_interval", "1m")
-
-    def var(name: str, fmt: str | None) -> str:
-        vals = values[name]
-        if fmt == "sqlstring":
-            return ",".join("'" + v.replace("'", "''") + "'" for v in vals)
-        if len(vals) == 1:
-            return _prom_escape(vals[0])
-        return "(" + "|".join(_prom_escape(v) for v in vals) + ")"
-
-    text = re.sub(r"\$\{(\w+)(?::(\w+))?\}", lambda m: var(m.group(1), m.group(2)), text)
-    return re.sub(r"\$(?!__)(\w+)", lambda m: var(m.group(1), None), text)
-
-
-def interpolate_sql_value(text: str, values: dict[str, list[str]], t0: datetime,
-                          t1: datetime) -> str:
-    """SQL panels quote single values themselves ('${job}'): no regex escaping."""
-    single = {k: v for k, v in values.items() if len(v) == 1}
-    for name, vals in single.items():
-        text = text.replace("'${" + name + "}'", "'" + vals[0].replace("'", "''") + "'")
-    return interpolate(text, values, t0, t1)
 
 
 # --- structure ----------------------------------------------------------------------------
@@ -244,7 +204,7 @@ def test_every_sql_panel_returns_rows(uid: str, warehouse: Path) -> None:
             for t in p["targets"]:
                 if "rawSql" not in t:
                     continue
-                text = interpolate_sql_value(t["rawSql"], values, t0, t1)
+                text = interpolate(t["rawSql"], values, t0, t1)
                 cur = con.execute(text)
                 rows = cur.fetchall()
                 columns = [d[0] for d in cur.description or []]
@@ -480,3 +440,13 @@ def test_push_errors_never_show_the_token(grafana: str, monkeypatch: pytest.Monk
     assert "401" in err and secret not in err
     assert main(["dashboards", "push", "--url", "http://127.0.0.1:9"]) == 2
     assert secret not in capsys.readouterr().err
+
+
+def test_interpolation_as_grafana_does_it() -> None:
+    t0, t1 = datetime(2026, 1, 5, tzinfo=UTC), datetime(2026, 1, 5, 3, tzinfo=UTC)
+    text = ("x IN (${v:sqlstring}) AND l=~\"$v\" AND j = '${j}' AND k=\"${j}\" "
+            "AND $__timeFilter(t) AND u < $__timeTo() AND $__interval_ms > 0")
+    assert interpolate(text, {"v": ["a", "b.c"], "j": ["o'k"]}, t0, t1, 30_000) == (
+        "x IN ('a','b.c') AND l=~\"(a|b\\.c)\" AND j = 'o''k' AND k=\"o'k\" "
+        "AND t >= '2026-01-05T00:00:00Z' AND t <= '2026-01-05T03:00:00Z' "
+        "AND u < '2026-01-05T03:00:00Z' AND 30000 > 0")
