@@ -44,6 +44,11 @@ class Windows:
 
     allowed_lateness_s: int = 120
     """A minute closes once the newest event time is this far past the minute's end."""
+    node_stall_s: int = 300
+    """The newest event time is the oldest among nodes that sent telemetry within this
+    long of the newest sample: a node whose samples come in later than the others' (a
+    replay, a slow agent, a partition read behind) holds the windows open; a node silent
+    this long no longer does."""
     max_future_s: int = 3600
     """Events further than this ahead of the wall clock are rejected."""
     ended_job_memory_s: int = 86_400
@@ -142,7 +147,8 @@ class ProcessorConfig:
             if getattr(a, f.name) < 0:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
-        for name in ("allowed_lateness_s", "max_future_s", "ended_job_memory_s"):
+        for name in ("allowed_lateness_s", "node_stall_s", "max_future_s",
+                     "ended_job_memory_s"):
             if getattr(w, name) < 0:
                 raise ConfigError(f"windows.{name}: must be >= 0")
         for card, tier in self.card_tiers.items():

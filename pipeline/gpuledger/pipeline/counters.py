@@ -32,5 +32,19 @@ class Counters:
     def add_rows(self, table: str, n: int) -> None:
         self.fact_rows[table] = self.fact_rows.get(table, 0) + n
 
+    @staticmethod
+    def total(parts: list[Counters]) -> Counters:
+        """Counters of several processors (shards) added up."""
+        out = Counters()
+        for c in parts:
+            for name, value in vars(c).items():
+                if isinstance(value, dict):
+                    mine = getattr(out, name)
+                    for k, v in value.items():
+                        mine[k] = mine.get(k, 0) + v
+                else:
+                    setattr(out, name, getattr(out, name) + value)
+        return out
+
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

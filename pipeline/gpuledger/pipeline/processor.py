@@ -133,6 +133,7 @@ class Processor:
         self.last_free_blocks = pl.DataFrame(
             schema={"pool": pl.String, "card_type": pl.String, "largest_free_block": pl.Int64})
         self._seq_last: dict[str, int] = {}
+        self.node_time: dict[str, datetime] = {}
         self.listeners: list[FactListener] = []
         # the attempt exchange (several shards): parts to send, and at the owner the
         # ended attempts waiting for parts, the parts received, the attempts done
@@ -220,6 +221,10 @@ class Processor:
             newest = tel.select(pl.col("time").max()).item()
             if self.max_telemetry_time is None or newest > self.max_telemetry_time:
                 self.max_telemetry_time = newest
+            for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
+                old = self.node_time.get(node)
+                if old is None or when > old:
+                    self.node_time[node] = when
             assert closed is not None
             cutoff = pl.lit(closed).cast(TIME_DTYPE)
             late = tel.filter(pl.col("minute") < cutoff)
@@ -241,6 +246,11 @@ class Processor:
     def _watermark(self) -> datetime | None:
         lateness = timedelta(seconds=self.config.windows.allowed_lateness_s)
         newest = self.max_telemetry_time
+        if newest is not None and self.node_time:
+            # the slowest node still reporting holds the windows open
+            horizon = newest - timedelta(seconds=self.config.windows.node_stall_s)
+            self.node_time = {n: t for n, t in self.node_time.items() if t >= horizon}
+            newest = min(self.node_time.values(), default=newest)
         if newest is None and not self.telemetry_clock:
             newest = self.max_other_time
         return None if newest is None else newest - lateness

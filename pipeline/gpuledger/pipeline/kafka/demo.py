@@ -39,4 +39,4 @@ def run_kafka_demo(
         service.close()
     if on_progress is not None:
         on_progress(1.0)
-    return DemoResult(service.processor.counters, sink.bytes)
+    return DemoResult(service.counters(), sink.bytes)

@@ -1,22 +1,32 @@
 """``gpuledger process --kafka``: the processor as a long-lived Kafka service.
 
-- Telemetry is consumed in a consumer group (partitions by node); scheduler events and
-  inventory are read in full, from the start, by every instance (global tables).
+- Telemetry is consumed in a consumer group (partitions by node). Each telemetry
+  partition this instance is assigned gets a *shard* of its own (``shard.py``): a
+  processor with its own state, checkpoint and fact files, which writes the facts of the
+  partition's nodes. Which instance runs a shard does not change what it writes, so one
+  instance or several, and any rebalance in between, give the same facts.
+- Scheduler events and inventory are read in full, from the start, by every shard
+  (global tables); the owner shard (partition 0) writes the cluster-wide facts and
+  reads the other shards' parts of ended job attempts from the attempt-parts topic.
 - Each loop drains the global topics first, then polls telemetry, decodes the poll
-  batch per topic in one columnar pass, sends bad records to the dead-letter topic
-  (with the reason and the original topic, partition and offset in headers and the raw
-  record as value) and feeds the rest to the processor.
-- The watermark is capped by the oldest of the newest event times of the telemetry
+  batch per shard and topic in one columnar pass, sends bad records to the dead-letter
+  topic (with the reason and the original topic, partition and offset in headers and
+  the raw record as value) and feeds the rest to the shard's processor.
+- A shard's watermark is capped by the oldest of the newest event times of its input
   partitions that still have unread data, so one partition read ahead of the others
   cannot make their samples late.
-- Every ``checkpoint_interval_s`` the processor's state and the offsets it covers are
-  saved together (``checkpoint.py``), then the group offsets are committed: offsets are
-  committed only after what they cover is durable, and a restart resumes exactly there.
+- Every ``checkpoint_interval_s`` each shard's state and the offsets it covers are saved
+  together (``checkpoint.py``) after what it sent (dead letters, attempt parts) is
+  acknowledged; then the group offsets are committed: offsets are committed only after
+  what they cover is durable, and a restart resumes exactly there.
+- A revoked partition's shard is checkpointed and dropped; an assigned one is loaded
+  from its checkpoint (the warehouse folder, with ``state/``, is shared storage).
 - SIGTERM/SIGINT: finish the batch, write partial hours, checkpoint, commit, exit 0.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import signal
 import threading
@@ -31,16 +41,21 @@ import polars as pl
 
 from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode
 from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.shard import Shard
+from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.kafka.service")
 
 HOLD = datetime(1970, 1, 1, tzinfo=UTC)
 """A time limit that closes nothing (the Unix epoch: older than any event)."""
+
+Key = tuple[str, int]
 
 
 @dataclass
@@ -62,7 +77,19 @@ class ServiceStats:
     messages: int = 0
     dead_letters: int = 0
     checkpoints: int = 0
+    parts_sent: int = 0
     started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class ShardRun:
+    """One assigned telemetry partition: its processor and the offsets it covers."""
+
+    shard: Shard
+    processor: Processor
+    offsets: checkpoint.Offsets
+    state_path: Path
+    partition_time: dict[Key, datetime] = field(default_factory=dict)
 
 
 def _messages(records: dict[Any, list[Any]]) -> dict[str, list[Message]]:
@@ -76,8 +103,14 @@ def _messages(records: dict[Any, list[Any]]) -> dict[str, list[Message]]:
     return by_topic
 
 
+def encode_parts(frame: pl.DataFrame) -> bytes:
+    sink = io.BytesIO()
+    frame.write_ipc_stream(sink, compression="zstd")
+    return sink.getvalue()
+
+
 class KafkaProcessorService:
-    """Runs a :class:`Processor` on Kafka input with checkpointed offsets."""
+    """Runs one :class:`Processor` shard per assigned telemetry partition."""
 
     def __init__(self, settings: KafkaSettings, config: ProcessorConfig, warehouse: Path,
                  options: ServiceOptions | None = None,
@@ -85,11 +118,11 @@ class KafkaProcessorService:
         from kafka import TopicPartition
 
         self.settings = settings
+        self.config = config
         self.options = options or ServiceOptions()
-        self.warehouse = Warehouse(warehouse)
-        self.processor = Processor(config, self.warehouse, now=now, telemetry_clock=True)
-        self.state_path = warehouse / "state" / f"{self.options.group_id}.checkpoint"
-        self.offsets: checkpoint.Offsets = checkpoint.load(self.processor, self.state_path) or {}
+        self.root = warehouse
+        self.now = now
+        self.state_dir = warehouse / "state" / self.options.group_id
         self.stats = ServiceStats()
         self.stop = threading.Event()
         self.closing = False
@@ -102,25 +135,75 @@ class KafkaProcessorService:
             auto_offset_reset="earliest", max_poll_records=self.options.max_records,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
         )
-        self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
         self.globals = open_consumer(settings, enable_auto_commit=False,
                                      auto_offset_reset="earliest",
                                      max_poll_records=self.options.max_records)
-        parts = [TopicPartition(topic, p) for topic in (t.jobs, t.inventory)
-                 for p in sorted(self.globals.partitions_for_topic(topic) or [])]
-        self.globals.assign(parts)
-        for tp in parts:
-            if (tp.topic, tp.partition) in self.offsets:
-                self.globals.seek(tp, self.offsets[(tp.topic, tp.partition)])
-            else:
-                self.globals.seek_to_beginning(tp)
-        self.dead = open_producer(settings)
-        self.partition_time: dict[tuple[str, int], datetime] = {}
-        self._ends: dict[tuple[str, int], int] = {}
+        self.partitions = len(self.globals.partitions_for_topic(t.telemetry) or ())
+        if self.partitions == 0:
+            raise RuntimeError(f"topic {t.telemetry} does not exist: run "
+                               "`gpuledger topics create` first")
+        self.global_parts = [TopicPartition(topic, p)
+                             for topic in (t.jobs, t.inventory, t.attempt_parts)
+                             for p in sorted(self.globals.partitions_for_topic(topic) or [])]
+        self.globals.assign(self.global_parts)
+        self.shards: dict[int, ShardRun] = {}
+        self.producer = open_producer(settings)
+        self._ends: dict[Key, int] = {}
         self._ends_at = 0.0
         self._last_checkpoint = time.monotonic()
         self._last_log = time.monotonic()
-        self.warehouse.publish_catalog()
+        self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
+        shared = Warehouse(warehouse)
+        for table, schema in TABLE_SCHEMAS.items():
+            shared.ensure_schema(table, schema)
+        shared.publish_catalog()
+
+    # -- shards --------------------------------------------------------------------
+
+    def add_shard(self, partition: int) -> ShardRun:
+        shard = Shard(partition, self.partitions)
+        processor = Processor(self.config, Warehouse(self.root, shard.suffix), now=self.now,
+                              telemetry_clock=True, shard=shard)
+        path = self.state_dir / f"telemetry-{shard.suffix}.checkpoint"
+        offsets = checkpoint.load(processor, path) or {}
+        run = ShardRun(shard, processor, offsets, path)
+        self.shards[partition] = run
+        log.info("shard %s: partition %d of %s, %s", shard.suffix, partition,
+                 self.settings.topics.telemetry,
+                 "from its checkpoint" if offsets else "from the start")
+        self._seek_globals()
+        return run
+
+    def drop_shard(self, partition: int) -> None:
+        """Checkpoint a revoked partition's shard and let it go. (No group commit: this
+        runs inside the consumer's rebalance, where it cannot block; the next owner
+        resumes from the checkpoint, which holds the offsets, and commits them.)"""
+        run = self.shards.pop(partition, None)
+        if run is not None and (run.processor.closed_until is not None or run.offsets):
+            self._checkpoint_shard(run)
+
+    def _seek_globals(self) -> None:
+        """Position the global consumer at the oldest offset any shard still needs."""
+        for tp in self.global_parts:
+            key = (tp.topic, tp.partition)
+            needed = [run.offsets.get(key) for run in self.shards.values()]
+            if any(n is None for n in needed) or not needed:
+                self.globals.seek_to_beginning(tp)
+            else:
+                self.globals.seek(tp, min(n for n in needed if n is not None))
+
+    @property
+    def processor(self) -> Processor:
+        """The owner shard's processor if it runs here, else the first one."""
+        if 0 in self.shards:
+            return self.shards[0].processor
+        if self.shards:
+            return self.shards[min(self.shards)].processor
+        raise RuntimeError("no telemetry partition assigned to this instance")
+
+    def counters(self) -> Counters:
+        """The counters of every shard here, added up."""
+        return Counters.total([run.processor.counters for run in self.shards.values()])
 
     # -- the loop ------------------------------------------------------------------
 
@@ -133,84 +216,177 @@ class KafkaProcessorService:
 
     def run(self) -> None:
         idle_since: float | None = None
+        flushed = False
         while not self.stop.is_set():
             got = self._drain_globals()
             records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
                                           max_records=self.options.max_records)
-            got += self._handle(_messages(records), telemetry=True)
+            by_partition: dict[int, dict[Any, list[Any]]] = {}
+            for tp, recs in records.items():
+                by_partition.setdefault(tp.partition, {})[tp] = recs
+            for partition, part_records in by_partition.items():
+                run = self.shards.get(partition)
+                if run is not None:
+                    got += self._handle(run, _messages(part_records), telemetry=True)
             if got or not self._caught_up():
                 idle_since = None
             else:
                 idle_since = idle_since or time.monotonic()
                 limit = self.options.exit_when_idle_s
                 if limit is not None and time.monotonic() - idle_since >= limit:
-                    log.info("no input for %.0f s: flushing and exiting", limit)
-                    self.processor.flush()
-                    self._checkpoint()
-                    return
+                    if not flushed:
+                        log.info("no input for %.0f s: flushing", limit)
+                        for run in self.shards.values():
+                            run.processor.flush()
+                            self._send_parts(run)
+                        self._checkpoint()
+                        flushed = True
+                    if self._others_done(time.monotonic() - idle_since, limit):
+                        for run in self.shards.values():
+                            run.processor.flush()
+                        self._checkpoint()
+                        log.info("all input processed: exiting (%d telemetry "
+                                 "message(s) read here)", self.stats.messages)
+                        return
             if time.monotonic() - self._last_checkpoint >= self.options.checkpoint_interval_s:
                 self._checkpoint()
             self._log_progress()
-        self.processor.write_partial()
+        for run in self.shards.values():
+            run.processor.write_partial()
+            self._send_parts(run)
         self._checkpoint()
 
     def _caught_up(self) -> bool:
-        """Telemetry partitions assigned and every one read to its end."""
-        assignment = list(self.telemetry.assignment())
-        if not assignment:
+        """Telemetry partitions assigned and every input read to its end."""
+        if not self.shards:
             return False
-        ends = self.telemetry.end_offsets(assignment)
-        return all(self.offsets.get((tp.topic, tp.partition), 0) >= end
-                   for tp, end in ends.items())
+        self._refresh_ends(force=True)
+        for run in self.shards.values():
+            tele = (self.settings.topics.telemetry, run.shard.partition)
+            for key in (tele, *((tp.topic, tp.partition) for tp in self.global_parts)):
+                if run.offsets.get(key, 0) < self._ends.get(key, 0):
+                    return False
+        return True
+
+    def _others_done(self, idle_s: float, limit: float) -> bool:
+        """Batch exit: the owner waits for the other shards' last attempt parts.
+
+        They are in once every telemetry partition's committed group offset is at its end
+        (a shard commits after its parts are acknowledged) and the parts topic is read to
+        its end here; after ten idle periods the owner exits anyway (its checkpoint keeps
+        what waits, a later run finishes it)."""
+        owner = self.shards.get(0)
+        if owner is None or self.partitions == 1:
+            return True
+        if idle_s >= 10 * limit:
+            log.warning("%d attempt(s) still wait for other shards' parts; exiting with "
+                        "them in the checkpoint", owner.processor.waiting.height)
+            return True
+        if not self._group_at_end():
+            return False
+        self._refresh_ends(force=True)
+        parts = [(tp.topic, tp.partition) for tp in self.global_parts
+                 if tp.topic == self.settings.topics.attempt_parts]
+        if any(owner.offsets.get(k, 0) < self._ends.get(k, 0) for k in parts):
+            return False  # parts sent before those commits are not read yet
+        return owner.processor.waiting.is_empty()
+
+    def _group_at_end(self) -> bool:
+        from kafka.admin import KafkaAdminClient
+
+        topic = self.settings.topics.telemetry
+        admin = KafkaAdminClient(**self.settings.client_config())
+        try:
+            group = self.options.group_id
+            committed = admin.list_group_offsets({group: None}).get(group, {})
+        finally:
+            admin.close()
+        tps = [self._tp(topic, p) for p in range(self.partitions)]
+        ends = self.globals.end_offsets(tps)
+        return all(tp in committed and committed[tp].offset >= ends[tp] for tp in tps)
 
     def close(self) -> None:
         self.closing = True  # the final checkpoint is written; revocation needs none
         for client in (self.telemetry, self.globals):
             client.close(autocommit=False)
-        self.dead.flush()
-        self.dead.close()
+        self.producer.flush()
+        self.producer.close()
 
     def _drain_globals(self) -> int:
+        if not self.shards:
+            return 0
         total = 0
         for _ in range(1000):
             records = self.globals.poll(timeout_ms=0 if total else 50,
                                         max_records=self.options.max_records)
-            n = self._handle(_messages(records), telemetry=False)
-            total += n
+            by_topic = _messages(records)
+            n = sum(len(v) for v in by_topic.values())
             if n == 0:
                 break
+            for run in list(self.shards.values()):
+                self._handle(run, by_topic, telemetry=False)
+            total += n
         return total
 
-    def _handle(self, by_topic: dict[str, list[Message]], telemetry: bool) -> int:
-        if not by_topic:
-            return 0
+    def _handle(self, run: ShardRun, by_topic: dict[str, list[Message]],
+                telemetry: bool) -> int:
+        """Feed one shard the messages it has not seen yet (by its own offsets)."""
         frames: dict[str, pl.DataFrame] = {}
         count = 0
         now = datetime.now(UTC)
-        for topic, msgs in by_topic.items():
-            record_type = self.settings.topics.record_type_of(topic)
-            if record_type is None:
+        topics = self.settings.topics
+        for topic, all_msgs in by_topic.items():
+            msgs = all_msgs if telemetry else [
+                m for m in all_msgs if m.offset >= run.offsets.get((m.topic, m.partition), 0)]
+            if not msgs:
                 continue
-            decoded = decode(msgs, record_type,  # type: ignore[arg-type]
-                             now=now, max_future_s=self.processor.config.windows.max_future_s)
-            self._dead_letters(decoded)
-            frame = decoded.frames[record_type]  # type: ignore[index]
-            if frame.height:
-                frames[record_type] = frame
-                self._track_partition_times(msgs, frame)
+            if topic == topics.attempt_parts:
+                if run.shard.owner:
+                    for m in msgs:
+                        run.processor.receive_parts(pl.read_ipc_stream(io.BytesIO(m.value)))
+            else:
+                record_type = topics.record_type_of(topic)
+                if record_type is None:
+                    continue
+                decoded = decode(msgs, record_type,  # type: ignore[arg-type]
+                                 now=now,
+                                 max_future_s=run.processor.config.windows.max_future_s)
+                # a bad global record is every shard's; the owner reports it
+                if telemetry or run.shard.owner:
+                    self._dead_letters(run, decoded)
+                frame = decoded.frames[record_type]  # type: ignore[index]
+                if frame.height:
+                    frames[record_type] = frame
+                    self._track_partition_times(run, msgs, frame)
             for m in msgs:
                 key = (m.topic, m.partition)
-                self.offsets[key] = max(self.offsets.get(key, 0), m.offset + 1)
+                run.offsets[key] = max(run.offsets.get(key, 0), m.offset + 1)
             count += len(msgs)
-        self.stats.messages += count
+        if telemetry:
+            self.stats.messages += count
         if frames:
-            self.processor.process(frames, validated=True, event_time_limit=self._time_limit())
+            run.processor.process(frames, validated=True,
+                                  event_time_limit=self._time_limit(run))
+        self._send_parts(run)
         return count
 
-    def _track_partition_times(self, msgs: list[Message], frame: pl.DataFrame) -> None:
+    def _send_parts(self, run: ShardRun) -> None:
+        """Send the shard's attempt parts to the owner (acknowledged before checkpoints)."""
+        outbox = run.processor.outbox
+        if not outbox:
+            return
+        key = run.shard.suffix.encode()
+        for frame in outbox:
+            self.producer.send(self.settings.topics.attempt_parts, key=key,
+                               value=encode_parts(frame))
+            self.stats.parts_sent += 1
+        outbox.clear()
+
+    def _track_partition_times(self, run: ShardRun, msgs: list[Message],
+                               frame: pl.DataFrame) -> None:
         """Newest event time per partition, through the message keys (node or job)."""
         column = "job_id" if frame.columns.count("event") else "node"
-        partition_of: dict[str, tuple[str, int]] = {}
+        partition_of: dict[str, Key] = {}
         for m in msgs:
             if m.key is not None:
                 partition_of[m.key.decode("utf-8", "replace")] = (m.topic, m.partition)
@@ -218,71 +394,88 @@ class KafkaProcessorService:
         unkeyed = {(m.topic, m.partition) for m in msgs if m.key is None}
         if unkeyed:  # no key to go by: the batch's newest time stands for them
             newest_all = frame.select(pl.col("time").max()).item()
-            for loose in unkeyed - set(self.partition_time):
-                self.partition_time[loose] = newest_all
+            for loose in unkeyed - set(run.partition_time):
+                run.partition_time[loose] = newest_all
         for key, when in newest.iter_rows():
             found = partition_of.get(str(key))
             if found is None:
                 continue
-            old = self.partition_time.get(found)
+            old = run.partition_time.get(found)
             if old is None or when > old:
-                self.partition_time[found] = when
+                run.partition_time[found] = when
 
-    def _time_limit(self) -> datetime | None:
-        """Oldest newest-time among input partitions that still have unread data.
+    def _refresh_ends(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._ends_at <= 1.0:
+            return
+        tele = [self._tp(self.settings.topics.telemetry, p) for p in self.shards]
+        ends = {**self.globals.end_offsets(tele), **self.globals.end_offsets(self.global_parts)}
+        self._ends = {(tp.topic, tp.partition): off for tp, off in ends.items()}
+        self._ends_at = time.monotonic()
 
-        Telemetry partitions of this instance and every scheduler/inventory partition
-        count: minutes must not close while scheduler events for them may still be
-        unread. A partition with unread data whose time is not known yet holds the
-        watermark where it is; a partition read to its end holds nothing.
+    def _time_limit(self, run: ShardRun) -> datetime | None:
+        """Oldest newest-time among the shard's input partitions with unread data.
+
+        Its telemetry partition and every scheduler/inventory partition count: minutes
+        must not close while scheduler events for them may still be unread. A partition
+        with unread data whose time is not known yet holds the watermark where it is; a
+        partition read to its end holds nothing.
         """
-        tele = list(self.telemetry.assignment())
-        glob = list(self.globals.assignment())
-        if not tele:
-            return None
-        if time.monotonic() - self._ends_at > 1.0:
-            ends = {**self.telemetry.end_offsets(tele), **self.globals.end_offsets(glob)}
-            self._ends = {(tp.topic, tp.partition): off for tp, off in ends.items()}
-            self._ends_at = time.monotonic()
+        self._refresh_ends()
+        topics = self.settings.topics
+        keys = [(topics.telemetry, run.shard.partition),
+                *((tp.topic, tp.partition) for tp in self.global_parts
+                  if tp.topic != topics.attempt_parts)]
         behind: list[datetime] = []
-        for tp in (*tele, *glob):
-            key = (tp.topic, tp.partition)
-            if self.offsets.get(key, 0) >= self._ends.get(key, 0):
+        for key in keys:
+            if run.offsets.get(key, 0) >= self._ends.get(key, 0):
                 continue
-            seen = self.partition_time.get(key)
+            seen = run.partition_time.get(key)
             if seen is None:
-                return self.processor.closed_until or HOLD
+                return run.processor.closed_until or HOLD
             behind.append(seen)
         return min(behind) if behind else None
 
-    def _dead_letters(self, decoded: DecodedBatch) -> None:
+    def _dead_letters(self, run: ShardRun, decoded: DecodedBatch) -> None:
         dead = decoded.dead_letters
         if dead.is_empty():
             return
         self.stats.dead_letters += dead.height
-        self.processor.add_rejects(dead.drop("topic", "partition", "offset"))
+        run.processor.add_rejects(dead.drop("topic", "partition", "offset"))
         topic = self.settings.topics.dead_letters
         for row in dead.iter_rows(named=True):
             headers = [("reason", str(row["reason"]).encode()),
                        ("source-topic", str(row["topic"] or "").encode()),
                        ("source-partition", str(row["partition"]).encode()),
                        ("source-offset", str(row["offset"]).encode())]
-            self.dead.send(topic, value=str(row["raw"] or "").encode(), headers=headers)
+            self.producer.send(topic, value=str(row["raw"] or "").encode(), headers=headers)
         log.warning("%d bad record(s) sent to %s (first: %s)", dead.height, topic,
                     dead["reason"][0])
 
-    def _checkpoint(self) -> None:
+    def _checkpoint_shard(self, run: ShardRun) -> None:
+        self._send_parts(run)
+        self.producer.flush()  # dead letters and parts acknowledged before the offsets
+        checkpoint.save(run.processor, run.offsets, run.state_path)
+
+    def _commits(self, runs: list[ShardRun]) -> dict[Any, Any]:
         from kafka.structs import OffsetAndMetadata
 
-        self.dead.flush()
-        checkpoint.save(self.processor, self.offsets, self.state_path)
-        mine = {self._tp(t, p): OffsetAndMetadata(o, "", -1)
-                for (t, p), o in self.offsets.items()
-                if t == self.settings.topics.telemetry}
-        owned = set(self.telemetry.assignment())
-        mine = {tp: om for tp, om in mine.items() if tp in owned}
-        if mine:
-            self.telemetry.commit(mine)
+        topic = self.settings.topics.telemetry
+        out = {}
+        for run in runs:
+            offset = run.offsets.get((topic, run.shard.partition))
+            if offset is not None:
+                out[self._tp(topic, run.shard.partition)] = OffsetAndMetadata(offset, "", -1)
+        return out
+
+    def _checkpoint(self) -> None:
+        runs = [run for run in self.shards.values() if run.processor.closed_until is not None
+                or run.offsets]
+        for run in runs:
+            self._checkpoint_shard(run)
+        owned = {tp.partition for tp in self.telemetry.assignment()}
+        commits = self._commits([run for run in runs if run.shard.partition in owned])
+        if commits:
+            self.telemetry.commit(commits)
         self.stats.checkpoints += 1
         self._last_checkpoint = time.monotonic()
 
@@ -293,14 +486,17 @@ class KafkaProcessorService:
         lag = 0
         for tp in self.telemetry.assignment():
             high = self.telemetry.highwater(tp)
-            if high is not None:
-                lag += max(high - self.offsets.get((tp.topic, tp.partition), 0), 0)
+            run = self.shards.get(tp.partition)
+            if high is not None and run is not None:
+                lag += max(high - run.offsets.get((tp.topic, tp.partition), 0), 0)
         elapsed = time.monotonic() - self.stats.started
-        c = self.processor.counters
-        log.info("messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s dead_letters=%d "
-                 "late=%d", self.stats.messages, self.stats.messages / max(elapsed, 1e-9),
-                 c.records_in["telemetry"], lag, self.processor.closed_until,
-                 self.stats.dead_letters, c.late_telemetry)
+        c = self.counters()
+        closed = [r.processor.closed_until for r in self.shards.values()
+                  if r.processor.closed_until is not None]
+        log.info("shards=%s messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s "
+                 "dead_letters=%d late=%d", sorted(self.shards), self.stats.messages,
+                 self.stats.messages / max(elapsed, 1e-9), c.records_in["telemetry"], lag,
+                 min(closed) if closed else None, self.stats.dead_letters, c.late_telemetry)
 
 
 def _rebalance_listener(service: KafkaProcessorService) -> Any:
@@ -318,18 +514,20 @@ def _rebalance_listener(service: KafkaProcessorService) -> Any:
 
 
 class _Rebalance:
-    """Seek newly assigned partitions to the checkpoint; checkpoint before losing some."""
+    """Checkpoint and drop revoked shards; load assigned ones and seek to their offsets."""
 
     def __init__(self, service: KafkaProcessorService) -> None:
         self.service = service
 
     def on_partitions_revoked(self, revoked: Any) -> None:
-        if revoked and not self.service.closing \
-                and self.service.processor.closed_until is not None:
-            self.service._checkpoint()
+        if self.service.closing:
+            return
+        for tp in revoked:
+            self.service.drop_shard(tp.partition)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         for tp in assigned:
-            offset = self.service.offsets.get((tp.topic, tp.partition))
+            run = self.service.shards.get(tp.partition) or self.service.add_shard(tp.partition)
+            offset = run.offsets.get((tp.topic, tp.partition))
             if offset is not None:
                 self.service.telemetry.seek(tp, offset)

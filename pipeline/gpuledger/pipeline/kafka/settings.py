@@ -20,7 +20,7 @@ Environment (all optional except the bootstrap, which may also come from ``--kaf
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,11 @@ class Topics:
     inventory: str = "gpu.inventory.v1"
     jobs: str = "sched.events.v1"
     dead_letters: str = "gpuledger.deadletter.v1"
+    attempt_parts: str = "gpuledger.attempt-parts.v1"
+    """Internal: processors' parts of job attempts, for the owner shard (shard.py)."""
 
     def prefixed(self, prefix: str) -> Topics:
-        return Topics(*(prefix + getattr(self, f) for f in
-                        ("telemetry", "inventory", "jobs", "dead_letters")))
+        return Topics(**{f.name: prefix + getattr(self, f.name) for f in fields(self)})
 
     def for_record_type(self, record_type: str) -> str:
         return {"telemetry": self.telemetry, "inventory": self.inventory,

@@ -6,10 +6,13 @@
 | ``gpu.inventory.v1`` | node | 3 | forever | compact |
 | ``sched.events.v1`` | job | 3 | 7 days | delete |
 | ``gpuledger.deadletter.v1`` | none | 1 | 7 days | delete |
+| ``gpuledger.attempt-parts.v1`` | shard | 1 | 7 days | delete |
 
 Telemetry is partitioned by node, so processors can share it in one consumer group.
 Inventory is compacted: the newest record of each node is its state. Scheduler events
 keep a full history so a processor can rebuild job state by reading them from the start.
+Attempt parts are internal: each processor shard's part of the job attempts that ended
+(``shard.py``), read by the owner shard.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def topic_specs(settings: KafkaSettings, telemetry_partitions: int = 12,
         TopicSpec(t.inventory, 3, {"cleanup.policy": "compact", "retention.ms": "-1"}),
         TopicSpec(t.jobs, 3, {"retention.ms": str(7 * 24 * HOUR_MS), "cleanup.policy": "delete"}),
         TopicSpec(t.dead_letters, 1,
+                  {"retention.ms": str(7 * 24 * HOUR_MS), "cleanup.policy": "delete"}),
+        TopicSpec(t.attempt_parts, 1,
                   {"retention.ms": str(7 * 24 * HOUR_MS), "cleanup.policy": "delete"}),
     ]
 

@@ -1,0 +1,86 @@
+"""Scale-out on a real broker: one processor or two in a consumer group, same facts.
+
+The telemetry topic has 4 partitions; each instance runs a shard per partition it is
+assigned (shard.py). Two instances split the partitions, the owner (partition 0) writes
+the cluster-wide facts and gathers the other shards' parts of job attempts.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from fact_views import assert_same_facts
+from kafka_broker import Broker
+from test_kafka_pipeline import SPARSE, _process, _process_cmd, _publish, _settings, _sim
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.demo import run_demo
+from gpuledger.pipeline.kafka.producer import KafkaSink
+from gpuledger.pipeline.kafka.settings import KafkaSettings
+from gpuledger.pipeline.kafka.topics import create_topics
+from gpuledger.pipeline.simulate import simulate
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("embedded")
+    run_demo(_sim(), ProcessorConfig(), root)
+    return root
+
+
+def test_two_processors_write_the_facts_of_one(
+    kafka: Broker, reference: Path, tmp_path: Path,
+) -> None:
+    settings = _settings(kafka)
+    _publish(settings)
+    one = tmp_path / "one"
+    _process(settings, one, group="single")
+    assert_same_facts(one, reference, SPARSE)
+
+    # a second group: both instances join before the input arrives, so both read some
+    settings_two = _settings(kafka)
+    create_topics(settings_two, telemetry_partitions=4)
+    two = tmp_path / "two"
+    cmd = _process_cmd(kafka, settings_two, two, "pair", "--exit-when-idle", "8",
+                       "--checkpoint-interval", "1")
+    logs = [tmp_path / f"instance-{i}.log" for i in (1, 2)]
+    procs = [subprocess.Popen([*cmd, "--instance-id", f"pair-{i}"],
+                              stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+             for i, log in enumerate(logs, 1)]
+    deadline = time.monotonic() + 60
+    while not all(_shards(log) for log in logs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _publish_as_agents(settings_two)
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    texts = [log.read_text() for log in logs]
+    read = [int(m.group(1)) for t in texts
+            for m in [re.search(r"exiting \((\d+) telemetry message", t)] if m]
+    assert len(read) == 2 and all(n > 0 for n in read), [t[-2000:] for t in texts]
+    assert set().union(*(_shards(log) for log in logs)) == {"000", "001", "002", "003"}
+    assert_same_facts(two, one, SPARSE)
+    assert_same_facts(two, reference, SPARSE)
+
+
+def _publish_as_agents(settings: KafkaSettings) -> None:
+    """Publish the simulation the way live agents and a scheduler do: a message per
+    node and minute, each minute's in order (the simulator's batches span 10 minutes)."""
+    sink = KafkaSink(settings)
+    for batch in simulate(_sim()):
+        minute = {k: f.with_columns(pl.col("time").dt.truncate("1m").alias("_m"))
+                  for k, f in batch.items() if not f.is_empty()}
+        for m in sorted(set().union(*(set(f["_m"].to_list()) for f in minute.values()))):
+            sink.publish_batch({k: f.filter(pl.col("_m") == m).drop("_m")
+                                for k, f in minute.items()})
+    sink.close()
+
+
+def _shards(log: Path) -> set[str]:
+    """The shards an instance has started (from its log)."""
+    return set(re.findall(r"shard p(\d{3}): partition", log.read_text())) if log.exists() \
+        else set()
