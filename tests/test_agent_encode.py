@@ -46,3 +46,17 @@ def test_lines_decode_without_rejects() -> None:
     assert decoded.rejects.height == 0
     assert decoded.frames["telemetry"]["seq"].to_list() == [0, 1, 2]
     assert decoded.frames["inventory"].height == 1
+
+
+def test_the_examples_in_docs_agent_md_are_valid_records() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "agent.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, re.S)
+    lines = [line for block in blocks for line in block.splitlines() if line.strip()]
+    assert len(lines) >= 2
+    decoded = decode_jsonl(("\n".join(lines) + "\n").encode(), now=datetime(2026, 1, 6,
+                                                                          tzinfo=UTC))
+    assert decoded.rejects.height == 0, decoded.rejects["reason"].to_list()
+    assert decoded.frames["telemetry"].height == len(lines)
