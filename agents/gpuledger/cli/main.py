@@ -123,6 +123,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     sim = _sim_config(args)
     config = _proc_config(args)
+    if (args.metrics_address or args.alert_webhook) and args.kafka:
+        raise CliError("--metrics-address and --alert-webhook work with the embedded bus; "
+                       "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
+    ops = _ops(args, config)
     started = time.monotonic()
     update, stop = _progress(f"simulating {sim.hours:g} h and processing",
                              not args.quiet)
@@ -134,7 +138,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else:
             from gpuledger.pipeline.demo import run_demo
 
-            result = run_demo(sim, config, args.warehouse, update)
+            result = run_demo(sim, config, args.warehouse, update,
+                              on_processor=ops.follow if ops is not None else None)
     finally:
         stop()
     elapsed = time.monotonic() - started
@@ -146,7 +151,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(summary_text(args.warehouse))
     print(f"Query it: gpuledger query --warehouse {args.warehouse} "
           "\"SELECT * FROM utilisation_by_team\"")
+    if ops is not None:
+        _ops_finish(ops)
     return 0
+
+
+def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
+    """The exporter and alert engine the options ask for (gpuledger.pipeline.ops), or None."""
+    if not (args.metrics_address or args.alert_webhook or kafka is not None):
+        return None
+    from gpuledger.pipeline.exporter.server import AddressError
+    from gpuledger.pipeline.ops import OpsSurface
+
+    try:
+        ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
+        url = ops.start()
+    except (AddressError, OSError) as exc:
+        raise CliError(f"--metrics-address: {exc}") from None
+    if url:
+        print(f"serving {url}", file=sys.stderr, flush=True)
+    return ops
+
+
+def _ops_finish(ops: Any) -> None:
+    """Print the alerts summary; keep serving /metrics until SIGTERM/SIGINT."""
+    import signal
+    import threading
+
+    summary = ops.summary()
+    if summary:
+        print(summary)
+    if ops.port is not None:
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _s, _f: done.set())
+        print("serving the final minute's metrics until interrupted (Ctrl-C)",
+              file=sys.stderr, flush=True)
+        done.wait()
+    ops.close()
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -262,12 +304,18 @@ def cmd_process(args: argparse.Namespace) -> int:
     options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
                              exit_when_idle_s=args.exit_when_idle,
                              instance_id=args.instance_id)
-    service = KafkaProcessorService(settings, _proc_config(args), args.warehouse, options)
+    config = _proc_config(args)
+    service = KafkaProcessorService(settings, config, args.warehouse, options)
+    ops = _ops(args, config, None if args.no_alerts else settings)
+    if ops is not None:
+        ops.follow_service(service)
     service.install_signal_handlers()
     try:
         service.run()
     finally:
         service.close()
+        if ops is not None:
+            ops.close()
     return 0
 
 
@@ -296,6 +344,16 @@ COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.pipeline.alerts.command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
 IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",)
+
+
+def _ops_args(p: argparse.ArgumentParser) -> None:
+    """Options of the ops surface (exporter, alert engine) of demo and process."""
+    p.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                   help="serve Prometheus /metrics of the latest closed minute here "
+                   "(docs/prometheus.md); the demo keeps serving until interrupted")
+    p.add_argument("--alert-webhook", metavar="URL", default=None,
+                   help="POST alerts in Alertmanager's shape to URL, e.g. "
+                   "http://alertmanager:9093/api/v2/alerts (docs/alerts.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -336,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the demo through this Kafka cluster instead of the embedded bus "
                    "(topics are created; credentials from GPULEDGER_KAFKA_* variables)")
     p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
+    _ops_args(p)
     p.set_defaults(func=cmd_demo)
 
     def kafka_args(p: argparse.ArgumentParser) -> None:
@@ -372,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-idle", type=_positive(float, "--exit-when-idle"), default=None,
                    metavar="SECONDS", help="flush everything and exit after this long without "
                    "input (for batch runs); default: run until SIGTERM")
+    _ops_args(p)
+    p.add_argument("--no-alerts", action="store_true",
+                   help="do not run the alert engine (default: alerts go to the "
+                   "gpuledger.alerts.v1 topic, and to --alert-webhook when given)")
     p.set_defaults(func=cmd_process)
 
     p = sub.add_parser("simulate", help="write simulated events as contract JSON lines",

@@ -27,10 +27,15 @@ def run_demo(
     config: ProcessorConfig,
     warehouse: Path,
     on_progress: Callable[[float], None] | None = None,
+    on_processor: Callable[[Processor], None] | None = None,
 ) -> DemoResult:
-    """Simulate ``sim`` and process it through the embedded bus into ``warehouse``."""
+    """Simulate ``sim`` and process it through the embedded bus into ``warehouse``.
+
+    ``on_processor`` sees the processor before any input (to attach fact listeners)."""
     bus = EmbeddedBus()
     processor = Processor(config, Warehouse(warehouse))
+    if on_processor is not None:
+        on_processor(processor)
     total_minutes = sim.hours * 60
     done = 0.0
     for batch in simulate(sim):

@@ -1,0 +1,81 @@
+"""The ops surface around a running processor: ``/metrics`` and the alert engine.
+
+``gpuledger demo`` and ``gpuledger process`` build one :class:`OpsSurface` from their
+``--metrics-address``, ``--alert-webhook`` and (process) alerts-topic options and hand it
+the processor, or the Kafka service whose shards it then follows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpuledger.pipeline.alerts.engine import AlertEngine
+from gpuledger.pipeline.alerts.sinks import AlertSink, KafkaAlertSink, ListSink, WebhookSink
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.exporter import Exporter, parse_address
+from gpuledger.pipeline.exporter.service import follow_shards
+
+if TYPE_CHECKING:
+    from gpuledger.pipeline.processor import Processor
+
+
+class OpsSurface:
+    """Exporter and alert engine, each optional."""
+
+    def __init__(self, config: ProcessorConfig, metrics_address: str | None = None,
+                 alert_webhook: str | None = None, kafka_settings: Any = None) -> None:
+        self.address = parse_address(metrics_address) if metrics_address else None
+        self.exporter = Exporter(config) if self.address else None
+        self.listed = ListSink()
+        sinks: list[AlertSink] = [self.listed]
+        self.kafka_sink: KafkaAlertSink | None = None
+        if alert_webhook:
+            sinks.append(WebhookSink(alert_webhook))
+        if kafka_settings is not None:
+            self.kafka_sink = KafkaAlertSink(kafka_settings)
+            sinks.append(self.kafka_sink)
+        self.engine = AlertEngine(config, sinks) if len(sinks) > 1 else None
+        self.port: int | None = None
+
+    def follow(self, processor: Processor) -> None:
+        if self.exporter is not None:
+            self.exporter.attach(processor)
+        if self.engine is not None:
+            self.engine.attach(processor)
+
+    def unfollow(self, processor: Processor) -> None:
+        if self.exporter is not None:
+            self.exporter.detach(processor)
+        if self.engine is not None:
+            self.engine.detach(processor)
+
+    def follow_service(self, service: Any) -> None:
+        """Follow every shard of a Kafka service (and its consumer lag)."""
+        follow_shards(service, self.follow, self.unfollow)
+        if self.exporter is not None:
+            self.exporter.health.service = service
+
+    def start(self) -> str | None:
+        """Start serving ``/metrics``; its URL, or None without an address."""
+        if self.exporter is None or self.address is None:
+            return None
+        host, port = self.address
+        self.port = self.exporter.start(host, port)
+        return f"http://{host}:{self.port}/metrics"
+
+    def summary(self) -> str | None:
+        if self.engine is None:
+            return None
+        fired = [e for e in self.listed.events if e.status == "firing"]
+        kinds: dict[str, int] = {}
+        for e in fired:
+            kinds[e.name] = kinds.get(e.name, 0) + 1
+        detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        return (f"alerts: {len(fired)} fired ({detail or 'none'}), "
+                f"{len(self.engine.firing)} still firing")
+
+    def close(self) -> None:
+        if self.exporter is not None:
+            self.exporter.stop()
+        if self.kafka_sink is not None:
+            self.kafka_sink.close()
