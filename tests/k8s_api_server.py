@@ -5,7 +5,8 @@ It serves, per resource (``nodes``, ``workloads``, ``pods``), an initial list
 one watch event per line) the way the API server does:
 
 - ``GET <collection>`` lists the objects as they are now (the initial list with every
-  event that has happened applied), with the newest ``resourceVersion``;
+  event that has happened applied), with the newest ``resourceVersion``, in pages of
+  ``limit`` items (``continue`` tokens);
 - ``GET <collection>?watch=1&resourceVersion=RV`` streams, chunked, one JSON event per
   line: first the events after ``RV`` that already happened, then the rest of the
   recording as it happens; when the recording is exhausted it holds the stream open
@@ -158,9 +159,15 @@ class FakeApiServer:
         else:
             with self.lock:
                 api, kind = LIST_KIND[resource]
-                body = {"kind": kind, "apiVersion": api,
-                        "metadata": {"resourceVersion": str(rec.current_rv)},
-                        "items": list(rec.objects.values())}
+                items = list(rec.objects.values())
+                offset = int(query.get("continue") or 0)
+                limit = int(query.get("limit") or 0) or len(items) or 1
+                page = items[offset:offset + limit]
+                meta: dict[str, Any] = {"resourceVersion": str(rec.current_rv)}
+                if offset + limit < len(items):
+                    meta["continue"] = str(offset + limit)
+                    meta["remainingItemCount"] = len(items) - offset - limit
+                body = {"kind": kind, "apiVersion": api, "metadata": meta, "items": page}
                 rec.pending_http_gone = False
             data = json.dumps(body).encode()
             h.send_response(200)

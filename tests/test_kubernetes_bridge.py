@@ -344,3 +344,26 @@ def test_cluster_without_kueue(tmp_path: Path) -> None:
         if any(k.startswith("nvidia.com/") for k in limits):
             gpu_pods.add(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
     assert set(events) == gpu_pods
+
+
+def test_a_batch_torn_by_a_crash_is_completed_once(tmp_path: Path) -> None:
+    """State saved with its outbox, then the crash tore the hand-over: the next start
+    completes the batch exactly once."""
+    out, state = tmp_path / "out.jsonl", tmp_path / "state.json"
+    with FakeApiServer(FIXTURES) as server:
+        config = _config(server.url, state)
+        Bridge(config, ApiClient(connection(config)), FileSink(out),
+               clock=lambda: OBSERVED).sync()
+        whole = out.read_bytes()
+        lines = whole.splitlines(keepends=True)
+        batch = [json.loads(line) for line in lines[-3:]]
+        position = len(whole) - sum(len(line) for line in lines[-3:])
+        saved = json.loads(state.read_text())
+        saved["outbox"] = {"position": position, "records": batch}
+        state.write_text(json.dumps(saved))
+        out.write_bytes(whole[:position + len(lines[-3]) // 2])  # torn mid-record
+        again = Bridge(config, ApiClient(connection(config)), FileSink(out),
+                       clock=lambda: OBSERVED)
+        assert out.read_bytes() == whole
+        assert json.loads(state.read_text())["outbox"] is None
+        assert again.sync() == 0 and out.read_bytes() == whole
