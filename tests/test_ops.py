@@ -16,6 +16,7 @@ from prometheus_server import free_port
 from test_alert_engine import Receiver
 
 from gpuledger.cli.main import main
+from gpuledger.pipeline.alerts.model import Alert
 
 
 def test_demo_serves_metrics_and_posts_alerts(tmp_path: Path) -> None:
@@ -63,3 +64,63 @@ def test_bad_metrics_address_and_kafka_demo_are_usage_errors(capsys: object) -> 
     assert main(["demo", "--metrics-address", "nowhere", "--hours", "0.1"]) == 2
     assert main(["demo", "--metrics-address", "127.0.0.1:0", "--kafka", "127.0.0.1:9",
                  "--hours", "0.1"]) == 2
+
+
+def test_kafka_service_shards_give_the_embedded_alerts_and_metrics(tmp_path: Path,
+                                                                   kafka: object) -> None:
+    """The exporter and the alert engine follow every shard of `gpuledger process`; the
+    shards together raise exactly the alerts of one processor on the embedded bus."""
+    import uuid
+
+    from prometheus_client.parser import text_string_to_metric_families as parse
+    from test_simulate import SMALL
+
+    from gpuledger.pipeline.config import ProcessorConfig
+    from gpuledger.pipeline.demo import run_demo
+    from gpuledger.pipeline.kafka.producer import KafkaSink
+    from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
+    from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics
+    from gpuledger.pipeline.kafka.topics import create_topics
+    from gpuledger.pipeline.ops import OpsSurface
+    from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
+
+    sim = SimConfig(hours=2.0, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    config = ProcessorConfig()
+    embedded = OpsSurface(config, "127.0.0.1:0", alerts=True)
+    run_demo(sim, config, tmp_path / "embedded", on_processor=embedded.follow)
+
+    settings = KafkaSettings(bootstrap=kafka.bootstrap,  # type: ignore[attr-defined]
+                             topics=Topics().prefixed(f"o{uuid.uuid4().hex[:8]}."))
+    create_topics(settings, telemetry_partitions=3)
+    sink = KafkaSink(settings)
+    for batch in simulate(sim):
+        sink.publish_batch(batch)
+    sink.close()
+    service = KafkaProcessorService(settings, config, tmp_path / "kafka",
+                                    ServiceOptions(group_id="ops", exit_when_idle_s=2.0))
+    ops = OpsSurface(config, "127.0.0.1:0", None, settings)
+    ops.follow_service(service)
+    try:
+        service.run()
+    finally:
+        service.close()
+    try:
+        assert len(service.shards) == 3
+
+        def key(e: Alert) -> tuple[object, ...]:
+            return (e.name, e.job_id, e.attempt, e.status, e.starts_at, e.ends_at)
+
+        want = sorted(map(key, embedded.listed.events), key=str)
+        assert want, "the simulation should raise some alerts"
+        assert sorted(map(key, ops.listed.events), key=str) == want
+        assert ops.kafka_sink is not None and ops.kafka_sink.sent == len(want)
+
+        def gpus(surface: OpsSurface) -> float:
+            assert surface.exporter is not None
+            return sum(s.value for f in parse(surface.exporter.render().decode())
+                       if f.name == "gpuledger_gpus" for s in f.samples)
+
+        assert gpus(ops) == gpus(embedded) > 0
+    finally:
+        ops.close()
+        embedded.close()

@@ -23,7 +23,10 @@ class OpsSurface:
     """Exporter and alert engine, each optional."""
 
     def __init__(self, config: ProcessorConfig, metrics_address: str | None = None,
-                 alert_webhook: str | None = None, kafka_settings: Any = None) -> None:
+                 alert_webhook: str | None = None, kafka_settings: Any = None,
+                 alerts: bool = False) -> None:
+        """``alerts``: run the alert engine even without a webhook or Kafka (events are
+        kept in ``listed``)."""
         self.address = parse_address(metrics_address) if metrics_address else None
         self.exporter = Exporter(config) if self.address else None
         self.listed = ListSink()
@@ -34,7 +37,7 @@ class OpsSurface:
         if kafka_settings is not None:
             self.kafka_sink = KafkaAlertSink(kafka_settings)
             sinks.append(self.kafka_sink)
-        self.engine = AlertEngine(config, sinks) if len(sinks) > 1 else None
+        self.engine = AlertEngine(config, sinks) if alerts or len(sinks) > 1 else None
         self.port: int | None = None
 
     def follow(self, processor: Processor) -> None:
