@@ -1,35 +1,35 @@
-"""Kafka transport benchmark: produce rate, wire size, consume ceiling, processor, freshness.
+"""Kafka transport benchmark: produce, wire size, consume ceiling, processor, freshness,
+for both Kafka clients and several wire variants side by side in one run.
 
-In one run, against a broker it starts itself (``tests/kafka_broker.py``, the jars of
-``scripts/kafka-jars.sh``) or an existing one (``--bootstrap``):
+Against a broker it starts itself (``tests/kafka_broker.py``, the jars of
+``scripts/kafka-jars.sh``) or an existing one (``--bootstrap``). For each *variant*
+FORMAT/CODEC/BATCH_MINUTES (wire format, the producer's compression, simulated minutes
+per ``KafkaSink`` batch, i.e. per message of a node); the first is the baseline:
 
 1. produce: HOURS of the default simulated cluster (576 GPUs, 10 s samples) to fresh
-   topics (a prefix per run and format, 12 telemetry partitions), once per wire format,
-   with ``KafkaSink`` (gzip, acks=all, idempotent). Agent-side rate in GPU-samples per
-   second (wall and CPU; simulation not counted), message value bytes per GPU-sample
-   (before gzip) and, for a broker started here, the telemetry topic's ``.log`` bytes on
-   disk per GPU-sample (after gzip, with Kafka's batch, key and header overhead);
-2. ceiling: the telemetry topic read by a kafka-python ``KafkaConsumer`` with the
-   service's fetch settings, doing nothing with the records: GPU-samples per CPU-second
-   of this process (``time.process_time``). Beside it, the same read plus ``wire.decode``
-   (what the service does before the processor);
-3. processor: ``KafkaProcessorService`` over the same topics into a temporary warehouse
-   until idle: GPU-samples per CPU-second (all threads), ratio to the ceiling, and a
-   separate cProfile run (where the time goes);
-4. freshness: a producer process publishes one simulated 10 s round of the cluster every
-   ROUND_MS (simulated time runs 10 s / ROUND_MS faster than the wall clock) while the
-   service runs with ``allowed_lateness_s`` = LATENESS; the wall time from producing a
-   sample to the processor closing its minute (and to the gpu_minute Parquet file of its
-   hour being written) is measured, and converted to what it means at real time
-   (see ``_freshness``).
+   topics (12 telemetry partitions) with ``KafkaSink`` (kafka-python, acks=all,
+   idempotent, the variant's codec). Agent-side GPU-samples per CPU-second (simulation
+   not counted), value bytes per GPU-sample, and, for a broker started here, the
+   telemetry topic's ``.log`` bytes on disk per GPU-sample (after compression);
+2. per client (``GPULEDGER_KAFKA_CLIENT``: kafka-python with the C ``crc32c`` when
+   installed, confluent-kafka): the *ceiling* (the telemetry topic read by that client's
+   consumer with the service's fetch settings, doing nothing with it), the same read
+   plus ``wire.decode``, and the *service* (``KafkaProcessorService`` until idle) in
+   GPU-samples per CPU-second of this process (``time.process_time``, all threads, so
+   librdkafka's and Polars' threads count), and service / ceiling. On the baseline
+   also kafka-python with its pure-Python CRC32C and with its default fetch settings,
+   and a cProfile of the service for the first two variants (where the time goes);
+3. freshness, per client: a producer process publishes one simulated 10 s round of the
+   cluster every ROUND_MS (simulated time runs 10 s / ROUND_MS faster than the wall
+   clock) while the service runs with ``allowed_lateness_s`` = LATENESS; the wall time
+   from producing a sample to the processor closing its minute (and to the gpu_minute
+   Parquet file of its hour being written), and what it means at real time.
 
-The services run with one harness-side workaround for a cold-start crash of
-``KafkaProcessorService._time_limit`` (see ``_service``); the JSON counts its uses.
+Prints one JSON object (with ``table``, the markdown table of bench/README.md);
+``--json PATH`` writes it too. Usage:
 
-Prints one JSON object; ``--json PATH`` writes it too. Usage:
-
-    python bench/kafka_throughput.py [--hours 2] [--formats arrow-v1 jsonl-v1]
-        [--freshness-seconds 100] [--round-ms 150] [--lateness 10] [--bootstrap HOST:PORT]
+    python bench/kafka_throughput.py [--hours 2] [--variants arrow-v1/gzip/10 ...]
+        [--clients kafka-python confluent] [--freshness-seconds 100] [--bootstrap H:P]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from gpuledger.contract.schema import RECORD_TYPES
 from gpuledger.pipeline.columns import conform
 from gpuledger.pipeline.config import ProcessorConfig, Windows
 from gpuledger.pipeline.decode import encode_jsonl
+from gpuledger.pipeline.kafka.client import open_consumer
 from gpuledger.pipeline.kafka.producer import KEYS, KafkaSink, producer_config
 from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions, _messages
 from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics
@@ -179,6 +180,11 @@ def _code() -> dict[str, Any]:
         "kafka_python": kafka.__version__,
         "crc32c": "C (crc32c package)" if util.crc32c_c is not None else "pure Python",
     }
+    with contextlib.suppress(ImportError):
+        import confluent_kafka
+
+        info["confluent_kafka"] = confluent_kafka.version()[0]
+        info["librdkafka"] = confluent_kafka.libversion()[0]
     if info["from_this_checkout"]:
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
             git = ["git", "-C", str(REPO)]
@@ -191,9 +197,9 @@ def _code() -> dict[str, Any]:
     return info
 
 
-def _settings(bootstrap: str, prefix: str) -> KafkaSettings:
+def _settings(bootstrap: str, prefix: str, client: str = "kafka-python") -> KafkaSettings:
     return KafkaSettings(bootstrap=bootstrap, topics=Topics().prefixed(prefix),
-                         client_id=f"bench-{prefix.rstrip('.')}")
+                         client_id=f"bench-{prefix.rstrip('.')}", client=client)
 
 
 def _topic_disk_bytes(log_dir: Path | None, topic: str) -> int | None:
@@ -229,8 +235,8 @@ def _gzip_cost(values: list[bytes], every: int) -> dict[str, float]:
 class CountingSink(KafkaSink):
     """A KafkaSink that also counts value bytes and messages per topic."""
 
-    def __init__(self, settings: KafkaSettings, fmt: bytes) -> None:
-        super().__init__(settings, fmt)
+    def __init__(self, settings: KafkaSettings, fmt: bytes, codec: str = "gzip") -> None:
+        super().__init__(settings, fmt, compression_type=None if codec == "none" else codec)
         self.topic_bytes: dict[str, int] = {}
         self.topic_messages: dict[str, int] = {}
         self.kept: list[bytes] = []  # every KEEP_EVERY-th telemetry value
@@ -249,10 +255,10 @@ class CountingSink(KafkaSink):
 
 
 def _produce(settings: KafkaSettings, fmt: bytes, batches: list[Batch],
-             log_dir: Path | None) -> dict[str, Any]:
+             log_dir: Path | None, codec: str = "gzip") -> dict[str, Any]:
     create_topics(settings, telemetry_partitions=TELEMETRY_PARTITIONS)
     samples = sum(b["telemetry"].height for b in batches)
-    sink = CountingSink(settings, fmt)
+    sink = CountingSink(settings, fmt, codec)
     c0, w0 = time.process_time(), time.perf_counter()
     for batch in batches:
         sink.publish_batch(batch)
@@ -272,10 +278,10 @@ def _produce(settings: KafkaSettings, fmt: bytes, batches: list[Batch],
         "value_bytes_per_sample": round(value / samples, 1),
         "value_bytes_per_message": round(value / max(sink.topic_messages.get(topic, 1), 1)),
         "disk_bytes_per_sample": None if disk is None else round(disk / samples, 1),
-        "gzip_ratio": None if not disk else round(value / disk, 2),
+        "compression_ratio": None if not disk else round(value / disk, 2),
         "telemetry_value_bytes": value,
         "telemetry_disk_bytes": disk,
-        **_gzip_cost(sink.kept, KEEP_EVERY),
+        **(_gzip_cost(sink.kept, KEEP_EVERY) if codec == "gzip" else {}),
     }
 
 
@@ -283,19 +289,19 @@ def _produce(settings: KafkaSettings, fmt: bytes, batches: list[Batch],
 
 
 def _ceiling(settings: KafkaSettings, samples: int, messages: int,
-             with_decode: bool) -> dict[str, Any]:
-    """Read the telemetry topic to its end; nothing else (or only wire.decode)."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(**settings.client_config(), group_id=f"ceiling-{uuid.uuid4().hex}",
-                             enable_auto_commit=False, auto_offset_reset="earliest", **FETCH)
+             with_decode: bool, fetch: dict[str, int] | None = None) -> dict[str, Any]:
+    """Read the telemetry topic to its end with ``settings.client``; nothing else (or only
+    wire.decode). ``fetch``: the consumer's fetch settings (default: the service's)."""
+    fetch = FETCH if fetch is None else fetch
+    consumer = open_consumer(settings, group_id=f"ceiling-{uuid.uuid4().hex}",
+                             enable_auto_commit=False, auto_offset_reset="earliest", **fetch)
     consumer.subscribe([settings.topics.telemetry])
     got = nbytes = decoded = 0
     c0, w0 = time.process_time(), time.perf_counter()
     try:
         while got < messages:
             records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS,
-                                    max_records=FETCH["max_poll_records"])
+                                    max_records=fetch.get("max_poll_records", 500))
             if with_decode:
                 for msgs in _messages(records).values():
                     decoded += decode(msgs, "telemetry").frames["telemetry"].height
@@ -313,6 +319,21 @@ def _ceiling(settings: KafkaSettings, samples: int, messages: int,
         raise AssertionError(f"decoded {decoded} samples, produced {samples}")
     return {"samples_per_cpu_s": round(samples / cpu), "cpu_s": round(cpu, 3),
             "wall_s": round(wall, 2)}
+
+
+@contextlib.contextmanager
+def _kafka_python_crc(native: bool) -> Iterator[None]:
+    """kafka-python's CRC32C: the C ``crc32c`` package (when installed) or its own
+    pure-Python one; ``calc_crc32c`` binds it as a default argument, so swap that."""
+    from kafka.record import util
+
+    saved = util.calc_crc32c.__defaults__
+    if not native or util.crc32c_c is None:
+        util.calc_crc32c.__defaults__ = (util.crc32c_py,)
+    try:
+        yield
+    finally:
+        util.calc_crc32c.__defaults__ = saved
 
 
 # --------------------------------------------------------------------------- processor
@@ -383,6 +404,8 @@ def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, An
 # (file suffix, function) -> label, for the breakdown of a profiled service run.
 BREAKDOWN = {
     ("kafka/consumer/group.py", "poll"): "KafkaConsumer.poll (fetch, all consumers)",
+    ("gpuledger/pipeline/kafka/client_confluent.py", "poll"):
+        "ConfluentConsumer.poll (all consumers)",
     ("gpuledger/pipeline/kafka/service.py", "_drain_globals"): "service._drain_globals",
     ("gpuledger/pipeline/kafka/service.py", "_messages"): "service._messages",
     ("gpuledger/pipeline/kafka/wire.py", "decode"): "wire.decode",
@@ -525,7 +548,7 @@ def _live_producer(bootstrap: str, prefix: str, fmt: str, minutes: int, round_ms
 
 
 def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, lateness_s: int,
-               warmup_s: float, tmp: Path) -> dict[str, Any]:
+               warmup_s: float, tmp: Path, client: str = "kafka-python") -> dict[str, Any]:
     """Produce-to-close times with simulated time compressed 10 s : round_ms.
 
     A minute [m, m+60) closes when the watermark (newest telemetry time minus the
@@ -542,7 +565,7 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
       last minute closes; checkpoints do not write facts), so the same at hour scale.
     """
     prefix = f"bench.{uuid.uuid4().hex[:8]}.live."
-    settings = _settings(bootstrap, prefix)
+    settings = _settings(bootstrap, prefix, client)
     create_topics(settings, telemetry_partitions=TELEMETRY_PARTITIONS)
     n_rounds = int(seconds * 1000 / round_ms)
     minutes = -(-n_rounds // 6) + 1
@@ -616,7 +639,8 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
     span_s = stamps[-1][1] - stamps[0][1]
     analysis = _analyse(stamps, closes, files, lateness_s, warmup_s)
     return {
-        "format": fmt, "round_ms": round_ms, "speedup": round(10_000 / round_ms, 1),
+        "format": fmt, "client": client, "round_ms": round_ms,
+        "speedup": round(10_000 / round_ms, 1),
         "allowed_lateness_s": lateness_s, "warmup_excluded_s": warmup_s,
         "rounds": len(stamps), "rounds_late_at_producer": result["rounds_late"],
         "gpu_samples": samples, "late_samples": proc.counters.late_telemetry,
@@ -697,11 +721,101 @@ def _analyse(stamps: list[tuple[int, float, float]], closes: list[tuple[float, d
 # --------------------------------------------------------------------------- main
 
 
+DEFAULT_VARIANTS = [
+    "arrow-v1/gzip/10", "jsonl-v1/gzip/10", "arrow-v1/lz4/10", "jsonl-v1/lz4/10",
+    "arrow-v1/zstd/10", "jsonl-v1/zstd/10", "arrow-v1/snappy/10", "arrow-v1/none/10",
+    "jsonl-v1/none/10", "arrow-v1/lz4/1", "jsonl-v1/lz4/1", "arrow-v1/lz4/60",
+]
+CODECS = ("gzip", "lz4", "zstd", "snappy", "none")
+
+
+def _variant(text: str) -> tuple[str, str, int]:
+    """FORMAT/CODEC/BATCH_MINUTES, e.g. arrow-v1/lz4/10."""
+    fmt, codec, minutes = text.split("/")
+    if fmt not in FORMATS or codec not in CODECS or not minutes.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected FORMAT/CODEC/MINUTES with FORMAT in {sorted(FORMATS)}, "
+            f"CODEC in {CODECS}")
+    return fmt, codec, int(minutes)
+
+
+def _run_variant(bootstrap: str, log_dir: Path | None, tmp: Path, label: str, fmt: str,
+                 codec: str, batches: list[Batch], clients: list[str], baseline: bool,
+                 profile: bool) -> dict[str, Any]:
+    """Produce one topic set, then read it with every client: ceiling, fetch + decode,
+    the service (and, on the baseline, kafka-python without the C CRC and with its
+    default fetch settings)."""
+    step = _step(label)
+    prefix = f"bench.{uuid.uuid4().hex[:8]}.{fmt.split('-')[0]}.{codec}."
+    settings = _settings(bootstrap, prefix)
+    r: dict[str, Any] = {"label": label, "format": fmt, "codec": codec}
+    r["produce"] = step("produce", _produce, settings, FORMATS[fmt], batches, log_dir, codec)
+    samples, messages = r["produce"]["gpu_samples"], r["produce"]["telemetry_messages"]
+    r["samples_per_message"] = round(samples / messages, 1)
+    reads: dict[str, dict[str, Any]] = {}
+    runs: list[tuple[str, str, bool, dict[str, int] | None]] = []
+    for client in clients:
+        runs.append((client, client, True, None))
+    if baseline and "kafka-python" in clients:
+        runs.append(("kafka-python, pure-Python CRC", "kafka-python", False, None))
+        runs.append(("kafka-python, default fetch settings", "kafka-python", True, {}))
+    for name, client, native_crc, fetch in runs:
+        cs = _settings(bootstrap, prefix, client)
+        with _kafka_python_crc(native_crc):
+            out: dict[str, Any] = {"ceiling": step(f"ceiling {name}", _ceiling, cs, samples,
+                                                   messages, False, fetch)}
+            if fetch is None:
+                out["fetch_and_decode"] = step(f"fetch+decode {name}", _ceiling, cs, samples,
+                                               messages, True)
+                out["service"] = step(f"service {name}", _processor, cs, samples, tmp)
+                rate = out["service"]["samples_per_cpu_s"]
+                out["service_to_ceiling"] = round(rate / out["ceiling"]["samples_per_cpu_s"], 3)
+                out["service_to_fetch_and_decode"] = round(
+                    rate / out["fetch_and_decode"]["samples_per_cpu_s"], 3)
+                if profile:
+                    out["profile"] = step(f"profile {name}", _profile, cs, tmp)
+        reads[name] = out
+    r["reads"] = reads
+    return r
+
+
+def _table(variants: list[dict[str, Any]]) -> str:
+    """The side-by-side table (markdown) of a run, for bench/README.md."""
+    names = sorted({n for v in variants for n in v["reads"]},
+                   key=lambda n: (n != "kafka-python", n != "confluent", n))
+    head = ("| format / codec / batch | samples per message | disk B / sample | produce "
+            "samples / CPU-s | " + " | ".join(
+                f"{n}: ceiling | {n}: service | {n}: ratio" for n in names) + " |")
+    lines = [head, "|" + "---|" * (4 + 3 * len(names))]
+    for v in variants:
+        p = v["produce"]
+        cells = [v["label"], f"{v['samples_per_message']:,}",
+                 str(p["disk_bytes_per_sample"]), f"{p['produce_samples_per_cpu_s']:,}"]
+        for n in names:
+            read = v["reads"].get(n)
+            if read is None:
+                cells += ["", "", ""]
+                continue
+            cells.append(f"{read['ceiling']['samples_per_cpu_s']:,}")
+            if "service" in read:
+                cells += [f"{read['service']['samples_per_cpu_s']:,}",
+                          f"{read['service_to_ceiling']:.2f}"]
+            else:
+                cells += ["", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, default=2.0, help="simulated hours to produce")
-    parser.add_argument("--formats", nargs="+", choices=list(FORMATS),
-                        default=["arrow-v1", "jsonl-v1"])
+    parser.add_argument("--variants", nargs="+", type=_variant,
+                        default=[_variant(v) for v in DEFAULT_VARIANTS],
+                        help="FORMAT/CODEC/BATCH_MINUTES: wire format, the producer's "
+                        "compression, simulated minutes per KafkaSink batch (one message "
+                        "per node per batch); the first is the baseline")
+    parser.add_argument("--clients", nargs="+", choices=["kafka-python", "confluent"],
+                        default=["kafka-python", "confluent"])
     parser.add_argument("--bootstrap", default=None,
                         help="use this broker (PLAINTEXT) instead of starting one; disk "
                         "bytes are then not measured")
@@ -710,6 +824,9 @@ def main() -> None:
                         help="wall seconds of live producing (0: skip)")
     parser.add_argument("--freshness-format", choices=list(FORMATS), default="jsonl-v1",
                         help="what the live producer sends (node agents send jsonl-v1)")
+    parser.add_argument("--freshness-clients", nargs="+", choices=["kafka-python", "confluent"],
+                        default=["kafka-python", "confluent"],
+                        help="the service's client in the freshness runs (one run each)")
     parser.add_argument("--round-ms", type=float, default=150.0,
                         help="wall ms between 10 s sample rounds in the freshness run")
     parser.add_argument("--lateness", type=int, default=10,
@@ -722,47 +839,43 @@ def main() -> None:
     started = datetime.now(UTC)
     result: dict[str, Any] = {
         "date": started.strftime("%Y-%m-%d"), "hours": args.hours,
-        "telemetry_partitions": TELEMETRY_PARTITIONS, "compression": "gzip (producer)",
-        "fetch_settings": FETCH, "loadavg_at_start": os.getloadavg(), "code": _code(),
+        "telemetry_partitions": TELEMETRY_PARTITIONS, "fetch_settings": FETCH,
+        "loadavg_at_start": os.getloadavg(), "code": _code(),
     }
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp_name:
         tmp = Path(tmp_name)
         with _broker(args.bootstrap, tmp) as (bootstrap, log_dir, broker_pid):
             watch = LoadWatch(broker_pid)
-            t0 = time.perf_counter()
-            batches = list(simulate(SimConfig(hours=args.hours)))
-            result["simulate_s"] = round(time.perf_counter() - t0, 1)
-            result["formats"] = {}
-            for name in args.formats:
-                step = _step(name)
-                prefix = f"bench.{uuid.uuid4().hex[:8]}.{name.split('-')[0]}."
-                settings = _settings(bootstrap, prefix)
-                r = step("produce", _produce, settings, FORMATS[name], batches, log_dir)
-                samples, messages = r["gpu_samples"], r["telemetry_messages"]
-                r["ceiling_fetch_only"] = step("ceiling", _ceiling, settings, samples,
-                                               messages, False)
-                r["fetch_and_decode"] = step("fetch+decode", _ceiling, settings, samples,
-                                             messages, True)
-                r["processor"] = step("processor", _processor, settings, samples, tmp)
-                rate = r["processor"]["samples_per_cpu_s"]
-                r["processor_ratio_to_ceiling"] = round(
-                    rate / r["ceiling_fetch_only"]["samples_per_cpu_s"], 3)
-                r["processor_ratio_to_fetch_and_decode"] = round(
-                    rate / r["fetch_and_decode"]["samples_per_cpu_s"], 3)
-                if not args.no_profile:
-                    r["profile"] = step("profile", _profile, settings, tmp)
-                result["formats"][name] = r
-            del batches
+            simulated: dict[int, list[Batch]] = {}
+            result["simulate_s"] = 0.0
+            result["variants"] = []
+            for i, (fmt, codec, minutes) in enumerate(args.variants):
+                if minutes not in simulated:
+                    t0 = time.perf_counter()
+                    simulated[minutes] = list(simulate(SimConfig(hours=args.hours,
+                                                                 chunk_minutes=minutes)))
+                    result["simulate_s"] += round(time.perf_counter() - t0, 1)
+                r = _run_variant(bootstrap, log_dir, tmp, f"{fmt} / {codec} / {minutes} min",
+                                 fmt, codec, simulated[minutes], args.clients,
+                                 baseline=i == 0, profile=not args.no_profile and i < 2)
+                r["batch_minutes"] = minutes
+                result["variants"].append(r)
+                print(_table(result["variants"][-1:]).split("\n")[-1], file=sys.stderr,
+                      flush=True)
+            simulated.clear()
             if args.freshness_seconds > 0:
-                result["freshness"] = _step("freshness")(
-                    "live run", _freshness, bootstrap, args.freshness_format,
-                    args.freshness_seconds, args.round_ms, args.lateness, args.warmup, tmp)
+                result["freshness"] = {client: _step("freshness")(
+                    f"live run {client}", _freshness, bootstrap, args.freshness_format,
+                    args.freshness_seconds, args.round_ms, args.lateness, args.warmup, tmp,
+                    client) for client in args.freshness_clients}
             result["load"] = watch.summary()
     result["cold_start_workaround_uses"] = COLD_START_HOLDS[0]
     result["targets"] = {"processor_samples_per_cpu_s": 1_000_000, "ratio_to_ceiling": 0.8}
     result["loadavg_at_end"] = os.getloadavg()
+    result["table"] = _table(result["variants"])
     text = json.dumps(result, indent=2, default=str)
     print(text)
+    print(result["table"], file=sys.stderr)
     if args.json:
         args.json.write_text(text + "\n")
 
