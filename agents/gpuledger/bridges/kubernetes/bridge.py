@@ -42,6 +42,7 @@ PATHS = {
     "pods": "/api/v1/pods",
 }
 STATE_VERSION = 1
+BATCH = 1000  # watch events translated per hand-over (one state write per batch)
 
 
 @dataclass
@@ -137,7 +138,13 @@ class Bridge:
                 except queue.Empty:
                     self._emit([], force_save=False)
                     continue
-                self._emit(self._handle(item), force_save=False)
+                records = self._handle(item)
+                for _ in range(BATCH - 1):  # hand over what is queued as one batch
+                    try:
+                        records += self._handle(inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                self._emit(records, force_save=False)
         finally:
             self._stop.set()
             for t in threads:

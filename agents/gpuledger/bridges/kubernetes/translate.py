@@ -95,6 +95,11 @@ class Translator:
         for wl_uid, wl in self.state["workloads"].items():
             for owner in wl["owners"]:
                 self._owner_index[owner] = wl_uid
+        # pods by job, and Kueue pods still waiting for their Workload
+        self._pods_of: dict[str, set[str]] = {}
+        self._waiting: set[str] = set()
+        for pod_uid, pod in self.state["pods"].items():
+            self._set_job(pod_uid, pod, pod["job_id"])
 
     # -- entry points ------------------------------------------------------------------
 
@@ -352,11 +357,13 @@ class Translator:
         wl_uid = self._workload_of(rec)
         labels = k8s.labels(pod)
         if wl_uid is not None:
-            rec.update(job_id=self.state["workloads"][wl_uid]["job_id"], kueue=True)
+            rec["kueue"] = True
+            self._set_job(pod_uid, rec, self.state["workloads"][wl_uid]["job_id"])
         elif self.options.kueue and any(k in labels for k in KUEUE_POD_LABELS):
             rec["kueue"] = True  # its Workload has not been seen yet
+            self._set_job(pod_uid, rec, rec["job_id"])
         elif rec["job_id"] is None:
-            rec["job_id"] = f"{ns}/{name}"
+            self._set_job(pod_uid, rec, f"{ns}/{name}")
             spec = pod.get("spec")
             sel = spec.get("nodeSelector") if isinstance(spec, dict) else None
             selector = {str(k): str(v) for k, v in sel.items()} if isinstance(sel, dict) \
@@ -386,12 +393,32 @@ class Translator:
                 return wl_uid
         return None
 
+    def _set_job(self, pod_uid: str, rec: dict[str, Any], job_id: str | None) -> None:
+        old = rec.get("job_id")
+        if old is not None and old != job_id:
+            self._pods_of.get(old, set()).discard(pod_uid)
+        rec["job_id"] = job_id
+        if job_id is None:
+            if rec.get("kueue"):
+                self._waiting.add(pod_uid)
+        else:
+            self._waiting.discard(pod_uid)
+            self._pods_of.setdefault(job_id, set()).add(pod_uid)
+
+    def _forget_pod(self, pod_uid: str, rec: dict[str, Any]) -> None:
+        self._waiting.discard(pod_uid)
+        if rec.get("job_id") is not None:
+            pods = self._pods_of.get(rec["job_id"], set())
+            pods.discard(pod_uid)
+            if not pods:
+                self._pods_of.pop(rec["job_id"], None)
+
     def _link_waiting_pods(self) -> None:
-        for rec in self.state["pods"].values():
-            if rec["kueue"] and rec["job_id"] is None:
-                wl_uid = self._workload_of(rec)
-                if wl_uid is not None:
-                    rec["job_id"] = self.state["workloads"][wl_uid]["job_id"]
+        for pod_uid in sorted(self._waiting):
+            rec = self.state["pods"][pod_uid]
+            wl_uid = self._workload_of(rec)
+            if wl_uid is not None:
+                self._set_job(pod_uid, rec, self.state["workloads"][wl_uid]["job_id"])
 
     def _assign(self, pod: k8s.Obj, node: str, req: k8s.GpuRequest) -> list[Slot]:
         name = self.options.gpu_index_annotation
@@ -419,8 +446,9 @@ class Translator:
             rec["released"] = True
 
     def _bound_pods(self, job_id: str) -> list[dict[str, Any]]:
-        pods = [p for p in self.state["pods"].values()
-                if p["job_id"] == job_id and p.get("slots") and not p["consumed"]]
+        all_pods = self.state["pods"]
+        pods = [all_pods[u] for u in self._pods_of.get(job_id, ())
+                if all_pods[u].get("slots") and not all_pods[u]["consumed"]]
         return sorted(pods, key=lambda p: p["key"])
 
     def _started(self, job_id: str, at: str, pods: list[dict[str, Any]]) -> Record:
@@ -486,6 +514,7 @@ class Translator:
         rec = self.state["pods"].pop(ident, None)
         if rec is None:
             return []
+        self._forget_pod(ident, rec)
         self._release(rec)
         if rec["kueue"] or rec["job_id"] is None:
             return []
