@@ -1,7 +1,11 @@
-"""Exporter cardinality and scrape cost under the demo workload (built-in 576-GPU cluster,
-24 simulated hours, 60-second samples): the most series per metric family seen over the
-run (a scrape every 20 batches) and the time one scrape takes. Run:
-.venv/bin/python bench/exporter_cardinality.py"""
+"""Exporter cardinality and scrape cost under the demo workload.
+
+The built-in 576-GPU cluster, 24 simulated hours, 60-second samples: the most series per
+metric family seen over the run (one scrape every 20 batches) and the time one scrape
+takes. Run: ``.venv/bin/python bench/exporter_cardinality.py``.
+"""
+
+from __future__ import annotations
 
 import collections
 import tempfile
@@ -16,18 +20,34 @@ from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
 from gpuledger.pipeline.warehouse import Warehouse
 
-p = Processor(ProcessorConfig(), Warehouse(Path(tempfile.mkdtemp())))
-ex = Exporter(p.config); ex.attach(p)
-mx = collections.Counter(); tot = 0; rt = []
-t0 = time.time()
-for i, b in enumerate(simulate(SimConfig(hours=24, seed=7, sample_interval_s=60))):
-    p.process(b)
-    if i % 20 == 0:
-        t1 = time.perf_counter(); txt = ex.render().decode(); rt.append(time.perf_counter() - t1)
-        c = collections.Counter()
-        for f in text_string_to_metric_families(txt):
-            c[f.name] += len(f.samples)
-        for k, v in c.items(): mx[k] = max(mx[k], v)
-        tot = max(tot, sum(c.values()))
-print("wall", time.time() - t0, "max series", tot, "render p50/max ms", sorted(rt)[len(rt)//2]*1000, max(rt)*1000)
-for k, v in sorted(mx.items()): print(k, v)
+
+def main() -> None:
+    proc = Processor(ProcessorConfig(), Warehouse(Path(tempfile.mkdtemp())))
+    exporter = Exporter(proc.config)
+    exporter.attach(proc)
+    most: collections.Counter[str] = collections.Counter()
+    total = 0
+    scrapes: list[float] = []
+    t0 = time.monotonic()
+    for i, batch in enumerate(simulate(SimConfig(hours=24, seed=7, sample_interval_s=60))):
+        proc.process(batch)
+        if i % 20:
+            continue
+        t1 = time.perf_counter()
+        text = exporter.render().decode()
+        scrapes.append(time.perf_counter() - t1)
+        now = collections.Counter({f.name: len(f.samples)
+                                   for f in text_string_to_metric_families(text)})
+        for name, n in now.items():
+            most[name] = max(most[name], n)
+        total = max(total, sum(now.values()))
+    scrapes.sort()
+    print(f"run {time.monotonic() - t0:.0f} s, {len(scrapes)} scrapes, most series {total}, "
+          f"scrape p50 {scrapes[len(scrapes) // 2] * 1000:.0f} ms, "
+          f"max {scrapes[-1] * 1000:.0f} ms")
+    for name, n in sorted(most.items()):
+        print(f"{name:50} {n}")
+
+
+if __name__ == "__main__":
+    main()
