@@ -71,7 +71,7 @@ SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={r}/munge/munge.socket
+AuthInfo=socket={r}/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool
@@ -101,7 +101,8 @@ InactiveLimit=0
 MinJobAge=600
 KillWait=2
 PlugStackConfig={r}/etc/plugstack.conf
-NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=32 Sockets=1 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=64000 Gres=gpu:h100:{GPUS} State=UNKNOWN
+NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=32 Sockets=1 \
+CoresPerSocket=32 ThreadsPerCore=1 RealMemory=64000 Gres=gpu:h100:{GPUS} State=UNKNOWN
 PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """)
         (r / "etc" / "plugstack.conf").write_text("")
@@ -132,7 +133,7 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args[0]!r} exited with {proc.returncode} "
+                    raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} "
                                        f"while waiting for {what}:\n{self.logs()}")
             if ready():  # type: ignore[operator]
                 return

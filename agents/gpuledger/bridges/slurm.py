@@ -2,7 +2,7 @@
 
 Each poll runs ``squeue --json --states=all --all`` and ``sinfo --json`` (Slurm with the
 ``serializer/json`` plugin, 21.08 and later) or, where JSON is not available,
-``scontrol -o show job -d`` and ``scontrol -o show node``; the tracker
+``scontrol -o show job -d`` and ``scontrol -o show node -d``; the tracker
 (:mod:`gpuledger.bridges.slurm_events`) turns the change since the last poll into
 contract v1 job events and inventory records; the sink takes them; the state file keeps
 the tracker's memory and the batch in flight (:mod:`gpuledger.bridges.state`) so that a
@@ -88,7 +88,7 @@ class SlurmSource:
                 return parse_sinfo_json(self.runner(["sinfo", "--json"]))
             except SlurmParseError as exc:
                 raise SlurmCommandError(str(exc)) from None
-        return parse_scontrol_nodes(self.runner(["scontrol", "-o", "show", "node"]))
+        return parse_scontrol_nodes(self.runner(["scontrol", "-o", "show", "node", "-d"]))
 
 
 @dataclass

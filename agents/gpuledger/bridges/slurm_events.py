@@ -127,6 +127,8 @@ class SlurmTracker:
         if memory.ended:
             return out
         if job.restarts > memory.restarts:
+            if job.state == "COMPLETING":
+                return out  # the requeue is under way; Slurm sets the new SubmitTime after
             if memory.running_start is not None or memory.preempted:
                 when = job.submit if job.submit and job.submit <= now else now
                 out.append(self._event("requeued", job.job_id, when,
@@ -134,8 +136,8 @@ class SlurmTracker:
             memory.restarts = job.restarts
             memory.running_start = None
             memory.preempted = False
-        if job.phase == "running" and job.allocation and job.start is not None \
-                and job.start != memory.running_start:
+        runs = job.phase == "running" and job.state != "COMPLETING" and bool(job.allocation)
+        if runs and job.start is not None and job.start != memory.running_start:
             if memory.running_start is not None:  # a requeue we did not see in between
                 out.append(self._event("requeued", job.job_id, job.start,
                                        reason="requeued by Slurm (between polls)"))

@@ -7,7 +7,7 @@ Two forms of the same facts, normalised into :class:`SlurmJob` and :class:`Slurm
   (``gpu:h100:2(IDX:1-2)``, one entry per allocated node, in node-list order).
 * Text (any version): ``scontrol -o show job -d`` (one line per job; the detail part
   ``Nodes=… GRES=gpu:h100:2(IDX:1-2)`` carries the indices) and
-  ``scontrol -o show node``. Text times are the controller's local time.
+  ``scontrol -o show node -d``. Text times are the controller's local time.
 
 Pure Python: the bridge is as lean as the node agent.
 """
@@ -359,7 +359,7 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
 
 
 def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol -o show node``."""
+    """Nodes from ``scontrol -o show node -d``."""
     nodes = []
     for line in text.splitlines():
         if not line.startswith("NodeName="):
