@@ -168,3 +168,12 @@ def test_state_round_trips_through_json() -> None:
                                                              "10:00:10")]))
     assert [a["gpu_index"] for r in records if r["event"] == "started"
             for a in r["allocation"]] == [3]
+
+
+def test_partial_admission_counts_the_admitted_pods() -> None:
+    wl = _workload([_cond("Admitted", True, "10:01:00")])
+    wl["spec"]["podSets"][0]["count"] = 4
+    assert k8s.workload_gpu_pods(wl)[:2] == (4, 8)
+    wl["status"]["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": "main", "count": 3, "resourceUsage": {"nvidia.com/gpu": "6"}}]}
+    assert k8s.workload_gpu_pods(wl)[:2] == (3, 6)

@@ -274,8 +274,19 @@ def node_unschedulable(node: Obj) -> bool:
 
 
 def workload_gpu_pods(workload: Obj) -> tuple[int, int, list[GpuRequest]]:
-    """(GPU pods expected, GPU devices in all, per-pod request of each GPU pod set)."""
+    """(GPU pods expected, GPU devices in all, per-pod request of each GPU pod set).
+
+    Counts are the admission's (``podSetAssignments[].count``, which partial admission
+    lowers) when the workload is admitted, else the spec's.
+    """
     spec = workload.get("spec")
+    status = workload.get("status")
+    admission = status.get("admission") if isinstance(status, dict) else None
+    admitted: dict[str, int] = {}
+    if isinstance(admission, dict):
+        for psa in admission.get("podSetAssignments") or []:
+            if isinstance(psa, dict) and isinstance(psa.get("count"), int):
+                admitted[str(psa.get("name"))] = int(psa["count"])
     pods = devices = 0
     requests: list[GpuRequest] = []
     for ps in (spec.get("podSets") if isinstance(spec, dict) else None) or []:
@@ -283,7 +294,7 @@ def workload_gpu_pods(workload: Obj) -> tuple[int, int, list[GpuRequest]]:
             continue
         template = ps.get("template")
         req = pod_spec_gpus(template.get("spec") if isinstance(template, dict) else None)
-        count = int(ps.get("count") or 1)
+        count = admitted.get(str(ps.get("name")), int(ps.get("count") or 1))
         if req:
             pods += count
             devices += count * req.devices
