@@ -43,6 +43,8 @@ class Topics:
     dead_letters: str = "gpuledger.deadletter.v1"
     attempt_parts: str = "gpuledger.attempt-parts.v1"
     """Internal: processors' parts of job attempts, for the owner shard (shard.py)."""
+    alerts: str = "gpuledger.alerts.v1"
+    """The alert engine's events (alerts/sinks.py, docs/alerts.md)."""
 
     def prefixed(self, prefix: str) -> Topics:
         return Topics(**{f.name: prefix + getattr(self, f.name) for f in fields(self)})

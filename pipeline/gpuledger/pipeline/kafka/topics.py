@@ -7,6 +7,7 @@
 | ``sched.events.v1`` | job | 3 | 7 days | delete |
 | ``gpuledger.deadletter.v1`` | none | 1 | 7 days | delete |
 | ``gpuledger.attempt-parts.v1`` | shard | 1 | 7 days | delete |
+| ``gpuledger.alerts.v1`` | alert/job/attempt | 1 | 30 days | delete |
 
 Telemetry is partitioned by node, so processors can share it in one consumer group.
 Inventory is compacted: the newest record of each node is its state. Scheduler events
@@ -44,6 +45,8 @@ def topic_specs(settings: KafkaSettings, telemetry_partitions: int = 12,
                   {"retention.ms": str(7 * 24 * HOUR_MS), "cleanup.policy": "delete"}),
         TopicSpec(t.attempt_parts, 1,
                   {"retention.ms": str(7 * 24 * HOUR_MS), "cleanup.policy": "delete"}),
+        TopicSpec(t.alerts, 1,
+                  {"retention.ms": str(30 * 24 * HOUR_MS), "cleanup.policy": "delete"}),
     ]
 
 
