@@ -270,7 +270,9 @@ def test_restart_neither_loses_nor_repeats(tmp_path: Path, recorded: Any) -> Non
 def test_facts_from_the_bridge_events(recorded: Any, tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     events.write_text("".join(json.dumps(r) + "\n" for r in recorded[0]))
-    ingest([events], tmp_path / "wh", ProcessorConfig())
+    result = ingest([events], tmp_path / "wh", ProcessorConfig())
+    assert result.rejects.height == 0  # every record is valid contract v1
+    assert result.records["job"] == sum(r["type"] == "job" for r in recorded[0])
     _, rows = query.run(tmp_path / "wh", "SELECT job_id, attempt, queue_wait_s, "
                         "started_at, end_event FROM attempts WHERE started_at IS NOT NULL")
     got = {(r[0], r[1]): r[2] for r in rows}
