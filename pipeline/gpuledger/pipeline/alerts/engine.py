@@ -143,10 +143,10 @@ class AlertEngine:
             self.partials.append(partial)
         if blocked is not None and not blocked.is_empty():
             self.blocked_rows.append(blocked)
-        closed = [p.closed_until for p in self.followed.values()]
-        ready = min((t for t in closed if t is not None), default=until)
-        if any(t is None for t in closed):
-            return
+        # a shard that has not seen telemetry yet (no nodes, or just started) holds
+        # nothing back: it has no GPU-minutes to add
+        closed = [p.closed_until for p in self.followed.values() if p.closed_until is not None]
+        ready = min(closed, default=until)
         lo = self.evaluated_until
         if lo is None:
             firsts = [f.select(pl.col("minute").min()).item()

@@ -78,9 +78,9 @@ class HealthCollector:
         closed = GaugeMetricFamily("gpuledger_closed_until_timestamp_seconds",
                                    "End of the latest minute closed by every shard (event "
                                    "time, Unix seconds).")
-        until = [p.closed_until for p in procs]
-        if until and all(t is not None for t in until):
-            closed.add_metric([], min(t for t in until if t is not None).timestamp())
+        until = [p.closed_until for p in procs if p.closed_until is not None]
+        if until:  # shards without telemetry yet have nothing to close
+            closed.add_metric([], min(until).timestamp())
         yield closed
         if self.service is not None:
             yield from self._kafka()
