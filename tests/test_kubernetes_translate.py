@@ -177,3 +177,21 @@ def test_partial_admission_counts_the_admitted_pods() -> None:
     wl["status"]["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
         {"name": "main", "count": 3, "resourceUsage": {"nvidia.com/gpu": "6"}}]}
     assert k8s.workload_gpu_pods(wl)[:2] == (3, 6)
+
+
+def test_a_workload_whose_pods_are_not_all_bound_starts_after_the_grace_time() -> None:
+    clock = [datetime(2026, 1, 5, 10, 1, 30, tzinfo=UTC)]
+    tr = Translator(Mapping(), Options(start_grace_s=120), lambda: clock[0])
+    wl = _workload([_cond("Admitted", True, "10:01:00")])
+    wl["spec"]["podSets"][0]["count"] = 2          # two pods expected, one is ever bound
+    tr.apply("workloads", "ADDED", wl)
+    pod = _pod("j-0", gpus={"nvidia.com/gpu": "2"}, node="n", phase="Running",
+               conds=[_cond("PodScheduled", True, "10:01:02")])
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "j", "uid": "job"}]
+    assert tr.apply("pods", "ADDED", pod) == []     # waits for the second pod
+    assert tr.tick() == []                          # 30 s after admission: still waiting
+    clock[0] = datetime(2026, 1, 5, 10, 3, 1, tzinfo=UTC)
+    (started,) = tr.tick()
+    assert started["time"] == "2026-01-05T10:01:00.000Z"
+    assert len(started["allocation"]) == 2
+    assert tr.tick() == []

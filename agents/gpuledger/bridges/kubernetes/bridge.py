@@ -79,6 +79,7 @@ class Bridge:
         self.resources = [r for r in PATHS if r != "workloads" or config.options.kueue]
         self._stop = threading.Event()
         self._last_save = 0.0
+        self._last_tick = 0.0
         outbox = saved.get("outbox")
         if outbox:
             sink.complete(int(outbox["position"]), outbox["records"])
@@ -112,7 +113,17 @@ class Bridge:
             records = self._list(resource)
             self._emit(records, force_save=True)
             total += len(records)
-        return total
+        records = self.translator.tick()
+        self._emit(records, force_save=False)
+        return total + len(records)
+
+    def _tick(self) -> list[Record]:
+        """Grace-time starts, at most once a second."""
+        now = time.monotonic()
+        if now - self._last_tick < 1.0:
+            return []
+        self._last_tick = now
+        return self.translator.tick()
 
     # -- watching ------------------------------------------------------------------------
 
@@ -136,7 +147,7 @@ class Bridge:
                 try:
                     item = inbox.get(timeout=0.2)
                 except queue.Empty:
-                    self._emit([], force_save=False)
+                    self._emit(self._tick(), force_save=False)
                     continue
                 records = self._handle(item)
                 for _ in range(BATCH - 1):  # hand over what is queued as one batch

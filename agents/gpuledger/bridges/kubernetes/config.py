@@ -18,6 +18,7 @@ kubernetes:
   node_labels: [topology.kubernetes.io/zone, kubernetes.io/hostname]
   unschedulable_taints: [node.kubernetes.io/unschedulable, ...]
   default_pool: default
+  start_grace_s: 120                    # start a Workload with the pods bound by then
   watch_timeout_s: 300
   read_timeout_s: 90
   request_timeout_s: 30
@@ -50,7 +51,7 @@ _MAPPING_KEYS = ("teams", "pools", "queues", "priorities", "job_types", "card_ty
 _KUBE = ("server", "kubeconfig", "context", "token_file", "ca_file",
          "insecure_skip_tls_verify", "kueue", "label_selector", "gpu_index_annotation",
          "node_labels", "unschedulable_taints", "default_pool", "watch_timeout_s",
-         "read_timeout_s", "request_timeout_s")
+         "read_timeout_s", "request_timeout_s", "start_grace_s")
 
 
 class ConfigError(ValueError):
@@ -147,6 +148,7 @@ def parse_config(raw: Any, where: str = "config") -> BridgeConfig:
                                       kube.get("unschedulable_taints"),
                                       DEFAULT_UNSCHEDULABLE_TAINTS),
         default_pool=_str(f"{k}.default_pool", kube.get("default_pool")) or "default",
+        start_grace_s=_seconds(f"{k}.start_grace_s", kube.get("start_grace_s"), 120.0),
     )
     return BridgeConfig(
         server=server,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpuledger.bridges.kubernetes import objects as k8s
@@ -66,6 +66,7 @@ class Options:
     unschedulable_taints: tuple[str, ...] = DEFAULT_UNSCHEDULABLE_TAINTS
     default_pool: str = "default"
     default_card_type: str = "unknown"
+    start_grace_s: float = 120.0
 
 
 def iso(t: datetime) -> str:
@@ -113,6 +114,30 @@ class Translator:
         if resource == "pods":
             return self._pod(obj, gone)
         raise ValueError(f"unknown resource {resource!r}")
+
+    def tick(self) -> list[Record]:
+        """Start admitted Workloads whose pods were not all bound within the grace time.
+
+        A Workload starts when all its admitted GPU pods are bound; when some never are
+        (a pod deleted before binding, an elastic job), it starts with the pods that are
+        bound once ``start_grace_s`` has passed since its admission.
+        """
+        cutoff = iso(self.clock() - timedelta(seconds=self.options.start_grace_s))
+        out: list[Record] = []
+        for wl_uid in sorted(self.state["workloads"]):
+            wl = self.state["workloads"][wl_uid]
+            job = self.state["jobs"].get(wl["job_id"])
+            admitted = wl["view"]["admitted"]
+            if job is None or job["phase"] != "pending" or job["await_requeue"] \
+                    or not admitted or admitted > cutoff \
+                    or (job["end"] is not None and admitted <= job["end"]):
+                continue
+            pods = self._bound_pods(wl["job_id"])
+            if pods:
+                out.append(self._started(wl["job_id"], admitted, pods))
+                job.update(phase="running", start=admitted)
+                out += self._derive_workload(wl_uid)
+        return out
 
     def relist(self, resource: str, items: list[k8s.Obj]) -> list[Record]:
         """A full list: derive from every object, and treat the missing as deleted."""
