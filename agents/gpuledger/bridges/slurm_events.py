@@ -193,21 +193,7 @@ class SlurmTracker:
     # -- records -------------------------------------------------------------------
 
     def _attributes(self, job: SlurmJob) -> dict[str, Any]:
-        m = self.mapping
-        card = m.card_type(job.gpu_type)
-        return {
-            "team": m.team(account=job.account),
-            "user": job.user,
-            "queue": m.queue(partition=job.partition, qos=job.qos),
-            "pool": m.pool(partition=job.partition),
-            "priority": m.priority(qos=job.qos, native=job.priority),
-            "job_type": m.job_type(name=job.name, qos=job.qos, partition=job.partition,
-                                   account=job.account),
-            "gpus": job.gpus,
-            "card_type": card,
-            "gpu_mem_mib": m.card_memory(card),
-            "preemptible": m.preemptible(qos=job.qos),
-        }
+        return job_attributes(self.mapping, job)
 
     def _event(self, event: str, job_id: str, when: float, **fields: Any) -> Record:
         record: Record = {"v": CONTRACT_VERSION, "type": "job", "time": rfc3339(when),
@@ -221,7 +207,7 @@ class SlurmTracker:
         for node in nodes:
             if node.gpus <= 0:
                 continue
-            body = self.node_record(node)
+            body = node_record(self.mapping, node)
             text = json.dumps(body, sort_keys=True)
             last = self.nodes.get(node.name)
             if last is not None and last[0] == text and now - last[1] < self.inventory_refresh_s:
@@ -231,34 +217,52 @@ class SlurmTracker:
                         **body})
         return out
 
-    def node_record(self, node: SlurmNode) -> Record:
-        """The inventory fields of a node (everything but the envelope)."""
-        m = self.mapping
-        card = m.card_type(node.gpu_type) or "unknown"
-        flags = set(node.flags)
-        down = node.state in _DOWN_STATES or "NOT_RESPONDING" in flags or "FAIL" in flags
-        drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING", "MAINTENANCE", "REBOOT_REQUESTED",
-                                "REBOOT_ISSUED", "POWERED_DOWN", "POWER_DOWN", "RESERVED"}) \
-            or node.state in ("drained", "draining", "maint")
-        unhealthy = sorted(i for i in node.gres_drained if 0 <= i < node.gpus)
-        health = "down" if down else ("degraded" if unhealthy or "DRAIN" in flags else "ok")
-        labels = {"slurm_state": "+".join([node.state.upper(), *sorted(flags)]),
-                  "slurm_partitions": ",".join(node.partitions)}
-        if node.reason:
-            labels["slurm_reason"] = node.reason
-        if node.gpu_type:
-            labels["slurm_gres_type"] = node.gpu_type
-        record: Record = {
-            "node": node.name,
-            "pool": m.pool(partition=node.partitions[0] if node.partitions else None)
-            or "default",
-            "card_type": card,
-            "gpu_count": node.gpus,
-            "gpu_mem_mib": m.card_memory(card) or 0.0,
-            "labels": labels,
-            "schedulable": not down and not drained,
-            "health": health,
-        }
-        if unhealthy:
-            record["unhealthy_gpus"] = unhealthy
-        return record
+
+def job_attributes(m: Mapping, job: SlurmJob) -> dict[str, Any]:
+    """The contract's job attributes of a Slurm job, through the mapping."""
+    card = m.card_type(job.gpu_type)
+    return {
+        "team": m.team(account=job.account),
+        "user": job.user,
+        "queue": m.queue(partition=job.partition, qos=job.qos),
+        "pool": m.pool(partition=job.partition),
+        "priority": m.priority(qos=job.qos, native=job.priority),
+        "job_type": m.job_type(name=job.name, qos=job.qos, partition=job.partition,
+                               account=job.account),
+        "gpus": job.gpus,
+        "card_type": card,
+        "gpu_mem_mib": m.card_memory(card),
+        "preemptible": m.preemptible(qos=job.qos),
+    }
+
+
+def node_record(m: Mapping, node: SlurmNode) -> Record:
+    """The inventory fields of a Slurm node (everything but the envelope)."""
+    card = m.card_type(node.gpu_type) or "unknown"
+    flags = set(node.flags)
+    down = node.state in _DOWN_STATES or "NOT_RESPONDING" in flags or "FAIL" in flags
+    drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING", "MAINTENANCE", "REBOOT_REQUESTED",
+                            "REBOOT_ISSUED", "POWERED_DOWN", "POWER_DOWN"}) \
+        or node.state in ("drained", "draining", "maint")
+    unhealthy = sorted(i for i in node.gres_drained if 0 <= i < node.gpus)
+    health = "down" if down else ("degraded" if unhealthy else "ok")
+    labels = {"slurm_state": "+".join([node.state.upper(), *sorted(flags)]),
+              "slurm_partitions": ",".join(node.partitions)}
+    if node.reason:
+        labels["slurm_reason"] = node.reason
+    if node.gpu_type:
+        labels["slurm_gres_type"] = node.gpu_type
+    record: Record = {
+        "node": node.name,
+        "pool": m.pool(partition=node.partitions[0] if node.partitions else None)
+        or "default",
+        "card_type": card,
+        "gpu_count": node.gpus,
+        "gpu_mem_mib": m.card_memory(card) or 0.0,
+        "labels": labels,
+        "schedulable": not down and not drained,
+        "health": health,
+    }
+    if unhealthy:
+        record["unhealthy_gpus"] = unhealthy
+    return record

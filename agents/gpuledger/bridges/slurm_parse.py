@@ -149,6 +149,28 @@ def _split_gres(text: str) -> list[str]:
     return [i for i in items if i]
 
 
+def parse_tres_gpus(text: str | None) -> tuple[str | None, int]:
+    """GPU type and count of a TRES string (sacct ``AllocTRES``/``ReqTRES``).
+
+    ``cpu=2,gres/gpu:h100=2,gres/gpu=2,mem=8G,node=1`` → ('h100', 2): the untyped
+    ``gres/gpu`` total wins; typed entries give the type (and the count when there is no
+    total).
+    """
+    if not text:
+        return None, 0
+    total: int | None = None
+    typed = 0
+    gpu_type: str | None = None
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu":
+            total = int(value) if value.isdigit() else total
+        elif key.startswith("gres/gpu:") and value.isdigit():
+            gpu_type = gpu_type or key.split(":", 1)[1]
+            typed += int(value)
+    return gpu_type, total if total is not None else typed
+
+
 def expand_hostlist(text: str | None) -> list[str]:
     """``gpu-[1-3,5],login1`` → ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-5', 'login1']."""
     if not text or text in ("(null)", "None assigned"):

@@ -343,7 +343,8 @@ COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.cli.agent_command",
                                     "gpuledger.pipeline.alerts.command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
-IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",)
+IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",
+                                   "gpuledger.cli.import_slurm_sacct")
 
 
 def _ops_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,90 @@
+"""``gpuledger import slurm-sacct FILE``: Slurm accounting history into the warehouse.
+
+Lean at import time: the pipeline (Polars, DuckDB) is loaded only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+from gpuledger.cli.errors import CliError
+
+
+def _timezone(text: str) -> Any:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise argparse.ArgumentTypeError(f"--tz: unknown time zone {text!r} "
+                                         "(e.g. UTC, Europe/Berlin)") from None
+
+
+def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
+    from gpuledger.cli.main import _need_pipeline, _proc_config, _progress
+
+    _need_pipeline()
+    from gpuledger.bridges.mapping import MappingError, load_mapping
+    from gpuledger.pipeline.importers.slurm_sacct import SacctError, load_sacct
+    from gpuledger.pipeline.ingest import feed_in_time_order
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.validate import validate
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    for path in (args.file, args.nodes):
+        if path is not None and not path.is_file():
+            raise CliError(f"{path}: no such file")
+    try:
+        mapping = load_mapping(args.mapping)
+    except MappingError as exc:
+        raise CliError(f"mapping: {exc}") from None
+    try:
+        imported = load_sacct(args.file, mapping, args.nodes, args.tz or UTC)
+    except SacctError as exc:
+        raise CliError(str(exc)) from None
+    processor = Processor(_proc_config(args), Warehouse(args.warehouse))
+    frames: dict[str, Any] = {}
+    for kind, frame in imported.frames.items():
+        good, bad = validate(frame, kind)  # type: ignore[arg-type]
+        processor.add_rejects(bad)
+        frames[kind] = good
+    update, stop = _progress("importing sacct", not args.quiet)
+    try:
+        feed_in_time_order(processor, frames, update)  # type: ignore[arg-type]
+    finally:
+        stop()
+    r = imported
+    print(f"slurm-sacct: {r.lines:,} lines: {r.jobs:,} GPU jobs ({r.attempts:,} attempts) "
+          f"imported into {args.warehouse}/; skipped {r.steps_skipped:,} step lines, "
+          f"{r.cpu_only_skipped:,} CPU-only jobs, {r.pending_arrays_skipped:,} pending array "
+          f"ranges; GPU indices chosen by the importer for {r.placed_by_importer:,} attempts"
+          + (f"; {len(r.unplaced):,} started without a node list (e.g. "
+             f"{', '.join(r.unplaced[:5])})" if r.unplaced else "")
+          + (f"; inventory inferred for {len(r.nodes_inferred):,} nodes (pass --nodes)"
+             if r.nodes_inferred else ""))
+    return 0
+
+
+def register(fmt: Any, common: Any) -> None:
+    q = fmt.add_parser(
+        "slurm-sacct", help="Slurm accounting history (sacct --parsable2 output)",
+        description="Import `sacct --allusers --duplicates --parsable2 --format ...` output "
+        "(columns in docs/import.md): steps skipped, array tasks as jobs, one attempt per "
+        "line with requeues and preemptions, running jobs left running. GPU indices come "
+        "from a GresIDX column when present, else the importer places inside each job's "
+        "node list.")
+    q.add_argument("file", type=Path, help="sacct -P output (header line first)")
+    q.add_argument("--nodes", type=Path, default=None, metavar="FILE",
+                   help="`scontrol -o show node -d` output for the inventory (default: "
+                   "inferred from the jobs' node lists)")
+    q.add_argument("--mapping", type=Path, default=None, metavar="FILE",
+                   help="mapping file: account → team, partition → pool, ... "
+                   "(docs/mapping.md); default: identity")
+    q.add_argument("--tz", type=_timezone, default=None, metavar="ZONE",
+                   help="time zone of times without an offset (default UTC; sacct prints "
+                   "local time, so export with TZ=UTC or pass the cluster's zone)")
+    common(q)
+    q.set_defaults(func=cmd_import_slurm_sacct)

@@ -1,0 +1,341 @@
+"""Import Slurm accounting history: ``sacct --parsable2`` output → contract events.
+
+Export (``docs/import.md``)::
+
+    sacct --allusers --duplicates --parsable2 --starttime 2026-01-01 --endtime now \\
+      --format JobID,JobIDRaw,JobName,Account,User,Partition,QOS,Priority,Submit,Start,End,\\
+    State,ExitCode,AllocTRES,ReqTRES,NodeList > sacct.txt
+
+Columns (header names as sacct prints them; any order; unknown columns ignored):
+``JobID``, ``Submit``, ``Start``, ``End``, ``State`` and one of ``AllocTRES`` /
+``ReqTRES`` are required; ``JobIDRaw``, ``JobName``, ``Account``, ``User``,
+``Partition``, ``QOS``, ``Priority``, ``ExitCode``, ``NodeList`` are used when present,
+and so is ``GresIDX`` (not a sacct field: GPU indices recorded by a job-completion script
+or prolog, ``node:0-1;node2:3`` or just ``0-1`` for one node).
+
+Rules:
+
+* step lines (``123.batch``, ``123.0``, ``123.extern``) are skipped; array tasks
+  (``123_4``) are jobs of their own, with ``JobIDRaw`` as the id when present;
+  not-yet-started array ranges (``123_[5-9]``) are skipped and counted; jobs with no
+  GPU in ``AllocTRES`` (or ``ReqTRES`` when nothing is allocated) are skipped;
+* the lines of one job (``--duplicates`` prints one per attempt) in Submit order: the
+  first gives ``submitted`` at its Submit, with the job's attributes through the
+  mapping (``docs/mapping.md``); each attempt with a Start gives ``started`` at Start;
+  an attempt in state REQUEUED (or PREEMPTED followed by another attempt) ends with
+  ``requeued`` at the next attempt's Submit (Slurm sets that to the requeue time), so
+  each attempt's queue wait is exactly its own Start − Submit; PREEMPTED gives
+  ``preempted`` at End first (and ``cancelled`` when no attempt follows); COMPLETED →
+  ``finished``; CANCELLED → ``cancelled``; FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
+  BOOT_FAIL, DEADLINE → ``failed`` with the state and exit code; RUNNING (End
+  ``Unknown``) → no end; PENDING → submitted only;
+* allocation: ``GresIDX`` when present; else the GPUs are spread evenly over the
+  ``NodeList`` nodes and the indices chosen by the shared best-fit placement inside
+  each node (``gpuledger.bridges.placement``), in event-time order;
+* inventory: from ``--nodes`` (``scontrol -o show node -d`` output), else inferred: a
+  node seen in ``NodeList`` has as many GPUs as the most it was seen holding at once
+  (or its highest index + 1), the card type of the jobs that ran there and the pool of
+  their partition;
+* times without an offset are read in ``tz`` (default UTC: export with ``TZ=UTC sacct``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from gpuledger.bridges.mapping import Mapping
+from gpuledger.bridges.placement import Placer
+from gpuledger.bridges.slurm_events import job_attributes, node_record
+from gpuledger.bridges.slurm_parse import (
+    SlurmJob,
+    SlurmNode,
+    expand_hostlist,
+    expand_indices,
+    parse_scontrol_nodes,
+    parse_tres_gpus,
+)
+from gpuledger.pipeline.columns import conform
+
+REQUIRED = ("JobID", "Submit", "Start", "End", "State")
+FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+          "REVOKED", "SPECIAL_EXIT")
+_UNSET = ("", "Unknown", "None", "N/A")
+
+
+class SacctError(ValueError):
+    """The file is not usable sacct output; the message says why."""
+
+
+@dataclass
+class SacctImport:
+    """The events of an import and what was left out."""
+
+    frames: dict[str, pl.DataFrame]
+    lines: int = 0
+    steps_skipped: int = 0
+    cpu_only_skipped: int = 0
+    pending_arrays_skipped: int = 0
+    jobs: int = 0
+    attempts: int = 0
+    placed_by_importer: int = 0
+    unplaced: list[str] = field(default_factory=list)
+    nodes_inferred: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Line:
+    row: dict[str, str]
+    job_id: str
+    state: str
+    submit: datetime
+    start: datetime | None
+    end: datetime | None
+    gpus: int
+    gpu_type: str | None
+    nodes: list[str]
+    indices: list[tuple[str, int]] | None
+
+
+def _time(text: str, tz: tzinfo, where: str) -> datetime | None:
+    text = text.strip()
+    if text in _UNSET:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise SacctError(f"{where}: {text!r} is not a time (expected 2026-01-05T10:00:00)") \
+            from None
+    return value if value.tzinfo else value.replace(tzinfo=tz)
+
+
+def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
+    text = text.strip()
+    if not text or text in _UNSET:
+        return None
+    out: list[tuple[str, int]] = []
+    for part in text.split(";"):
+        node, sep, idx = part.rpartition(":")
+        if not sep:
+            if len(nodes) != 1:
+                return None
+            node, idx = nodes[0], part
+        out.extend((node, i) for i in expand_indices(idx))
+    return out
+
+
+def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
+    """Parse the file into job lines (steps, CPU-only jobs, pending arrays left out)."""
+    result = SacctImport({})
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f, delimiter="|")
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise SacctError(f"{path}: empty file") from None
+        missing = [c for c in REQUIRED if c not in header]
+        if missing or not ({"AllocTRES", "ReqTRES"} & set(header)):
+            need = missing + ([] if {"AllocTRES", "ReqTRES"} & set(header)
+                              else ["AllocTRES or ReqTRES"])
+            raise SacctError(f"{path}: missing column(s) {', '.join(need)} in the header "
+                             f"(got {'|'.join(header)}); export with sacct --parsable2 "
+                             "--format ... (docs/import.md)")
+        lines: list[_Line] = []
+        for number, values in enumerate(reader, start=2):
+            if not values or values == [""]:
+                continue
+            result.lines += 1
+            where = f"{path}:{number}"
+            if len(values) < len(header):
+                raise SacctError(f"{where}: {len(values)} fields, the header has "
+                                 f"{len(header)}")
+            row = dict(zip(header, values, strict=False))
+            raw_id = row["JobID"]
+            if "." in raw_id:
+                result.steps_skipped += 1
+                continue
+            if "[" in raw_id:
+                result.pending_arrays_skipped += 1
+                continue
+            gpu_type, gpus = parse_tres_gpus(row.get("AllocTRES"))
+            if not gpus:
+                gpu_type, gpus = parse_tres_gpus(row.get("ReqTRES"))
+            if gpus <= 0:
+                result.cpu_only_skipped += 1
+                continue
+            submit = _time(row["Submit"], tz, f"{where}: Submit")
+            if submit is None:
+                raise SacctError(f"{where}: Submit is empty")
+            nodes = expand_hostlist(row.get("NodeList", "").strip() or None)
+            lines.append(_Line(
+                row=row, job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
+                state=row["State"].split()[0].upper() if row["State"].strip() else "UNKNOWN",
+                submit=submit, start=_time(row["Start"], tz, f"{where}: Start"),
+                end=_time(row["End"], tz, f"{where}: End"), gpus=gpus, gpu_type=gpu_type,
+                nodes=nodes, indices=_gres_idx(row.get("GresIDX", ""), nodes)))
+    return lines, result
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text and text.strip() else None
+    except ValueError:
+        return None
+
+
+def _slurm_job(line: _Line) -> SlurmJob:
+    row = line.row
+    return SlurmJob(job_id=line.job_id, state=line.state, name=row.get("JobName", ""),
+                    user=row.get("User") or None, account=row.get("Account") or None,
+                    partition=row.get("Partition") or None, qos=row.get("QOS") or None,
+                    priority=_int(row.get("Priority")), gpus=line.gpus,
+                    gpu_type=line.gpu_type)
+
+
+def load_sacct(path: Path, mapping: Mapping | None = None, nodes_file: Path | None = None,
+               tz: tzinfo = UTC) -> SacctImport:
+    """Read a ``sacct -P`` export and turn it into inventory and job event frames."""
+    mapping = mapping or Mapping()
+    lines, result = read_sacct(path, tz)
+    by_job: dict[str, list[_Line]] = defaultdict(list)
+    for line in lines:
+        by_job[line.job_id].append(line)
+    result.jobs = len(by_job)
+
+    # events without allocations yet: (time, order, job, event, fields)
+    events: list[tuple[datetime, int, str, str, dict[str, Any]]] = []
+    runs: list[tuple[datetime, datetime | None, str, _Line]] = []  # attempts that ran
+    for job_id, attempts in by_job.items():
+        attempts.sort(key=lambda a: a.submit)
+        attrs = job_attributes(mapping, _slurm_job(attempts[-1]))
+        events.append((attempts[0].submit, 0, job_id, "submitted", attrs))
+        for k, a in enumerate(attempts):
+            result.attempts += 1
+            following = attempts[k + 1] if k + 1 < len(attempts) else None
+            if a.start is not None and a.start >= a.submit and a.state != "PENDING" \
+                    and not (a.state == "CANCELLED" and a.end is not None
+                             and a.end <= a.start):
+                end = following.submit if following is not None else a.end
+                runs.append((a.start, end, job_id, a))
+                events.append((a.start, 2, job_id, "started", attrs))
+            events.extend(_ends(job_id, a, following))
+    return _assemble(result, events, runs, mapping, nodes_file)
+
+
+def _ends(job_id: str, a: _Line, following: _Line | None
+          ) -> list[tuple[datetime, int, str, str, dict[str, Any]]]:
+    out: list[tuple[datetime, int, str, str, dict[str, Any]]] = []
+    if a.state == "PREEMPTED" and a.end is not None:
+        out.append((a.end, 1, job_id, "preempted", {"reason": "preempted by Slurm"}))
+        if following is None:
+            out.append((a.end, 1, job_id, "cancelled", {"reason": "preempted and not "
+                                                                   "requeued"}))
+    if following is not None:
+        out.append((following.submit, 1, job_id, "requeued",
+                    {"reason": f"requeued by Slurm ({a.state.lower()})"}))
+        return out
+    if a.end is None or a.state in ("PENDING", "RUNNING", "REQUEUED", "PREEMPTED",
+                                    "SUSPENDED"):
+        return out
+    exit_code = a.row.get("ExitCode", "").strip()
+    if a.state == "COMPLETED":
+        out.append((a.end, 1, job_id, "finished", {}))
+    elif a.state == "CANCELLED":
+        out.append((a.end, 1, job_id, "cancelled", {"reason": a.row["State"].strip().lower()}))
+    else:
+        out.append((a.end, 1, job_id, "failed", {
+            "reason": a.state.lower() + (f" (exit code {exit_code})" if exit_code else "")}))
+    return out
+
+
+def _assemble(result: SacctImport,
+              events: list[tuple[datetime, int, str, str, dict[str, Any]]],
+              runs: list[tuple[datetime, datetime | None, str, _Line]], mapping: Mapping,
+              nodes_file: Path | None) -> SacctImport:
+    known: list[SlurmNode] = []
+    if nodes_file is not None:
+        known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
+    placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
+    # place the attempts in time order, releases first at the same instant
+    timeline: list[tuple[datetime, int, int]] = []
+    for i, (start, end, _job, _a) in enumerate(runs):
+        timeline.append((start, 1, i))
+        if end is not None:
+            timeline.append((end, 0, i))
+    timeline.sort()
+    allocation: dict[int, list[tuple[str, int, float]]] = {}
+    held: dict[str, int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+    for _t, kind, i in timeline:
+        _start, _end, job_id, a = runs[i]
+        if kind == 0:
+            for node, _idx, _f in allocation.get(i, []):
+                held[node] -= 1
+            placer.release(allocation.get(i, []))
+            continue
+        if a.indices is not None:
+            slots = [(n, idx, 1.0) for n, idx in a.indices]
+            placer.take(slots)
+        else:
+            slots = []
+            nodes = a.nodes or []
+            per_node, extra = divmod(a.gpus, max(len(nodes), 1))
+            for j, node in enumerate(nodes):
+                got = placer.place_on(node, per_node + (1 if j < extra else 0), grow=True)
+                slots.extend(got or [])
+            result.placed_by_importer += bool(nodes)
+        if not slots:
+            result.unplaced.append(job_id)
+        allocation[i] = slots
+        for node, _idx, _f in slots:
+            held[node] += 1
+            peak[node] = max(peak[node], held[node])
+
+    started_at: dict[tuple[str, datetime], int] = {
+        (job_id, start): i for i, (start, _e, job_id, _a) in enumerate(runs)}
+    rows: list[dict[str, Any]] = []
+    for when, _order, job_id, event, fields in sorted(events, key=lambda e: (e[0], e[1], e[2])):
+        row: dict[str, Any] = {"time": when, "event": event, "job_id": job_id}
+        if event == "started":
+            slots = allocation.get(started_at[(job_id, when)], [])
+            if not slots:
+                continue  # no node list: nothing to say where it ran
+            row["allocation"] = [{"node": n, "gpu_index": i, "gpu_uuid": None, "fraction": f}
+                                 for n, i, f in slots]
+        row.update(fields)
+        rows.append(row)
+
+    first = min((r["time"] for r in rows), default=datetime.now(UTC))
+    inventory = [{"time": first, **node_record(mapping, n)} for n in known if n.gpus > 0]
+    listed = {n.name for n in known}
+    seen_nodes: dict[str, tuple[int, str | None, str | None]] = {}
+    for i, (_s, _e, _job, a) in enumerate(runs):
+        for node, idx, _f in allocation.get(i, []):
+            gpus, gtype, part = seen_nodes.get(node, (0, None, None))
+            seen_nodes[node] = (max(gpus, idx + 1, peak[node]), gtype or a.gpu_type,
+                                part or a.row.get("Partition") or None)
+    for node, (gpus, gtype, part) in sorted(seen_nodes.items()):
+        if node in listed:
+            continue
+        result.nodes_inferred.append(node)
+        record = node_record(mapping, SlurmNode(name=node, state="idle",
+                                                partitions=(part,) if part else (),
+                                                gpu_type=gtype, gpus=gpus))
+        record["labels"] = {"source": "inferred from sacct"}
+        inventory.append({"time": first, **record})
+    for record in inventory:
+        record["labels"] = json.dumps(record.get("labels") or {}, separators=(",", ":"))
+    jobs = pl.DataFrame(rows, infer_schema_length=None).with_columns(
+        pl.lit(1).alias("v"), pl.lit("job").alias("type")) if rows else pl.DataFrame()
+    inv = pl.DataFrame(inventory, infer_schema_length=None).with_columns(
+        pl.lit(1).alias("v"), pl.lit("inventory").alias("type")) if inventory \
+        else pl.DataFrame()
+    result.frames = {"inventory": conform(inv, "inventory"), "job": conform(jobs, "job")}
+    return result

@@ -1,0 +1,212 @@
+"""``gpuledger import slurm-sacct``: a sacct -P file through the processor.
+
+The expected queue waits and allocated GPU-minutes are computed in the test from the
+file itself (Start − Submit per line; minutes whose middle lies in [Start, end) × GPUs).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+from gpuledger.pipeline.importers.slurm_sacct import SacctError, load_sacct
+
+HEADER = ("JobID|JobIDRaw|JobName|Account|User|Partition|QOS|Priority|Submit|Start|End|State|"
+          "ExitCode|AllocTRES|ReqTRES|NodeList|GresIDX")
+T = "2026-01-05T"
+ROWS = [
+    # a 2-GPU job and its steps
+    f"100|100|train-a|vision|ana|gpu|normal|50|{T}10:00:00|{T}10:00:05|{T}10:40:05|COMPLETED|0:0|"
+    "billing=2,cpu=2,gres/gpu:h100=2,gres/gpu=2,mem=8G,node=1|cpu=2,gres/gpu=2|gpu-1|",
+    f"100.batch|100.batch|batch|vision||||||{T}10:00:05|{T}10:40:05|COMPLETED|0:0|"
+    "cpu=2,gres/gpu=2,mem=8G,node=1||gpu-1|",
+    f"100.extern|100.extern|extern|vision||||||{T}10:00:05|{T}10:40:05|COMPLETED|0:0|"
+    "cpu=2,gres/gpu=2,mem=8G,node=1||gpu-1|",
+    # requeued once (--duplicates: one line per attempt), then completed
+    f"101|101|train-b|nlp|bo|gpu|high|90|{T}10:01:00|{T}10:03:30|{T}10:20:00|REQUEUED|0:0|"
+    "cpu=4,gres/gpu:h100=4,gres/gpu=4,node=1|cpu=4,gres/gpu=4|gpu-2|",
+    f"101|101|train-b|nlp|bo|gpu|high|90|{T}10:20:00|{T}10:26:40|{T}11:05:00|COMPLETED|0:0|"
+    "cpu=4,gres/gpu:h100=4,gres/gpu=4,node=1|cpu=4,gres/gpu=4|gpu-2|",
+    f"101.0|101.0|python|nlp||||||{T}10:26:40|{T}11:05:00|COMPLETED|0:0|cpu=4|||",
+    # preempted, not requeued
+    f"102|102|scav|vision|ana|gpu|low|10|{T}10:02:00|{T}10:02:10|{T}10:31:10|PREEMPTED|0:15|"
+    "cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|cpu=1,gres/gpu=1|gpu-1|",
+    # still running
+    f"103|103|serve|platform|cy|gpu|normal|50|{T}10:05:00|{T}10:15:00|Unknown|RUNNING|0:0|"
+    "cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|cpu=1,gres/gpu=1|gpu-3|",
+    # still pending
+    f"104|104|big|nlp|bo|gpu|normal|50|{T}10:06:00|Unknown|Unknown|PENDING|0:0||"
+    "cpu=8,gres/gpu=8|None assigned|",
+    # cancelled before it started
+    f"105|105|oops|vision|ana|gpu|normal|50|{T}10:07:00|{T}10:09:00|{T}10:09:00|"
+    "CANCELLED by 1000|0:0||cpu=1,gres/gpu=1|None assigned|",
+    # failed, with GPU indices recorded by a completion script
+    f"106|106|eval-x|vision|ana|gpu|normal|50|{T}10:08:00|{T}10:10:00|{T}10:33:20|FAILED|1:0|"
+    "cpu=2,gres/gpu:h100=2,gres/gpu=2,node=1|cpu=2,gres/gpu=2|gpu-3|gpu-3:5-6",
+    # a 16-GPU job over two nodes
+    f"107|107|pretrain|nlp|bo|gpu|high|90|{T}10:09:00|{T}10:41:00|{T}11:21:00|TIMEOUT|0:0|"
+    "cpu=32,gres/gpu:h100=16,gres/gpu=16,node=2|cpu=32,gres/gpu=16|gpu-[4-5]|",
+    # array tasks (JobIDRaw is the unique id) and a pending range
+    f"200_1|201|sweep|vision|ana|gpu|normal|50|{T}10:10:00|{T}10:12:00|{T}10:52:00|COMPLETED|"
+    "0:0|cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|cpu=1,gres/gpu=1|gpu-1|",
+    f"200_2|202|sweep|vision|ana|gpu|normal|50|{T}10:10:00|{T}10:15:00|{T}10:45:00|COMPLETED|"
+    "0:0|cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|cpu=1,gres/gpu=1|gpu-1|",
+    f"200_[3-5]|200|sweep|vision|ana|gpu|normal|50|{T}10:10:00|Unknown|Unknown|PENDING|0:0||"
+    "cpu=1,gres/gpu=1|None assigned|",
+    # a CPU-only job
+    f"300|300|etl|data|di|cpu|normal|50|{T}10:00:00|{T}10:00:00|{T}10:30:00|COMPLETED|0:0|"
+    "cpu=16,mem=64G,node=1|cpu=16|cpu-1|",
+]
+# The last event in the file: minutes close up to here.
+LAST = datetime(2026, 1, 5, 11, 21, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def sacct_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sacct") / "sacct.txt"
+    path.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def warehouse(sacct_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wh")
+    assert main(["import", "slurm-sacct", str(sacct_file), "--warehouse", str(root),
+                 "--quiet"]) == 0
+    return root
+
+
+def _lines(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f, delimiter="|")
+                if "." not in r["JobID"] and "[" not in r["JobID"]
+                and "gres/gpu=" in (r["AllocTRES"] or r["ReqTRES"])]
+
+
+def _t(text: str) -> datetime | None:
+    return None if text in ("Unknown", "None") else \
+        datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def _attempts(path: Path) -> list[dict[str, object]]:
+    """Per attempt that ran: job, attempt number, start, end, GPUs — from the file."""
+    by_job: dict[str, list[dict[str, str]]] = {}
+    for r in _lines(path):
+        by_job.setdefault(r["JobIDRaw"], []).append(r)
+    out: list[dict[str, object]] = []
+    for job, rows in by_job.items():
+        rows.sort(key=lambda r: r["Submit"])
+        for k, r in enumerate(rows):
+            start, end = _t(r["Start"]), _t(r["End"])
+            if r["State"] == "PENDING" or start is None or (end is not None and end <= start):
+                continue
+            if k + 1 < len(rows):
+                end = _t(rows[k + 1]["Submit"])
+            gpus = int(next(p.split("=")[1] for p in r["AllocTRES"].split(",")
+                            if p.startswith("gres/gpu=")))
+            out.append({"job": job, "attempt": k, "submit": _t(r["Submit"]), "start": start,
+                        "end": end, "gpus": gpus, "state": r["State"]})
+    return out
+
+
+def _minutes(start: datetime, end: datetime) -> int:
+    """Minutes whose middle (m + 30 s) lies in [start, end)."""
+    first = math.ceil((start.timestamp() - 30) / 60)
+    last = math.ceil((end.timestamp() - 30) / 60) - 1
+    return max(0, last - first + 1)
+
+
+def _sql(warehouse: Path, sql: str) -> pl.DataFrame:
+    cols, rows = query.run(warehouse, sql)
+    return pl.DataFrame(rows, schema=cols, orient="row")
+
+
+def test_queue_wait_per_attempt_is_start_minus_submit(sacct_file: Path, warehouse: Path) -> None:
+    expected = {(a["job"], a["attempt"]): (a["start"] - a["submit"]).total_seconds()  # type: ignore[operator]
+                for a in _attempts(sacct_file)}
+    got = _sql(warehouse, "SELECT job_id, attempt, queue_wait_s FROM attempts "
+                          "WHERE started_at IS NOT NULL")
+    assert {(j, a): w for j, a, w in got.iter_rows()} == expected
+    assert ("101", 1) in expected  # the requeued attempt counts from the requeue
+
+
+def test_allocated_gpu_hours_per_ended_attempt(sacct_file: Path, warehouse: Path) -> None:
+    expected = {(a["job"], a["attempt"]): _minutes(a["start"], a["end"]) * a["gpus"] / 60  # type: ignore[arg-type,operator]
+                for a in _attempts(sacct_file) if a["end"] is not None}
+    got = _sql(warehouse, "SELECT job_id, attempt, allocated_gpu_hours FROM job_attempts")
+    got_map = {(j, a): h for j, a, h in got.iter_rows() if (j, a) in expected}
+    assert set(got_map) == set(expected)
+    for key, hours in expected.items():
+        assert got_map[key] == pytest.approx(hours), key
+    # and per minute in gpu_minute: the running job holds its GPU up to the last minute
+    running = [a for a in _attempts(sacct_file) if a["end"] is None]
+    assert [a["job"] for a in running] == ["103"]
+    _, rows = query.run(warehouse, "SELECT count(*) FROM gpu_minute WHERE job_id = '103'")
+    assert rows[0][0] == _minutes(running[0]["start"], LAST)  # type: ignore[arg-type]
+
+
+def test_end_events_and_skips(sacct_file: Path, warehouse: Path) -> None:
+    got = _sql(warehouse, "SELECT job_id, attempt, end_event, status FROM attempts "
+                          "ORDER BY job_id, attempt")
+    ends = {(j, a): (e, s) for j, a, e, s in got.iter_rows()}
+    assert ends[("100", 0)] == ("finished", "ended")
+    assert ends[("101", 0)] == ("requeued", "ended")
+    assert ends[("101", 1)] == ("finished", "ended")
+    assert ends[("102", 0)] == ("preempted", "ended")
+    assert ends[("103", 0)][1] == "running"
+    assert ends[("104", 0)][1] == "pending"
+    assert ends[("105", 0)] == ("cancelled", "ended")
+    assert ends[("106", 0)] == ("failed", "ended")
+    assert ends[("107", 0)] == ("failed", "ended")
+    assert {j for j, _ in ends} == {r["JobIDRaw"] for r in _lines(sacct_file)}
+    imported = load_sacct(sacct_file)
+    ids = [row.split("|", 1)[0] for row in ROWS]
+    assert imported.steps_skipped == sum("." in i for i in ids) == 3
+    assert imported.pending_arrays_skipped == sum("[" in i for i in ids) == 1
+    assert imported.cpu_only_skipped == 1
+
+
+def test_gres_idx_is_used_and_placement_fills_the_rest(warehouse: Path) -> None:
+    gpus = _sql(warehouse, "SELECT job_id, node, list(gpu_index ORDER BY gpu_index) AS idx "
+                           "FROM job_gpu GROUP BY job_id, attempt, node")
+    by_job = {(j, n): list(i) for j, n, i in gpus.iter_rows()}
+    assert by_job[("106", "gpu-3")] == [5, 6]              # from GresIDX
+    assert by_job[("107", "gpu-4")] == list(range(8))      # 16 GPUs spread over 2 nodes
+    assert by_job[("107", "gpu-5")] == list(range(8))
+    # no GPU is held by two jobs in the same minute
+    _, rows = query.run(warehouse, "SELECT max(jobs_on_gpu) FROM gpu_minute")
+    assert rows[0][0] == 1
+
+
+def test_teams_and_queues_through_the_mapping(sacct_file: Path, tmp_path: Path) -> None:
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text("teams: {accounts: {nlp: language}}\nqueues: {slurm: qos}\n"
+                       "priorities: {qos: {high: 100}}\n"
+                       "job_types: {rules: [{type: evaluation, name: 'eval-*'}]}\n")
+    root = tmp_path / "wh"
+    assert main(["import", "slurm-sacct", str(sacct_file), "--mapping", str(mapping),
+                 "--warehouse", str(root), "--quiet"]) == 0
+    got = _sql(root, "SELECT job_id, team, queue, priority, job_type, card_type FROM attempts "
+                     "WHERE attempt = 0 ORDER BY job_id")
+    rows = {r[0]: r[1:] for r in got.iter_rows()}
+    assert rows["101"] == ("language", "high", 100, None, "H100-SXM5-80GB")
+    assert rows["106"] == ("vision", "normal", 50, "evaluation", "H100-SXM5-80GB")
+
+
+def test_bad_files_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    no_state = tmp_path / "a.txt"
+    no_state.write_text("JobID|Submit|Start|End|AllocTRES\n1|x|y|z|gres/gpu=1\n")
+    with pytest.raises(SacctError, match=r"missing column.*State"):
+        load_sacct(no_state)
+    bad_time = tmp_path / "b.txt"
+    bad_time.write_text(HEADER + "\n" + ROWS[0].replace(f"{T}10:00:00", "yesterday", 1) + "\n")
+    assert main(["import", "slurm-sacct", str(bad_time), "--warehouse",
+                 str(tmp_path / "wh"), "--quiet"]) == 2
+    assert "b.txt:2: Submit: 'yesterday' is not a time" in capsys.readouterr().err
