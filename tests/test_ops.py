@@ -121,6 +121,15 @@ def test_kafka_service_shards_give_the_embedded_alerts_and_metrics(tmp_path: Pat
                        if f.name == "gpuledger_gpus" for s in f.samples)
 
         assert gpus(ops) == gpus(embedded) > 0
+
+        def records(surface: OpsSurface) -> dict[str, float]:
+            assert surface.exporter is not None
+            return {s.labels["record_type"]: s.value
+                    for f in parse(surface.exporter.render().decode())
+                    if f.name == "gpuledger_records" for s in f.samples}
+
+        # every shard reads all job and inventory events: counted once, not three times
+        assert records(ops) == records(embedded)
     finally:
         ops.close()
         embedded.close()
