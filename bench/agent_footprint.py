@@ -15,14 +15,15 @@ count (``gpuledger_agent_samples_total`` / GPUs) are read at the start and end o
     CPU per cycle per GPU = Δ CPU time / (Δ cycles × GPUs)
 
 which includes everything the agent does per cycle: NVML calls, attribution, encoding,
-spooling, the sender thread's Kafka production and the scrape of /metrics by this
-script (once per second). Resident memory: ``VmRSS`` at the end and ``VmHWM`` (peak).
+spooling, the sender thread's Kafka production, the threads' idle wake-ups and the
+scrapes of /metrics by this script (every ``--scrape`` seconds, default 15, as a
+Prometheus would). Resident memory: ``VmRSS`` at the end and ``VmHWM`` (peak).
 Targets (issue 4): ≤ 1 ms CPU per GPU per cycle, ≤ 60 MB RSS.
 
 Prints one JSON object. Usage:
 
     python bench/agent_footprint.py [--gpus 8] [--interval 0.1] [--seconds 30]
-        [--warmup 5] [--bootstrap HOST:PORT | --no-kafka]
+        [--warmup 5] [--scrape 15] [--bootstrap HOST:PORT | --no-kafka]
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--scrape", type=float, default=15.0,
+                    help="seconds between scrapes of /metrics during the window")
     ap.add_argument("--bootstrap", default=None)
     ap.add_argument("--no-kafka", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
@@ -162,13 +165,14 @@ def main() -> None:
         time.sleep(args.warmup)
         cpu0, n0, t0 = _cpu_s(proc.pid), _samples(port), time.monotonic()
         while time.monotonic() - t0 < args.seconds:
-            time.sleep(1.0)
-            _samples(port)                                 # a scrape a second, counted
+            time.sleep(min(args.scrape, max(0.0, args.seconds - (time.monotonic() - t0))))
+            _samples(port)                                 # a Prometheus-like scrape
         cpu1, n1, t1 = _cpu_s(proc.pid), _samples(port), time.monotonic()
         rss_kib, hwm_kib = _status_kib(proc.pid, "VmRSS"), _status_kib(proc.pid, "VmHWM")
         cycles = (n1 - n0) / args.gpus
         result: dict[str, Any] = {
             "gpus": args.gpus, "interval_s": args.interval, "window_s": round(t1 - t0, 2),
+            "scrape_s": args.scrape,
             "kafka": "none (spooling)" if args.no_kafka else bootstrap,
             "cycles": int(cycles), "cpu_s": round(cpu1 - cpu0, 3),
             "cpu_ms_per_cycle": round(1000 * (cpu1 - cpu0) / cycles, 3),

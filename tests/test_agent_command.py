@@ -177,13 +177,22 @@ def _run_agent(config: Path, env: dict[str, str], port: int, min_sent: int) -> N
             proc.wait()
 
 
-def _consume(broker: Broker, topic: str) -> list[Message]:
+def _consume(broker: Broker, topic: str, lines: int) -> list[Message]:
+    """Read the topic from the start until it has given ``lines`` records (or 60 s)."""
     consumer = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=4000)
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    out: list[Message] = []
     try:
-        return [Message(m.topic, m.partition, m.offset, m.key, m.value,
-                        tuple((k, v) for k, v in (m.headers or [])))
-                for m in consumer]
+        deadline = time.monotonic() + 60
+        while sum(m.value.count(b"\n") for m in out) < lines and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                out += [Message(m.topic, m.partition, m.offset, m.key, m.value,
+                                tuple((k, v) for k, v in (m.headers or [])))
+                        for m in batch]
+        time.sleep(1.0)                                # anything beyond what is expected?
+        for batch in consumer.poll(timeout_ms=1000).values():
+            out += [Message(m.topic, m.partition, m.offset, m.key, m.value) for m in batch]
+        return out
     finally:
         consumer.close()
 
@@ -206,7 +215,7 @@ def test_agent_streams_into_kafka_and_the_processor_makes_facts(
     assert spool.backlog == 0                                  # everything was confirmed
     total = int((tmp_path / "spool" / "agent.seq").read_text())
 
-    messages = _consume(kafka, tel_topic)
+    messages = _consume(kafka, tel_topic, total)
     assert {m.key for m in messages} == {NODE.encode()}
     records = [json.loads(line) for m in messages for line in m.value.splitlines()]
     assert sorted(r["seq"] for r in records) == list(range(total))   # each once, no gap
@@ -214,13 +223,14 @@ def test_agent_streams_into_kafka_and_the_processor_makes_facts(
     for rec in records:
         want = [] if rec["gpu_index"] == 7 else [_expected_job(rec["gpu_index"])]
         assert [p["job_id"] for p in rec["processes"]] == want
-    inventory = [json.loads(m.value) for m in _consume(kafka, inv_topic)]
+    inv_messages = _consume(kafka, inv_topic, 2)
+    inventory = [json.loads(m.value) for m in inv_messages]
     assert len(inventory) == 2                                 # once per start, unchanged
     assert {(r["node"], r["pool"], r["gpu_count"]) for r in inventory} == {(NODE, "train", 8)}
 
     decoded = decode(messages, "telemetry")
     assert decoded.dead_letters.height == 0
-    inv_decoded = decode(_consume(kafka, inv_topic), "inventory")
+    inv_decoded = decode(inv_messages, "inventory")
     processor = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
     processor.process({"telemetry": decoded.frames["telemetry"],
                        "inventory": inv_decoded.frames["inventory"]})
