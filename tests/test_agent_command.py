@@ -36,7 +36,7 @@ NO_TEMP = 5                   # a GPU whose temperature is NOT_SUPPORTED
 # GPU 7: no process, no activity (free)
 
 
-def _scenario(tmp_path: Path) -> Path:
+def _scenario(tmp_path: Path, lost_at: int | None = None) -> Path:
     sc = Scenario(gpus=GPUS)
     for i in range(GPUS):
         procs = f"{1000 + i}:{(2000 + 100 * i) * MIB}" if i < 7 else "-"
@@ -49,6 +49,8 @@ def _scenario(tmp_path: Path) -> Path:
         if i == NO_TEMP:
             del values["temp"]
         sc.set(f"g{i}", **values)
+    if lost_at is not None:
+        sc.at(lost_at, "g3", "lost", 1)                   # GPU 3 falls off the bus
     return sc.write(tmp_path / "scenario.txt")
 
 
@@ -157,13 +159,14 @@ def _metric(port: int, name: str) -> float:
     return -1.0
 
 
-def _run_agent(config: Path, env: dict[str, str], port: int, min_sent: int) -> None:
-    """Start the agent, wait until Kafka confirmed ``min_sent`` messages, SIGTERM it."""
+def _run_agent(config: Path, env: dict[str, str], port: int, min_sent: int,
+               metric: str = "gpuledger_agent_sent_messages_total") -> None:
+    """Start the agent, wait until ``metric`` reaches ``min_sent``, SIGTERM it."""
     proc = subprocess.Popen(_agent_cmd(config), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while _metric(port, "gpuledger_agent_sent_messages_total") < min_sent:
+        while _metric(port, metric) < min_sent:
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "the agent sent too little in 60 s"
             time.sleep(0.2)
@@ -245,3 +248,30 @@ def test_agent_streams_into_kafka_and_the_processor_makes_facts(
     states = dict(facts.group_by("gpu_index").agg(pl.col("state").first()).iter_rows())
     assert states[7] == "free"
     assert {states[i] for i in range(7)} == {"unaccounted_use"}
+
+
+@pytest.mark.slow
+def test_a_gpu_lost_mid_run_changes_the_inventory(
+        tmp_path: Path, kafka: Broker, fake_nvml_lib: Path) -> None:  # noqa: F811
+    prefix = f"lost{uuid.uuid4().hex[:8]}."
+    tel_topic, inv_topic = prefix + "gpu.telemetry.v1", prefix + "gpu.inventory.v1"
+    kafka.create_topic(tel_topic)
+    kafka.create_topic(inv_topic)
+    port = _free_port()
+    config = _config(tmp_path, kafka={"bootstrap": kafka.bootstrap, "topic_prefix": prefix},
+                     inventory={"pool": "train", "check_s": 0.5},
+                     metrics={"listen": f"127.0.0.1:{port}"})
+    env = nvml_env(fake_nvml_lib, _scenario(tmp_path, lost_at=6), step_s=0.5)
+    _run_agent(config, env, port, 2, "gpuledger_agent_inventory_published_total")
+    total = int((tmp_path / "spool" / "agent.seq").read_text())
+    inventory = [json.loads(m.value) for m in _consume(kafka, inv_topic, 2)]
+    assert [(r["health"], r["unhealthy_gpus"]) for r in inventory] == [
+        ("ok", []), ("degraded", [3])]
+    records = [json.loads(line) for m in _consume(kafka, tel_topic, total)
+               for line in m.value.splitlines()]
+    assert sorted(r["seq"] for r in records) == list(range(total))
+    gpu3 = [r["healthy"] for r in sorted(records, key=lambda r: r["seq"])
+            if r["gpu_index"] == 3]
+    first_lost = gpu3.index(False)
+    assert first_lost > 0 and not any(gpu3[first_lost:])       # lost stays lost
+    assert all(r["healthy"] for r in records if r["gpu_index"] != 3)
