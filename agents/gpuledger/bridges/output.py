@@ -52,13 +52,17 @@ class FileSink:
         path.touch(exist_ok=True)
 
     def position(self) -> int:
-        return self.path.stat().st_size
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:  # moved away (rotated): a new file starts
+            return 0
 
     def complete(self, start: int, records: list[Record]) -> None:
         data = b"".join(encode(r) for r in records)
         size = self.position()
         if size >= start + len(data):
             return  # already there
+        self.path.touch(exist_ok=True)
         with open(self.path, "r+b") as f:
             f.truncate(start)
             f.seek(start)

@@ -1,0 +1,151 @@
+"""Exactly-once hand-over of a bridge's records: the state file's outbox with a file sink
+and with the agent's spool draining to a real Kafka broker, across crashes at the worst
+moments (a torn batch, a batch written but not yet marked done)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuledger.bridges.mapping import Mapping
+from gpuledger.bridges.output import (
+    FileSink,
+    KafkaSpoolSink,
+    Record,
+    encode,
+    kafka_producer_factory,
+)
+from gpuledger.bridges.slurm import SlurmBridge, SlurmSource
+from gpuledger.bridges.slurm_events import SlurmTracker
+from gpuledger.bridges.state import StateError, load_state, save_state
+
+FIX = Path(__file__).parent / "fixtures" / "slurm"
+
+
+def replay(argv: list[str]) -> str:
+    """Slurm's recorded answers (tests/fixtures/slurm, from the real test cluster)."""
+    name = {"squeue": "squeue.json", "sinfo": "sinfo.json"}[argv[0]]
+    return (FIX / name).read_text()
+
+
+class Crash(Exception):
+    pass
+
+
+class TornFileSink(FileSink):
+    """Writes only the first half of a batch's bytes, then 'crashes'."""
+
+    def complete(self, start: int, records: list[Record]) -> None:
+        data = b"".join(encode(r) for r in records)
+        with open(self.path, "ab") as f:
+            f.write(data[: len(data) // 2])
+        raise Crash
+
+
+class LateCrashFileSink(FileSink):
+    """Writes the whole batch, then 'crashes' before the bridge marks it done."""
+
+    def complete(self, start: int, records: list[Record]) -> None:
+        super().complete(start, records)
+        raise Crash
+
+
+def bridge(sink: Any, state: Path) -> SlurmBridge:
+    return SlurmBridge(SlurmSource(fmt="json", runner=replay), SlurmTracker(Mapping()), sink,
+                       state)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def job_events(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(r["job_id"], r["event"], r["time"]) for r in records if r["type"] == "job"]
+
+
+@pytest.mark.parametrize("crashing", [TornFileSink, LateCrashFileSink])
+def test_file_sink_after_a_crash_has_every_record_once(tmp_path: Path,
+                                                       crashing: type[FileSink]) -> None:
+    clean = tmp_path / "clean.jsonl"
+    bridge(FileSink(clean), tmp_path / "clean.state").poll(now=1.0)
+    expected = lines(clean)
+    assert len(job_events(expected)) >= 8
+
+    out, state = tmp_path / "out.jsonl", tmp_path / "out.state"
+    with pytest.raises(Crash):
+        bridge(crashing(out), state).poll(now=1.0)
+    assert load_state(state)["outbox"] is not None
+    restarted = bridge(FileSink(out), state)          # completes the outbox at start
+    assert restarted.totals.recovered == len(expected)
+    assert load_state(state)["outbox"] is None
+    restarted.poll(now=2.0)                           # same view: nothing new
+    assert lines(out) == expected
+
+
+def test_state_file_errors(tmp_path: Path) -> None:
+    assert load_state(tmp_path / "none") == {}
+    bad = tmp_path / "bad"
+    bad.write_text("{not json")
+    with pytest.raises(StateError, match="not a bridge state file"):
+        load_state(bad)
+    save_state(tmp_path / "s", {"memory": {}, "outbox": None})
+    assert load_state(tmp_path / "s") == {"memory": {}, "outbox": None}
+    assert not (tmp_path / "s.tmp").exists()
+
+
+def test_kafka_spool_sink_to_a_real_broker_exactly_once(tmp_path: Path, kafka: Any) -> None:
+    from kafka import KafkaConsumer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    jobs_topic, inv_topic = prefix + "sched.events.v1", prefix + "gpu.inventory.v1"
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    admin.create_topics([NewTopic(jobs_topic, 3, 1), NewTopic(inv_topic, 1, 1)])
+    admin.close()
+
+    from gpuledger.pipeline.kafka.settings import load_settings
+
+    settings = load_settings(kafka.bootstrap, {})
+    state, spool = tmp_path / "k.state", tmp_path / "spool"
+
+    def sink() -> KafkaSpoolSink:
+        return KafkaSpoolSink(spool, kafka_producer_factory(settings), jobs_topic, inv_topic)
+
+    # crash after half of the batch went into the spool
+    first = sink()
+    real_append = first.spool.append
+    calls = {"n": 0}
+
+    def append_then_crash(topic: str, key: bytes, value: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise Crash
+        return real_append(topic, key, value)
+
+    first.spool.append = append_then_crash  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        bridge(first, state).poll(now=1.0)
+    again = bridge(sink(), state)
+    again.poll(now=2.0)
+    again.sink.close()
+
+    clean = tmp_path / "clean.jsonl"
+    bridge(FileSink(clean), tmp_path / "clean.state").poll(now=1.0)
+    expected = lines(clean)
+
+    consumer = KafkaConsumer(jobs_topic, inv_topic, bootstrap_servers=kafka.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000,
+                             group_id=None)
+    got = [(m.topic, m.key.decode(), json.loads(m.value)) for m in consumer]
+    consumer.close()
+    assert sorted(json.dumps(r, sort_keys=True) for _, _, r in got) == \
+        sorted(json.dumps(r, sort_keys=True) for r in expected)
+    for topic, key, record in got:
+        if record["type"] == "job":
+            assert (topic, key) == (jobs_topic, record["job_id"])
+        else:
+            assert (topic, key) == (inv_topic, record["node"])
