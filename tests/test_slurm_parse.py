@@ -116,6 +116,19 @@ def test_newer_json_shapes() -> None:
     assert (node.state, node.flags, node.gres_drained) == ("idle", ("DRAIN",), (3,))
 
 
+def test_a_pending_multi_node_job_counts_gpus_on_every_node() -> None:
+    doc = {"jobs": [{"job_id": 11, "job_state": "PENDING", "nodes": "", "node_count": 2,
+                     "tres_per_node": "gres:gpu:h100:8", "submit_time": 1_767_000_000}]}
+    (job,) = parse_squeue_json(json.dumps(doc))
+    assert (job.gpus, job.allocation) == (16, ())
+    text = ("JobId=11 JobName=big UserId=ana(1000) Priority=5 Account=ml QOS=normal "
+            "JobState=PENDING Reason=Resources Restarts=0 SubmitTime=2026-01-05T10:00:00 "
+            "StartTime=Unknown EndTime=Unknown Partition=gpu NodeList=(null) NumNodes=2-2 "
+            "TresPerNode=gres:gpu:h100:8\n")
+    (job,) = parse_scontrol_jobs(text)
+    assert (job.gpus, job.account, job.user, job.start) == (16, "ml", "ana", None)
+
+
 def test_garbage_is_refused() -> None:
     with pytest.raises(SlurmParseError, match="not JSON"):
         parse_squeue_json("squeue: error: Invalid user")

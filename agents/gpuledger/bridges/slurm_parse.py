@@ -267,8 +267,9 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
         for node, detail in zip(nodes, raw.get("gres_detail") or [], strict=False):
             _, _, idx = parse_gres(detail)
             allocation.extend((node, i) for i in idx)
-        if gpus and len(nodes) > 1 and _text(raw.get("tres_per_node")):
-            gpus *= len(nodes)
+        node_count = max(len(nodes), _int(raw.get("node_count")) or 1)
+        if gpus and node_count > 1 and _text(raw.get("tres_per_node")):
+            gpus *= node_count
         jobs.append(SlurmJob(
             job_id=_job_id(raw), state=_state(raw.get("job_state")),
             name=str(raw.get("name") or ""), user=_text(raw.get("user_name")),
@@ -364,8 +365,9 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
         if not gpus:
             gpu_type, gpus, _ = parse_gres(_text(first.get("JOB_GRES")))
         nodes = expand_hostlist(_text(first.get("NodeList")))
-        if gpus and len(nodes) > 1 and first.get("TresPerNode"):
-            gpus *= len(nodes)
+        node_count = max(len(nodes), _int((first.get("NumNodes") or "1").split("-")[0]) or 1)
+        if gpus and node_count > 1 and first.get("TresPerNode"):
+            gpus *= node_count
         state = first.get("JobState", "UNKNOWN").split()[0]
         jobs.append(SlurmJob(
             job_id=first["JobId"], state=state.upper(), name=first.get("JobName", ""),
