@@ -1,0 +1,198 @@
+"""Latency of the Grafana boards' SQL panels, the analyst views and the report's queries
+over 30 days of a 2,000-GPU fleet's facts.
+
+    .venv/bin/python bench/board_queries.py [--work DIR] [--runs 10] [--days 30]
+
+How the facts are made: the built-in cluster scaled ×3.47 (nodes, arrivals, quotas:
+2,000 GPUs) is simulated for one day (60-second samples) through the real processor;
+that day's fact files are then copied to 30 consecutive days, times and dates shifted
+and job ids suffixed per copy (a job of day d is ``<id>-d<d>``). The catalog is built
+over the copies and every query is timed ``--runs`` times after one warm-up run on one
+connection, with DuckDB limited to 2 threads. Board panels run with Grafana's default
+range (the last 24 hours of the data) and over all 30 days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import yaml
+
+import gpuledger.pipeline.simulate as simulate_pkg
+from gpuledger.pipeline.analyst_report.sections import SECTIONS, render_sql
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.dashboards.boards import all_boards
+from gpuledger.pipeline.dashboards.interpolate import interpolate
+from gpuledger.pipeline.demo import run_demo
+from gpuledger.pipeline.simulate import SimConfig, load_cluster
+from gpuledger.pipeline.warehouse import Warehouse, sql_dir
+
+FACTOR = 2000 / 576
+SNAPSHOTS = {"running_attempts", "candidates", "rejects"}
+
+
+def scaled_cluster(path: Path) -> Path:
+    spec = yaml.safe_load((Path(simulate_pkg.__file__).parent
+                           / "default_cluster.yaml").read_text())
+    for g in spec["node_groups"]:
+        g["nodes"] = round(g["nodes"] * FACTOR)
+    for w in spec["workloads"]:
+        w["arrivals_per_hour"] = w["arrivals_per_hour"] * FACTOR
+        if "initial_jobs" in w:
+            w["initial_jobs"] = round(w["initial_jobs"] * FACTOR)
+    for t in spec["teams"]:
+        t["quota"] = {k: round(v * FACTOR) for k, v in t["quota"].items()}
+        t["users"] = round(t["users"] * FACTOR)
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def base_day(work: Path) -> Path:
+    root = work / "day"
+    if (root / "catalog.duckdb").exists():
+        return root
+    cluster = load_cluster(scaled_cluster(work / "cluster-2000.yaml"))
+    t0 = time.monotonic()
+    run_demo(SimConfig(hours=24, seed=7, sample_interval_s=60, cluster=cluster),
+             ProcessorConfig(), root)
+    print(f"simulated and processed one day in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return root
+
+
+def _shift(frame: pl.DataFrame, days: int) -> pl.DataFrame:
+    if days == 0:
+        return frame
+    delta = timedelta(days=days)
+    out = frame.with_columns(
+        [pl.col(c) + delta for c, t in frame.schema.items()
+         if isinstance(t, pl.Datetime | pl.Date)])
+    if "job_id" in out.columns:
+        out = out.with_columns(pl.col("job_id") + f"-d{days}")
+    return out
+
+
+def replicate(day: Path, target: Path, days: int) -> int:
+    if (target / "catalog.duckdb").exists():
+        return -1
+    rows = 0
+    for table_dir in sorted((day / "facts").iterdir()):
+        table = table_dir.name
+        files = [f for f in sorted(table_dir.glob("**/*.parquet"))
+                 if f.name != "_schema.parquet"]
+        out_dir = target / "facts" / table
+        out_dir.mkdir(parents=True, exist_ok=True)
+        schema = table_dir / "_schema.parquet"
+        if schema.exists():
+            (out_dir / "_schema.parquet").write_bytes(schema.read_bytes())
+        if not files:
+            continue
+        frame = pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
+        if table in SNAPSHOTS:
+            _shift(frame, days - 1).write_parquet(out_dir / "snapshot.parquet")
+            continue
+        for d in range(days):
+            shifted = _shift(frame, d)
+            shifted.write_parquet(out_dir / f"{table}-copy{d:02d}.parquet",
+                                  compression="zstd", statistics=True)
+            rows += shifted.height
+    Warehouse(target).publish_catalog()
+    return rows
+
+
+def analyst_queries() -> dict[str, str]:
+    text = (sql_dir() / "20_analyst.sql").read_text()
+    out = {}
+    for name in re.findall(r"CREATE OR REPLACE VIEW (\w+)", text):
+        out[f"view {name}"] = f"SELECT * FROM {name}"
+    for name in re.findall(r"CREATE OR REPLACE MACRO (\w+)", text):
+        out[f"macro {name}()"] = f"SELECT * FROM {name}()"
+    for s in SECTIONS:
+        out[f"report {s.key}"] = render_sql(s, None, None, 10)
+    return out
+
+
+def board_queries(con: duckdb.DuckDBPyConnection, window_days: float) -> dict[str, str]:
+    minutes = int(window_days * 1440)
+    t0, t1 = con.execute(f"SELECT max(minute) - INTERVAL ({minutes}) MINUTE, max(minute) "
+                         "FROM frag_minute").fetchall()[0]
+    values: dict[str, list[str]] = {}
+    for c in ("pool", "card_type", "team", "queue"):
+        values[c] = [r[0] for r in con.execute(
+            f"SELECT DISTINCT {c} FROM gpu_hourly WHERE {c} IS NOT NULL").fetchall()]
+    # the job board opens the job with the most GPU-hours at stake that ended in range
+    values["job"] = [con.execute(
+        "SELECT job_id FROM recommendations WHERE ended_at >= ? AND ended_at <= ? "
+        "ORDER BY gpu_hours DESC LIMIT 1", [t0, t1]).fetchall()[0][0]]
+    out = {}
+    interval = max(60_000, int(window_days * 86_400_000 / 1000) // 60_000 * 60_000)
+    for uid, board in all_boards().items():
+        for v in board["templating"]["list"]:
+            if v["datasource"]["type"] != "prometheus":
+                out[f"{uid} var {v['name']}"] = interpolate(v["definition"], values, t0, t1,
+                                                            interval)
+        for p in board["panels"]:
+            for t in p.get("targets", []):
+                if "rawSql" in t:
+                    out[f"{uid} / {p['title']}"] = interpolate(t["rawSql"], values, t0, t1,
+                                                               interval)
+    return out
+
+
+def timed(con: duckdb.DuckDBPyConnection, sql: str, runs: int) -> tuple[float, float, int]:
+    n = len(con.execute(sql).fetchall())
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        con.execute(sql).fetchall()
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+    return statistics.median(times), p95, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/gpuledger-board-bench"))
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--days", type=int, default=30)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    day = base_day(args.work)
+    target = args.work / f"fleet-{args.days}d"
+    t = time.monotonic()
+    rows = replicate(day, target, args.days)
+    if rows >= 0:
+        print(f"replicated to {args.days} days: {rows:,} fact rows in "
+              f"{time.monotonic() - t:.0f} s", file=sys.stderr)
+    con = duckdb.connect(str(target / "catalog.duckdb"), read_only=True)
+    con.execute("SET threads = 2")
+    facts: Any = con.execute("SELECT count(*), count(DISTINCT node || gpu_index) FROM "
+                             "gpu_minute").fetchall()[0]
+    print(f"gpu_minute: {facts[0]:,} rows, {facts[1]:,} GPUs", file=sys.stderr)
+    results: list[tuple[str, str, float, float, int]] = []
+    for name, sql in analyst_queries().items():
+        results.append(("analyst", name, *timed(con, sql, args.runs)))
+    for label, days in (("board 24 h", 1.0), (f"board {args.days} d", float(args.days))):
+        for name, sql in board_queries(con, days).items():
+            results.append((label, name, *timed(con, sql, args.runs)))
+    print("| set | query | p50 ms | p95 ms | rows |")
+    print("|---|---|---:|---:|---:|")
+    for kind, name, p50, p95, n in results:
+        print(f"| {kind} | {name} | {p50:.0f} | {p95:.0f} | {n:,} |")
+    for kind in dict.fromkeys(r[0] for r in results):
+        p95s = [r[3] for r in results if r[0] == kind]
+        print(f"{kind}: {len(p95s)} queries, worst p95 {max(p95s):.0f} ms, "
+              f"{sum(p <= 300 for p in p95s)} within 300 ms", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
