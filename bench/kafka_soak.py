@@ -95,14 +95,8 @@ def _producer(bootstrap: str, prefix: str, fmt: str, sim_hours: float, chunk_min
 
 
 def _service(bootstrap: str, prefix: str, group: str, warehouse: str, log: str) -> None:
-    """Child process: what ``gpuledger process --kafka`` runs, with one workaround.
-
-    Workaround: on a cold start ``KafkaProcessorService._time_limit`` can return
-    ``datetime.min`` before any telemetry is read, and ``Processor._advance`` then fails
-    with OverflowError (the CLI crashes within seconds of starting this soak). A limit
-    far in the past that can be subtracted from keeps the intent (hold the watermark);
-    each use is logged. ``--cli`` runs the real command instead.
-    """
+    """Child process: what ``gpuledger process --kafka`` runs (``--cli`` runs the very
+    command), logging to ``log``."""
     import logging
 
     from gpuledger.pipeline.config import ProcessorConfig
@@ -115,17 +109,6 @@ def _service(bootstrap: str, prefix: str, group: str, warehouse: str, log: str) 
     settings = KafkaSettings(bootstrap=bootstrap, topics=Topics().prefixed(prefix))
     service = KafkaProcessorService(settings, ProcessorConfig(), Path(warehouse),
                                     ServiceOptions(group_id=group))
-    time_limit = service._time_limit
-    hold = datetime(1970, 1, 1, tzinfo=UTC)
-
-    def safe_time_limit() -> datetime | None:
-        limit = time_limit()
-        if limit is not None and limit.year == 1:
-            logging.getLogger("soak").warning("cold-start workaround: datetime.min held")
-            return hold
-        return limit
-
-    service._time_limit = safe_time_limit  # type: ignore[method-assign]
     service.install_signal_handlers()
     try:
         service.run()
@@ -143,10 +126,10 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-def _size_mib(path: Path) -> float | None:
-    """The checkpoint's size: the processor's whole state, pickled."""
+def _size_mib(folder: Path) -> float | None:
+    """The checkpoints' size: every shard's whole state, pickled."""
     try:
-        return round(path.stat().st_size / 2**20, 2)
+        return round(sum(p.stat().st_size for p in folder.glob("*.checkpoint")) / 2**20, 2)
     except OSError:
         return None
 
@@ -300,7 +283,7 @@ def main() -> None:
         service = ServiceProcess(args.cli, ctx, bootstrap, prefix, group, tmp / "wh",
                                  service_log)
         lag = Lag(bootstrap, settings.topics.telemetry, group)
-        checkpoint = tmp / "wh" / "state" / f"{group}.checkpoint"
+        checkpoint = tmp / "wh" / "state" / group
         t0 = time.monotonic()
         end = t0 + args.minutes * 60
         try:

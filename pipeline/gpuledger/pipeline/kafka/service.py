@@ -147,6 +147,10 @@ class KafkaProcessorService:
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
         self.globals.assign(self.global_parts)
         self.shards: dict[int, ShardRun] = {}
+        self.on_shard_added: list[Callable[[Processor], None]] = []
+        """Called with a shard's processor when the instance starts running it (before its
+        first input): the exporter and the alert engine follow shards this way."""
+        self.on_shard_dropped: list[Callable[[Processor], None]] = []
         self.producer = open_producer(settings)
         self._ends: dict[Key, int] = {}
         self._ends_at = 0.0
@@ -168,6 +172,8 @@ class KafkaProcessorService:
         offsets = checkpoint.load(processor, path) or {}
         run = ShardRun(shard, processor, offsets, path)
         self.shards[partition] = run
+        for call in self.on_shard_added:
+            call(processor)
         log.info("shard %s: partition %d of %s, %s", shard.suffix, partition,
                  self.settings.topics.telemetry,
                  "from its checkpoint" if offsets else "from the start")
@@ -179,8 +185,12 @@ class KafkaProcessorService:
         runs inside the consumer's rebalance, where it cannot block; the next owner
         resumes from the checkpoint, which holds the offsets, and commits them.)"""
         run = self.shards.pop(partition, None)
-        if run is not None and (run.processor.closed_until is not None or run.offsets):
+        if run is None:
+            return
+        if run.processor.closed_until is not None or run.offsets:
             self._checkpoint_shard(run)
+        for call in self.on_shard_dropped:
+            call(run.processor)
 
     def _seek_globals(self) -> None:
         """Position the global consumer at the oldest offset any shard still needs."""
