@@ -279,7 +279,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         proc.process(batch)
 
     def start(factory: Callable[..., PrometheusServer]) -> PrometheusServer:
-        server = factory(targets=[f"127.0.0.1:{port}"])
+        server = factory(targets=[f"127.0.0.1:{port}"],
+                         rule_files=sorted((REPO / "alerts").glob("gpuledger-*.yml")))
         server.wait_for("up == 1")
         for batch in batches[cut:]:
             proc.process(batch)

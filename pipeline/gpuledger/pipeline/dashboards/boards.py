@@ -111,6 +111,17 @@ def fleet() -> Board:
                                        "renameByName": {"Value #A": "allocated GPUs",
                                                         "Value #B": "used GPUs"}}},
     ], overrides=[field_links("team", TEAM_LINK)])
+    b.row("Processor")
+    b.add("timeseries", "Records in per second", [prom(
+        "record_type:gpuledger_records:rate1m", "{{record_type}}")], w=8, unit="ops")
+    b.add("timeseries", "Facts lag (wall clock − end of the latest closed minute)", [prom(
+        "time() - gpuledger_closed_until_timestamp_seconds", "lag")], w=8, unit="s")
+    b.add("timeseries", "Rejected and late records per second", [
+        prom("sum(rate(gpuledger_rejected_records_total[$__rate_interval])) or vector(0)",
+             "rejected (dead letters)"),
+        prom("sum by (record_type) (rate(gpuledger_late_events_total[$__rate_interval]))",
+             "{{record_type}} late"),
+    ], w=8, unit="ops")
     b.row("History (warehouse)")
     b.add("timeseries", "Allocated, used, idle and inefficient GPU-hours per hour", [sql(
         f"""SELECT hour AS time, sum(allocated_gpu_hours) AS allocated,
@@ -327,6 +338,11 @@ def queues() -> Board:
         prom(f"histogram_quantile(0.95, sum by (queue, le) "
              f"(gpuledger_queue_wait_seconds_bucket{{{sel}}}))", "{{queue}} p95"),
     ], unit="s", options=WIDE)
+    b.add("timeseries", "Queue wait p50 / p95 over the last hour (all pools)", [
+        prom('queue:gpuledger_queue_wait_seconds:p50_1h{queue=~"$queue"}', "{{queue}} p50"),
+        prom('queue:gpuledger_queue_wait_seconds:p95_1h{queue=~"$queue"}', "{{queue}} p95"),
+    ], unit="s", options=WIDE, description="Recording rules of alerts/ (rate over 1 h of "
+        "the queue-wait histogram, by queue only).")
     b.add("timeseries", "Blocked by fragmentation (jobs that fit in the free GPUs, on no node)",
           [prom(f"sum by (queue) (gpuledger_queue_blocked_jobs{{{sel}}})", "{{queue}} jobs"),
            prom(f"sum by (pool, card_type) (gpuledger_blocked_demand_gpus{{{POOL_CARD}}})",
