@@ -137,6 +137,7 @@ class MetricsServer:
         self.httpd.daemon_threads = True
         self.port = int(self.httpd.server_address[1])
         self._thread = threading.Thread(target=self.httpd.serve_forever,
+                                        kwargs={"poll_interval": 2.0},
                                         name="gpuledger-agent-metrics", daemon=True)
         self._thread.start()
 

@@ -295,7 +295,7 @@ class Agent:
                     delay = 0
                 stop.wait(delay)
         finally:
-            self._wake.set()
+            self._wake.set()                # let the sender see the stop at once
             if self.sender is not None:
                 sending.join()
 
@@ -305,7 +305,8 @@ class Agent:
         while not stop.is_set():
             delivered = sender.drain()
             if delivered == 0:
-                self._wake.wait(1.0)
+                # woken by the next collection; retry sooner while a backlog waits
+                self._wake.wait(1.0 if spool.backlog else 30.0)
                 self._wake.clear()
         deadline = time.monotonic() + self.config.kafka.send_timeout_s
         while spool.backlog and time.monotonic() < deadline:
