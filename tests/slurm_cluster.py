@@ -22,6 +22,8 @@ from pathlib import Path
 
 NODE = "gpu-node-1"
 PARTITION = "gpu"
+URGENT = "urgent"
+"""A second partition on the same node whose jobs preempt (requeue) the first one's."""
 GPUS = 8
 REQUIRED = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "scancel")
 
@@ -103,7 +105,10 @@ KillWait=2
 PlugStackConfig={r}/etc/plugstack.conf
 NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=32 Sockets=1 \
 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=64000 Gres=gpu:h100:{GPUS} State=UNKNOWN
-PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName={URGENT} Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=2
 """)
         (r / "etc" / "plugstack.conf").write_text("")
         (r / "etc" / "gres.conf").write_text(
@@ -111,6 +116,14 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             f"File={r}/dev/nvidia[0-{GPUS - 1}]\n")
 
     def start(self, timeout_s: float = 60.0) -> None:
+        """Start the daemons and wait until the node is idle; on failure stop them again."""
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> None:
         self.write_config()
         r = self.root
         self._spawn(["munged", "--foreground", "--force",
@@ -144,8 +157,8 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         return self.run("scontrol", "ping", check=False).returncode == 0
 
     def _node_idle(self) -> bool:
-        out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
-        return out == "idle"
+        out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+        return bool(out) and set(out) == {"idle"}  # one line per partition
 
     def logs(self) -> str:
         parts = []

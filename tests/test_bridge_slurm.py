@@ -27,7 +27,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from slurm_cluster import GPUS, NODE, SlurmCluster, missing_tools
+from slurm_cluster import GPUS, NODE, URGENT, SlurmCluster, missing_tools
 
 from gpuledger.bridges.slurm_parse import parse_gres, parse_scontrol_jobs
 from gpuledger.cli.main import main
@@ -103,9 +103,11 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     bridges = [_bridge(cluster, json_out, root / "json.state", "json"),
                _bridge(cluster, text_out, root / "text.state", "text")]
     try:
-        # Start at second 50 of a minute: the changes below all happen away from the
-        # next minute's middle (t0 + 40 s), where a1 and b2 hold 3 GPUs and 5 are free.
-        time.sleep((50 - time.time() % 60) % 60)
+        # Start so that the next minute's middle (second 30) falls 20-45 s in, where a1
+        # and b2 hold 3 GPUs and 5 are free and nothing changes for a few seconds.
+        second = time.time() % 60
+        if 10 <= second < 45:
+            time.sleep(45 - second)
         t0 = time.time()
         ids = {"a1": cluster.sbatch(1, 50, "eval-a1"), "b2": cluster.sbatch(2, 35, "train-b2"),
                "c3": cluster.sbatch(3, 60, "train-c3"), "d8": cluster.sbatch(8, 8, "train-d8"),
@@ -274,3 +276,45 @@ def test_cli_refuses_a_bad_mapping(tmp_path: Path, capsys: pytest.CaptureFixture
                  "--once"])
     assert code == 2
     assert "mapping.teams.accounts.foo: expected a string" in capsys.readouterr().err
+
+
+def test_preemption_by_a_higher_tier_partition(scenario: Scenario, tmp_path: Path) -> None:
+    """A job of the `urgent` partition (PriorityTier 2, PreemptMode=REQUEUE) preempts one
+    of `gpu`. Slurm 22.05 shows this only as a requeue (the restart count goes up), so
+    the bridge reports `requeued`, and the second attempt waits from Slurm's new
+    SubmitTime."""
+    cluster, view = scenario.cluster, SlurmView()
+    out = tmp_path / "preempt.jsonl"
+    proc = _bridge(cluster, out, tmp_path / "preempt.state", "json")
+    try:
+        low = cluster.sbatch(6, 120, "low-p")
+        deadline = time.time() + 20
+        while time.time() < deadline and view.final.get(low) != "RUNNING":
+            _sample(cluster, view)
+            time.sleep(0.2)
+        urgent = cluster.sbatch(4, 3, "urgent-p", "-p", URGENT)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(view.attempts.get(low, ())) < 2:
+            _sample(cluster, view)
+            time.sleep(0.25)
+        cluster.run("scancel", low)
+        while time.time() < deadline and view.final.get(low) != "CANCELLED":
+            _sample(cluster, view)
+            time.sleep(0.25)
+        time.sleep(1.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    events = _records(out, "job")
+    by_job: dict[str, list[str]] = {}
+    for e in events:
+        by_job.setdefault(e["job_id"], []).append(e["event"])
+    assert by_job[low] == ["submitted", "started", "requeued", "started", "cancelled"]
+    assert by_job[urgent] == ["submitted", "started", "finished"]
+    ((_, submit, start),) = [a for a in view.attempts[low] if a[0] == 1]
+    requeued = next(e for e in events if e["job_id"] == low and e["event"] == "requeued")
+    restarted = [e for e in events if e["job_id"] == low and e["event"] == "started"][1]
+    assert datetime.fromisoformat(requeued["time"]).timestamp() == submit
+    assert datetime.fromisoformat(restarted["time"]).timestamp() == start
+    assert sorted(a["gpu_index"] for a in restarted["allocation"]) == \
+        list(view.indices[(low, 1)])

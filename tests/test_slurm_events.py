@@ -72,6 +72,13 @@ def test_preemption_with_and_without_requeue() -> None:
     out, _ = t.step([job(restarts=1, submit=T0 + 50)], None, T0 + 52)
     assert events(out) == [("requeued", rfc3339(T0 + 50))]
 
+    t3 = SlurmTracker(Mapping())                      # PreemptMode=CANCEL: stays PREEMPTED
+    t3.step([running(T0 + 10)], None, T0 + 11)
+    assert [e for e, _ in events(t3.step([preempted], None, T0 + 51)[0])] == ["preempted"]
+    out, _ = t3.step([preempted], None, T0 + 61)
+    assert events(out) == [("cancelled", rfc3339(T0 + 50))]
+    assert t3.step([preempted], None, T0 + 71)[0] == []
+
     t2 = SlurmTracker(Mapping())
     t2.step([running(T0 + 10)], None, T0 + 11)
     out, _ = t2.step([replace(preempted, requeue=False)], None, T0 + 51)

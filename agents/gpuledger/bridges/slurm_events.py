@@ -13,7 +13,9 @@ How Slurm's states become events (the full table is in ``docs/slurm.md``):
   allocation, at StartTime;
 * the restart count went up (``scontrol requeue``, preemption with requeue) →
   ``requeued`` at the new SubmitTime (Slurm resets it at the requeue);
-* PREEMPTED → ``preempted`` at EndTime (then ``cancelled`` unless requeueable);
+* PREEMPTED → ``preempted`` at EndTime, then ``cancelled`` when the job is not
+  requeueable or still PREEMPTED at the next poll (Slurm 22.05 shows a preemption with
+  ``PreemptMode=REQUEUE`` only as a requeue: the restart count goes up);
 * COMPLETED → ``finished``; CANCELLED → ``cancelled``; FAILED, TIMEOUT, NODE_FAIL,
   OUT_OF_MEMORY, BOOT_FAIL, DEADLINE → ``failed`` with the state and exit code as the
   reason; all at EndTime;
@@ -164,17 +166,18 @@ class SlurmTracker:
                     "(allocation not observed)")
         out: list[Record] = []
         if job.state == "PREEMPTED":
-            if memory.preempted:
-                return out
-            if memory.running_start is not None:
-                out.append(self._event("preempted", job.job_id, when,
-                                       reason="preempted by Slurm" + note))
-            memory.preempted = True
-            memory.running_start = None
-            if job.requeue:
-                return out  # comes back PENDING with a higher restart count
+            if not memory.preempted:
+                if memory.running_start is not None:
+                    out.append(self._event("preempted", job.job_id, when,
+                                           reason="preempted by Slurm"))
+                memory.preempted = True
+                memory.running_start = None
+                if job.requeue:
+                    # a requeue shows as PENDING with a higher restart count; a job
+                    # still PREEMPTED at the next poll is not coming back
+                    return out
             out.append(self._event("cancelled", job.job_id, when,
-                                   reason="preempted and not requeued"))
+                                   reason="preempted and not requeued" + note))
         elif job.state == "COMPLETED":
             out.append(self._event("finished", job.job_id, when,
                                    reason=("completed" + note) if note else None))
