@@ -53,6 +53,11 @@ ROWS = [
     # a 16-GPU job over two nodes
     f"107|107|pretrain|nlp|bo|gpu|high|90|{T}10:09:00|{T}10:41:00|{T}11:21:00|TIMEOUT|0:0|"
     "cpu=32,gres/gpu:h100=16,gres/gpu=16,node=2|cpu=32,gres/gpu=16|gpu-[4-5]|",
+    # preempted and requeued (PreemptMode=REQUEUE): two lines, then completed
+    f"108|108|ft-z|nlp|bo|gpu|low|10|{T}10:03:00|{T}10:04:00|{T}10:30:00|PREEMPTED|0:15|"
+    "cpu=2,gres/gpu:h100=2,gres/gpu=2,node=1|cpu=2,gres/gpu=2|gpu-6|",
+    f"108|108|ft-z|nlp|bo|gpu|low|10|{T}10:30:00|{T}10:50:00|{T}11:10:00|COMPLETED|0:0|"
+    "cpu=2,gres/gpu:h100=2,gres/gpu=2,node=1|cpu=2,gres/gpu=2|gpu-6|",
     # array tasks (JobIDRaw is the unique id) and a pending range
     f"200_1|201|sweep|vision|ana|gpu|normal|50|{T}10:10:00|{T}10:12:00|{T}10:52:00|COMPLETED|"
     "0:0|cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|cpu=1,gres/gpu=1|gpu-1|",
@@ -165,6 +170,10 @@ def test_end_events_and_skips(sacct_file: Path, warehouse: Path) -> None:
     assert ends[("105", 0)] == ("cancelled", "ended")
     assert ends[("106", 0)] == ("failed", "ended")
     assert ends[("107", 0)] == ("failed", "ended")
+    assert ends[("108", 0)] == ("preempted", "ended")
+    assert ends[("108", 1)] == ("finished", "ended")
+    _, rows = query.run(warehouse, "SELECT job_id, attempt FROM preemptions ORDER BY job_id")
+    assert [tuple(r) for r in rows] == [("102", 0), ("108", 0)]
     assert {j for j, _ in ends} == {r["JobIDRaw"] for r in _lines(sacct_file)}
     imported = load_sacct(sacct_file)
     ids = [row.split("|", 1)[0] for row in ROWS]
