@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,67 @@ def test_a_gpu_lost_mid_run_changes_the_inventory(
     first_lost = gpu3.index(False)
     assert first_lost > 0 and not any(gpu3[first_lost:])       # lost stays lost
     assert all(r["healthy"] for r in records if r["gpu_index"] != 3)
+
+
+def _start_agent(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(_agent_cmd(config), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_metric(proc: subprocess.Popen[str], port: int, name: str,
+                 ok: Callable[[float], bool], timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok(_metric(port, name)):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"{name} never got there"
+        time.sleep(0.2)
+
+
+def _stop_agent(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return err
+
+
+@pytest.mark.slow
+def test_outage_with_a_restart_loses_nothing(tmp_path: Path, fake_nvml_lib: Path) -> None:  # noqa: F811
+    """The broker goes away; the agent is restarted during the outage and keeps
+    collecting into its spool; when the broker is back every sample arrives once."""
+    from kafka_broker import start_broker
+
+    broker = start_broker(tmp_path / "kafka")
+    try:
+        broker.create_topic("gpu.telemetry.v1", partitions=2)
+        broker.create_topic("gpu.inventory.v1")
+        port = _free_port()
+        config = _config(tmp_path, kafka={"bootstrap": broker.bootstrap, "send_timeout_s": 2},
+                         metrics={"listen": f"127.0.0.1:{port}"})
+        env = nvml_env(fake_nvml_lib, _scenario(tmp_path))
+        sent = "gpuledger_agent_sent_messages_total"
+        samples = "gpuledger_agent_samples_total"
+        backlog = "gpuledger_agent_spool_backlog_messages"
+
+        agent = _start_agent(config, env)
+        _wait_metric(agent, port, sent, lambda v: v >= 3)
+        broker.kill_process()                                  # the broker dies
+        _wait_metric(agent, port, backlog, lambda v: v >= 8)   # spooling now
+        err = _stop_agent(agent)                               # restarted mid-outage
+        assert "messages in the spool" in err                  # it says what it kept
+        kept = Spool(tmp_path / "spool").backlog
+        assert kept >= 8
+
+        agent = _start_agent(config, env)
+        _wait_metric(agent, port, samples, lambda v: v >= 8 * GPUS)
+        assert _metric(port, sent) == 0                        # nothing got through
+        broker.start_again()
+        _wait_metric(agent, port, backlog, lambda v: v == 0)
+        _stop_agent(agent)
+        total = int((tmp_path / "spool" / "agent.seq").read_text())
+        records = [json.loads(line)
+                   for m in _consume(broker, "gpu.telemetry.v1", total)
+                   for line in m.value.splitlines()]
+        assert sorted(r["seq"] for r in records) == list(range(total))
+        assert total > kept
+    finally:
+        broker.stop()
