@@ -5,14 +5,17 @@ dead letters with their origin while the rest goes through, nothing lost or doub
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
+import polars as pl
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as CTP
@@ -192,3 +195,31 @@ def test_sigkill_at_random_points_with_confluent(
         log.close()
     assert kills == 10, (tmp_path / "service.log").read_text()[-2000:]
     assert digest(root) == digest(reference)
+
+
+def test_sasl_scram_with_confluent_and_the_password_never_logged(
+    kafka: Broker, tmp_path: Path,
+) -> None:
+    if kafka.sasl_bootstrap is None:
+        pytest.skip("the external broker has no SASL listener configured")
+    user, password = next(iter(kafka.users.items()))
+    secret_file = tmp_path / "password"
+    secret_file.write_text(password + "\n")
+    prefix = f"cs{uuid.uuid4().hex[:8]}."
+    env = {**os.environ, "GPULEDGER_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+           "GPULEDGER_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+           "GPULEDGER_KAFKA_SASL_USERNAME": user,
+           "GPULEDGER_KAFKA_SASL_PASSWORD_FILE": str(secret_file),
+           "GPULEDGER_KAFKA_CLIENT": "confluent", "GPULEDGER_KAFKA_TOPIC_PREFIX": prefix}
+    settings = load_settings(kafka.sasl_bootstrap, env)
+    assert settings.client == "confluent"
+    _publish(dataclasses.replace(settings, client="kafka-python"))
+    cmd = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
+           kafka.sasl_bootstrap, "--warehouse", str(tmp_path / "wh"), "--exit-when-idle", "2"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = done.stdout + done.stderr
+    assert "messages=" in logs or "flushing" in logs  # it did log, verbosely
+    assert password not in logs
+    gm = pl.read_parquet(tmp_path / "wh" / "facts" / "gpu_minute" / "**" / "*.parquet")
+    assert gm.height > 0
