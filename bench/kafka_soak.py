@@ -65,6 +65,13 @@ def _broker(bootstrap: str | None, workdir: Path) -> Iterator[tuple[str, Path | 
         broker.stop()
 
 
+def _write_atomic(path: str, doc: dict[str, Any]) -> None:
+    """The progress file is read while the producer runs: never a half-written one."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 def _producer(bootstrap: str, prefix: str, fmt: str, sim_hours: float, chunk_minutes: int,
               compression: str, out: str, stop: Any) -> None:
     """Child process: publish the simulation as fast as possible until ``stop``."""
@@ -85,13 +92,13 @@ def _producer(bootstrap: str, prefix: str, fmt: str, sim_hours: float, chunk_min
             break
         sink.publish_batch(batch)
         samples += batch["telemetry"].height
-        Path(out).write_text(json.dumps({"samples": samples, "messages": sink.messages}))
+        _write_atomic(out, {"samples": samples, "messages": sink.messages})
     sink.close()
-    Path(out).write_text(json.dumps({
+    _write_atomic(out, {
         "samples": samples, "messages": sink.messages, "bytes": sink.bytes,
         "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time(),
         "input_exhausted": exhausted,
-    }))
+    })
 
 
 def _service(bootstrap: str, prefix: str, group: str, warehouse: str, log: str) -> None:
