@@ -52,12 +52,18 @@ def test_two_processors_write_the_facts_of_one(
     procs = [subprocess.Popen([*cmd, "--instance-id", f"pair-{i}"],
                               stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
              for i, log in enumerate(logs, 1)]
-    deadline = time.monotonic() + 60
-    while not all(_shards(log) for log in logs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    _publish_as_agents(settings_two)
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(_shards(log) for log in logs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _publish_as_agents(settings_two)
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     texts = [log.read_text() for log in logs]
     read = [int(m.group(1)) for t in texts
             for m in [re.search(r"exiting \((\d+) telemetry message", t)] if m]
