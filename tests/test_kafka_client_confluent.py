@@ -19,10 +19,15 @@ import polars as pl
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as CTP
+from fact_views import assert_same_facts
 from kafka import KafkaProducer, TopicPartition
 from kafka_broker import Broker
-from test_kafka_pipeline import _process_cmd, _publish, reference  # noqa: F401  (a fixture)
-from test_pipeline_properties import digest
+from test_kafka_pipeline import (  # noqa: F401  (reference: a fixture)
+    SPARSE,
+    _process_cmd,
+    _publish,
+    reference,
+)
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.kafka.client import open_consumer
@@ -92,12 +97,12 @@ def test_confluent_gives_the_same_facts_as_the_embedded_bus(
     assert _publish(settings, fmt) > 0
     service = _process(settings, tmp_path / "wh", group="same")
     assert isinstance(service.telemetry, ConfluentConsumer)
-    assert service.processor.counters.late_telemetry == 0
-    assert digest(tmp_path / "wh") == digest(reference)
+    assert service.counters().late_telemetry == 0
+    assert_same_facts(tmp_path / "wh", reference, SPARSE)
     # what was committed is the end of every telemetry partition, no more
-    ends = service.offsets
     tele = settings.topics.telemetry
-    assert _committed(kafka, "same", tele, 4) == [ends[(tele, p)] for p in range(4)]
+    ends = [service.shards[p].offsets[(tele, p)] for p in range(4)]
+    assert _committed(kafka, "same", tele, 4) == ends
 
 
 def test_assign_then_seek_reads_from_there(kafka: Broker) -> None:
@@ -163,9 +168,7 @@ def test_malformed_messages_go_to_dead_letters_with_confluent(
     assert any("malformed JSON" in r for r in reasons)
     assert {h["source-topic"].decode() for h in headers} == {t.telemetry, t.jobs}
     assert b"{not json" in [m.value() for m in dead]
-    facts = {k: v for k, v in digest(tmp_path / "wh").items() if "rejects" not in k}
-    ref = {k: v for k, v in digest(reference).items() if "rejects" not in k}
-    assert facts == ref
+    assert_same_facts(tmp_path / "wh", reference, SPARSE)
 
 
 def test_sigkill_at_random_points_with_confluent(
@@ -194,7 +197,7 @@ def test_sigkill_at_random_points_with_confluent(
     finally:
         log.close()
     assert kills == 10, (tmp_path / "service.log").read_text()[-2000:]
-    assert digest(root) == digest(reference)
+    assert_same_facts(root, reference, SPARSE)
 
 
 def test_sasl_scram_with_confluent_and_the_password_never_logged(
