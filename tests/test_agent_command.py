@@ -294,7 +294,7 @@ def _wait_metric(proc: subprocess.Popen[str], port: int, name: str,
 
 def _stop_agent(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return err
 

@@ -57,8 +57,9 @@ def test_prometheus_holds_the_warehouse_facts(
                               lambda r: sum(float(x["value"][1]) for x in r) == allocated.height)
         assert {x["metric"]["pool"] for x in rec} == set(want)
         # job series: one per attempt running in the last minute, as the exporter serves it
-        jobs = server.query("count(gpuledger_job_info)")
         running = allocated.select("job_id").n_unique()
+        jobs = server.wait_for("count(gpuledger_job_info)",
+                               lambda r: bool(r) and float(r[0]["value"][1]) >= running)
         assert jobs and float(jobs[0]["value"][1]) >= running > 0
         # the alerting rules loaded and are evaluated by the real server
         groups = server.api("rules")["groups"]
