@@ -72,6 +72,7 @@ from gpuledger.pipeline.kafka.wire import (
     decode,
     encode,
 )
+from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -339,32 +340,11 @@ def _kafka_python_crc(native: bool) -> Iterator[None]:
 # --------------------------------------------------------------------------- processor
 
 
-# Cold-start workaround (service.py, _time_limit): before the first telemetry is read,
-# a partition with unread data and no known time makes _time_limit return datetime.min,
-# and Processor._advance then computes datetime.min - lateness: OverflowError. It happens
-# when scheduler events are handled while the telemetry partitions are assigned but not
-# read yet (the live run hits it at once). The intent, "hold the watermark", is kept with
-# a limit far in the past that can be subtracted from; the uses are counted.
-HOLD = datetime(1970, 1, 1, tzinfo=UTC)
-COLD_START_HOLDS = [0]
-
-
 def _service(settings: KafkaSettings, warehouse: Path, group: str,
              config: ProcessorConfig | None = None,
              idle_s: float | None = 2.0) -> KafkaProcessorService:
-    service = KafkaProcessorService(settings, config or ProcessorConfig(), warehouse,
-                                    ServiceOptions(group_id=group, exit_when_idle_s=idle_s))
-    time_limit = service._time_limit
-
-    def safe_time_limit() -> datetime | None:
-        limit = time_limit()
-        if limit is not None and limit.year == 1:  # datetime.min
-            COLD_START_HOLDS[0] += 1
-            return HOLD
-        return limit
-
-    service._time_limit = safe_time_limit  # type: ignore[method-assign]
-    return service
+    return KafkaProcessorService(settings, config or ProcessorConfig(), warehouse,
+                                 ServiceOptions(group_id=group, exit_when_idle_s=idle_s))
 
 
 def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, Any]:
@@ -373,9 +353,9 @@ def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, An
     handle = service._handle
     caught: list[tuple[float, float]] = []
 
-    def timed_handle(by_topic: Any, telemetry: bool) -> int:
-        n = handle(by_topic, telemetry)
-        if n and service.processor.counters.records_in["telemetry"] >= samples:
+    def timed_handle(run: Any, by_topic: Any, telemetry: bool) -> int:
+        n = handle(run, by_topic, telemetry)
+        if n and service.counters().records_in["telemetry"] >= samples:
             caught.append((time.process_time(), time.perf_counter()))
         return n
 
@@ -386,7 +366,8 @@ def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, An
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     finally:
         service.close()
-    got = service.processor.counters.records_in["telemetry"]
+    counters = service.counters()
+    got = counters.records_in["telemetry"]
     if got != samples:
         raise AssertionError(f"processor read {got} samples, produced {samples}")
     return {
@@ -394,8 +375,8 @@ def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, An
         "samples_per_wall_s": round(samples / wall),
         "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
         "cpu_s_until_caught_up": round(caught[0][0] - c0, 2) if caught else None,
-        "minutes_closed": service.processor.counters.minutes_closed,
-        "late_samples": service.processor.counters.late_telemetry,
+        "minutes_closed": counters.minutes_closed,
+        "late_samples": counters.late_telemetry,
         "checkpoints": service.stats.checkpoints,
         "dead_letters": service.stats.dead_letters,
     }
@@ -584,25 +565,33 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
     service = _service(settings, tmp / f"wh-{prefix}", f"live-{prefix}", config, idle_s=None)
     closes: list[tuple[float, datetime]] = []
     files: list[tuple[float, datetime]] = []
-    proc = service.processor
-    close_until = proc.close_until
-    write_part = service.warehouse.write_part
+    shard_closed: dict[int, datetime] = {}
 
-    def hooked_close(end: datetime) -> None:
-        close_until(end)
-        assert proc.closed_until is not None
-        closes.append((time.time(), proc.closed_until))
+    def follow(proc: Processor) -> None:
+        """Time each shard's closes; a minute is closed when every shard closed it."""
+        close_until = proc.close_until
+        write_part = proc.warehouse.write_part
+        key = id(proc)
 
-    def hooked_write(table: str, when: datetime, frame: pl.DataFrame, sort_by: list[str],
-                     hourly: bool = True, merge: bool = False) -> Path:
-        path = write_part(table, when, frame, sort_by, hourly, merge)
-        if table == "gpu_minute" and proc.closed_until is not None \
-                and when + timedelta(hours=1) <= proc.closed_until:
-            files.append((time.time(), when))
-        return path
+        def hooked_close(end: datetime) -> None:
+            close_until(end)
+            assert proc.closed_until is not None
+            shard_closed[key] = proc.closed_until
+            closes.append((time.time(), min(shard_closed.values())))
 
-    proc.close_until = hooked_close  # type: ignore[method-assign]
-    service.warehouse.write_part = hooked_write  # type: ignore[method-assign]
+        def hooked_write(table: str, when: datetime, frame: pl.DataFrame,
+                         sort_by: list[str], hourly: bool = True,
+                         merge: bool = False) -> Path:
+            path = write_part(table, when, frame, sort_by, hourly, merge)
+            if table == "gpu_minute" and proc.closed_until is not None \
+                    and when + timedelta(hours=1) <= proc.closed_until:
+                files.append((time.time(), when))
+            return path
+
+        proc.close_until = hooked_close  # type: ignore[method-assign]
+        proc.warehouse.write_part = hooked_write  # type: ignore[method-assign]
+
+    service.on_shard_added.append(follow)
     lag: list[tuple[float, int]] = []
 
     def conductor() -> None:
@@ -635,7 +624,7 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
     child.join(30)
     result = json.loads(out.read_text())
     stamps = [(int(e), float(a), float(b)) for e, a, b in result["stamps"]]
-    samples = proc.counters.records_in["telemetry"]
+    samples = service.counters().records_in["telemetry"]
     span_s = stamps[-1][1] - stamps[0][1]
     analysis = _analyse(stamps, closes, files, lateness_s, warmup_s)
     return {
@@ -643,7 +632,7 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
         "speedup": round(10_000 / round_ms, 1),
         "allowed_lateness_s": lateness_s, "warmup_excluded_s": warmup_s,
         "rounds": len(stamps), "rounds_late_at_producer": result["rounds_late"],
-        "gpu_samples": samples, "late_samples": proc.counters.late_telemetry,
+        "gpu_samples": samples, "late_samples": service.counters().late_telemetry,
         "produce_span_s": round(span_s, 1),
         "live_rate_samples_per_s": round(samples / span_s),
         "service_cpu_s": round(service_cpu, 1),
@@ -869,7 +858,6 @@ def main() -> None:
                     args.freshness_seconds, args.round_ms, args.lateness, args.warmup, tmp,
                     client) for client in args.freshness_clients}
             result["load"] = watch.summary()
-    result["cold_start_workaround_uses"] = COLD_START_HOLDS[0]
     result["targets"] = {"processor_samples_per_cpu_s": 1_000_000, "ratio_to_ceiling": 0.8}
     result["loadavg_at_end"] = os.getloadavg()
     result["table"] = _table(result["variants"])

@@ -29,14 +29,10 @@ def kafka_settings(config: AgentConfig, environ: dict[str, str] | None = None
 
 def producer_options(settings: KafkaSettings, send_timeout_s: float) -> dict[str, Any]:
     budget_ms = max(2000, int(send_timeout_s * 1000))
-    cfg = settings.client_config()
-    cfg.update(acks="all", enable_idempotence=True, compression_type="gzip",
-               linger_ms=20, batch_size=1 << 20, max_request_size=8 << 20,
-               max_in_flight_requests_per_connection=5,
-               request_timeout_ms=budget_ms // 2, delivery_timeout_ms=budget_ms,
-               max_block_ms=budget_ms // 2, reconnect_backoff_max_ms=1000)
-    cfg["client_id"] = "gpuledger-agent"
-    return cfg
+    return settings.producer_config(
+        request_timeout_ms=budget_ms // 2, delivery_timeout_ms=budget_ms,
+        max_block_ms=budget_ms // 2, reconnect_backoff_max_ms=1000,
+        client_id="gpuledger-agent")
 
 
 def producer_factory(settings: KafkaSettings, send_timeout_s: float) -> Callable[[], Any]:

@@ -258,7 +258,8 @@ class ConfluentProducer:
     def __init__(self, settings: KafkaSettings, **overrides: Any) -> None:
         cfg = base_config(settings)
         cfg.update({"enable.idempotence": True, "acks": "all", "linger.ms": 20,
-                    "compression.type": "gzip", "message.max.bytes": 8 << 20})
+                    "compression.type": settings.compression,
+                    "message.max.bytes": 8 << 20})
         names = {"compression_type": "compression.type", "linger_ms": "linger.ms",
                  "batch_size": "batch.size"}
         for name, value in overrides.items():

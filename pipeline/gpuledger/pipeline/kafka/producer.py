@@ -18,13 +18,8 @@ KEYS = {"telemetry": "node", "inventory": "node", "job": "job_id"}
 
 
 def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
-    """kafka-python producer settings: no loss, no duplicates, compressed batches."""
-    cfg = settings.client_config()
-    cfg.update(acks="all", enable_idempotence=True, compression_type="gzip",
-               linger_ms=20, batch_size=1 << 20, max_request_size=8 << 20,
-               retries=2_147_483_647, max_in_flight_requests_per_connection=5)
-    cfg.update(overrides)
-    return cfg
+    """kafka-python producer settings (``KafkaSettings.producer_config``)."""
+    return settings.producer_config(**overrides)
 
 
 class KafkaSink:
