@@ -19,22 +19,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gpuledger.cli.arguments import positive
 from gpuledger.cli.errors import CliError
 
 # Modules of further bridges (``register(bridges, helpers)``), e.g. the Kubernetes one.
 BRIDGE_MODULES: tuple[str, ...] = ("gpuledger.cli.bridge_kubernetes",)
-
-
-def _positive_float(name: str) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-    return parse
 
 
 def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
@@ -55,7 +44,7 @@ def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
     p.add_argument("--spool", type=Path, default=None, metavar="DIR",
                    help="with --kafka: on-disk spool that holds records while Kafka is "
                    "unreachable (default: STATE.spool/)")
-    p.add_argument("--interval", type=_positive_float("--interval"), default=10.0,
+    p.add_argument("--interval", type=positive(float, "--interval"), default=10.0,
                    metavar="SECONDS", help="seconds between polls (default 10)")
     p.add_argument("--once", action="store_true", help="poll once, hand over, and exit")
     p.add_argument("--quiet", action="store_true", help="log only warnings")
@@ -162,7 +151,7 @@ def register(subparsers: Any, common: Any) -> None:
     q.add_argument("--job-id-prefix", default="", metavar="TEXT",
                    help="prefix for job ids (default none: Slurm's job id, as the node "
                    "agent's attribution reports it)")
-    q.add_argument("--inventory-refresh", type=_positive_float("--inventory-refresh"),
+    q.add_argument("--inventory-refresh", type=positive(float, "--inventory-refresh"),
                    default=300.0, metavar="SECONDS",
                    help="resend a node's unchanged inventory this often (default 300)")
     q.set_defaults(func=cmd_bridge_slurm)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuledger.cli.arguments import positive
 from gpuledger.cli.errors import CliError
 
 DEFAULT_WAREHOUSE = Path("warehouse")
@@ -51,18 +52,6 @@ def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Calla
         bar.stop()
 
     return update, stop
-
-
-def _positive(kind: type, name: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-    return parse
 
 
 def _start_time(text: str) -> datetime:
@@ -366,10 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def sim_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--hours", type=_positive(float, "--hours"), default=24.0,
+        p.add_argument("--hours", type=positive(float, "--hours"), default=24.0,
                        help="simulated span in hours (default 24)")
         p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
-        p.add_argument("--interval", type=_positive(int, "--interval"), default=10,
+        p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                        help="telemetry sample interval in seconds (default 10)")
         p.add_argument("--start", type=_start_time, default=None,
                        help="simulated start time, ISO 8601 UTC (default 2026-01-05T00:00Z)")
@@ -410,9 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "compaction; existing topics are left as they are.")
     p.add_argument("action", choices=("create",), help="what to do")
     kafka_args(p)
-    p.add_argument("--telemetry-partitions", type=_positive(int, "--telemetry-partitions"),
+    p.add_argument("--telemetry-partitions", type=positive(int, "--telemetry-partitions"),
                    default=12, help="partitions of the telemetry topic (default 12)")
-    p.add_argument("--replication", type=_positive(int, "--replication"), default=1,
+    p.add_argument("--replication", type=positive(int, "--replication"), default=1,
                    help="replication factor (default 1)")
     p.set_defaults(func=cmd_topics)
 
@@ -427,9 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default=None,
                    help="static group membership id (a restarted instance keeps its "
                    "partitions without waiting for a rebalance)")
-    p.add_argument("--checkpoint-interval", type=_positive(float, "--checkpoint-interval"),
+    p.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"),
                    default=10.0, help="seconds between checkpoints (default 10)")
-    p.add_argument("--exit-when-idle", type=_positive(float, "--exit-when-idle"), default=None,
+    p.add_argument("--exit-when-idle", type=positive(float, "--exit-when-idle"), default=None,
                    metavar="SECONDS", help="flush everything and exit after this long without "
                    "input (for batch runs); default: run until SIGTERM")
     _ops_args(p)
@@ -471,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--pods", type=Path, required=True, help="openb_pod_list_*.csv")
     q.add_argument("--from-hours", type=float, default=0.0,
                    help="window start, hours after the trace start (default 0)")
-    q.add_argument("--hours", type=_positive(float, "--hours"), default=None,
+    q.add_argument("--hours", type=positive(float, "--hours"), default=None,
                    help="window length in hours (default: to the end of the trace)")
     q.add_argument("--start", type=_start_time, default=None,
                    help="wall-clock time of the trace's second 0 (default 2026-01-01T00:00Z)")

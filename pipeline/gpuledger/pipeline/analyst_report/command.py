@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpuledger.cli.arguments import positive
 from gpuledger.cli.errors import CliError
 
 
@@ -18,16 +19,6 @@ def _time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(
             f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _top(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--top must be a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"--top must be > 0, got {value}")
-    return value
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -84,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    help="window start (ISO 8601) for the waste and preemption sections")
     p.add_argument("--until", type=_time, default=None,
                    help="window end (ISO 8601, exclusive) for the same sections")
-    p.add_argument("--top", type=_top, default=10,
+    p.add_argument("--top", type=positive(int, "--top"), default=10,
                    help="rows in the top-N tables (default 10)")
     p.add_argument("--width", type=int, default=None,
                    help="terminal width for the tables (default: the terminal's)")

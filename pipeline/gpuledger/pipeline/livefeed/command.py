@@ -10,21 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuledger.cli.arguments import positive
 from gpuledger.cli.errors import CliError
 
 log = logging.getLogger("gpuledger.feed")
-
-
-def _positive(name: str, kind: type = float) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-    return parse
 
 
 def cmd_feed(args: argparse.Namespace) -> int:
@@ -97,11 +86,11 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
                    help="HOST:PORT[,HOST:PORT] (default $GPULEDGER_KAFKA_BOOTSTRAP)")
     p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
-    p.add_argument("--hours", type=_positive("--hours"), default=168.0,
+    p.add_argument("--hours", type=positive(float, "--hours"), default=168.0,
                    help="simulated span in hours (default 168, a week)")
-    p.add_argument("--speed", type=_positive("--speed"), default=1.0,
+    p.add_argument("--speed", type=positive(float, "--speed"), default=1.0,
                    help="simulated seconds per wall-clock second (default 1: real time)")
-    p.add_argument("--interval", type=_positive("--interval", int), default=10,
+    p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                    help="telemetry sample interval in seconds (default 10)")
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--cluster", type=Path, default=None,

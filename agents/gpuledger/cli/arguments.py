@@ -1,0 +1,21 @@
+"""Option parsers shared by the command modules: one wording for every bad value."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+
+def positive(kind: type, name: str) -> Callable[[str], Any]:
+    """An argparse ``type`` for a number > 0 of ``kind`` (int or float) named ``name``."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        return value
+    return parse
