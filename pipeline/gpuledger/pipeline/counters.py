@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+GLOBAL = {"late_job_events", "late_inventory", "duplicate_job_events",
+          "out_of_order_job_events", "minutes_closed"}
+"""Counters every shard counts alike: shards combine by their maximum, not their sum."""
+GLOBAL_KEYS = {"records_in": {"job", "inventory"}, "rejected": {"job", "inventory"}}
+
 
 @dataclass
 class Counters:
@@ -34,14 +39,19 @@ class Counters:
 
     @staticmethod
     def total(parts: list[Counters]) -> Counters:
-        """Counters of several processors (shards) added up."""
+        """Several processors' (shards') counters combined: telemetry-side counts add up;
+        counts of the global inputs (scheduler and inventory events, which every shard
+        reads, and the minutes every shard closes) are the largest shard's."""
         out = Counters()
         for c in parts:
             for name, value in vars(c).items():
                 if isinstance(value, dict):
                     mine = getattr(out, name)
                     for k, v in value.items():
-                        mine[k] = mine.get(k, 0) + v
+                        both = (mine.get(k, 0), v)
+                        mine[k] = max(both) if k in GLOBAL_KEYS.get(name, ()) else sum(both)
+                elif name in GLOBAL:
+                    setattr(out, name, max(getattr(out, name), value))
                 else:
                     setattr(out, name, getattr(out, name) + value)
         return out

@@ -14,31 +14,6 @@ if TYPE_CHECKING:
     from gpuledger.pipeline.processor import Processor
 
 
-GLOBAL = {"late_job_events", "late_inventory", "duplicate_job_events",
-          "out_of_order_job_events", "minutes_closed"}
-"""Counters every shard counts alike (each reads all scheduler and inventory events and
-closes the same minutes): shards are combined by their maximum, not their sum."""
-GLOBAL_KEYS = {"records_in": {"job", "inventory"}, "rejected": {"job", "inventory"}}
-
-
-def total(parts: list[Counters]) -> Counters:
-    """Several processors' (shards') counters combined: telemetry-side counts add up,
-    counts of the global inputs (job, inventory) are the largest shard's."""
-    out = Counters()
-    for c in parts:
-        for name, value in vars(c).items():
-            if isinstance(value, dict):
-                mine = getattr(out, name)
-                for k, v in value.items():
-                    both = (mine.get(k, 0), v)
-                    mine[k] = max(both) if k in GLOBAL_KEYS.get(name, ()) else sum(both)
-            elif name in GLOBAL:
-                setattr(out, name, max(getattr(out, name), value))
-            else:
-                setattr(out, name, getattr(out, name) + value)
-    return out
-
-
 class HealthCollector:
     """Reads the processor's :class:`~gpuledger.pipeline.counters.Counters` and clocks
     (and the Kafka service's, when there is one) at scrape time."""
@@ -54,7 +29,7 @@ class HealthCollector:
         procs = list(self.processors)
         if not procs:
             return
-        c = total([p.counters for p in procs])
+        c = Counters.total([p.counters for p in procs])
         yield counter("gpuledger_records", "Records received, by record type.",
                       dict(c.records_in), "record_type")
         yield counter("gpuledger_rejected_records",
