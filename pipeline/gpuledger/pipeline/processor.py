@@ -195,8 +195,10 @@ class Processor:
             inv = frames["inventory"]
             if closed is not None:
                 self.counters.late_inventory += inv.filter(pl.col("time") < closed).height
-            self.inventory.apply(inv)
             self._bump_other(inv)
+            if self.shard is not None and not self.cluster:
+                inv = self.shard.mine(inv)  # the GPU grid of this shard's nodes only
+            self.inventory.apply(inv)
         if "job" in frames:
             jobs = frames["job"]
             if closed is not None:
@@ -325,7 +327,10 @@ class Processor:
             window = self.samples.filter(in_window)
             self.samples = self.samples.filter(~in_window)
         grid = self.inventory.gpus_at(minutes)
-        allocs = expand_to_minutes(self.jobs.allocations(), "start", "end", a, b)
+        held = self.jobs.allocations()
+        if self.shard is not None and not self.cluster:
+            held = self.shard.mine(held)  # before expanding them to minutes
+        allocs = expand_to_minutes(held, "start", "end", a, b)
         attrs = self.jobs.attributes()
         if self.cluster:  # cluster-wide: every node, whatever the shard
             self._cluster_facts(grid, _per_gpu(allocs), attrs, minutes, a, b)

@@ -333,17 +333,27 @@ class KafkaProcessorService:
             n = sum(len(v) for v in by_topic.values())
             if n == 0:
                 break
+            shared = {topic: self._decode(topic, msgs) for topic, msgs in by_topic.items()
+                      if topic != self.settings.topics.attempt_parts}
             for run in list(self.shards.values()):
-                self._handle(run, by_topic, telemetry=False)
+                self._handle(run, by_topic, telemetry=False, shared=shared)
             total += n
         return total
 
-    def _handle(self, run: ShardRun, by_topic: dict[str, list[Message]],
-                telemetry: bool) -> int:
-        """Feed one shard the messages it has not seen yet (by its own offsets)."""
+    def _decode(self, topic: str, msgs: list[Message]) -> DecodedBatch | None:
+        record_type = self.settings.topics.record_type_of(topic)
+        if record_type is None:
+            return None
+        return decode(msgs, record_type,  # type: ignore[arg-type]
+                      now=datetime.now(UTC), max_future_s=self.config.windows.max_future_s)
+
+    def _handle(self, run: ShardRun, by_topic: dict[str, list[Message]], telemetry: bool,
+                shared: dict[str, DecodedBatch | None] | None = None) -> int:
+        """Feed one shard the messages it has not seen yet (by its own offsets).
+        ``shared``: the global topics' messages decoded once for every shard that needs
+        all of them (the usual case: shards read the global topics in step)."""
         frames: dict[str, pl.DataFrame] = {}
         count = 0
-        now = datetime.now(UTC)
         topics = self.settings.topics
         for topic, all_msgs in by_topic.items():
             msgs = all_msgs if telemetry else [
@@ -358,9 +368,11 @@ class KafkaProcessorService:
                 record_type = topics.record_type_of(topic)
                 if record_type is None:
                     continue
-                decoded = decode(msgs, record_type,  # type: ignore[arg-type]
-                                 now=now,
-                                 max_future_s=run.processor.config.windows.max_future_s)
+                whole = shared is not None and len(msgs) == len(all_msgs)
+                decoded = shared.get(topic) if shared is not None and whole else \
+                    self._decode(topic, msgs)
+                if decoded is None:
+                    continue
                 # a bad global record is every shard's; the owner reports it
                 if telemetry or run.shard.owner:
                     self._dead_letters(run, decoded)
