@@ -27,7 +27,8 @@ def test_samples_map_fields_attribution_and_mig() -> None:
     assert g0["tensor_active"] == 0.5321 and g0["pcie_rx_bytes_s"] == 2.5e9
     assert g0["mem_used_mib"] == 70823 and g0["mem_total_mib"] == 70823 + 10240 + 496
     assert g0["power_w"] == 612.513 and g0["temp_c"] == 61 and g0["sm_clock_mhz"] == 1980
-    assert g0["card_type"] == "NVIDIA H100 80GB HBM3"
+    # the same card type name as the NVML source gives (modelName is NVML's name)
+    assert g0["card_type"] == "H100-80GB-HBM3"
     assert g0["processes"] == [{"pid": 0, "used_mib": 0.0, "job_id": "vision/resnet-train-0"}]
     assert g1["processes"][0]["job_id"] == "4242"
     assert mig["gpu_uuid"].startswith("MIG-")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from fake_nvml import MIB, Scenario, drive, processes_value
 
-from gpuledger.agent.sources.nvml import card_type_of
+from gpuledger.agent.sources.card_types import card_type_of
 from gpuledger.pipeline.decode import decode_jsonl
 from gpuledger.pipeline.facts.telemetry_minutes import per_gpu_minute, prepare
 

@@ -18,10 +18,11 @@ def build_source(config: AgentConfig) -> Any:
     node = config.node_name
     if config.source == "nvml":
         from gpuledger.agent.sources.nvml import NvmlSource, NvmlUnavailable
+        from gpuledger.agent.sources.nvml_spec import FieldFileError
 
         try:
             return NvmlSource(node, config.nvml.fields)
-        except NvmlUnavailable as exc:
+        except (NvmlUnavailable, FieldFileError) as exc:
             raise SourceError(f"source nvml: {exc}") from None
     if config.source == "dcgm-exporter":
         from gpuledger.agent.sources.dcgm_exporter import DcgmExporterSource

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from gpuledger.agent.sources.card_types import card_type_of
+
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?\s*')
 
@@ -112,7 +114,8 @@ class DcgmExporterSource:
             if rec is None:
                 rec = {"v": 1, "type": "telemetry", "time": stamp, "node": self.node,
                        "gpu_index": int(labels.get("gpu", "0")), "gpu_uuid": uuid,
-                       "card_type": self.card_type or labels.get("modelName", "unknown"),
+                       "card_type": self.card_type or card_type_of(
+                           labels.get("modelName", "unknown")),
                        "mig_instance": mig, "processes": _attribution(labels)}
                 samples[key] = rec
             if name in self._memory_parts:

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuledger.agent.sources.card_types import card_type_of
 from gpuledger.agent.sources.nvml_spec import Reader, load_field_spec
 
 MIB = 1.0 / (1024 * 1024)
@@ -40,14 +41,6 @@ MAX_EVENTS_PER_SAMPLE = 1024
 
 class NvmlUnavailable(Exception):
     """NVML cannot be used here: no bindings, no driver library, or no driver."""
-
-
-def card_type_of(name: str) -> str:
-    """NVML's product name as a card type: 'NVIDIA H100 80GB HBM3' → 'H100-80GB-HBM3'."""
-    name = name.strip()
-    if name.startswith("NVIDIA "):
-        name = name[len("NVIDIA "):]
-    return "-".join(name.split()) or "unknown"
 
 
 @dataclass
