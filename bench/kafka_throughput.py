@@ -353,8 +353,8 @@ def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, An
     handle = service._handle
     caught: list[tuple[float, float]] = []
 
-    def timed_handle(run: Any, by_topic: Any, telemetry: bool) -> int:
-        n = handle(run, by_topic, telemetry)
+    def timed_handle(run: Any, by_topic: Any, telemetry: bool, shared: Any = None) -> int:
+        n = handle(run, by_topic, telemetry, shared)
         if n and service.counters().records_in["telemetry"] >= samples:
             caught.append((time.process_time(), time.perf_counter()))
         return n
