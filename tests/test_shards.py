@@ -62,6 +62,7 @@ def _sharded(root: Path, sim: SimConfig, partitions: int) -> list[Processor]:
         proc.flush()
     route()
     owner.flush()
+    Warehouse(root).publish_catalog()  # as the service does once for all its shards
     return shards
 
 
@@ -135,6 +136,7 @@ def test_a_part_sent_twice_counts_once(tmp_path: Path) -> None:
     for parts in proc.outbox:
         owner.receive_parts(parts)
     owner.flush()
+    Warehouse(tmp_path / "a").publish_catalog()
     after = view(tmp_path / "a", "job_attempts")
     assert_frame_equal(after, before)
     assert owner.received.is_empty()

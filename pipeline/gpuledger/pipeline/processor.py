@@ -277,7 +277,8 @@ class Processor:
         self._write_hours(final=True)
         self._write_late()
         self._write_snapshots()
-        self.warehouse.publish_catalog()
+        if self.shard is None:  # a sharded service publishes the catalog once, at start
+            self.warehouse.publish_catalog()
 
     def flush(self) -> None:
         """End of input: close every minute up to the newest event, write everything."""
@@ -295,7 +296,8 @@ class Processor:
         if self.rejects:
             rej = pl.concat(self.rejects, how="vertical_relaxed")
             self.warehouse.write_snapshot("rejects", rej, ["source", "line", "reason"])
-        self.warehouse.publish_catalog()
+        if self.shard is None:  # a sharded service publishes the catalog once, at start
+            self.warehouse.publish_catalog()
 
     # -- closing minutes -------------------------------------------------------------
 
