@@ -142,6 +142,8 @@ class Processor:
         self.received = pl.DataFrame(schema=PARTS_SCHEMA)
         self.completed: dict[tuple[str, int], datetime] = {}
         self.running_parts: dict[int, pl.DataFrame] = {}
+        self.flushed_shards: set[int] = set()
+        """Shards whose end-of-input flush the owner has seen (this run; not checkpointed)."""
         for table, schema in TABLE_SCHEMAS.items():
             warehouse.ensure_schema(table, schema)
 
@@ -293,6 +295,12 @@ class Processor:
         self._write_hours(final=True)
         self._write_late()
         self._write_snapshots()
+        if self.shard is not None and self.shard.exchanges and not self.shard.owner:
+            # tell the owner this shard's last parts are sent (batch runs wait for it)
+            self.outbox.append(pl.DataFrame(
+                {"shard": [self.shard.partition], "kind": ["flushed"]}).with_columns(
+                *[pl.lit(None, dtype).alias(name) for name, dtype in ACC_SCHEMA.items()]
+            ).select(PARTS_SCHEMA.names()))
         if self.rejects:
             rej = pl.concat(self.rejects, how="vertical_relaxed")
             self.warehouse.write_snapshot("rejects", rej, ["source", "line", "reason"])
@@ -535,6 +543,8 @@ class Processor:
         if self.shard is None or not self.shard.owner or parts.is_empty():
             return
         parts = parts.select(PARTS_SCHEMA.names()).cast(dict(PARTS_SCHEMA))  # type: ignore[arg-type]
+        self.flushed_shards.update(
+            parts.filter(pl.col("kind") == "flushed")["shard"].to_list())
         running = parts.filter(pl.col("kind") == "running")
         for (shard,), rows in running.group_by(["shard"]):
             assert isinstance(shard, int)

@@ -281,10 +281,10 @@ class KafkaProcessorService:
     def _others_done(self, idle_s: float, limit: float) -> bool:
         """Batch exit: the owner waits for the other shards' last attempt parts.
 
-        They are in once every telemetry partition's committed group offset is at its end
-        (a shard commits after its parts are acknowledged) and the parts topic is read to
-        its end here; after ten idle periods the owner exits anyway (its checkpoint keeps
-        what waits, a later run finishes it)."""
+        They are in once every other shard has sent its end-of-input marker (after its
+        last parts), every telemetry partition's committed group offset is at its end and
+        the parts topic is read to its end here; after ten idle periods the owner exits
+        anyway (its checkpoint keeps what waits, a later run finishes it)."""
         owner = self.shards.get(0)
         if owner is None or self.partitions == 1:
             return True
@@ -299,6 +299,9 @@ class KafkaProcessorService:
                  if tp.topic == self.settings.topics.attempt_parts]
         if any(owner.offsets.get(k, 0) < self._ends.get(k, 0) for k in parts):
             return False  # parts sent before those commits are not read yet
+        others = set(range(1, self.partitions))
+        if not others <= owner.processor.flushed_shards:
+            return False  # a shard has not flushed (sent its last running parts) yet
         return owner.processor.waiting.is_empty()
 
     def _group_at_end(self) -> bool:
