@@ -52,9 +52,8 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
 
     _need_pipeline()
     from gpuledger.pipeline.importers.pods import PodsImportError, load_pods, parse_columns
-    from gpuledger.pipeline.ingest import feed_in_time_order
+    from gpuledger.pipeline.ingest import import_history
     from gpuledger.pipeline.processor import Processor
-    from gpuledger.pipeline.validate import validate
     from gpuledger.pipeline.warehouse import Warehouse
 
     for path in (args.file, args.nodes):
@@ -67,16 +66,9 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
     except PodsImportError as exc:
         raise CliError(str(exc)) from None
     processor = Processor(_proc_config(args), Warehouse(args.warehouse))
-    frames: dict[str, Any] = {}
-    rejected = 0
-    for kind, frame in imported.frames.items():
-        good, bad = validate(frame, kind)  # type: ignore[arg-type]
-        processor.add_rejects(bad)
-        rejected += bad.height
-        frames[kind] = good
     update, stop = _progress("importing pods", not args.quiet)
     try:
-        feed_in_time_order(processor, frames, update)  # type: ignore[arg-type]
+        rejected = import_history(processor, imported.frames, update)
     finally:
         stop()
     print(f"pods: {imported.rows:,} rows, {imported.imported:,} imported into "

@@ -29,9 +29,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.bridges.mapping import MappingError, load_mapping
     from gpuledger.pipeline.importers.slurm_sacct import SacctError, load_sacct
-    from gpuledger.pipeline.ingest import feed_in_time_order
+    from gpuledger.pipeline.ingest import import_history
     from gpuledger.pipeline.processor import Processor
-    from gpuledger.pipeline.validate import validate
     from gpuledger.pipeline.warehouse import Warehouse
 
     for path in (args.file, args.nodes):
@@ -46,14 +45,9 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     except SacctError as exc:
         raise CliError(str(exc)) from None
     processor = Processor(_proc_config(args), Warehouse(args.warehouse))
-    frames: dict[str, Any] = {}
-    for kind, frame in imported.frames.items():
-        good, bad = validate(frame, kind)  # type: ignore[arg-type]
-        processor.add_rejects(bad)
-        frames[kind] = good
     update, stop = _progress("importing sacct", not args.quiet)
     try:
-        feed_in_time_order(processor, frames, update)  # type: ignore[arg-type]
+        rejected = import_history(processor, imported.frames, update)
     finally:
         stop()
     r = imported
@@ -64,7 +58,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f"; {len(r.unplaced):,} started without a node list (e.g. "
              f"{', '.join(r.unplaced[:5])})" if r.unplaced else "")
           + (f"; inventory inferred for {len(r.nodes_inferred):,} nodes (pass --nodes)"
-             if r.nodes_inferred else ""))
+             if r.nodes_inferred else "")
+          + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
     return 0
 
 

@@ -238,9 +238,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_import_openb(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.importers.openb import load_openb
-    from gpuledger.pipeline.ingest import feed_in_time_order
+    from gpuledger.pipeline.ingest import import_history
     from gpuledger.pipeline.processor import Processor
-    from gpuledger.pipeline.validate import validate
     from gpuledger.pipeline.warehouse import Warehouse
 
     for path in (args.nodes, args.pods):
@@ -253,20 +252,16 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
         kw["start"] = args.start
     imported = load_openb(args.nodes, args.pods, **kw)
     processor = Processor(_proc_config(args), Warehouse(args.warehouse))
-    frames: dict[str, Any] = {}
-    for kind, frame in imported.frames.items():
-        good, bad = validate(frame, kind)  # type: ignore[arg-type]
-        processor.add_rejects(bad)
-        frames[kind] = good
     update, stop = _progress("importing openb", not args.quiet)
     try:
-        feed_in_time_order(processor, frames, update)  # type: ignore[arg-type]
+        rejected = import_history(processor, imported.frames, update)
     finally:
         stop()
     print(f"openb: {imported.pods_total:,} pods ({imported.pods_cpu_only:,} CPU-only skipped), "
           f"{imported.pods_imported:,} imported into {args.warehouse}/; "
           f"{len(imported.unplaced):,} could not be placed"
-          + (f" (e.g. {', '.join(imported.unplaced[:5])})" if imported.unplaced else ""))
+          + (f" (e.g. {', '.join(imported.unplaced[:5])})" if imported.unplaced else "")
+          + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
     return 0
 
 

@@ -22,7 +22,7 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.decode import decode_jsonl_files
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.validate import REJECT_SCHEMA
+from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
 
 SLICE = timedelta(minutes=10)
@@ -35,6 +35,24 @@ class IngestResult:
     records: dict[str, int]
     rejects: pl.DataFrame
     counters: Counters
+
+
+def import_history(
+    processor: Processor,
+    frames: dict[str, pl.DataFrame],
+    on_progress: Callable[[float], None] | None = None,
+) -> int:
+    """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
+    the rest in event-time order and flush. The number of rejected records."""
+    good: dict[RecordType, pl.DataFrame] = {}
+    rejected = 0
+    for kind, frame in frames.items():
+        ok, bad = validate(frame, kind)  # type: ignore[arg-type]
+        processor.add_rejects(bad)
+        rejected += bad.height
+        good[kind] = ok  # type: ignore[index]
+    feed_in_time_order(processor, good, on_progress)
+    return rejected
 
 
 def feed_in_time_order(
