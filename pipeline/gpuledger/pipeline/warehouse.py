@@ -68,7 +68,7 @@ class Warehouse:
         frame = frame.with_columns(pl.col(pl.Float64).round(FLOAT_DECIMALS))
         if sort_by:
             frame = frame.sort(sort_by, nulls_last=True, maintain_order=True)
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several writers may share it
         frame.write_parquet(tmp, compression="zstd", statistics=True)
         os.replace(tmp, path)
         self.files_written += 1
