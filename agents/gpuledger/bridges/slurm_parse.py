@@ -132,13 +132,13 @@ def parse_gres(text: str | None) -> tuple[str | None, int, list[int]]:
     return gpu_type, count, indices
 
 
-def _split_gres(text: str) -> list[str]:
-    """Split a comma list at top level (not inside parentheses)."""
+def _split_top(text: str, opening: str, closing: str) -> list[str]:
+    """Split a comma list at top level (not inside ``opening`` … ``closing``)."""
     items, depth, cur = [], 0, ""
     for ch in text:
-        if ch == "(":
+        if ch == opening:
             depth += 1
-        elif ch == ")":
+        elif ch == closing:
             depth -= 1
         if ch == "," and depth == 0:
             items.append(cur)
@@ -147,6 +147,11 @@ def _split_gres(text: str) -> list[str]:
             cur += ch
     items.append(cur)
     return [i for i in items if i]
+
+
+def _split_gres(text: str) -> list[str]:
+    """Split a GRES list at top level (not inside parentheses)."""
+    return _split_top(text, "(", ")")
 
 
 def parse_tres_gpus(text: str | None) -> tuple[str | None, int]:
@@ -193,19 +198,8 @@ def expand_hostlist(text: str | None) -> list[str]:
 
 
 def _split_hostlist(text: str) -> list[str]:
-    items, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur)
-    return [i for i in items if i]
+    """Split a hostlist at top level (not inside brackets)."""
+    return _split_top(text, "[", "]")
 
 
 def _text(value: Any) -> str | None:
