@@ -75,7 +75,13 @@ def test_two_processors_write_the_facts_of_one(
 
 def _publish_as_agents(settings: KafkaSettings) -> None:
     """Publish the simulation the way live agents and a scheduler do: a message per
-    node and minute, each minute's in order (the simulator's batches span 10 minutes)."""
+    node and minute, each minute's in order (the simulator's batches span 10 minutes).
+
+    Each minute is flushed before the next one is sent: live, a minute's scheduler
+    events reach Kafka well within the lateness allowance of the next minute's
+    telemetry; here, where a simulated minute takes milliseconds, the producer's
+    batching could otherwise hold one partition's events back behind several later
+    minutes of another partition's telemetry."""
     sink = KafkaSink(settings)
     for batch in simulate(_sim()):
         minute = {k: f.with_columns(pl.col("time").dt.truncate("1m").alias("_m"))
@@ -83,6 +89,7 @@ def _publish_as_agents(settings: KafkaSettings) -> None:
         for m in sorted(set().union(*(set(f["_m"].to_list()) for f in minute.values()))):
             sink.publish_batch({k: f.filter(pl.col("_m") == m).drop("_m")
                                 for k, f in minute.items()})
+            sink.flush()
     sink.close()
 
 

@@ -6,6 +6,7 @@ Kafka service (tests/test_kafka_scale_out.py) does the same over a real broker.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -35,9 +36,13 @@ def _single(root: Path, sim: SimConfig) -> None:
     proc.flush()
 
 
-def _sharded(root: Path, sim: SimConfig, partitions: int) -> list[Processor]:
-    """``partitions`` shards; telemetry split by Kafka's partitioner, the rest to all."""
-    shards = [Processor(ProcessorConfig(), Warehouse(root, Shard(p, partitions).suffix),
+def _sharded(root: Path, sim: SimConfig, partitions: int, catching_up: bool = False,
+             config: ProcessorConfig | None = None) -> list[Processor]:
+    """``partitions`` shards; telemetry split by Kafka's partitioner, the rest to all.
+    ``catching_up``: every batch but the last is passed as one with more input waiting,
+    as the Kafka service does while it is behind."""
+    config = config or ProcessorConfig()
+    shards = [Processor(config, Warehouse(root, Shard(p, partitions).suffix),
                         shard=Shard(p, partitions)) for p in range(partitions)]
     owner = shards[0]
 
@@ -47,7 +52,8 @@ def _sharded(root: Path, sim: SimConfig, partitions: int) -> list[Processor]:
                 owner.receive_parts(parts)
             proc.outbox.clear()
 
-    for batch in simulate(sim):
+    batches = list(simulate(sim))
+    for i, batch in enumerate(batches):
         tel = batch.get("telemetry")
         for proc in shards:
             own = dict(batch)
@@ -56,7 +62,8 @@ def _sharded(root: Path, sim: SimConfig, partitions: int) -> list[Processor]:
                 part = tel["node"].map_elements(lambda n: partition_of(n, partitions),
                                                 return_dtype=pl.Int64)
                 own["telemetry"] = tel.filter(part == proc.shard.partition)
-            proc.process(own, validated=True)
+            proc.process(own, validated=True,
+                         behind=catching_up and i < len(batches) - 1)
         route()
     for proc in shards[1:]:
         proc.flush()
@@ -116,6 +123,27 @@ def test_shards_write_the_facts_of_one_processor(
         others = [f.name for f in (tmp_path / "facts" / table).glob("**/*.parquet")
                   if not f.name.startswith("_") and not f.name.endswith("-p000.parquet")]
         assert others == [], table
+
+
+def test_catching_up_closes_in_hour_steps_with_the_same_facts(
+    single: Path, tmp_path: Path,
+) -> None:
+    """Behind its input, a shard closes minutes in steps of an hour, not per batch."""
+    windows = replace(ProcessorConfig().windows, catchup_close_minutes=60,
+                      catchup_close_interval_s=3600.0)  # steps by event time only here
+    config = replace(ProcessorConfig(), windows=windows)
+    live = _sharded(tmp_path / "live", _sim(), 2, config=config)
+    behind = _sharded(tmp_path / "behind", _sim(), 2, catching_up=True, config=config)
+    assert_same_facts(tmp_path / "behind", single, SPARSE)
+    assert_same_facts(tmp_path / "behind", tmp_path / "live", SPARSE)
+    hours = _sim().hours
+    for caught_up, caught_down in zip(live, behind, strict=True):
+        assert not caught_down.close_pending
+        steps, batches = caught_down.counters.close_passes, caught_up.counters.close_passes
+        # 10-minute batches: a pass per batch live; one per hour behind (+ the flush)
+        assert batches >= 6 * hours, batches
+        assert steps <= hours + 2, (steps, batches)
+        assert caught_down.counters.late_telemetry == 0
 
 
 def test_a_part_sent_twice_counts_once(tmp_path: Path) -> None:

@@ -53,6 +53,15 @@ class Windows:
     """Events further than this ahead of the wall clock are rejected."""
     ended_job_memory_s: int = 86_400
     """How long an ended job is remembered to make duplicate events harmless."""
+    catchup_close_minutes: int = 60
+    """Catching up (the Kafka service with input already waiting), minutes close in
+    steps: up to the last multiple of this many minutes of the day they passed (60:
+    whole hours) ..."""
+    catchup_close_interval_s: float = 2.0
+    """... or all of them once this long has passed since the last close. Caught up, a
+    minute closes as soon as the watermark passes it. A close pass has a fixed cost
+    however many minutes it closes, so larger steps make catching up faster; the
+    samples of one step are held in memory."""
 
 
 @dataclass(frozen=True)
@@ -148,9 +157,12 @@ class ProcessorConfig:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
         for name in ("allowed_lateness_s", "node_stall_s", "max_future_s",
-                     "ended_job_memory_s"):
+                     "ended_job_memory_s", "catchup_close_minutes",
+                     "catchup_close_interval_s"):
             if getattr(w, name) < 0:
                 raise ConfigError(f"windows.{name}: must be >= 0")
+        if w.catchup_close_minutes > 1440:
+            raise ConfigError("windows.catchup_close_minutes: must be <= 1440 (a day)")
         for card, tier in self.card_tiers.items():
             if tier.memory_mib <= 0:
                 raise ConfigError(f"card_tiers.{card}.memory_mib: must be > 0")

@@ -27,6 +27,9 @@ class Counters:
     misrouted_telemetry: int = 0
     """Samples for a node of another shard's partition (dropped; see shard.py)."""
     minutes_closed: int = 0
+    close_passes: int = 0
+    """Times minutes were closed (each pass closes one or more; a pass has a fixed cost,
+    so catching up closes in large steps, see ``windows.catchup_close_minutes``)."""
     fact_rows: dict[str, int] = field(default_factory=dict)
     batches: int = 0
 

@@ -27,6 +27,7 @@ several, one per telemetry partition; ``shard.py`` says who writes what.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -79,6 +80,14 @@ def _per_gpu(allocs: pl.DataFrame) -> pl.DataFrame:
 
 def _floor_minute(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0)
+
+
+def _floor_step(t: datetime, minutes: int) -> datetime:
+    """``t`` down to a multiple of ``minutes`` since midnight (1440 at most)."""
+    day = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    if minutes <= 0:
+        return _floor_minute(t)
+    return day + timedelta(minutes=(t - day) // timedelta(minutes=minutes) * minutes)
 
 
 def _floor_hour(t: datetime) -> datetime:
@@ -144,18 +153,23 @@ class Processor:
         self.running_parts: dict[int, pl.DataFrame] = {}
         self.flushed_shards: set[int] = set()
         """Shards whose end-of-input flush the owner has seen (this run; not checkpointed)."""
+        self.close_pending = False
+        """Minutes the watermark has passed wait to be closed (catching up, see
+        :meth:`advance`)."""
+        self._last_close = time.monotonic()
         for table, schema in TABLE_SCHEMAS.items():
             warehouse.ensure_schema(table, schema)
 
     # -- input ---------------------------------------------------------------------
 
     def process(self, batch: Batch, validated: bool = False,
-                event_time_limit: datetime | None = None) -> None:
+                event_time_limit: datetime | None = None, behind: bool = False) -> None:
         """Take one micro-batch; close every minute the watermark has passed.
 
         ``event_time_limit`` caps the watermark: a transport reading several partitions
         passes the oldest of their newest event times, so that a partition read ahead
-        of the others cannot make the others' samples late.
+        of the others cannot make the others' samples late. ``behind``: more input is
+        already waiting (see :meth:`advance`).
         """
         self.counters.batches += 1
         frames: dict[RecordType, pl.DataFrame] = {}
@@ -175,7 +189,7 @@ class Processor:
             if not good.is_empty():
                 frames[record_type] = good
         self._ingest(frames)
-        self._advance(event_time_limit)
+        self.advance(event_time_limit, behind)
 
     def add_rejects(self, rejects: pl.DataFrame) -> None:
         """Record rejects found before the processor (e.g. by the JSON decoder)."""
@@ -259,14 +273,37 @@ class Processor:
             newest = self.max_other_time
         return None if newest is None else newest - lateness
 
-    def _advance(self, limit: datetime | None = None) -> None:
+    def advance(self, limit: datetime | None = None, behind: bool = False) -> None:
+        """Close the minutes the watermark (capped by ``limit``) has passed.
+
+        ``behind``: the transport has more input waiting (catching up after a restart or
+        a replay). Closing has a fixed cost per pass, so then minutes close up to the
+        last multiple of ``windows.catchup_close_minutes`` (of the day) they passed, or
+        all of them once ``windows.catchup_close_interval_s`` has passed since the last
+        pass; caught up, they close at once. When they close
+        does not change the facts, only how fresh they are; a transport that passes
+        ``behind`` calls this again when it has nothing to read (``close_pending``).
+        """
+        w = self.config.windows
         mark = self._watermark()
         if mark is None or self.closed_until is None:
             return
         if limit is not None:
-            mark = min(mark, limit - timedelta(seconds=self.config.windows.allowed_lateness_s))
-        if mark > self.closed_until:
-            self.close_until(_floor_minute(mark))
+            mark = min(mark, limit - timedelta(seconds=w.allowed_lateness_s))
+        if mark <= self.closed_until:
+            return
+        end = _floor_minute(mark)
+        if end <= self.closed_until:
+            return
+        if behind and time.monotonic() - self._last_close < w.catchup_close_interval_s:
+            step = _floor_step(end, w.catchup_close_minutes)
+            if step <= self.closed_until:
+                self.close_pending = True
+                return
+            end = step
+        self.close_until(end)
+        self.close_pending = False
+        self._last_close = time.monotonic()
 
     def write_partial(self) -> None:
         """Make what is buffered durable without closing open minutes (graceful stop).
@@ -329,6 +366,7 @@ class Processor:
     def _close(self, a: datetime, b: datetime) -> None:
         minutes = minute_range(a, b)
         self.counters.minutes_closed += minutes.len()
+        self.counters.close_passes += 1
         lo, hi = pl.lit(a).cast(TIME_DTYPE), pl.lit(b).cast(TIME_DTYPE)
         if self.samples.is_empty():
             window = self.samples

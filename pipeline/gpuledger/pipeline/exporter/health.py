@@ -49,6 +49,8 @@ class HealthCollector:
                       "Telemetry samples missing from agents' sequence numbers.",
                       c.telemetry_lost_samples)
         yield counter("gpuledger_minutes_closed", "One-minute windows closed.", c.minutes_closed)
+        yield counter("gpuledger_close_passes", "Passes that closed one or more minutes.",
+                      c.close_passes)
         yield counter("gpuledger_fact_rows", "Fact rows written, by table.",
                       dict(c.fact_rows), "table")
         yield counter("gpuledger_batches", "Micro-batches processed.", c.batches)

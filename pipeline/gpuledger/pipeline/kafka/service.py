@@ -154,6 +154,8 @@ class KafkaProcessorService:
         self.producer = open_producer(settings)
         self._ends: dict[Key, int] = {}
         self._ends_at = 0.0
+        self._ends_stale = True
+        """Set when telemetry was read after the end offsets were fetched."""
         self._last_checkpoint = time.monotonic()
         self._last_log = time.monotonic()
         self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
@@ -231,6 +233,8 @@ class KafkaProcessorService:
             got = self._drain_globals()
             records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
                                           max_records=self.options.max_records)
+            if records:
+                self._ends_stale = True  # the global ends must be as new as this poll
             by_partition: dict[int, dict[Any, list[Any]]] = {}
             for tp, recs in records.items():
                 by_partition.setdefault(tp.partition, {})[tp] = recs
@@ -238,6 +242,7 @@ class KafkaProcessorService:
                 run = self.shards.get(partition)
                 if run is not None:
                     got += self._handle(run, _messages(part_records), telemetry=True)
+            self._close_pending()
             if got or not self._caught_up():
                 idle_since = None
             else:
@@ -390,8 +395,9 @@ class KafkaProcessorService:
         if telemetry:
             self.stats.messages += count
         if frames:
-            run.processor.process(frames, validated=True,
-                                  event_time_limit=self._time_limit(run))
+            limit, behind = self._time_limit(run)
+            run.processor.process(frames, validated=True, event_time_limit=limit,
+                                  behind=behind)
         self._send_parts(run)
         return count
 
@@ -430,15 +436,21 @@ class KafkaProcessorService:
                 run.partition_time[found] = when
 
     def _refresh_ends(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._ends_at <= 1.0:
+        """End offsets of the shards' inputs. They are fetched again after every
+        telemetry poll that returned records: a scheduler event produced before the
+        telemetry just read is then known to be unread, and holds the watermark."""
+        if not force and not self._ends_stale and time.monotonic() - self._ends_at <= 1.0:
             return
         tele = [self._tp(self.settings.topics.telemetry, p) for p in self.shards]
         ends = {**self.globals.end_offsets(tele), **self.globals.end_offsets(self.global_parts)}
         self._ends = {(tp.topic, tp.partition): off for tp, off in ends.items()}
         self._ends_at = time.monotonic()
+        self._ends_stale = False
 
-    def _time_limit(self, run: ShardRun) -> datetime | None:
-        """Oldest newest-time among the shard's input partitions with unread data.
+    def _time_limit(self, run: ShardRun) -> tuple[datetime | None, bool]:
+        """Oldest newest-time among the shard's input partitions with unread data, and
+        whether any has unread data (the shard is *behind*: its minutes close in
+        catch-up steps, ``Processor.advance``).
 
         Its telemetry partition and every scheduler/inventory partition count: minutes
         must not close while scheduler events for them may still be unread. A partition
@@ -456,9 +468,17 @@ class KafkaProcessorService:
                 continue
             seen = run.partition_time.get(key)
             if seen is None:
-                return run.processor.closed_until or HOLD
+                return run.processor.closed_until or HOLD, True
             behind.append(seen)
-        return min(behind) if behind else None
+        return (min(behind) if behind else None), bool(behind)
+
+    def _close_pending(self) -> None:
+        """Close what shards held back while behind, once they have nothing to read."""
+        for run in self.shards.values():
+            if run.processor.close_pending:
+                limit, behind = self._time_limit(run)
+                run.processor.advance(limit, behind)
+                self._send_parts(run)
 
     def _dead_letters(self, run: ShardRun, decoded: DecodedBatch) -> None:
         dead = decoded.dead_letters
