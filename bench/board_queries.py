@@ -25,9 +25,8 @@ from typing import Any
 
 import duckdb
 import polars as pl
-import yaml
+from cluster_scale import write_scaled
 
-import gpuledger.pipeline.simulate as simulate_pkg
 from gpuledger.pipeline.analyst_report.sections import SECTIONS, render_sql
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.dashboards.boards import all_boards
@@ -40,27 +39,11 @@ FACTOR = 2000 / 576
 SNAPSHOTS = {"running_attempts", "candidates", "rejects"}
 
 
-def scaled_cluster(path: Path) -> Path:
-    spec = yaml.safe_load((Path(simulate_pkg.__file__).parent
-                           / "default_cluster.yaml").read_text())
-    for g in spec["node_groups"]:
-        g["nodes"] = round(g["nodes"] * FACTOR)
-    for w in spec["workloads"]:
-        w["arrivals_per_hour"] = w["arrivals_per_hour"] * FACTOR
-        if "initial_jobs" in w:
-            w["initial_jobs"] = round(w["initial_jobs"] * FACTOR)
-    for t in spec["teams"]:
-        t["quota"] = {k: round(v * FACTOR) for k, v in t["quota"].items()}
-        t["users"] = round(t["users"] * FACTOR)
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
 def base_day(work: Path) -> Path:
     root = work / "day"
     if (root / "catalog.duckdb").exists():
         return root
-    cluster = load_cluster(scaled_cluster(work / "cluster-2000.yaml"))
+    cluster = load_cluster(write_scaled(work / "cluster-2000.yaml", FACTOR))
     t0 = time.monotonic()
     run_demo(SimConfig(hours=24, seed=7, sample_interval_s=60, cluster=cluster),
              ProcessorConfig(), root)

@@ -6,11 +6,12 @@ Against a broker it starts itself (``tests/kafka_broker.py``, the jars of
 FORMAT/CODEC/BATCH_MINUTES (wire format, the producer's compression, simulated minutes
 per ``KafkaSink`` batch, i.e. per message of a node); the first is the baseline:
 
-1. produce: HOURS of the default simulated cluster (576 GPUs, 10 s samples) to fresh
-   topics (12 telemetry partitions) with ``KafkaSink`` (kafka-python, acks=all,
-   idempotent, the variant's codec). Agent-side GPU-samples per CPU-second (simulation
-   not counted), value bytes per GPU-sample, and, for a broker started here, the
-   telemetry topic's ``.log`` bytes on disk per GPU-sample (after compression);
+1. produce: HOURS of the default simulated cluster (576 GPUs, 10 s samples; ``--scale``
+   multiplies it) to fresh topics (12 telemetry partitions) with ``KafkaSink``
+   (kafka-python, acks=all, idempotent, the variant's codec). Agent-side GPU-samples
+   per CPU-second (simulation not counted), value bytes per GPU-sample, and, for a
+   broker started here, the telemetry topic's ``.log`` bytes on disk per GPU-sample
+   (after compression);
 2. per client (``GPULEDGER_KAFKA_CLIENT``: kafka-python with the C ``crc32c`` when
    installed, confluent-kafka): the *ceiling* (the telemetry topic read by that client's
    consumer with the service's fetch settings, doing nothing with it), the same read
@@ -54,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from cluster_scale import scaled_cluster
 
 from gpuledger.contract.schema import RECORD_TYPES
 from gpuledger.pipeline.columns import conform
@@ -798,6 +800,9 @@ def _table(variants: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, default=2.0, help="simulated hours to produce")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="the default cluster (576 GPUs) scaled by this factor "
+                        "(bench/cluster_scale.py): 16 gives 9,216 GPUs on 1,536 nodes")
     parser.add_argument("--variants", nargs="+", type=_variant,
                         default=[_variant(v) for v in DEFAULT_VARIANTS],
                         help="FORMAT/CODEC/BATCH_MINUTES: wire format, the producer's "
@@ -827,7 +832,7 @@ def main() -> None:
 
     started = datetime.now(UTC)
     result: dict[str, Any] = {
-        "date": started.strftime("%Y-%m-%d"), "hours": args.hours,
+        "date": started.strftime("%Y-%m-%d"), "hours": args.hours, "scale": args.scale,
         "telemetry_partitions": TELEMETRY_PARTITIONS, "fetch_settings": FETCH,
         "loadavg_at_start": os.getloadavg(), "code": _code(),
     }
@@ -841,8 +846,9 @@ def main() -> None:
             for i, (fmt, codec, minutes) in enumerate(args.variants):
                 if minutes not in simulated:
                     t0 = time.perf_counter()
-                    simulated[minutes] = list(simulate(SimConfig(hours=args.hours,
-                                                                 chunk_minutes=minutes)))
+                    simulated[minutes] = list(simulate(SimConfig(
+                        hours=args.hours, chunk_minutes=minutes,
+                        cluster=scaled_cluster(args.scale))))
                     result["simulate_s"] += round(time.perf_counter() - t0, 1)
                 r = _run_variant(bootstrap, log_dir, tmp, f"{fmt} / {codec} / {minutes} min",
                                  fmt, codec, simulated[minutes], args.clients,

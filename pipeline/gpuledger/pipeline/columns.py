@@ -7,6 +7,8 @@ in this order, one frame per record type.
 
 from __future__ import annotations
 
+import functools
+
 import polars as pl
 
 from gpuledger.contract.schema import FIELDS, Field, RecordType
@@ -36,8 +38,9 @@ def dtype_of(field: Field) -> pl.DataType:
     return _KIND_DTYPES[field.kind]
 
 
+@functools.cache
 def schema_of(record_type: RecordType) -> pl.Schema:
-    """The Polars schema of one record type's frames."""
+    """The Polars schema of one record type's frames (do not modify: it is shared)."""
     return pl.Schema({f.name: dtype_of(f) for f in FIELDS[record_type]})
 
 
@@ -53,6 +56,8 @@ def conform(frame: pl.DataFrame, record_type: RecordType) -> pl.DataFrame:
     losslessly and fills absent optional columns. Extra columns are dropped.
     """
     schema = schema_of(record_type)
+    if frame.schema == schema:
+        return frame  # already the contract's columns, in order (decoded once, shared)
     exprs = [
         (pl.col(name).cast(dtype) if name in frame.columns else pl.lit(None, dtype)).alias(name)
         for name, dtype in schema.items()

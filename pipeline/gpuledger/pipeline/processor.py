@@ -261,12 +261,19 @@ class Processor:
         if self.max_other_time is None or newest > self.max_other_time:
             self.max_other_time = newest
 
-    def _watermark(self) -> datetime | None:
-        lateness = timedelta(seconds=self.config.windows.allowed_lateness_s)
+    def _watermark(self, behind: bool = False) -> datetime | None:
+        w = self.config.windows
+        lateness = timedelta(seconds=w.allowed_lateness_s)
         newest = self.max_telemetry_time
         if newest is not None and self.node_time:
-            # the slowest node still reporting holds the windows open
-            horizon = newest - timedelta(seconds=self.config.windows.node_stall_s)
+            # the slowest node still reporting holds the windows open; catching up on
+            # past input (a replay or a backlog, older than a close step), a node may be
+            # read up to a step behind the others (messages spanning minutes)
+            step = timedelta(minutes=w.catchup_close_minutes)
+            replay = behind and newest < self._now() - step
+            stall = max(timedelta(seconds=w.node_stall_s), step) if replay \
+                else timedelta(seconds=w.node_stall_s)
+            horizon = newest - stall
             self.node_time = {n: t for n, t in self.node_time.items() if t >= horizon}
             newest = min(self.node_time.values(), default=newest)
         if newest is None and not self.telemetry_clock:
@@ -280,12 +287,15 @@ class Processor:
         a replay). Closing has a fixed cost per pass, so then minutes close up to the
         last multiple of ``windows.catchup_close_minutes`` (of the day) they passed, or
         all of them once ``windows.catchup_close_interval_s`` has passed since the last
-        pass; caught up, they close at once. When they close
-        does not change the facts, only how fresh they are; a transport that passes
+        pass; caught up, they close at once. Behind on past input (the newest sample
+        older than a step), a node read up to a step behind the others (not only
+        ``windows.node_stall_s``) still holds the watermark: replayed messages may each
+        span minutes. When minutes close does not change the
+        facts, only how fresh they are; a transport that passes
         ``behind`` calls this again when it has nothing to read (``close_pending``).
         """
         w = self.config.windows
-        mark = self._watermark()
+        mark = self._watermark(behind)
         if mark is None or self.closed_until is None:
             return
         if limit is not None:

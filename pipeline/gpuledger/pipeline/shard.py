@@ -62,20 +62,16 @@ class Shard:
             found = self._cache[node] = partition_of(node, self.partitions)
         return found
 
-    def partitions_of(self, nodes: pl.Series) -> pl.Series:
-        """Partition of each node name (hashed once per distinct name)."""
-        distinct = nodes.drop_nulls().unique()
-        table = pl.DataFrame({"_node": distinct,
-                              "_p": [self.of(n) for n in distinct.to_list()]},
-                             schema={"_node": pl.String, "_p": pl.Int64})
-        return pl.DataFrame({"_node": nodes}).join(
-            table, on="_node", how="left", maintain_order="left")["_p"]
-
     def mine(self, frame: pl.DataFrame, column: str = "node") -> pl.DataFrame:
-        """The rows of ``frame`` whose ``column`` names a node of this shard."""
+        """The rows of ``frame`` whose ``column`` names a node of this shard (each name
+        is hashed once; then one columnar membership filter)."""
         if frame.is_empty():
             return frame
-        return frame.filter(self.partitions_of(frame[column]) == self.partition)
+        names = frame[column].drop_nulls().unique().to_list()
+        own = [n for n in names if self.of(n) == self.partition]
+        if len(own) == len(names) and frame[column].null_count() == 0:
+            return frame
+        return frame.filter(pl.col(column).is_in(own))
 
     def shards_of(self, nodes: str | None) -> set[int]:
         """The shards holding the comma-separated ``nodes`` of an attempt."""

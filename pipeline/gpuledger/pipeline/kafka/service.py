@@ -12,9 +12,9 @@
   batch per shard and topic in one columnar pass, sends bad records to the dead-letter
   topic (with the reason and the original topic, partition and offset in headers and
   the raw record as value) and feeds the rest to the shard's processor.
-- A shard's watermark is capped by the oldest of the newest event times of its input
-  partitions that still have unread data, so one partition read ahead of the others
-  cannot make their samples late.
+- A shard's watermark is capped by its input partitions that still have unread data,
+  each at the oldest event time of the last message read from it, so one partition
+  read ahead of the others, or nodes not read yet, cannot make samples late.
 - Every ``checkpoint_interval_s`` each shard's state and the offsets it covers are saved
   together (``checkpoint.py``) after what it sent (dead letters, attempt parts) is
   acknowledged; then the group offsets are committed: offsets are committed only after
@@ -415,25 +415,32 @@ class KafkaProcessorService:
 
     def _track_partition_times(self, run: ShardRun, msgs: list[Message],
                                frame: pl.DataFrame) -> None:
-        """Newest event time per partition, through the message keys (node or job)."""
-        column = "job_id" if frame.columns.count("event") else "node"
-        partition_of: dict[str, Key] = {}
+        """Per partition, the oldest event time of the last message read from it (through
+        its key, node or job: the rows of that key in this batch, which may hold more of
+        its messages and then make the time older, never newer).
+
+        Messages after it, unread yet, are produced after it: the oldest time of the
+        last one read bounds what is still to come better than the newest time read,
+        since a message spanning minutes comes after others of the same minutes (a
+        replay) and a node read for the first time has no time of its own yet."""
+        column = "job_id" if "event" in frame.columns else "node"
+        last: dict[Key, Message] = {}
         for m in msgs:
-            if m.key is not None:
-                partition_of[m.key.decode("utf-8", "replace")] = (m.topic, m.partition)
-        newest = frame.group_by(column).agg(pl.col("time").max())
-        unkeyed = {(m.topic, m.partition) for m in msgs if m.key is None}
-        if unkeyed:  # no key to go by: the batch's newest time stands for them
-            newest_all = frame.select(pl.col("time").max()).item()
-            for loose in unkeyed - set(run.partition_time):
-                run.partition_time[loose] = newest_all
-        for key, when in newest.iter_rows():
-            found = partition_of.get(str(key))
-            if found is None:
-                continue
-            old = run.partition_time.get(found)
-            if old is None or when > old:
-                run.partition_time[found] = when
+            key = (m.topic, m.partition)
+            if key not in last or m.offset > last[key].offset:
+                last[key] = m
+        names = {k: m.key.decode("utf-8", "replace") for k, m in last.items()
+                 if m.key is not None}
+        oldest = dict(frame.filter(pl.col(column).is_in(list(set(names.values()))))
+                      .group_by(column).agg(pl.col("time").min()).iter_rows())
+        batch_oldest: datetime | None = None
+        for key in last:
+            when = oldest.get(names.get(key))
+            if when is None:  # unkeyed, or its record was rejected: the batch's oldest
+                if batch_oldest is None:
+                    batch_oldest = frame.select(pl.col("time").min()).item()
+                when = batch_oldest
+            run.partition_time[key] = when
 
     def _refresh_ends(self, force: bool = False) -> None:
         """End offsets of the shards' inputs. They are fetched again after every
@@ -448,7 +455,8 @@ class KafkaProcessorService:
         self._ends_stale = False
 
     def _time_limit(self, run: ShardRun) -> tuple[datetime | None, bool]:
-        """Oldest newest-time among the shard's input partitions with unread data, and
+        """Oldest time among the shard's input partitions with unread data (each one's
+        by :meth:`_track_partition_times`), and
         whether any has unread data (the shard is *behind*: its minutes close in
         catch-up steps, ``Processor.advance``).
 

@@ -1,0 +1,42 @@
+"""The packaged default cluster (576 GPUs) scaled by a factor, for benchmarks at size.
+
+Node counts, job arrivals, initial jobs, team quotas and users grow by the factor, so
+the cluster stays as busy as the default one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import gpuledger.pipeline.simulate as simulate_pkg
+from gpuledger.pipeline.simulate import ClusterSpec, parse_cluster
+
+
+def scaled_document(factor: float) -> dict[str, Any]:
+    """The default cluster's YAML document, scaled."""
+    spec: dict[str, Any] = yaml.safe_load(
+        (Path(simulate_pkg.__file__).parent / "default_cluster.yaml").read_text())
+    for g in spec["node_groups"]:
+        g["nodes"] = max(1, round(g["nodes"] * factor))
+    for w in spec["workloads"]:
+        w["arrivals_per_hour"] = w["arrivals_per_hour"] * factor
+        if "initial_jobs" in w:
+            w["initial_jobs"] = round(w["initial_jobs"] * factor)
+    for t in spec["teams"]:
+        t["quota"] = {k: round(v * factor) for k, v in t["quota"].items()}
+        t["users"] = max(1, round(t["users"] * factor))
+    return spec
+
+
+def scaled_cluster(factor: float) -> ClusterSpec:
+    """The default cluster scaled by ``factor`` (1: the default, 576 GPUs)."""
+    return parse_cluster(scaled_document(factor))
+
+
+def write_scaled(path: Path, factor: float) -> Path:
+    """Write the scaled cluster's YAML to ``path`` (for ``gpuledger demo --cluster``)."""
+    path.write_text(yaml.safe_dump(scaled_document(factor)))
+    return path
