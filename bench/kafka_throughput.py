@@ -462,7 +462,9 @@ def _rounds(minutes: int, fmt: bytes, topics: Topics) -> list[tuple[int, list[Se
     after, the first sample it covers.
     """
     out: list[tuple[int, list[Send]]] = []
-    for chunk in simulate(SimConfig(hours=minutes / 60, chunk_minutes=1)):
+    # live input starts at the wall clock (simulated time then runs ahead of it)
+    start = datetime.now(UTC).replace(second=0, microsecond=0)
+    for chunk in simulate(SimConfig(start=start, hours=minutes / 60, chunk_minutes=1)):
         keys = np.sort(chunk["telemetry"]["time"].dt.epoch("ms").unique().to_numpy())
         per_round: dict[int, list[Send]] = {int(k): [] for k in keys}
         for kind in RECORD_TYPES:
@@ -534,6 +536,10 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
                warmup_s: float, tmp: Path, client: str = "kafka-python") -> dict[str, Any]:
     """Produce-to-close times with simulated time compressed 10 s : round_ms.
 
+    The simulated time starts at the wall clock, as live input does (it then runs
+    ahead of it; ``max_future_s`` is raised to match), so the service is never
+    *catching up* on past input (``Processor.catching_up``).
+
     A minute [m, m+60) closes when the watermark (newest telemetry time minus the
     lateness, capped by the partitions with unread data) reaches m+60, i.e. once the
     round with event time >= m+60+lateness (the *closing round*) has been read.
@@ -563,7 +569,10 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
         child.kill()
         raise TimeoutError("live producer not ready in 300 s")
 
-    config = ProcessorConfig(windows=Windows(allowed_lateness_s=lateness_s))
+    # simulated time starts at the wall clock and runs ahead of it by the speed-up
+    ahead_s = int(seconds * 1.5 * 10_000 / round_ms) + 3600
+    config = ProcessorConfig(windows=Windows(allowed_lateness_s=lateness_s,
+                                             max_future_s=ahead_s))
     service = _service(settings, tmp / f"wh-{prefix}", f"live-{prefix}", config, idle_s=None)
     closes: list[tuple[float, datetime]] = []
     files: list[tuple[float, datetime]] = []

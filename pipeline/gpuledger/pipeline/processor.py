@@ -261,18 +261,17 @@ class Processor:
         if self.max_other_time is None or newest > self.max_other_time:
             self.max_other_time = newest
 
-    def _watermark(self, behind: bool = False) -> datetime | None:
+    def _watermark(self, catching_up: bool = False) -> datetime | None:
         w = self.config.windows
         lateness = timedelta(seconds=w.allowed_lateness_s)
         newest = self.max_telemetry_time
         if newest is not None and self.node_time:
-            # the slowest node still reporting holds the windows open; catching up on
-            # past input (a replay or a backlog, older than a close step), a node may be
-            # read up to a step behind the others (messages spanning minutes)
-            step = timedelta(minutes=w.catchup_close_minutes)
-            replay = behind and newest < self._now() - step
-            stall = max(timedelta(seconds=w.node_stall_s), step) if replay \
-                else timedelta(seconds=w.node_stall_s)
+            # the slowest node still reporting holds the windows open; catching up, a
+            # node may be read up to a close step behind the others (messages spanning
+            # minutes) and still hold them
+            stall = timedelta(seconds=w.node_stall_s)
+            if catching_up:
+                stall = max(stall, timedelta(minutes=w.catchup_close_minutes))
             horizon = newest - stall
             self.node_time = {n: t for n, t in self.node_time.items() if t >= horizon}
             newest = min(self.node_time.values(), default=newest)
@@ -280,32 +279,39 @@ class Processor:
             newest = self.max_other_time
         return None if newest is None else newest - lateness
 
+    def catching_up(self, behind: bool) -> bool:
+        """More input is waiting (``behind``) and what was read is past input: its
+        newest sample is more than ``windows.catchup_close_minutes`` older than the
+        wall clock (a restart after an outage, a replay). Live input never is."""
+        newest = self.max_telemetry_time
+        step = timedelta(minutes=self.config.windows.catchup_close_minutes)
+        return behind and newest is not None and newest < self._now() - step
+
     def advance(self, limit: datetime | None = None, behind: bool = False) -> None:
         """Close the minutes the watermark (capped by ``limit``) has passed.
 
-        ``behind``: the transport has more input waiting (catching up after a restart or
-        a replay). Closing has a fixed cost per pass, so then minutes close up to the
-        last multiple of ``windows.catchup_close_minutes`` (of the day) they passed, or
-        all of them once ``windows.catchup_close_interval_s`` has passed since the last
-        pass; caught up, they close at once. Behind on past input (the newest sample
-        older than a step), a node read up to a step behind the others (not only
-        ``windows.node_stall_s``) still holds the watermark: replayed messages may each
-        span minutes. When minutes close does not change the
-        facts, only how fresh they are; a transport that passes
-        ``behind`` calls this again when it has nothing to read (``close_pending``).
+        ``behind``: the transport has more input waiting. When it is also past input
+        (:meth:`catching_up`), closing goes in steps, since a close pass has a fixed
+        cost: minutes close up to the last multiple of ``windows.catchup_close_minutes``
+        (of the day) they passed, or all of them once
+        ``windows.catchup_close_interval_s`` has passed since the last pass; and a node
+        read up to a step behind the others (not only ``windows.node_stall_s``) still
+        holds the watermark, since replayed messages may each span minutes. Otherwise
+        minutes close as soon as the watermark passes them. When minutes close changes
+        how fresh the facts are, not what they hold. A transport that passes ``behind``
+        calls this again when it has nothing to read (``close_pending``).
         """
         w = self.config.windows
-        mark = self._watermark(behind)
+        catching_up = self.catching_up(behind)
+        mark = self._watermark(catching_up)
         if mark is None or self.closed_until is None:
             return
         if limit is not None:
             mark = min(mark, limit - timedelta(seconds=w.allowed_lateness_s))
-        if mark <= self.closed_until:
-            return
         end = _floor_minute(mark)
         if end <= self.closed_until:
             return
-        if behind and time.monotonic() - self._last_close < w.catchup_close_interval_s:
+        if catching_up and time.monotonic() - self._last_close < w.catchup_close_interval_s:
             step = _floor_step(end, w.catchup_close_minutes)
             if step <= self.closed_until:
                 self.close_pending = True
