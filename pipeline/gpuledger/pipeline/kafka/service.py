@@ -137,7 +137,9 @@ class KafkaProcessorService:
         )
         self.globals = open_consumer(settings, enable_auto_commit=False,
                                      auto_offset_reset="earliest",
-                                     max_poll_records=self.options.max_records)
+                                     max_poll_records=self.options.max_records,
+                                     fetch_max_bytes=64 << 20,
+                                     max_partition_fetch_bytes=16 << 20)
         self.partitions = len(self.globals.partitions_for_topic(t.telemetry) or ())
         if self.partitions == 0:
             raise RuntimeError(f"topic {t.telemetry} does not exist: run "
@@ -331,21 +333,39 @@ class KafkaProcessorService:
         self.producer.close()
 
     def _drain_globals(self) -> int:
+        """Read what the global topics hold now (up to ``max_records`` messages), decode
+        it once and hand it to every shard in one batch: a shard's batch has a fixed
+        cost, and a topic read in many small fetches would pay it for each."""
         if not self.shards:
             return 0
+        by_topic: dict[str, list[Message]] = {}
         total = 0
-        for _ in range(1000):
-            records = self.globals.poll(timeout_ms=0 if total else 50,
-                                        max_records=self.options.max_records)
-            by_topic = _messages(records)
-            n = sum(len(v) for v in by_topic.values())
+        self._refresh_ends()
+        read = {(tp.topic, tp.partition): min(run.offsets.get((tp.topic, tp.partition), 0)
+                                              for run in self.shards.values())
+                for tp in self.global_parts}
+        while total < self.options.max_records:
+            # wait for the next fetch while the global topics hold more (a fetch may
+            # bring only part of what is there)
+            unread = any(at < self._ends.get(key, 0) for key, at in read.items())
+            records = self.globals.poll(timeout_ms=50 if unread or not total else 0,
+                                        max_records=self.options.max_records - total)
+            fetched = _messages(records)
+            n = sum(len(v) for v in fetched.values())
             if n == 0:
                 break
-            shared = {topic: self._decode(topic, msgs) for topic, msgs in by_topic.items()
-                      if topic != self.settings.topics.attempt_parts}
-            for run in list(self.shards.values()):
-                self._handle(run, by_topic, telemetry=False, shared=shared)
+            for topic, msgs in fetched.items():
+                by_topic.setdefault(topic, []).extend(msgs)
+                for m in msgs:
+                    key = (m.topic, m.partition)
+                    read[key] = max(read.get(key, 0), m.offset + 1)
             total += n
+        if total == 0:
+            return 0
+        shared = {topic: self._decode(topic, msgs) for topic, msgs in by_topic.items()
+                  if topic != self.settings.topics.attempt_parts}
+        for run in list(self.shards.values()):
+            self._handle(run, by_topic, telemetry=False, shared=shared)
         return total
 
     def _decode(self, topic: str, msgs: list[Message]) -> DecodedBatch | None:
