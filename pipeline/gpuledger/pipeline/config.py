@@ -57,8 +57,8 @@ class Windows:
     """Catching up (the Kafka service with input waiting, and what it read more than
     this many minutes older than the wall clock: a restart after an outage, a replay),
     minutes close in steps: up to the last multiple of this many minutes of the day
-    they passed (60: whole hours), and a node read up to this far behind the others
-    still holds the windows (not only ``node_stall_s``) ..."""
+    they passed (60: whole hours; 0: no steps), and a node read up to this far behind
+    the others still holds the windows (not only ``node_stall_s``) ..."""
     catchup_close_interval_s: float = 2.0
     """... or all of them once this long has passed since the last close. Caught up, a
     minute closes as soon as the watermark passes it. A close pass has a fixed cost

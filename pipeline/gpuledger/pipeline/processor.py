@@ -167,9 +167,9 @@ class Processor:
         """Take one micro-batch; close every minute the watermark has passed.
 
         ``event_time_limit`` caps the watermark: a transport reading several partitions
-        passes the oldest of their newest event times, so that a partition read ahead
-        of the others cannot make the others' samples late. ``behind``: more input is
-        already waiting (see :meth:`advance`).
+        passes a bound of the event times still unread in them, so that a partition
+        read ahead of the others cannot make the others' samples late. ``behind``: more
+        input is already waiting (see :meth:`advance`).
         """
         self.counters.batches += 1
         frames: dict[RecordType, pl.DataFrame] = {}
