@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 from test_simulate import SMALL
 
+from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
@@ -63,3 +64,23 @@ def test_live_a_silent_node_stops_holding_after_node_stall_even_when_behind(
     live = _lagging_replay(tmp_path / "live", behind=True,
                            now=lambda: start + timedelta(hours=3, minutes=1))
     assert live.counters.late_telemetry > 0
+
+
+def test_minutes_held_back_stay_pending_across_a_restart(tmp_path: Path) -> None:
+    """A checkpoint taken while catching up keeps the held-back closes pending, so the
+    restarted service closes them even if no more input comes."""
+    windows = replace(ProcessorConfig().windows, catchup_close_interval_s=3600.0)
+    config = replace(ProcessorConfig(), windows=windows)
+    batches = list(simulate(SimConfig(hours=1.0, seed=3, cluster=parse_cluster(SMALL))))
+    proc = Processor(config, Warehouse(tmp_path / "a"), telemetry_clock=True)
+    for batch in batches[:3]:  # 30 minutes: no whole hour passed yet
+        proc.process(batch, validated=True, behind=True)
+    assert proc.close_pending and proc.counters.close_passes == 0
+    checkpoint.save(proc, {}, tmp_path / "state.checkpoint")
+    again = Processor(config, Warehouse(tmp_path / "a"), telemetry_clock=True)
+    assert checkpoint.load(again, tmp_path / "state.checkpoint") == {}
+    assert again.close_pending
+    held = again.closed_until
+    again.advance()  # caught up: what the watermark passed closes now
+    assert not again.close_pending
+    assert again.closed_until is not None and held is not None and again.closed_until > held

@@ -25,7 +25,7 @@ STATE_FIELDS = (
     "counters", "inventory", "jobs", "samples", "acc", "closed_until", "max_telemetry_time",
     "max_other_time", "hour_parts", "day_hourly", "late_parts", "rejects",
     "last_free_blocks", "_seq_last", "outbox", "waiting", "received", "completed",
-    "running_parts", "node_time",
+    "running_parts", "node_time", "close_pending",
 )
 VERSION = 2
 
