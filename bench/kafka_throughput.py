@@ -392,8 +392,8 @@ BREAKDOWN = {
     ("gpuledger/pipeline/kafka/service.py", "_drain_globals"): "service._drain_globals",
     ("gpuledger/pipeline/kafka/service.py", "_messages"): "service._messages",
     ("gpuledger/pipeline/kafka/wire.py", "decode"): "wire.decode",
-    ("gpuledger/pipeline/kafka/service.py", "_track_partition_times"):
-        "service._track_partition_times",
+    ("gpuledger/pipeline/kafka/service.py", "_last_message_times"):
+        "service._last_message_times",
     ("gpuledger/pipeline/kafka/service.py", "_time_limit"): "service._time_limit",
     ("gpuledger/pipeline/kafka/service.py", "_caught_up"): "service._caught_up",
     ("gpuledger/pipeline/processor.py", "process"): "Processor.process",

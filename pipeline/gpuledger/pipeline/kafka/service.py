@@ -103,6 +103,37 @@ def _messages(records: dict[Any, list[Any]]) -> dict[str, list[Message]]:
     return by_topic
 
 
+def _last_message_times(msgs: list[Message], frame: pl.DataFrame) -> dict[Key, datetime]:
+    """Per partition, the oldest event time of the last message read from it (through
+    its key, node or job: the rows of that key in this batch, which may hold more of
+    its messages and then make the time older, never newer).
+
+    Messages after it, unread yet, were produced after it: the oldest time of the last
+    one read bounds what is still to come better than the newest time read, since a
+    message spanning minutes comes after others of the same minutes (a replay) and a
+    node read for the first time has no time of its own yet."""
+    column = "job_id" if "event" in frame.columns else "node"
+    last: dict[Key, Message] = {}
+    for m in msgs:
+        key = (m.topic, m.partition)
+        if key not in last or m.offset > last[key].offset:
+            last[key] = m
+    names = {k: m.key.decode("utf-8", "replace") for k, m in last.items()
+             if m.key is not None}
+    oldest = dict(frame.filter(pl.col(column).is_in(list(set(names.values()))))
+                  .group_by(column).agg(pl.col("time").min()).iter_rows())
+    times: dict[Key, datetime] = {}
+    batch_oldest: datetime | None = None
+    for key in last:
+        when = oldest.get(names.get(key))
+        if when is None:  # unkeyed, or its record was rejected: the batch's oldest
+            if batch_oldest is None:
+                batch_oldest = frame.select(pl.col("time").min()).item()
+            when = batch_oldest
+        times[key] = when
+    return times
+
+
 def encode_parts(frame: pl.DataFrame) -> bytes:
     sink = io.BytesIO()
     frame.write_ipc_stream(sink, compression="zstd")
@@ -158,6 +189,8 @@ class KafkaProcessorService:
         self._ends_at = 0.0
         self._ends_stale = True
         """Set when telemetry was read after the end offsets were fetched."""
+        self._shared_times: dict[str, dict[Key, datetime]] = {}
+        """Per global topic, the partition times of the batch every shard is handed."""
         self._last_checkpoint = time.monotonic()
         self._last_log = time.monotonic()
         self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
@@ -364,8 +397,10 @@ class KafkaProcessorService:
             return 0
         shared = {topic: self._decode(topic, msgs) for topic, msgs in by_topic.items()
                   if topic != self.settings.topics.attempt_parts}
+        self._shared_times.clear()
         for run in list(self.shards.values()):
             self._handle(run, by_topic, telemetry=False, shared=shared)
+        self._shared_times.clear()
         return total
 
     def _decode(self, topic: str, msgs: list[Message]) -> DecodedBatch | None:
@@ -407,7 +442,12 @@ class KafkaProcessorService:
                 frame = decoded.frames[record_type]  # type: ignore[index]
                 if frame.height:
                     frames[record_type] = frame
-                    self._track_partition_times(run, msgs, frame)
+                    times = self._shared_times.get(topic) if whole else None
+                    if times is None:
+                        times = _last_message_times(msgs, frame)
+                        if whole:  # the same for every shard reading in step
+                            self._shared_times[topic] = times
+                    run.partition_time.update(times)
             for m in msgs:
                 key = (m.topic, m.partition)
                 run.offsets[key] = max(run.offsets.get(key, 0), m.offset + 1)
@@ -433,35 +473,6 @@ class KafkaProcessorService:
             self.stats.parts_sent += 1
         outbox.clear()
 
-    def _track_partition_times(self, run: ShardRun, msgs: list[Message],
-                               frame: pl.DataFrame) -> None:
-        """Per partition, the oldest event time of the last message read from it (through
-        its key, node or job: the rows of that key in this batch, which may hold more of
-        its messages and then make the time older, never newer).
-
-        Messages after it, unread yet, are produced after it: the oldest time of the
-        last one read bounds what is still to come better than the newest time read,
-        since a message spanning minutes comes after others of the same minutes (a
-        replay) and a node read for the first time has no time of its own yet."""
-        column = "job_id" if "event" in frame.columns else "node"
-        last: dict[Key, Message] = {}
-        for m in msgs:
-            key = (m.topic, m.partition)
-            if key not in last or m.offset > last[key].offset:
-                last[key] = m
-        names = {k: m.key.decode("utf-8", "replace") for k, m in last.items()
-                 if m.key is not None}
-        oldest = dict(frame.filter(pl.col(column).is_in(list(set(names.values()))))
-                      .group_by(column).agg(pl.col("time").min()).iter_rows())
-        batch_oldest: datetime | None = None
-        for key in last:
-            when = oldest.get(names.get(key))
-            if when is None:  # unkeyed, or its record was rejected: the batch's oldest
-                if batch_oldest is None:
-                    batch_oldest = frame.select(pl.col("time").min()).item()
-                when = batch_oldest
-            run.partition_time[key] = when
-
     def _refresh_ends(self, force: bool = False) -> None:
         """End offsets of the shards' inputs. They are fetched again after every
         telemetry poll that returned records: a scheduler event produced before the
@@ -476,7 +487,7 @@ class KafkaProcessorService:
 
     def _time_limit(self, run: ShardRun) -> tuple[datetime | None, bool]:
         """Oldest time among the shard's input partitions with unread data (each one's
-        by :meth:`_track_partition_times`), and
+        by :func:`_last_message_times`), and
         whether any has unread data (the shard is *behind*: its minutes close in
         catch-up steps, ``Processor.advance``).
 
