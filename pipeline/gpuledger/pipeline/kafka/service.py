@@ -487,9 +487,8 @@ class KafkaProcessorService:
 
     def _time_limit(self, run: ShardRun) -> tuple[datetime | None, bool]:
         """Oldest time among the shard's input partitions with unread data (each one's
-        by :func:`_last_message_times`), and
-        whether any has unread data (the shard is *behind*: its minutes close in
-        catch-up steps, ``Processor.advance``).
+        by :func:`_last_message_times`), and whether any has unread data (the shard is
+        *behind*; ``Processor.advance`` decides whether it is catching up).
 
         Its telemetry partition and every scheduler/inventory partition count: minutes
         must not close while scheduler events for them may still be unread. A partition
