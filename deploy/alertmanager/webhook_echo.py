@@ -11,6 +11,7 @@ your own receiver; it has no dependencies beyond the Python standard library.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,10 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"listening on {args.host}:{server.server_address[1]}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
