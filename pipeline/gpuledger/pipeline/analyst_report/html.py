@@ -96,10 +96,11 @@ def _rows_html(a: Answer, rows: list[tuple[Any, ...]]) -> str:
     out = []
     for r in rows:
         tds = []
+        named = dict(zip(a.columns, r, strict=True))
         for i, c in zip(index, columns, strict=True):
             classes = [k for k, on in (("n", c.numeric), ("blank", r[i] is None)) if on]
             attr = f' class="{" ".join(classes)}"' if classes else ""
-            tds.append(f"<td{attr}>{html.escape(cell(r[i], c))}</td>")
+            tds.append(f"<td{attr}>{html.escape(cell(r[i], c, named))}</td>")
         out.append(f"<tr>{''.join(tds)}</tr>")
     return "".join(out)
 

@@ -37,9 +37,14 @@ def when(value: datetime | date) -> str:
     return value.isoformat()
 
 
-def cell(value: Any, column: Column) -> str:
-    """One table cell as text; an empty value shows the column's explanation."""
+def cell(value: Any, column: Column, row: dict[str, Any] | None = None) -> str:
+    """One table cell as text; an empty value shows the column's explanation (the
+    ``blank_when`` one when the row's other column is zero or empty)."""
     if value is None:
+        if column.blank_when is not None and row is not None:
+            other, text = column.blank_when
+            if not row.get(other):
+                return text
         return column.blank
     if isinstance(value, bool):
         return "yes" if value else "no"

@@ -19,7 +19,8 @@ class Column:
     """One column of a section's table.
 
     ``decimals`` is None for text, 0 for counts; ``unit`` goes into the header;
-    ``blank`` is what an empty (NULL) cell shows, and says why it is empty; ``key``
+    ``blank`` is what an empty (NULL) cell shows, and says why it is empty (``blank_when``:
+    another reason, used when the named column of the row is zero or empty); ``key``
     columns (job ids) are never cut; ``terminal=False`` leaves the column out of the
     80-column terminal table (the HTML report has every column), ``sparse`` leaves it out
     there only when every value is zero or empty.
@@ -30,6 +31,7 @@ class Column:
     decimals: int | None = None
     unit: str = ""
     blank: str = "–"
+    blank_when: tuple[str, str] | None = None
     key: bool = False
     terminal: bool = True
     sparse: bool = False
@@ -81,6 +83,7 @@ class Section:
 
 GPU_H = "GPU-h"
 SMALL_NODES = "nodes too small"
+NOTHING_ALLOCATED = ("allocated", "nothing allocated")
 
 PARTS = {
     "where": "Where do the GPUs go?",
@@ -131,8 +134,8 @@ SECTIONS: tuple[Section, ...] = (
          Column("no_telemetry", "No telemetry", 1, GPU_H, sparse=True),
          Column("free", "Free", 1, GPU_H),
          Column("allocated_pct", "Allocated of available", 1, "%"),
-         Column("used_pct", "Used of allocated", 1, "%",
-                blank="no telemetry")),
+         Column("used_pct", "Used of allocated", 1, "%", blank="no telemetry",
+                blank_when=NOTHING_ALLOCATED)),
         Chart("bar", "gpu_group",
               ("busy", "inefficient", "idle", "no_telemetry", "free", "unaccounted",
                "unavailable"), "GPU-hours",
@@ -161,7 +164,8 @@ SECTIONS: tuple[Section, ...] = (
          Column("idle", "Idle", 1, GPU_H), Column("inefficient", "Inefficient", 1, GPU_H),
          Column("waste", "Waste", 1, GPU_H),
          Column("no_telemetry", "No telemetry", 1, GPU_H, sparse=True),
-         Column("used_pct", "Used of allocated", 1, "%", blank="no telemetry"),
+         Column("used_pct", "Used of allocated", 1, "%", blank="no telemetry",
+                blank_when=NOTHING_ALLOCATED),
          Column("idle_share_pct", "Share of fleet idle", 1, "%", terminal=False)),
         Chart("bar", "team", ("idle", "inefficient"), "GPU-hours",
               labels=("idle (< 5 % active)", "inefficient (5–30 %)"), stacked=True),
@@ -178,7 +182,8 @@ SECTIONS: tuple[Section, ...] = (
         (Column("job_type", "Job type"), Column("allocated", "Allocated", 1, GPU_H),
          Column("idle", "Idle", 1, GPU_H), Column("inefficient", "Inefficient", 1, GPU_H),
          Column("waste", "Waste", 1, GPU_H),
-         Column("used_pct", "Used of allocated", 1, "%", blank="no telemetry")),
+         Column("used_pct", "Used of allocated", 1, "%", blank="no telemetry",
+                blank_when=NOTHING_ALLOCATED)),
         Chart("bar", "job_type", ("idle", "inefficient"), "GPU-hours",
               labels=("idle (< 5 % active)", "inefficient (5–30 %)"), stacked=True),
     ),

@@ -44,7 +44,8 @@ def _table(a: Answer, top: int, console: Console) -> Table:
     section = a.section
     shown = _shown(a)
     index = [a.columns.index(c.name) for c in shown]
-    rows = [[cell(r[i], c) for i, c in zip(index, shown, strict=True)] for r in a.rows[:top]]
+    rows = [[cell(r[i], c, dict(zip(a.columns, r, strict=True)))
+             for i, c in zip(index, shown, strict=True)] for r in a.rows[:top]]
     if not rows:
         rows = [["(none)"] + [""] * (len(shown) - 1)]
     titles = [c.title for c in shown]
