@@ -232,6 +232,10 @@ class JobBook:
     def _on_requeued(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
         if job.status == "running":
             self._end_attempt(job, time, "requeued", ev.get("reason"))
+        elif job.status == "pending":
+            # an attempt that ran unseen (a bridge that missed it between two polls):
+            # it ends here, without a start, and the next one waits from the requeue
+            self._end_pending(job, time, "requeued", ev.get("reason"))
         elif job.status not in ("preempted",):
             self.counters.out_of_order += 1
             return
@@ -260,17 +264,21 @@ class JobBook:
         if job.status == "running":
             self._end_attempt(job, time, kind, ev.get("reason"))
         elif job.status == "pending":
-            if job.queued_at is not None:
-                self.closed_pending.append(
-                    {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
-                     "end": time}
-                )
-            self.ended_attempts.append(self._attempt_row(job, time, kind, ev.get("reason"), 0.0))
+            self._end_pending(job, time, kind, ev.get("reason"))
         elif job.status == "ended":
             self.counters.out_of_order += 1
             return
         job.status = "ended"
         job.ended_at = time
+
+    def _end_pending(self, job: Job, time: datetime, kind: str, reason: Any) -> None:
+        """End an attempt that never started."""
+        if job.queued_at is not None:
+            self.closed_pending.append(
+                {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
+                 "end": time}
+            )
+        self.ended_attempts.append(self._attempt_row(job, time, kind, reason, 0.0))
 
     def _end_attempt(self, job: Job, time: datetime, kind: str, reason: Any) -> float:
         assert job.started_at is not None
