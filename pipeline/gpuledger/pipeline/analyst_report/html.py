@@ -19,7 +19,7 @@ color:#222}
 h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.35em;margin-top:2.2em;
 border-bottom:2px solid #ccc} h3{font-size:1.1em;margin:1.6em 0 .2em}
 p.meta{color:#444;margin:.2em 0} p.q{color:#555;margin:.2em 0 .8em} p.note{color:#666;
-font-size:12.5px;margin:.3em 0} nav a{margin-right:1em}
+font-size:12.5px;margin:.3em 0} nav a{margin-right:1em;white-space:nowrap}
 table{border-collapse:collapse;margin:.5em 0 .6em;font-size:13px}
 th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:bottom}
 th{background:#f5f5f5;font-weight:600} th.n{text-align:right} th .u{white-space:nowrap}
@@ -40,7 +40,7 @@ ERROR_HOOK = """window.addEventListener("error", function (e) {
   box.textContent += "script error: " + e.message + "\\n";
 });"""
 
-# Colours of the GPU states (the allocation chart); other charts use the palette.
+# Colours of the GPU states, the same in every chart; other series use the palette.
 STATE_COLOURS = {"busy": "#59a14f", "inefficient": "#f28e2b", "idle": "#e15759",
                  "no_telemetry": "#bab0ac", "free": "#a0cbe8", "unaccounted": "#b07aa1",
                  "unavailable": "#79706e"}
@@ -83,7 +83,7 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
         if len(chart.series) > 1 and not any(values):
             continue  # a state nobody was in: no empty legend entry
         entry: dict[str, Any] = {"name": label, "values": values}
-        if chart.category == "gpu_group" and name in STATE_COLOURS:
+        if name in STATE_COLOURS:  # a GPU state has one colour in every chart
             entry["colour"] = STATE_COLOURS[name]
         series.append(entry)
     return {**base, "stacked": chart.stacked,
