@@ -7,23 +7,9 @@
 -- facts count them as activity 0, so as idle); utilisation is used / observed.
 CREATE OR REPLACE VIEW attempts AS
 WITH a AS (
-    SELECT job_id, attempt, team, "user", queue, pool, priority, job_type, gpus, card_type,
-           gpu_mem_mib, preemptible, checkpointable, borrowed, submitted_at, queued_at,
-           started_at, ended_at, end_event, queue_wait_s, allocated_gpus, nodes,
-           last_checkpoint_at, checkpoints, lost_gpu_hours, allocated_gpu_hours,
-           used_gpu_hours, idle_gpu_hours, inefficient_gpu_hours, observed_gpu_hours,
-           mem_peak_mib, mem_held_mib, memory_oversized, held_card_type,
-           suggested_card_type, mismatch_gpu_hours, 'ended' AS status
-    FROM job_attempts
+    SELECT *, 'ended' AS status FROM job_attempts
     UNION ALL BY NAME
-    SELECT job_id, attempt, team, "user", queue, pool, priority, job_type, gpus, card_type,
-           gpu_mem_mib, preemptible, checkpointable, borrowed, submitted_at, queued_at,
-           started_at, ended_at, end_event, queue_wait_s, allocated_gpus, nodes,
-           last_checkpoint_at, checkpoints, lost_gpu_hours, allocated_gpu_hours,
-           used_gpu_hours, idle_gpu_hours, inefficient_gpu_hours, observed_gpu_hours,
-           mem_peak_mib, mem_held_mib, memory_oversized, held_card_type,
-           suggested_card_type, mismatch_gpu_hours,
-           CASE WHEN started_at IS NULL THEN 'pending' ELSE 'running' END AS status
+    SELECT *, CASE WHEN started_at IS NULL THEN 'pending' ELSE 'running' END AS status
     FROM running_attempts
 ), u AS (
     SELECT * EXCLUDE (idle_gpu_hours), idle_gpu_hours AS _idle,
