@@ -4,7 +4,7 @@ time span the data really covers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,23 @@ class Window:
         return min(times) if times else None
 
     @property
+    def bucket_hours(self) -> int:
+        """The charts' time bucket: an hour, or a day when the window is over 3 days."""
+        start, end = self.start, self.end
+        long = start is not None and end is not None and end - start > timedelta(days=3)
+        return 24 if long else 1
+
+    @property
     def narrowed(self) -> bool:
         return self.since is not None or self.until is not None
+
+    def asked(self) -> str | None:
+        """The --since/--until window, when one was asked for."""
+        if not self.narrowed:
+            return None
+        lo = when(self.since) if self.since else "the start"
+        hi = when(self.until) if self.until else "the end"
+        return f"Window asked: {lo} – {hi} UTC; borrowing and reclaim cover all the data."
 
     def text(self) -> str:
         """``2026-01-05 00:00 – 2026-01-06 00:00 UTC (24 h)``."""
@@ -79,11 +94,14 @@ def _utc(value: Any) -> datetime | None:
 
 
 def data_span(con: duckdb.DuckDBPyConnection) -> tuple[datetime | None, datetime | None]:
-    """The first minute of the facts and the end of the last one."""
+    """The first minute of the facts and the end of the last one: from the fragmentation
+    facts (one row per pool, card type and minute, small), else to the hour from the
+    hourly roll-up (a warehouse without inventory has no fragmentation)."""
     first, last = con.execute(
-        "SELECT min(minute), max(minute) + INTERVAL 1 MINUTE FROM "
-        "(SELECT minute FROM gpu_minute UNION ALL SELECT minute FROM frag_minute)"
-    ).fetchall()[0]
+        "SELECT min(minute), max(minute) + INTERVAL 1 MINUTE FROM frag_minute").fetchall()[0]
+    if first is None:
+        first, last = con.execute(
+            "SELECT min(hour), max(hour) + INTERVAL 1 HOUR FROM gpu_hourly").fetchall()[0]
     return _utc(first), _utc(last)
 
 
@@ -106,7 +124,7 @@ def answer_all(warehouse: Path, since: datetime | None = None, until: datetime |
             chart_columns, chart_rows = columns, rows
             if section.chart is not None and section.chart.sql is not None:
                 chart_columns, chart_rows = _run(con, fill(section.chart.sql, lo, hi,
-                                                           MAX_ROWS))
+                                                           MAX_ROWS, window.bucket_hours))
             out.append(Answer(section, columns, rows, chart_columns, chart_rows))
         return Report(window, out)
     finally:

@@ -193,9 +193,11 @@
       el("title", {}, path, s.name);
       s.points.forEach(function (p) {
         var dot = el("circle", {cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: c}, svg);
-        var at = new Date(p[0] - HOUR / 2).toISOString().slice(0, 13).replace("T", " ");
-        el("title", {}, dot, s.name + ", hour from " + at + ":00 UTC: " +
-           fmt(p[1], spec.decimals) + " " + spec.unit);
+        var from = new Date(p[0] - spec.bucket_hours * HOUR / 2).toISOString();
+        var at = spec.bucket_hours < 24 ? "hour from " + from.slice(0, 13).replace("T", " ") +
+          ":00 UTC" : "day " + from.slice(0, 10);
+        el("title", {}, dot, s.name + ", " + at + ": " + fmt(p[1], spec.decimals) + " " +
+           spec.unit);
       });
     });
     legend(host, spec.series);

@@ -69,11 +69,12 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
             t, v = r[col[chart.category]], r[col[chart.series[0]]]
             if t is None or v is None:
                 continue
-            middle = _ms(t) + timedelta(minutes=30).total_seconds() * 1000.0  # hourly buckets
+            middle = _ms(t) + timedelta(hours=window.bucket_hours / 2).total_seconds() * 1000
             groups.setdefault(str(r[col[chart.group]]), []).append([middle, float(v)])
         if not groups or window.start is None or window.end is None:
             return None
         return {**base, "x0": _ms(window.start), "x1": _ms(window.end),
+                "bucket_hours": window.bucket_hours,
                 "series": [{"name": k, "points": p} for k, p in groups.items()]}
     rows = a.chart_rows if chart.sql is not None else a.chart_rows[:top]
     labels = chart.labels or chart.series
@@ -140,10 +141,9 @@ def _script() -> str:
 def _header(report: Report, warehouse: str, generated: datetime | date) -> str:
     w = report.window
     lines = [f"Data: {w.text()}."]
-    if w.narrowed:
-        asked = (f"{when(w.since) if w.since else 'the start'} – "
-                 f"{when(w.until) if w.until else 'the end'} UTC")
-        lines.append(f"Window asked: {asked}; borrowing and reclaim cover all the data.")
+    asked = w.asked()
+    if asked is not None:
+        lines.append(asked)
     lines.append(f"Warehouse {warehouse}; generated {when(generated)} UTC. Times are UTC.")
     meta = "".join(f'<p class="meta">{html.escape(x)}</p>' for x in lines)
     nav = "".join(f'<a href="#part-{k}">{html.escape(v)}</a>' for k, v in PARTS.items())

@@ -4,7 +4,8 @@ The SQL reads the views and macros of ``sql/10_measures.sql`` and ``sql/20_analy
 and returns raw values: no rounding in SQL, so that every number is formatted once, by
 its column (:mod:`gpuledger.pipeline.analyst_report.numbers`). Placeholders:
 ``{since}`` / ``{until}`` become SQL time literals (or NULL), ``{limit}`` the most rows
-a section reads, and ``WINDOW(column)`` the half-open window test on a time column.
+a section reads, ``{bucket_hours}`` the hours of a time bucket of the charts, and
+``WINDOW(column)`` the half-open window test on a time column.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class Chart:
 
     ``bar``: horizontal bars, one row of bars per value of ``category`` (one dimension),
     one bar per ``series`` column (``stacked`` piles them). ``line``: x = the time column
-    ``x`` (hourly buckets, drawn at the bucket's middle), one line per value of ``group``,
-    y = ``series[0]``. ``labels`` name the series in the legend.
+    ``category`` (buckets of ``{bucket_hours}`` hours, drawn at the bucket's middle), one
+    line per value of ``group``, y = ``series[0]``. ``labels`` name the series in the
+    legend.
     """
 
     kind: str
@@ -214,8 +216,9 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "frag_time", "wait", "Fragmentation over time",
-        "The share of free GPUs that cannot host a k-GPU single-node job (hourly means, "
-        "over the pools whose nodes have at least k GPUs): 8 GPUs can be free while no "
+        "The share of free GPUs that cannot host a k-GPU single-node job (means per hour, "
+        "per day beyond 3 days of data, over the pools whose nodes have at least k GPUs): "
+        "8 GPUs can be free while no "
         "8-GPU job can start.",
         """SELECT pool, card_type, max(node_size) AS node_size,
                   avg(free_gpus) AS mean_free,
@@ -237,7 +240,7 @@ SECTIONS: tuple[Section, ...] = (
         Chart("line", "bucket_start", ("frag",), "% of free GPUs", group="k",
               sql="""WITH m AS (SELECT * FROM frag_minute WHERE WINDOW(minute)),
                           k AS (SELECT unnest([2, 4, 8]) AS k)
-                     SELECT time_bucket(INTERVAL 1 HOUR, minute) AS bucket_start,
+                     SELECT time_bucket(INTERVAL {bucket_hours} HOUR, minute) AS bucket_start,
                             'frag(' || k || ')' AS k,
                             100 * sum(free_gpus * CASE k WHEN 2 THEN frag_2 WHEN 4 THEN frag_4
                                                    ELSE frag_8 END)
@@ -280,7 +283,7 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "blocked_time", "wait", "Blocked demand over time",
         "Pending jobs that fitted in their pool's free GPUs but on no single node "
-        "(hourly means).",
+        "(means per hour, per day beyond 3 days of data).",
         """SELECT pool || ' · ' || card_type AS gpu_group, pool, card_type,
                   sum(blocked_jobs) AS blocked_minutes, max(blocked_jobs) AS max_blocked,
                   avg(blocked_gpus) AS mean_blocked_gpus
@@ -291,7 +294,7 @@ SECTIONS: tuple[Section, ...] = (
          Column("max_blocked", "Most blocked at once", 0, "jobs"),
          Column("mean_blocked_gpus", "Blocked GPUs", 1, "mean")),
         Chart("line", "bucket_start", ("blocked_jobs",), "jobs", group="gpu_group",
-              sql="""SELECT time_bucket(INTERVAL 1 HOUR, minute) AS bucket_start,
+              sql="""SELECT time_bucket(INTERVAL {bucket_hours} HOUR, minute) AS bucket_start,
                             pool || ' · ' || card_type AS gpu_group,
                             avg(blocked_jobs) AS blocked_jobs
                      FROM frag_minute WHERE WINDOW(minute)
@@ -403,8 +406,9 @@ def _literal(when: datetime | None) -> str:
     return "NULL" if when is None else f"TIMESTAMPTZ '{when.isoformat()}'"
 
 
-def fill(sql: str, since: datetime | None, until: datetime | None, limit: int) -> str:
-    """SQL with the window and row limit filled in."""
+def fill(sql: str, since: datetime | None, until: datetime | None, limit: int,
+         bucket_hours: int = 1) -> str:
+    """SQL with the window, the row limit and the time bucket filled in."""
     lo, hi = _literal(since), _literal(until)
 
     def window(m: re.Match[str]) -> str:
@@ -412,7 +416,8 @@ def fill(sql: str, since: datetime | None, until: datetime | None, limit: int) -
         return (f"({col} >= coalesce({lo}, '-infinity'::TIMESTAMPTZ) "
                 f"AND {col} < coalesce({hi}, 'infinity'::TIMESTAMPTZ))")
 
-    return _WINDOW.sub(window, sql).format(since=lo, until=hi, limit=int(limit))
+    return _WINDOW.sub(window, sql).format(since=lo, until=hi, limit=int(limit),
+                                           bucket_hours=int(bucket_hours))
 
 
 def render_sql(section: Section, since: datetime | None, until: datetime | None,

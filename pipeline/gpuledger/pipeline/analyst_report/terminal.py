@@ -47,7 +47,7 @@ def _table(a: Answer, top: int, console: Console) -> Table:
     rows = [[cell(r[i], c, dict(zip(a.columns, r, strict=True)))
              for i, c in zip(index, shown, strict=True)] for r in a.rows[:top]]
     if not rows:
-        rows = [["(none)"] + [""] * (len(shown) - 1)]
+        rows = [["no rows in this window"] + [""] * (len(shown) - 1)]
     titles = [c.title for c in shown]
 
     def build(widths: list[int] | None) -> Table:
@@ -73,6 +73,9 @@ def print_report(report: Report, console: Console, top: int) -> None:
     """Every section: its part's question, the table, what is left out, the notes."""
     console.print(Text("gpuledger report: where the GPUs go", style="bold"))
     console.print(f"Data: {report.window.text()}")
+    asked = report.window.asked()
+    if asked is not None:
+        console.print(asked, overflow="fold")
     part = None
     for a in report.answers:
         if a.section.part != part:
@@ -81,10 +84,11 @@ def print_report(report: Report, console: Console, top: int) -> None:
             console.print(Rule(PARTS[part], align="left"))
         console.print(_table(a, top, console))
         if len(a.rows) > top:
-            more = (f"{len(a.rows) - top:,} more rows" if len(a.rows) < MAX_ROWS else
-                    f"more rows (the HTML report folds the next {MAX_ROWS - top:,})")
-            console.print(f"… and {more}: gpuledger report --html FILE, or the views of "
-                          "sql/20_analyst.sql", style="dim", overflow="fold")
+            more = (f"… and {len(a.rows) - top:,} more rows: gpuledger report --html FILE "
+                    "folds them under the table" if len(a.rows) < MAX_ROWS else
+                    f"… and more rows: the HTML report folds up to {MAX_ROWS:,} in all, the "
+                    "views of sql/20_analyst.sql have every one")
+            console.print(more, style="dim", overflow="fold")
         hidden = [c.title for c in a.section.columns if c not in _shown(a)]
         if hidden and a.rows:
             console.print(f"Also in the HTML report: {', '.join(hidden)}.", style="dim",
