@@ -356,7 +356,8 @@ def test_html_in_chromium(report: Report, html_file: Path, tmp_path: Path) -> No
     page = open_in_chromium(html_file, tmp_path)
     assert page.console == [], page.console
     assert page.script_errors() == ""
-    expected = [a for a in report.answers if a.section.chart is not None and a.chart_rows]
+    expected = [a for a in report.answers
+                if report_html.chart_payload(a, "c", report.window, TOP) is not None]
     assert len(expected) >= 8
     assert page.attr("data-charts-drawn") == page.attr("data-charts-expected") == \
         str(len(expected))
@@ -456,3 +457,19 @@ def test_window_narrows_the_sections(root: Path, report: Report) -> None:
     assert _answer(narrow, "borrowing").rows == [
         tuple(pytest.approx(v) if isinstance(v, float) else v for v in r)
         for r in _answer(report, "borrowing").rows]
+
+
+def test_time_charts_stay_inside_the_window(root: Path, report: Report) -> None:
+    """A window that ends inside an hour: the last hour's point sits in the part of the
+    hour that is in the window, not past the end of the axis."""
+    start = report.window.start
+    assert start is not None
+    narrow = answer_all(root, since=start, until=start + timedelta(minutes=80))
+    for key in ("frag_time", "blocked_time"):
+        payload = report_html.chart_payload(_answer(narrow, key), "c", narrow.window, TOP)
+        assert payload is not None
+        x0, x1 = payload["x0"], payload["x1"]
+        assert x1 - x0 == 80 * 60_000
+        points = [p[0] for s in payload["series"] for p in s["points"]]
+        assert points and all(x0 <= x <= x1 for x in points)
+        assert max(points) == x0 + 70 * 60_000              # the middle of 01:00-01:20

@@ -193,7 +193,8 @@
       el("title", {}, path, s.name);
       s.points.forEach(function (p) {
         var dot = el("circle", {cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: c}, svg);
-        var from = new Date(p[0] - spec.bucket_hours * HOUR / 2).toISOString();
+        var from = new Date(Math.floor(p[0] / (spec.bucket_hours * HOUR)) *
+                            spec.bucket_hours * HOUR).toISOString();
         var at = spec.bucket_hours < 24 ? "hour from " + from.slice(0, 13).replace("T", " ") +
           ":00 UTC" : "day " + from.slice(0, 10);
         el("title", {}, dot, s.name + ", " + at + ": " + fmt(p[1], spec.decimals) + " " +

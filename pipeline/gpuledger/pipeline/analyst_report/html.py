@@ -64,16 +64,21 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
                             "unit": chart.unit, "decimals": decimals}
     if chart.kind == "line":
         assert chart.group is not None
+        if window.start is None or window.end is None:
+            return None
+        x0, x1 = _ms(window.start), _ms(window.end)
+        bucket = timedelta(hours=window.bucket_hours).total_seconds() * 1000
         groups: dict[str, list[list[float]]] = {}
         for r in a.chart_rows:
             t, v = r[col[chart.category]], r[col[chart.series[0]]]
             if t is None or v is None:
                 continue
-            middle = _ms(t) + timedelta(hours=window.bucket_hours / 2).total_seconds() * 1000
+            # at the middle of the part of the bucket inside the window
+            middle = (max(_ms(t), x0) + min(_ms(t) + bucket, x1)) / 2
             groups.setdefault(str(r[col[chart.group]]), []).append([middle, float(v)])
-        if not groups or window.start is None or window.end is None:
+        if not groups:
             return None
-        return {**base, "x0": _ms(window.start), "x1": _ms(window.end),
+        return {**base, "x0": x0, "x1": x1,
                 "bucket_hours": window.bucket_hours,
                 "series": [{"name": k, "points": p} for k, p in groups.items()]}
     rows = a.chart_rows if chart.sql is not None else a.chart_rows[:top]
@@ -87,6 +92,8 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
         if name in STATE_COLOURS:  # a GPU state has one colour in every chart
             entry["colour"] = STATE_COLOURS[name]
         series.append(entry)
+    if not any(any(s["values"]) for s in series):
+        return None  # all zero (waste of scheduler-only history): no empty chart
     return {**base, "stacked": chart.stacked,
             "categories": [str(r[col[chart.category]]) for r in rows], "series": series}
 
