@@ -114,7 +114,7 @@ REJECTED_EVENT_SCHEMA = pl.Schema({"job_id": pl.String(), "event": pl.String(),
                                    "time": TIME_DTYPE, "reason": pl.String()})
 ALLOWED: dict[str, tuple[str, ...]] = {
     "submitted": ("new",), "started": ("new", "pending"), "checkpointed": ("running",),
-    "preempted": ("running",), "requeued": ("running", "preempted"),
+    "preempted": ("running",), "requeued": ("running", "pending", "preempted"),
     "finished": ("pending", "running", "preempted"), "failed": ("pending", "running", "preempted"),
     "cancelled": ("pending", "running", "preempted"),
 }
@@ -269,6 +269,10 @@ class JobBook:
     def _on_requeued(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
         if job.status == "running":
             self._end_attempt(job, time, "requeued", ev.get("reason"))
+        elif job.status == "pending":
+            # an attempt that ran unseen (a bridge that missed it between two polls):
+            # it ends here, without a start, and the next one waits from the requeue
+            self._end_pending(job, time, "requeued", ev.get("reason"))
         else:
             for p in reversed(self.preemptions):
                 if p["job_id"] == job.job_id and p["attempt"] == job.attempt:
@@ -294,14 +298,18 @@ class JobBook:
         if job.status == "running":
             self._end_attempt(job, time, kind, ev.get("reason"))
         elif job.status == "pending":
-            if job.queued_at is not None:
-                self.closed_pending.append(
-                    {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
-                     "end": time}
-                )
-            self.ended_attempts.append(self._attempt_row(job, time, kind, ev.get("reason"), 0.0))
+            self._end_pending(job, time, kind, ev.get("reason"))
         job.status = "ended"
         job.ended_at = time
+
+    def _end_pending(self, job: Job, time: datetime, kind: str, reason: Any) -> None:
+        """End an attempt that never started."""
+        if job.queued_at is not None:
+            self.closed_pending.append(
+                {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
+                 "end": time}
+            )
+        self.ended_attempts.append(self._attempt_row(job, time, kind, reason, 0.0))
 
     def _end_attempt(self, job: Job, time: datetime, kind: str, reason: Any) -> float:
         assert job.started_at is not None
