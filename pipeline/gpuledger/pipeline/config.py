@@ -110,6 +110,28 @@ class AlertThresholds:
 
 
 @dataclass(frozen=True)
+class WarehouseOptions:
+    """How the warehouse is written and published (docs/warehouse.md)."""
+
+    url: str = ""
+    """The warehouse: a folder or ``s3://bucket/prefix`` (``--warehouse`` wins; empty:
+    ``./warehouse``)."""
+    state: str = ""
+    """Where ``gpuledger process`` keeps its checkpoints: a folder or ``s3://`` URL
+    shared by the group's instances (empty: ``<warehouse>/state``)."""
+    retain_s: float = 3600.0
+    """Objects a commit replaces are deleted this long after (readers that took the
+    previous generation finish their queries)."""
+    compact: bool = True
+    """Compact closed days into one object per table, day and partition."""
+    compact_after_s: int = 3600
+    """... once the processor has closed this long past the day's end."""
+    catalog_interval_s: float = 30.0
+    """``catalog.duckdb`` is rebuilt at most this often while processing (and at every
+    stop and end of input)."""
+
+
+@dataclass(frozen=True)
 class CardTier:
     """A card type's place in the hierarchy used by card-mismatch and right-sizing."""
 
@@ -133,6 +155,7 @@ class ProcessorConfig:
     windows: Windows = field(default_factory=Windows)
     card_tiers: dict[str, CardTier] = field(default_factory=lambda: dict(DEFAULT_CARD_TIERS))
     alerts: AlertThresholds = field(default_factory=AlertThresholds)
+    warehouse: WarehouseOptions = field(default_factory=WarehouseOptions)
     cluster_facts: bool = True
     """Compute cluster-wide facts (fragmentation, pending, queue wait). Exactly one
     processor instance of a consumer group has this on."""
@@ -167,6 +190,18 @@ class ProcessorConfig:
                      "catchup_close_interval_s"):
             if getattr(w, name) < 0:
                 raise ConfigError(f"windows.{name}: must be >= 0")
+        for name in ("retain_s", "compact_after_s", "catalog_interval_s"):
+            if getattr(self.warehouse, name) < 0:
+                raise ConfigError(f"warehouse.{name}: must be >= 0")
+        for name in ("url", "state"):
+            value = getattr(self.warehouse, name)
+            if value:
+                from gpuledger.pipeline.store import StoreError, check_location
+
+                try:
+                    check_location(value)
+                except StoreError as exc:
+                    raise ConfigError(f"warehouse.{name}: {exc}") from None
         if w.catchup_close_minutes > 1440:
             raise ConfigError("windows.catchup_close_minutes: must be <= 1440 (a day)")
         for card, tier in self.card_tiers.items():
@@ -193,6 +228,8 @@ def _coerce(path: str, value: Any, default: Any) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"{path}: expected a number, got {value!r}") from None
         return number
+    if isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(f"{path}: expected text, got {value!r}")
     return value
 
 
@@ -244,7 +281,7 @@ def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, An
         if not var.startswith(ENV_PREFIX) or "__" not in var:
             continue
         section, _, key = var[len(ENV_PREFIX):].lower().partition("__")
-        if section not in ("thresholds", "windows", "alerts"):
+        if section not in ("thresholds", "windows", "alerts", "warehouse"):
             continue
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
@@ -266,16 +303,18 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     for key in raw:
-        if key not in ("thresholds", "windows", "alerts", "card_tiers", "cluster_facts"):
+        if key not in ("thresholds", "windows", "alerts", "warehouse", "card_tiers",
+                       "cluster_facts"):
             raise ConfigError(
-                f"{key}: unknown key (known: thresholds, windows, alerts, card_tiers, "
-                "cluster_facts)"
+                f"{key}: unknown key (known: thresholds, windows, alerts, warehouse, "
+                "card_tiers, cluster_facts)"
             )
     raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)
     config = ProcessorConfig(
         thresholds=_section("thresholds", Thresholds, raw.get("thresholds")),
         windows=_section("windows", Windows, raw.get("windows")),
         alerts=_section("alerts", AlertThresholds, raw.get("alerts")),
+        warehouse=_section("warehouse", WarehouseOptions, raw.get("warehouse")),
         card_tiers=_card_tiers(raw.get("card_tiers")),
         cluster_facts=_coerce("cluster_facts", raw.get("cluster_facts", True), True),
     )

@@ -496,6 +496,7 @@ class Processor:
             self._write_hours(final=False)
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
+            self.warehouse.commit(closed)  # the step's files become one generation
             horizon = closed - timedelta(seconds=self.config.windows.handover_retention_s)
             self.jobs.prune(horizon)
             self._forget_completed(closed)

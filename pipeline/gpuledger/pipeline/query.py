@@ -1,7 +1,10 @@
 """Read-only SQL over the warehouse.
 
-Queries run on the published ``catalog.duckdb`` opened read-only (or, when there is no
-catalog yet, on an in-memory database built from ``sql/*.sql``). Only ``SELECT`` (incl.
+Queries run on an in-memory database holding the views of ``sql/*.sql`` over the
+files of the newest published generation (``generations.py``): one query sees every
+table as of one commit, on a local folder or an ``s3://`` warehouse alike (the bucket is
+read through the same PyArrow filesystem as the processor writes it, ``store.py``).
+External access is limited to the warehouse's ``facts/``. Only ``SELECT`` (incl.
 ``WITH``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``) and ``EXPLAIN`` statements are
 accepted: ``COPY``, ``ATTACH``, ``INSTALL``, ``SET`` and every DDL/DML are refused
 before anything runs, so a query cannot modify the warehouse or write files.
@@ -18,7 +21,8 @@ from typing import Any
 
 import duckdb
 
-from gpuledger.pipeline.warehouse import CATALOG, catalog_statements
+from gpuledger.pipeline.store import StoreError
+from gpuledger.pipeline.warehouse import FACTS, attach_store, catalog_statements, open_snapshot
 
 ALLOWED = {"SELECT", "EXPLAIN"}
 
@@ -27,16 +31,24 @@ class QueryError(ValueError):
     """The query was refused or failed."""
 
 
-def connect(warehouse: Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to the warehouse's catalog."""
-    if not (warehouse / "facts").is_dir():
-        raise QueryError(f"{warehouse}: not a gpuledger warehouse (no facts/ folder)")
-    catalog = warehouse / CATALOG
-    if catalog.exists():
-        return duckdb.connect(str(catalog), read_only=True)
-    con = duckdb.connect(":memory:")
-    for statement in catalog_statements(warehouse):
+def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
+    """A connection to the warehouse's views over its newest published generation; it
+    reads nothing outside the warehouse's ``facts/``."""
+    try:
+        store, snapshot = open_snapshot(warehouse)
+    except StoreError as exc:
+        raise QueryError(str(exc)) from None
+    if not snapshot.generations and not store.exists(f"{FACTS}/gpu_minute/_schema.parquet"):
+        raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published)")
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+                                             "autoload_known_extensions": False})
+    attach_store(con, store)
+    for statement in catalog_statements(store, snapshot):
         con.execute(statement)
+    facts = store.url_of(FACTS).replace("'", "''")
+    con.execute(f"SET allowed_directories = ['{facts}/']")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
     return con
 
 
@@ -56,7 +68,7 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
             )
 
 
-def run(warehouse: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+def run(warehouse: str | Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run a read-only query; return column names and rows."""
     con = connect(warehouse)
     try:

@@ -1,35 +1,53 @@
-"""The warehouse: Parquet facts with deterministic names, and a DuckDB catalog.
+"""The warehouse: Parquet facts with deterministic names, published in generations.
 
-Layout under the warehouse root::
+Layout under the warehouse location (a folder or ``s3://bucket/prefix``, ``store.py``)::
 
-    facts/<table>/date=YYYY-MM-DD/<table>-YYYY-MM-DDTHH.parquet   hourly parts
-    facts/<table>/date=YYYY-MM-DD/<table>-YYYY-MM-DD.parquet      daily parts
-    facts/<table>/snapshot.parquet                                  latest snapshot
+    facts/<table>/date=YYYY-MM-DD/<table>-YYYY-MM-DDTHH[-pNNN].<digest>.parquet  hourly parts
+    facts/<table>/date=YYYY-MM-DD/<table>-YYYY-MM-DD[-pNNN].<digest>.parquet     daily parts
+                                                                   (and compacted days)
+    facts/<table>/snapshot[-pNNN].<digest>.parquet                  latest snapshot
     facts/<table>/_schema.parquet                                   empty, fixes the schema
-    catalog.duckdb                                                  views from sql/*.sql
+    manifests/<unit>.json                                           what readers read
+    catalog.duckdb                                                  views over the manifests
 
-A file's name depends only on the event time it covers, rows are sorted and floats
-rounded to 9 decimals before writing, so processing the same input twice writes the
-same bytes. Files are written
-to a temporary name and renamed, so readers never see half a file. The processor
-never opens the DuckDB catalog for writing while analysts read it: it builds a new
-catalog file aside and renames it over the old one.
+A part's *logical* name depends only on the event time it covers (and the partition
+that owns it); rows are sorted and floats rounded to 9 decimals before writing, so
+processing the same input twice writes the same bytes, hence the same object
+(``generations.py``). Nothing written is visible until :meth:`Warehouse.commit`
+publishes the manifests that name it: readers see whole generations, never a file of a
+step without the others, on a local disk and on an object store alike.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-from datetime import datetime
+import io
+import logging
+import tempfile
+import threading
+import time
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
 
+from gpuledger.pipeline import compaction
+from gpuledger.pipeline.config import WarehouseOptions
+from gpuledger.pipeline.generations import Publisher, Snapshot, read_snapshot, unit_of
+from gpuledger.pipeline.store import Store, open_store
+
+log = logging.getLogger("gpuledger.warehouse")
+
 FACTS = "facts"
 CATALOG = "catalog.duckdb"
+SCHEMA_FILE = "_schema.parquet"
 FLOAT_DECIMALS = 9
+CATALOG_UNITS = ("warehouse", "p000")
+"""The catalog is rebuilt by the writer of these units (one writer, so that it never
+goes back to an older generation of another writer's files)."""
 
 
 def sql_dir() -> Path:
@@ -41,109 +59,272 @@ def sql_dir() -> Path:
     return Path(str(resources.files("gpuledger.pipeline") / "sql"))
 
 
-class Warehouse:
-    """Writes fact files under ``root``."""
+def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
+    sink = io.BytesIO()
+    frame.write_parquet(sink, compression="zstd", statistics=True,
+                        row_group_size=row_group_size)
+    return sink.getvalue()
 
-    def __init__(self, root: Path, suffix: str = "") -> None:
-        """``suffix``: a shard's mark on the names of the files it writes (``shard.py``),
-        so that several processors write side by side into one warehouse."""
+
+class Warehouse:
+    """Writes fact files into a warehouse location and publishes them."""
+
+    def __init__(self, root: str | Path, suffix: str = "",
+                 options: WarehouseOptions | None = None) -> None:
+        """``suffix``: a shard's mark on the names of the files it writes, so that several
+        processors write side by side into one warehouse. ``root``: a folder or an
+        ``s3://`` URL; the store is reached once here (a bad location, refused
+        credentials or an unreachable endpoint stop the start with one line)."""
+        self.options = options or WarehouseOptions()
+        self.store: Store = open_store(root)
+        self.store.check()
         self.root = root
         self.suffix = f"-{suffix}" if suffix else ""
         self.files_written = 0
         self.rows_written = 0
-        (root / FACTS).mkdir(parents=True, exist_ok=True)
+        self.publisher = Publisher(self.store, self.options.retain_s)
+        self.publisher.after_commit.append(self._after_commit)
+        self._schemas: set[str] = set()
+        self._catalog_at = 0.0
+        self._catalog_wanted = False
+        self._catalog_lock = threading.Lock()
 
-    def table_dir(self, table: str) -> Path:
-        return self.root / FACTS / table
+    @property
+    def location(self) -> str:
+        """The warehouse as it may be printed."""
+        return self.store.url
 
     def _suffix(self, suffix: str | None) -> str:
         return self.suffix if suffix is None else (f"-{suffix}" if suffix else "")
 
+    def _unit(self, suffix: str | None) -> str:
+        return unit_of(self._suffix(suffix).lstrip("-"))
+
     def part_path(self, table: str, when: datetime, hourly: bool = True,
-                  suffix: str | None = None) -> Path:
-        """``suffix``: a partition's mark (``partitions.py``); None: the warehouse's own."""
+                  suffix: str | None = None) -> str:
+        """A part's logical name. ``suffix``: a partition's mark (``partitions.py``);
+        None: the warehouse's own."""
         date = when.strftime("%Y-%m-%d")
         stamp = when.strftime("%Y-%m-%dT%H") if hourly else date
-        return (self.table_dir(table) / f"date={date}"
-                / f"{table}-{stamp}{self._suffix(suffix)}.parquet")
+        return f"{FACTS}/{table}/date={date}/{table}-{stamp}{self._suffix(suffix)}.parquet"
 
-    def write(self, path: Path, frame: pl.DataFrame, sort_by: list[str] | None = None) -> None:
-        """Write ``frame`` atomically to ``path`` (sorted for determinism)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def _shape(self, frame: pl.DataFrame, sort_by: list[str] | None) -> pl.DataFrame:
         # Parallel float sums may differ in the last bit between runs; 9 decimals keep
         # every fact exact to far below its meaning and make the bytes reproducible.
         frame = frame.with_columns(pl.col(pl.Float64).round(FLOAT_DECIMALS))
         if sort_by:
             frame = frame.sort(sort_by, nulls_last=True, maintain_order=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several writers may share it
-        frame.write_parquet(tmp, compression="zstd", statistics=True)
-        os.replace(tmp, path)
+        return frame
+
+    def write(self, path: str, frame: pl.DataFrame, sort_by: list[str] | None = None,
+              suffix: str | None = None, row_group_size: int | None = None) -> str:
+        """Make ``frame`` (sorted) the next content of the logical file ``path``; it is
+        published at the next :meth:`commit`. Returns the object's name."""
+        frame = self._shape(frame, sort_by)
+        obj = self.publisher.put(self._unit(suffix), path,
+                                 parquet_bytes(frame, row_group_size))
         self.files_written += 1
         self.rows_written += frame.height
+        return obj
+
+    def read(self, path: str, suffix: str | None = None) -> pl.DataFrame | None:
+        """The published (or about to be) content of the logical file ``path``."""
+        obj = self.publisher.current(self._unit(suffix), path)
+        data = None if obj is None else self.publisher.read(obj)
+        return None if data is None else pl.read_parquet(io.BytesIO(data))
 
     def write_part(
         self, table: str, when: datetime, frame: pl.DataFrame, sort_by: list[str],
         hourly: bool = True, merge: bool = False, suffix: str | None = None,
-    ) -> Path:
+    ) -> str:
         """Write one time part.
 
         With ``merge``, rows already written there are kept unless the new frame has a
         row with the same ``sort_by`` key (which then replaces it): rewriting the same
-        input is idempotent and late rows are added.
+        input is idempotent and late rows are added. An hour of a day already compacted
+        goes into the day's object (the hour's rows there are replaced or merged).
         """
         path = self.part_path(table, when, hourly, suffix)
-        if merge and path.exists():
-            old = pl.read_parquet(path)
-            frame = pl.concat([old, frame.cast(old.schema, strict=False)],
-                              how="vertical_relaxed").unique(
-                subset=sort_by, keep="last", maintain_order=True)
-        self.write(path, frame, sort_by)
-        return path
+        day = self.part_path(table, when, False, suffix)
+        if hourly and table in compaction.PART_TIME \
+                and self.publisher.current(self._unit(suffix), day) is not None:
+            return self._into_compacted_day(table, when, frame, sort_by, merge, suffix)
+        if merge:
+            old = self.read(path, suffix)
+            if old is not None:
+                frame = _merged(old, frame, sort_by)
+        return self.write(path, frame, sort_by, suffix)
+
+    def _into_compacted_day(self, table: str, hour: datetime, frame: pl.DataFrame,
+                            sort_by: list[str], merge: bool, suffix: str | None) -> str:
+        day = self.part_path(table, hour, False, suffix)
+        old = self.read(day, suffix)
+        assert old is not None
+        in_hour = pl.col(compaction.PART_TIME[table]).dt.truncate("1h") == hour
+        if merge:
+            frame = _merged(old.filter(in_hour), frame, sort_by)
+        rows = pl.concat([old.filter(~in_hour), frame.cast(old.schema, strict=False)],
+                         how="vertical_relaxed")
+        log.info("%s: an hour of compacted %s rewritten", table, day)
+        return self.write(day, rows, compaction.sort_order(table, sort_by), suffix,
+                          compaction.ROW_GROUP_ROWS)
 
     def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str],
                        suffix: str | None = None) -> None:
-        self.write(self.table_dir(table) / f"snapshot{self._suffix(suffix)}.parquet", frame,
-                   sort_by)
+        self.write(f"{FACTS}/{table}/snapshot{self._suffix(suffix)}.parquet", frame,
+                   sort_by, suffix)
 
     def ensure_schema(self, table: str, schema: pl.Schema) -> None:
         """Write the table's empty schema file so its view exists before any rows do."""
-        path = self.table_dir(table) / "_schema.parquet"
-        if not path.exists():
-            self.write(path, pl.DataFrame(schema=schema))
+        path = f"{FACTS}/{table}/{SCHEMA_FILE}"
+        if path not in self._schemas:
+            self.publisher.put_schema(path, parquet_bytes(pl.DataFrame(schema=schema)))
+            self._schemas.add(path)
 
-    def publish_catalog(self) -> Path:
-        """(Re)build ``catalog.duckdb`` with the views of ``sql/*.sql``; atomic. The views
-        read the files by pattern, so a catalog built from the same SQL for the same
-        folder is kept as it is (its digest is kept beside it)."""
-        target = self.root / CATALOG
-        statements = catalog_statements(self.root)
+    # -- publishing ------------------------------------------------------------------
+
+    def commit(self, closed: datetime | None = None, wait: bool = False) -> None:
+        """The end of a step's writes: publish them as one generation per unit (the
+        uploads go on in the background; ``wait`` or :meth:`sync` waits for them).
+        ``closed``: every minute before it is closed; days closed
+        ``options.compact_after_s`` before it are compacted first."""
+        if closed is not None and self.options.compact:
+            horizon = closed - timedelta(seconds=self.options.compact_after_s)
+            for unit in list(self.publisher.manifests):
+                self.compact_unit(unit, horizon)
+        self.publisher.commit(wait=wait)
+
+    def compact_unit(self, unit: str, before: datetime) -> int:
+        """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in
+        hourly parts into one object per table; returns the number of days rewritten."""
+        manifest = self.publisher.unit(unit)
+        done = 0
+        for (table, day), hours in sorted(compaction.days_to_compact(manifest, before).items()):
+            suffix = "" if unit == "warehouse" else unit
+            day_path = self.part_path(table, day, False, suffix)
+            parts = [self.read(day_path, suffix)] if day_path in manifest.files else []
+            parts += [self.read(h, suffix) for h in hours]
+            frames = [p for p in parts if p is not None and p.height]
+            if frames:
+                rows = pl.concat(frames, how="vertical_relaxed")
+                self.write(day_path, rows, compaction.sort_order(table, None), suffix,
+                           compaction.ROW_GROUP_ROWS)
+            for h in hours:
+                self.publisher.drop(unit, h)
+            done += 1
+        return done
+
+    def sync(self) -> None:
+        """Wait until everything committed is published (before a checkpoint: the
+        checkpoint must not cover facts that are not durable)."""
+        self.publisher.sync()
+        self._maybe_catalog(force=False)
+
+    def close(self) -> None:
+        self.publisher.close()
+
+    def _after_commit(self, units: set[str]) -> None:
+        if units & set(CATALOG_UNITS):
+            self._catalog_wanted = True
+            self._maybe_catalog(force=False)
+
+    def _maybe_catalog(self, force: bool) -> None:
+        interval = self.options.catalog_interval_s
+        if force or (self._catalog_wanted and time.monotonic() - self._catalog_at >= interval):
+            self._catalog_wanted = False
+            self._catalog_at = time.monotonic()
+            self._write_catalog()
+
+    def publish_catalog(self) -> str:
+        """Publish everything written so far, then (re)build ``catalog.duckdb`` with the
+        views of ``sql/*.sql`` over the published files; the catalog is replaced
+        whole. Returns its location."""
+        self.publisher.commit(wait=True)
+        if set(self.publisher.manifests) & set(CATALOG_UNITS) or not self.store.exists(CATALOG):
+            self._write_catalog()
+        return self.store.url_of(CATALOG)
+
+    def _write_catalog(self) -> None:
+        with self._catalog_lock:
+            self._build_catalog()
+
+    def _build_catalog(self) -> None:
+        snapshot = read_snapshot(self.store)
+        statements = catalog_statements(self.store, snapshot)
         digest = hashlib.sha256("\n".join(statements).encode()).hexdigest()
-        stamp = self.root / f".{CATALOG}.sha256"
-        if target.exists() and stamp.exists() and stamp.read_text() == digest:
-            return target
-        tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"  # several processors may publish
-        if tmp.exists():
-            tmp.unlink()
-        con = duckdb.connect(str(tmp))
-        try:
-            for statement in statements:
-                con.execute(statement)
-        finally:
-            con.close()
-        os.replace(tmp, target)
-        stamp_tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
-        stamp_tmp.write_text(digest)
-        os.replace(stamp_tmp, stamp)
-        wal = tmp.with_name(f"{tmp.name}.wal")
-        if wal.exists():
-            wal.unlink()
-        return target
+        stamp = f".{CATALOG}.sha256"
+        if self.store.read(stamp) == digest.encode() and self.store.exists(CATALOG):
+            return
+        with tempfile.TemporaryDirectory(prefix="gpuledger-catalog-") as tmp:
+            path = Path(tmp) / CATALOG
+            con = duckdb.connect(str(path))
+            try:
+                attach_store(con, self.store)
+                for statement in statements:
+                    con.execute(statement)
+            finally:
+                con.close()
+            self.store.write(CATALOG, path.read_bytes())
+        self.store.write(stamp, digest.encode())
 
 
-def catalog_statements(root: Path) -> list[str]:
-    """The catalog's SQL, with ``{facts}`` replaced by the facts folder's path."""
-    facts = str((root / FACTS).resolve()).replace("'", "''")
+def _merged(old: pl.DataFrame, new: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    return pl.concat([old, new.cast(old.schema, strict=False)], how="vertical_relaxed").unique(
+        subset=keys, keep="last", maintain_order=True)
+
+
+# -- readers ---------------------------------------------------------------------------
+
+def attach_store(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+    """Let DuckDB read ``store``'s files by their URLs: a remote store's PyArrow
+    filesystem is registered with DuckDB (through fsspec's adapter), so DuckDB reads the
+    bucket through the same layer as the processor (no ``httpfs`` needed)."""
+    if not store.remote:
+        return
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    class S3(ArrowFSWrapper):  # type: ignore[misc]
+        protocol = "s3"
+
+    con.register_filesystem(S3(store.fs))
+
+
+def file_list(store: Store, snapshot: Snapshot, table: str) -> str:
+    """The SQL list of ``table``'s published files, its schema file first."""
+    urls = [store.url_of(f"{FACTS}/{table}/{SCHEMA_FILE}")]
+    urls += [store.url_of(p) for p in snapshot.table(table)]
+    return "[" + ", ".join("'" + u.replace("'", "''") + "'" for u in urls) + "]"
+
+
+def catalog_statements(store: Store, snapshot: Snapshot) -> list[str]:
+    """The catalog's SQL: ``{files:<table>}`` becomes the list of the table's files in
+    ``snapshot``, ``{facts}`` the facts folder's URL."""
     out: list[str] = []
+    facts = store.url_of(FACTS).replace("'", "''")
+    tables: dict[str, str] = {}
+
+    def files(name: str) -> str:
+        if name not in tables:
+            tables[name] = file_list(store, snapshot, name)
+        return tables[name]
+
     for path in sorted(sql_dir().glob("*.sql")):
-        out.append(path.read_text().replace("{facts}", facts))
+        text = path.read_text().replace("{facts}", facts)
+        out.append(_fill(text, files))
     return out
+
+
+def _fill(text: str, files: Any) -> str:
+    parts = text.split("{files:")
+    out = [parts[0]]
+    for part in parts[1:]:
+        name, _, rest = part.partition("}")
+        out.append(files(name) + rest)
+    return "".join(out)
+
+
+def open_snapshot(location: str | Path) -> tuple[Store, Snapshot]:
+    """A reader's view of a warehouse: its store and the newest published generation."""
+    store = open_store(location, create=False)
+    store.check()
+    return store, read_snapshot(store)

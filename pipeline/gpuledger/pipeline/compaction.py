@@ -1,0 +1,60 @@
+"""Compaction: closed days of hourly parts become one object per table, unit and day.
+
+Hourly parts × partitions grow into tens of thousands of objects a month; a reader opens
+every one of them. Once a day is closed (the processor has closed
+``warehouse.compact_after_s`` past its end), its hourly parts of a table are rewritten
+into the day's object (the daily name, ``<table>-YYYY-MM-DD[-pNNN]``) and the hourly
+names leave the manifest in the same commit: readers see the day in hours or in one
+object, never both, never neither. ``gpu_minute``'s day is sorted by job, then minute,
+so that one job's minutes (the job board's timelines) sit in a few row groups that
+DuckDB finds from their statistics; the other tables keep their sort order, which
+starts with time.
+
+An hour written again into a compacted day (late rows, a replay after a restart) goes
+into the day's object (``Warehouse.write_part``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from gpuledger.pipeline.generations import Manifest
+from gpuledger.pipeline.tables import SORT_KEYS
+
+PART_TIME: dict[str, str] = {
+    "gpu_minute": "minute", "job_gpu": "ended_at", "frag_minute": "minute",
+    "pending_minute": "minute", "blocked_minute": "minute", "job_attempts": "ended_at",
+    "preemptions": "time", "recommendations": "ended_at", "gpu_hourly": "hour",
+    "late_telemetry": "minute",
+}
+"""The column that puts a row of each hourly table into its hour's part (the processor
+buffers rows by the hour of this column)."""
+
+COMPACT_SORT: dict[str, list[str]] = {
+    "gpu_minute": ["job_id", "minute", "node", "gpu_index"],
+}
+ROW_GROUP_ROWS = 65_536
+"""Row groups of compacted objects: small enough for a job's rows to be found by their
+statistics, large enough to scan well."""
+
+_HOURLY = re.compile(r"^facts/([a-z_]+)/date=(\d{4}-\d{2}-\d{2})/[a-z_]+-\d{4}-\d{2}-\d{2}T\d{2}"
+                     r"(-p\d{3})?\.parquet$")
+
+
+def sort_order(table: str, sort_by: list[str] | None) -> list[str]:
+    return COMPACT_SORT.get(table) or sort_by or SORT_KEYS[table]
+
+
+def days_to_compact(manifest: Manifest, before: datetime) -> dict[tuple[str, datetime],
+                                                                    list[str]]:
+    """(table, day) → the day's hourly parts, for days that end at or before ``before``."""
+    out: dict[tuple[str, datetime], list[str]] = {}
+    for logical in manifest.files:
+        match = _HOURLY.match(logical)
+        if match is None or match.group(1) not in PART_TIME:
+            continue
+        day = datetime.strptime(match.group(2), "%Y-%m-%d").replace(tzinfo=UTC)
+        if day + timedelta(days=1) <= before:
+            out.setdefault((match.group(1), day), []).append(logical)
+    return {k: sorted(v) for k, v in out.items()}

@@ -1,0 +1,329 @@
+"""Generations: what a reader sees of the warehouse is what a manifest names.
+
+Fact files are **immutable objects** named after their content: the *logical* name of a
+part (``facts/gpu_minute/date=D/gpu_minute-DTHH-p003.parquet``, deterministic, as
+before) plus a digest of its bytes (``….<digest>.parquet``). Writing the same facts
+again gives the same object (re-runs are idempotent and upload nothing); new content
+for a part (a partial hour completed, late rows merged, a snapshot refreshed, a day
+compacted) is a new object beside the old one.
+
+A **manifest** maps each logical name of a *unit* to its current object. A unit is the
+set of files one writer owns: a telemetry partition's files (suffix ``pNNN``; the
+partition's holder writes them, whichever instance that is) or, without partitioning,
+the whole warehouse (``warehouse``). A writer's *commit* uploads the step's objects,
+then writes its unit's manifest (``manifests/<unit>.json``) in one request (object
+stores replace an object atomically; a local file is written aside and renamed): that
+write is the moment the step's facts become visible. An object whose upload was cut
+off is named by no manifest, so no reader ever opens it. Each manifest carries its
+generation number, which only grows.
+
+A **reader** takes the newest manifest of every unit and reads exactly the files they
+name (:func:`read_snapshot`): every table of a unit is from the same commit (the
+attempts that ended and the snapshot of those still running come from one flush).
+Objects a commit replaces are *retired*, listed in the manifest with the time, and
+deleted ``retain_s`` later, so that a reader that took the previous generation can
+finish its query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuledger.pipeline.store import Store
+
+MANIFESTS = "manifests"
+VERSION = 1
+WHOLE = "warehouse"
+"""The unit of a writer without partitions (``gpuledger ingest``, the demo)."""
+DIGEST_CHARS = 16
+IN_FLIGHT_BYTES = 256 << 20
+"""Uploads waiting beyond this many bytes make the writer wait (memory stays bounded)."""
+
+
+def unit_of(suffix: str) -> str:
+    """The unit that owns files with this suffix ("" or ``pNNN``)."""
+    return suffix or WHOLE
+
+
+def object_name(logical: str, data: bytes) -> str:
+    """The immutable object for ``logical`` holding ``data``."""
+    digest = hashlib.blake2b(data, digest_size=DIGEST_CHARS // 2).hexdigest()
+    stem, dot, ext = logical.rpartition(".")
+    return f"{stem}.{digest}.{ext}" if dot else f"{logical}.{digest}"
+
+
+def table_of(path: str) -> str:
+    """``facts/<table>/…`` → ``<table>``."""
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "facts" else ""
+
+
+@dataclass
+class Manifest:
+    """One unit's published files."""
+
+    unit: str
+    generation: int = 0
+    files: dict[str, str] = field(default_factory=dict)
+    """Logical name → object."""
+    retired: dict[str, float] = field(default_factory=dict)
+    """Object → when a commit stopped naming it (Unix seconds)."""
+    written_at: float = 0.0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"version": VERSION, "unit": self.unit,
+                           "generation": self.generation, "written_at": self.written_at,
+                           "files": dict(sorted(self.files.items())),
+                           "retired": dict(sorted(self.retired.items()))},
+                          indent=0).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Manifest:
+        try:
+            blob: dict[str, Any] = json.loads(data)
+            if blob.get("version") != VERSION:
+                raise ValueError(f"version {blob.get('version')} is not {VERSION}")
+            return cls(str(blob["unit"]), int(blob["generation"]), dict(blob["files"]),
+                       {k: float(v) for k, v in blob["retired"].items()},
+                       float(blob.get("written_at", 0.0)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{where}: not a gpuledger manifest ({exc})") from None
+
+    def tables(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for obj in self.files.values():
+            out.setdefault(table_of(obj), []).append(obj)
+        return out
+
+
+def manifest_path(unit: str) -> str:
+    return f"{MANIFESTS}/{unit}.json"
+
+
+def read_manifest(store: Store, unit: str) -> Manifest | None:
+    data = store.read(manifest_path(unit))
+    return None if data is None else Manifest.from_bytes(data, store.url_of(manifest_path(unit)))
+
+
+def read_manifests(store: Store) -> dict[str, Manifest]:
+    """The newest manifest of every unit (one listing, then the manifests in parallel)."""
+    units = sorted(e.path[len(MANIFESTS) + 1:-len(".json")] for e in store.list(MANIFESTS)
+                   if e.path.endswith(".json") and e.path.count("/") == 1)
+    if len(units) <= 1 or not store.remote:
+        found = [read_manifest(store, u) for u in units]
+    else:
+        with ThreadPoolExecutor(min(16, len(units))) as pool:
+            found = list(pool.map(lambda u: read_manifest(store, u), units))
+    return {m.unit: m for m in found if m is not None}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a reader reads: the files of every table, from each unit's newest manifest."""
+
+    files: dict[str, list[str]]
+    generations: dict[str, int]
+
+    def table(self, table: str) -> list[str]:
+        return self.files.get(table, [])
+
+
+def read_snapshot(store: Store) -> Snapshot:
+    files: dict[str, set[str]] = {}
+    generations: dict[str, int] = {}
+    for unit, manifest in read_manifests(store).items():
+        generations[unit] = manifest.generation
+        for table, objs in manifest.tables().items():
+            files.setdefault(table, set()).update(objs)
+    return Snapshot({t: sorted(v) for t, v in files.items()}, generations)
+
+
+class Publisher:
+    """A writer's side: uploads objects, then commits its units' manifests in order.
+
+    Uploads run on a pool of threads while the caller goes on; :meth:`commit` hands the
+    step's manifests to one committer thread, which writes each after the uploads it
+    names are done. :meth:`sync` waits for everything (before a checkpoint, at the end
+    of a run) and raises the first failure."""
+
+    def __init__(self, store: Store, retain_s: float, clock: Callable[[], float] = time.time,
+                 uploaders: int = 8) -> None:
+        self.store = store
+        self.retain_s = retain_s
+        self.clock = clock
+        self.manifests: dict[str, Manifest] = {}
+        """Each unit as its next commit will publish it (ahead of the store until then)."""
+        self.changed: set[str] = set()
+        self._uploads: dict[str, tuple[bytes, Future[None]]] = {}
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(uploaders, thread_name_prefix="gpuledger-upload")
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="gpuledger-commit")
+        self._commits: list[Future[None]] = []
+        self.after_commit: list[Callable[[set[str]], None]] = []
+        """Called on the committer thread with the units just published."""
+        self.objects_written = 0
+        self.bytes_written = 0
+
+    # -- units -----------------------------------------------------------------------
+
+    def unit(self, name: str) -> Manifest:
+        """The unit's manifest as this writer holds it (loaded from the store first)."""
+        manifest = self.manifests.get(name)
+        if manifest is None:
+            manifest = read_manifest(self.store, name) or Manifest(name)
+            self.manifests[name] = manifest
+        return manifest
+
+    def forget(self, name: str) -> None:
+        """Stop holding a unit (its partition moved to another instance): the next
+        holder loads its newest manifest."""
+        self.sync()
+        self.manifests.pop(name, None)
+
+    def current(self, unit: str, logical: str) -> str | None:
+        return self.unit(unit).files.get(logical)
+
+    def read(self, obj: str) -> bytes | None:
+        """An object's bytes (from memory while its upload is under way)."""
+        with self._lock:
+            pending = self._uploads.get(obj)
+        return pending[0] if pending is not None else self.store.read(obj)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def put(self, unit: str, logical: str, data: bytes) -> str:
+        """Make ``data`` the next content of ``logical``; returns its object's name."""
+        obj = object_name(logical, data)
+        manifest = self.unit(unit)
+        if manifest.files.get(logical) == obj:
+            return obj  # the same facts again: nothing to upload or publish
+        self._upload(obj, data)
+        self._replace(manifest, logical, obj)
+        return obj
+
+    def put_schema(self, path: str, data: bytes) -> None:
+        """A fixed-name object every unit's readers need (a table's empty schema file):
+        written when missing, never replaced."""
+        if not self.store.exists(path):
+            self.store.write(path, data)
+
+    def drop(self, unit: str, logical: str) -> None:
+        """Stop publishing ``logical`` (its rows moved into a compacted object)."""
+        manifest = self.unit(unit)
+        with self._lock:
+            old = manifest.files.pop(logical, None)
+            if old is not None:
+                manifest.retired[old] = self.clock()
+                self.changed.add(unit)
+
+    def _replace(self, manifest: Manifest, logical: str, obj: str) -> None:
+        with self._lock:
+            old = manifest.files.get(logical)
+            manifest.files[logical] = obj
+            manifest.retired.pop(obj, None)  # named again: not to be deleted
+            if old is not None and old != obj:
+                manifest.retired[old] = self.clock()
+            self.changed.add(manifest.unit)
+
+    def _upload(self, obj: str, data: bytes) -> None:
+        with self._lock:
+            if obj in self._uploads:
+                return
+        self._wait_for_room(len(data))
+
+        def upload() -> None:
+            self.store.write(obj, data)
+
+        future = self._pool.submit(upload)
+        with self._lock:
+            self._uploads[obj] = (data, future)
+            self._in_flight += len(data)
+        self.objects_written += 1
+        self.bytes_written += len(data)
+
+    def _wait_for_room(self, size: int) -> None:
+        while True:
+            with self._lock:
+                if self._in_flight + size <= IN_FLIGHT_BYTES or not self._uploads:
+                    return
+                oldest = next(iter(self._uploads.values()))[1]
+            oldest.result()
+            self._release_done()
+
+    def _release_done(self) -> None:
+        with self._lock:
+            for obj, (data, future) in list(self._uploads.items()):
+                if future.done() and future.exception() is None:
+                    del self._uploads[obj]
+                    self._in_flight -= len(data)
+
+    # -- publishing ------------------------------------------------------------------
+
+    def commit(self, wait: bool = False) -> set[str]:
+        """Publish every unit changed since the last commit (a new generation each),
+        once the objects they name are uploaded; ``wait``: until it is done."""
+        self._raise_failed()
+        units = sorted(self.changed)
+        self.changed.clear()
+        if units:
+            now = self.clock()
+            blobs: list[tuple[str, bytes, list[str]]] = []
+            for name in units:
+                m = self.manifests[name]
+                m.generation += 1
+                m.written_at = now
+                expired = [o for o, t in m.retired.items() if now - t >= self.retain_s]
+                for o in expired:
+                    del m.retired[o]
+                blobs.append((name, m.to_bytes(), expired))
+            with self._lock:
+                futures = [f for _d, f in self._uploads.values()]
+            self._commits.append(self._committer.submit(self._publish, blobs, futures))
+        if wait:
+            self.sync()
+        return set(units)
+
+    def _publish(self, blobs: list[tuple[str, bytes, list[str]]],
+                 uploads: list[Future[None]]) -> None:
+        for f in uploads:
+            f.result()  # an upload that failed fails the commit: nothing is published
+        for name, data, _expired in blobs:
+            self.store.write(manifest_path(name), data)
+        self._release_done()
+        for _name, _data, expired in blobs:
+            for obj in expired:
+                with self._lock:  # named again since, or being uploaded again: keep it
+                    keep = obj in self._uploads or any(
+                        obj in m.files.values() for m in self.manifests.values())
+                if not keep:
+                    self.store.delete(obj)
+        for call in self.after_commit:
+            call({name for name, _d, _e in blobs})
+
+    def sync(self) -> None:
+        """Wait until every commit so far is published; raise the first failure."""
+        commits, self._commits = self._commits, []
+        for f in commits:
+            f.result()
+        self._release_done()
+
+    def _raise_failed(self) -> None:
+        done = [f for f in self._commits if f.done()]
+        self._commits = [f for f in self._commits if not f.done()]
+        for f in done:
+            f.result()
+
+    def close(self) -> None:
+        try:
+            self.sync()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._committer.shutdown(wait=True)

@@ -1,0 +1,283 @@
+"""Where the warehouse lives: a local folder or an S3 bucket, through one filesystem layer.
+
+A *location* is a local path (``warehouse``, ``/srv/gpuledger``, ``file:///srv/gpuledger``)
+or ``s3://bucket/prefix``. Every read and write of the warehouse — fact files,
+manifests, the catalog, checkpoints — goes through :class:`Store`, which holds one
+PyArrow filesystem (``pyarrow.fs.LocalFileSystem`` or ``pyarrow.fs.S3FileSystem``); the
+code that writes facts never asks which one it is.
+
+S3 settings come from the standard AWS variables, as with every AWS SDK:
+``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``) for a store other than AWS,
+``AWS_REGION`` (or ``AWS_DEFAULT_REGION``), and credentials from
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), a profile
+(``AWS_PROFILE``) or the shared files (``~/.aws/credentials``, ``~/.aws/config``).
+With a custom endpoint, buckets are addressed path-style (``http://host/bucket/key``,
+what MinIO, Ceph RGW and S3Proxy expect); on AWS, virtual-hosted style.
+``GPULEDGER_S3_ADDRESSING=virtual`` forces virtual-hosted style with a custom endpoint.
+Credentials are never part of a location, a message or a log line: a URL that carries
+them (``s3://key:secret@bucket``) is refused.
+
+Any other scheme (``gs://``, ``foo://``) is refused with one line; it is never taken for
+a local folder name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from gpuledger.cli.errors import CliError
+
+SCHEMES = ("s3",)
+"""URL schemes served besides local paths (and ``file://``)."""
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 30.0
+RETRIES = 3
+
+
+class StoreError(CliError):
+    """A warehouse location that cannot be used, in one line (exit status 2)."""
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_url(location: str | Path) -> bool:
+    """Whether ``location`` names a scheme (``s3://…``), as opposed to a local path."""
+    return isinstance(location, str) and _SCHEME.match(location) is not None
+
+
+def display(location: str | Path) -> str:
+    """``location`` as it may be printed (a local path, or the URL without userinfo)."""
+    if not is_url(location):
+        return str(location)
+    parts = urlsplit(str(location))
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def check_location(location: str | Path) -> str | Path:
+    """A served location as given (a local ``Path`` or an ``s3://`` URL string), or a
+    :class:`StoreError` that says why not. Nothing is opened."""
+    if isinstance(location, Path):
+        return location
+    match = _SCHEME.match(location)
+    if match is None:
+        return Path(location)
+    scheme = match.group(1).lower()
+    parts = urlsplit(location)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise StoreError(f"{location}: a file:// URL names a local path (file:///path)")
+        return Path(parts.path)
+    if scheme not in SCHEMES:
+        raise StoreError(f"{display(location)}: the URL scheme '{scheme}' is not served; "
+                         "use a local folder or s3://bucket/prefix")
+    if parts.username is not None or parts.password is not None:
+        raise StoreError(f"{display(location)}: credentials do not belong in the URL; set "
+                         "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
+    if not parts.hostname:
+        raise StoreError(f"{location}: no bucket (s3://bucket/prefix)")
+    if parts.query or parts.fragment:
+        raise StoreError(f"{display(location)}: no query or fragment expected "
+                         "(settings come from the AWS_* variables)")
+    return f"s3://{parts.hostname}{parts.path.rstrip('/')}"
+
+
+def _s3_filesystem(environ: Mapping[str, str]) -> pafs.S3FileSystem:
+    endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+    kw: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S, "request_timeout": REQUEST_TIMEOUT_S,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=RETRIES),
+        "allow_delayed_open": True,  # a small object is one PUT, not a multipart upload
+    }
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kw["region"] = region
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise StoreError("AWS_ENDPOINT_URL: expected http(s)://host[:port], got "
+                             f"{display(endpoint)!r}")
+        kw["endpoint_override"] = parts.netloc
+        kw["scheme"] = parts.scheme
+    addressing = environ.get("GPULEDGER_S3_ADDRESSING", "auto").lower()
+    if addressing not in ("auto", "path", "virtual"):
+        raise StoreError("GPULEDGER_S3_ADDRESSING: expected auto, path or virtual, "
+                         f"got {addressing!r}")
+    if addressing == "virtual":
+        kw["force_virtual_addressing"] = True
+    elif addressing == "path" and not endpoint:
+        raise StoreError("GPULEDGER_S3_ADDRESSING=path needs AWS_ENDPOINT_URL (AWS itself "
+                         "is addressed virtual-hosted style)")
+    try:
+        return pafs.S3FileSystem(**kw)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise StoreError(f"S3: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file under a store: its path relative to the store, size and modification time."""
+
+    path: str
+    size: int
+    mtime: float
+
+
+class Store:
+    """One folder or bucket prefix, read and written through a PyArrow filesystem.
+
+    Paths given to its methods are relative (``facts/gpu_minute/…``), with ``/``."""
+
+    def __init__(self, fs: pafs.FileSystem, base: str, url: str, remote: bool) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")
+        self.url = url.rstrip("/")
+        self.remote = remote
+
+    def __repr__(self) -> str:
+        return f"Store({self.url})"
+
+    def full(self, path: str) -> str:
+        """The path in the filesystem."""
+        return f"{self.base}/{path}" if path else self.base
+
+    def url_of(self, path: str) -> str:
+        """What DuckDB, Polars or a person uses to name the file."""
+        return f"{self.url}/{path}" if path else self.url
+
+    def child(self, path: str) -> Store:
+        return Store(self.fs, self.full(path), self.url_of(path), self.remote)
+
+    def read(self, path: str) -> bytes | None:
+        """The file's bytes, or None when there is none."""
+        try:
+            with self.fs.open_input_stream(self.full(path)) as f:
+                data: bytes = f.read()
+                return data
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if _missing(exc):
+                return None
+            raise
+
+    def write(self, path: str, data: bytes) -> None:
+        """Write ``path`` whole or not at all: a reader sees the old content or the new.
+
+        An object store replaces an object in one request; a local file is written
+        aside and renamed over the old one."""
+        full = self.full(path)
+        if self.remote:
+            with self.fs.open_output_stream(full) as f:
+                f.write(data)
+            return
+        folder, _, name = full.rpartition("/")
+        self.fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            with open(tmp, "wb") as f:  # a plain file: fsync before the rename
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, full)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def delete(self, path: str) -> None:
+        try:
+            self.fs.delete_file(self.full(path))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if not _missing(exc):
+                raise
+
+    def exists(self, path: str) -> bool:
+        info = self.fs.get_file_info(self.full(path))
+        return bool(info.type == pafs.FileType.File)
+
+    def list(self, prefix: str) -> list[Entry]:
+        """Every file under ``prefix`` (recursively), hidden temporary files left out."""
+        selector = pafs.FileSelector(self.full(prefix), recursive=True, allow_not_found=True)
+        out: list[Entry] = []
+        start = len(self.base) + 1
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or info.base_name.startswith("."):
+                continue
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            out.append(Entry(info.path[start:], info.size or 0, mtime))
+        return out
+
+    def check(self) -> None:
+        """Reach the store once: a missing bucket, refused credentials or an endpoint
+        that does not answer becomes one :class:`StoreError` line."""
+        try:
+            self.fs.get_file_info(self.full(""))
+            if self.remote:
+                bucket = self.base.split("/", 1)[0]
+                info = self.fs.get_file_info(bucket)
+                if info.type == pafs.FileType.NotFound:
+                    raise StoreError(f"{self.url}: bucket '{bucket}' does not exist")
+        except StoreError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{self.url}: {_explain(exc)}") from None
+
+
+def _missing(exc: OSError) -> bool:
+    text = str(exc)
+    return "NO_SUCH_KEY" in text or "Path does not exist" in text or "NoSuchKey" in text
+
+
+def _explain(exc: BaseException) -> str:
+    """One line on why an S3 request failed (never the credentials: the SDK's messages
+    do not carry them)."""
+    text = str(exc)
+    if any(s in text for s in ("ACCESS_DENIED", "AccessDenied", "SignatureDoesNotMatch",
+                               "InvalidAccessKeyId", "HTTP status 403", "INVALID_ACCESS_KEY",
+                               "SIGNATURE_DOES_NOT_MATCH", "HTTP status 401")):
+        return ("access denied: the credentials were refused (AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials)")
+    if any(s in text for s in ("NETWORK_CONNECTION", "curlCode", "Couldn't connect",
+                               "Connection refused", "Could not resolve", "Timeout",
+                               "timed out")):
+        return ("cannot reach the S3 endpoint (AWS_ENDPOINT_URL, network): "
+                f"{_one_line(exc)[:160]}")
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+        return "the bucket does not exist"
+    return _one_line(exc)[:240]
+
+
+def open_store(location: str | Path, environ: Mapping[str, str] | None = None,
+               create: bool = True) -> Store:
+    """A :class:`Store` for ``location``; a local folder is created when ``create``."""
+    where = check_location(location)
+    env = os.environ if environ is None else environ
+    if isinstance(where, Path):
+        root = where.expanduser().resolve()
+        if create:
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"{where}: cannot create the folder: {exc.strerror}") from None
+        return Store(pafs.LocalFileSystem(), root.as_posix(), root.as_posix(), remote=False)
+    path = where[len("s3://"):]
+    return Store(_s3_filesystem(env), path, where, remote=True)
