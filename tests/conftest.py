@@ -17,7 +17,7 @@ from kafka_fixtures import kafka  # noqa: F401
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.warehouse import Warehouse
+from gpuledger.pipeline.warehouse import Warehouse, read_table
 
 
 class Facts:
@@ -28,10 +28,7 @@ class Facts:
         self.processor = processor
 
     def table(self, name: str) -> pl.DataFrame:
-        files = sorted((self.root / "facts" / name).glob("**/*.parquet"))
-        if not files:
-            return pl.DataFrame()
-        return pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed")
+        return read_table(self.root, name)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import polars as pl
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
 from gpuledger.pipeline.simulate import SimConfig
+from gpuledger.pipeline.warehouse import read_table
 
 SIM_HOURS = 3.0
 
@@ -24,6 +25,6 @@ def build(root: Path) -> Path:
 
 
 def table(root: Path, name: str) -> pl.DataFrame:
-    """A fact table read straight from its Parquet files (the schema file included)."""
-    files = sorted((root / "facts" / name).glob("**/*.parquet"))
-    return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
+    """A fact table read straight from its published Parquet files (the schema file
+    included)."""
+    return read_table(root, name)

@@ -28,7 +28,7 @@ from gpuledger.agent.spool import Spool
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.kafka.wire import Message, decode
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.warehouse import Warehouse
+from gpuledger.pipeline.warehouse import Warehouse, read_table
 
 NODE = "gpu-e2e-01"
 GPUS = 8
@@ -241,8 +241,7 @@ def test_agent_streams_into_kafka_and_the_processor_makes_facts(
     processor.flush()
     import polars as pl
 
-    files = sorted((tmp_path / "wh" / "facts" / "gpu_minute").glob("**/*.parquet"))
-    facts = pl.concat([pl.read_parquet(f) for f in files])
+    facts = read_table(tmp_path / "wh", "gpu_minute")
     assert set(facts["node"].to_list()) == {NODE}
     assert sorted(set(facts["gpu_index"].to_list())) == list(range(GPUS))
     # no scheduler events were sent: GPUs with processes are use outside the scheduler

@@ -18,7 +18,7 @@ from gpuledger.pipeline.exporter import Exporter, parse_address
 from gpuledger.pipeline.exporter.server import AddressError
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, load_cluster, simulate
-from gpuledger.pipeline.warehouse import Warehouse
+from gpuledger.pipeline.warehouse import Warehouse, read_table
 
 Sample = tuple[str, dict[str, str], float]
 MIB = 1_048_576
@@ -239,8 +239,7 @@ def test_matches_the_warehouse(tmp_path: Path) -> None:
         proc.process(batch)
     proc.flush()
     s = samples(exporter)
-    gm = pl.concat([pl.read_parquet(f) for f in sorted(
-        (tmp_path / "wh" / "facts" / "gpu_minute").glob("**/*.parquet"))], how="diagonal_relaxed")
+    gm = read_table(tmp_path / "wh", "gpu_minute")
     last = gm.filter(pl.col("minute") == pl.col("minute").max())
     assert one(s, "gpuledger_facts_minute_timestamp_seconds") == last["minute"][0].timestamp()
     want = dict(last.group_by("state").len().iter_rows())

@@ -15,7 +15,7 @@ from gpuledger.pipeline.exporter import Exporter
 from gpuledger.pipeline.facts.gpu_state import ALLOCATED_STATES
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
-from gpuledger.pipeline.warehouse import Warehouse
+from gpuledger.pipeline.warehouse import Warehouse, read_table
 
 ALERTS = Path(__file__).parent.parent / "alerts"
 
@@ -32,9 +32,7 @@ def test_prometheus_holds_the_warehouse_facts(
         for batch in simulate(SimConfig(hours=1.5, seed=5, sample_interval_s=60)):
             proc.process(batch)
         proc.flush()
-        gm = pl.concat([pl.read_parquet(f) for f in sorted(
-            (tmp_path / "wh" / "facts" / "gpu_minute").glob("**/*.parquet"))],
-            how="diagonal_relaxed")
+        gm = read_table(tmp_path / "wh", "gpu_minute")
         last = gm.filter(pl.col("minute") == pl.col("minute").max())
         minute = last["minute"][0].timestamp()
         server.wait_for("gpuledger_facts_minute_timestamp_seconds",

@@ -15,7 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import polars as pl
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as CTP
@@ -40,6 +39,7 @@ from gpuledger.pipeline.kafka.settings import (
     load_settings,
 )
 from gpuledger.pipeline.kafka.wire import ARROW, JSONL
+from gpuledger.pipeline.warehouse import read_table
 
 
 def _settings(kafka: Broker) -> KafkaSettings:
@@ -224,5 +224,5 @@ def test_sasl_scram_with_confluent_and_the_password_never_logged(
     logs = done.stdout + done.stderr
     assert "messages=" in logs or "flushing" in logs  # it did log, verbosely
     assert password not in logs
-    gm = pl.read_parquet(tmp_path / "wh" / "facts" / "gpu_minute" / "**" / "*.parquet")
+    gm = read_table(tmp_path / "wh", "gpu_minute")
     assert gm.height > 0

@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import polars as pl
 import pytest
 from fact_views import assert_same_facts
 from kafka import KafkaConsumer, KafkaProducer
@@ -29,6 +28,7 @@ from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics, load_settin
 from gpuledger.pipeline.kafka.topics import create_topics
 from gpuledger.pipeline.kafka.wire import ARROW, JSONL
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
+from gpuledger.pipeline.warehouse import read_table
 
 HOURS = 1.0
 # Views this short run may leave empty.
@@ -225,7 +225,7 @@ def test_sasl_and_credentials_never_logged(kafka: Broker, tmp_path: Path,
     logs = done.stdout + done.stderr + created.stdout + created.stderr
     assert "messages=" in logs or "flushing" in logs      # it did log, verbosely
     assert password not in logs
-    gm = pl.read_parquet(tmp_path / "wh" / "facts" / "gpu_minute" / "**" / "*.parquet")
+    gm = read_table(tmp_path / "wh", "gpu_minute")
     assert gm.height > 0
     bad_env = {**env, "GPULEDGER_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "nope")}
     refused = subprocess.run(

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import polars as pl
 import pytest
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
@@ -28,6 +27,7 @@ from test_simulate import SMALL
 from gpuledger.pipeline.kafka.producer import KafkaSink
 from gpuledger.pipeline.kafka.settings import load_settings
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
+from gpuledger.pipeline.warehouse import read_table
 
 REFUSE_WITHIN_S = 20.0
 
@@ -121,7 +121,7 @@ def test_cli_over_sasl_ssl_with_scram_and_a_password_file(tls_kafka: Broker,
     logs = created.stdout + created.stderr + done.stdout + done.stderr
     assert "messages=" in logs or "flushing" in logs      # it did log, verbosely
     assert password not in logs
-    gm = pl.read_parquet(tmp_path / "wh" / "facts" / "gpu_minute" / "**" / "*.parquet")
+    gm = read_table(tmp_path / "wh", "gpu_minute")
     assert gm.height > 0
 
 

@@ -15,6 +15,7 @@ from gpuledger.pipeline.demo import run_demo
 from gpuledger.pipeline.facts.gpu_state import STATES
 from gpuledger.pipeline.ingest import ingest
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+from gpuledger.pipeline.warehouse import read_table
 
 HOURS = 2.0
 
@@ -24,7 +25,8 @@ def _sim(seed: int = 7) -> SimConfig:
 
 
 def digest(root: Path) -> dict[str, str]:
-    """Hash of every fact file (the catalog embeds its own path, so it is left out)."""
+    """Hash of every fact file, published or replaced (the catalog embeds its own path,
+    so it is left out)."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted((root / "facts").rglob("*.parquet"))}
 
@@ -37,7 +39,7 @@ def demo_wh(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def table(root: Path, name: str) -> pl.DataFrame:
-    return pl.read_parquet(root / "facts" / name / "**" / "*.parquet")
+    return read_table(root, name)
 
 
 def test_same_seed_gives_identical_files(demo_wh: Path, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.partitions import Partitioning, partition_of
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
-from gpuledger.pipeline.warehouse import Warehouse
+from gpuledger.pipeline.warehouse import Warehouse, published_files
 
 # Views this short run may leave empty.
 SPARSE = ("blocked_minute", "preemptions", "candidates")
@@ -114,9 +114,9 @@ def test_partition_of_is_kafkas_default_partitioner() -> None:
 
 
 def _files(root: Path, table: str) -> list[str]:
-    return sorted(f.relative_to(root).as_posix()
-                  for f in (root / "facts" / table).glob("**/*.parquet")
-                  if not f.name.startswith("_"))
+    """The table's published files by logical name (``generations.py``)."""
+    return sorted(name for name in published_files(root)
+                  if name.startswith(f"facts/{table}/"))
 
 
 @pytest.mark.parametrize("split", [[{0, 1, 2}], [{0}, {1, 2}], [{0, 2}, {1}], [{0}, {1}, {2}]])
@@ -128,10 +128,10 @@ def test_any_split_of_partitions_writes_the_facts_of_one_processor(
     assert owner.waiting.is_empty(), "every ended attempt got its parts"
     assert_same_facts(tmp_path, single, SPARSE)
     # each partition's GPU rows are in its own files, whoever held it
-    files = sorted((tmp_path / "facts" / "gpu_minute").glob("**/*-p*.parquet"))
-    for f in files:
-        p = int(f.stem.rsplit("-p", 1)[1])
-        nodes = set(pl.read_parquet(f)["node"].unique())
+    published = published_files(tmp_path)
+    for name in _files(tmp_path, "gpu_minute"):
+        p = int(name.removesuffix(".parquet").rsplit("-p", 1)[1])
+        nodes = set(pl.read_parquet(tmp_path / published[name])["node"].unique())
         assert nodes and all(partition_of(n, 3) == p for n in nodes)
     # cluster-wide facts come from the owner alone
     for table in ("frag_minute", "pending_minute", "job_attempts"):
@@ -147,9 +147,11 @@ def test_one_instance_or_three_write_the_same_files_byte_for_byte(tmp_path: Path
     for table in ("gpu_minute", "gpu_hourly", "job_gpu", "job_attempts", "frag_minute"):
         ones, threes = _files(tmp_path / "one", table), _files(tmp_path / "three", table)
         assert ones == threes and ones, table
+        one, three = published_files(tmp_path / "one"), published_files(tmp_path / "three")
         for name in ones:
-            assert (tmp_path / "one" / name).read_bytes() == \
-                (tmp_path / "three" / name).read_bytes(), name
+            assert one[name] == three[name], name  # objects are named after their bytes
+            assert (tmp_path / "one" / one[name]).read_bytes() == \
+                (tmp_path / "three" / three[name]).read_bytes(), name
 
 
 def test_catching_up_closes_in_hour_steps_with_the_same_facts(

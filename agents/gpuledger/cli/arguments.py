@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from gpuledger.cli.errors import CliError
 
 
 def positive(kind: type, name: str) -> Callable[[str], Any]:
@@ -19,3 +22,19 @@ def positive(kind: type, name: str) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
         return value
     return parse
+
+
+def warehouse_location(text: str | None, config: Path | None = None) -> str | Path:
+    """``--warehouse`` as a local ``Path`` or an ``s3://`` URL; without it, the
+    configuration's ``warehouse.url`` (file or ``GPULEDGER_WAREHOUSE__URL``), else
+    ``./warehouse``. A scheme gpuledger does not serve is a :class:`CliError`."""
+    from gpuledger.pipeline.location import check_location
+
+    if text is None:
+        from gpuledger.pipeline.config import ConfigError, load_config
+
+        try:
+            text = load_config(config).warehouse.url or "warehouse"
+        except ConfigError as exc:
+            raise CliError(f"configuration: {exc}") from None
+    return check_location(text)

@@ -65,7 +65,8 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
         imported = load_pods(args.file, columns=columns, mapping=mapping, nodes_csv=args.nodes)
     except PodsImportError as exc:
         raise CliError(str(exc)) from None
-    processor = Processor(_proc_config(args), Warehouse(args.warehouse))
+    config = _proc_config(args)
+    processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing pods", not args.quiet)
     try:
         rejected = import_history(processor, imported.frames, update)

@@ -44,7 +44,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         imported = load_sacct(args.file, mapping, args.nodes, args.tz or UTC)
     except SacctError as exc:
         raise CliError(str(exc)) from None
-    processor = Processor(_proc_config(args), Warehouse(args.warehouse))
+    config = _proc_config(args)
+    processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing sacct", not args.quiet)
     try:
         rejected = import_history(processor, imported.frames, update)

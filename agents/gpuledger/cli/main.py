@@ -16,10 +16,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import positive
+from gpuledger.cli.arguments import positive, warehouse_location
 from gpuledger.cli.errors import CliError
 
 DEFAULT_WAREHOUSE = Path("warehouse")
+WAREHOUSE_HELP = ("warehouse: a folder or s3://bucket/prefix (S3 settings and credentials from "
+                  "the AWS_* variables, docs/warehouse.md); default: warehouse.url of the "
+                  "configuration, else ./warehouse")
 
 
 def _need_pipeline() -> None:
@@ -253,7 +256,8 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     if args.start is not None:
         kw["start"] = args.start
     imported = load_openb(args.nodes, args.pods, **kw)
-    processor = Processor(_proc_config(args), Warehouse(args.warehouse))
+    config = _proc_config(args)
+    processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing openb", not args.quiet)
     try:
         rejected = import_history(processor, imported.frames, update)
@@ -367,8 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
         if warehouse:
             p.add_argument("--config", type=Path, default=None,
                            help="processor configuration YAML (docs/configuration.md)")
-            p.add_argument("--warehouse", type=Path, default=DEFAULT_WAREHOUSE,
-                           help="warehouse folder (default ./warehouse)")
+            p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
+                           help=WAREHOUSE_HELP)
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("demo", help="simulate a cluster day and build a warehouse from it",
@@ -473,8 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "recommendations, utilisation_by_pool, utilisation_by_team, queue_wait, "
                        "fragmentation, borrowing, ... Anything that would write is refused.")
     p.add_argument("sql", help="the query ('-' reads it from standard input)")
-    p.add_argument("--warehouse", type=Path, default=DEFAULT_WAREHOUSE,
-                   help="warehouse folder (default ./warehouse)")
+    p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
+                   help=WAREHOUSE_HELP)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (default table)")
     p.set_defaults(func=cmd_query)
@@ -487,6 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "warehouse"):
+            args.warehouse = warehouse_location(args.warehouse, getattr(args, "config", None))
         code: int = args.func(args)
         return code
     except CliError as exc:

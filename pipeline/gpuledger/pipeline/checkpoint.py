@@ -13,8 +13,10 @@ instances (a rebalance) with its state. The engine's state has two kinds of part
   closed from where it stopped), and its telemetry offset. Partition 0's section also
   holds the owner's state (attempts waiting for parts, parts received).
 
-Each part is written with its offsets to one file, atomically (write aside, then
-rename): the unit of atomicity is the partition, as a Kafka Streams task's. On start an
+Each part is written with its offsets to one file, atomically (an object replaced in
+one request, or a local file written aside and renamed), through the warehouse's
+filesystem layer (``store.py``), so the files may live in the bucket: the unit of
+atomicity is the partition, as a Kafka Streams task's. On start an
 instance loads its global part and the newest section of each partition it is assigned,
 wherever it was written; the transport resumes from their offsets, so every input
 record is applied exactly once to the state that the facts come from. Fact files
@@ -36,8 +38,10 @@ from typing import Any
 
 import polars as pl
 
+from gpuledger.pipeline.generations import unit_of
 from gpuledger.pipeline.processor import ACC_SCHEMA, Processor
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER
+from gpuledger.pipeline.store import Store
 
 VERSION = 3
 
@@ -64,24 +68,31 @@ class Section:
                    default=-1)
 
 
+def _dump(blob: dict[str, Any]) -> bytes:
+    return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _load(data: bytes | None, where: str) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    blob: dict[str, Any] = pickle.loads(data)
+    if blob.get("version") != VERSION:
+        raise ValueError(f"{where}: checkpoint version {blob.get('version')} is not {VERSION}")
+    return blob
+
+
 def _write(path: Path, blob: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        pickle.dump(blob, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(_dump(blob))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    with open(path, "rb") as f:
-        blob: dict[str, Any] = pickle.load(f)
-    if blob.get("version") != VERSION:
-        raise ValueError(f"{path}: checkpoint version {blob.get('version')} is not {VERSION}")
-    return blob
+    return _load(path.read_bytes(), str(path)) if path.exists() else None
 
 
 # -- the global part ---------------------------------------------------------------------
@@ -201,8 +212,10 @@ def merge_section(processor: Processor, sec: Section) -> None:
 
 
 def drop_partition(processor: Processor, partition: int) -> None:
-    """Remove a partition's rows from ``processor`` (handed over elsewhere)."""
+    """Remove a partition's rows from ``processor`` (handed over elsewhere); its files are
+    published first, and its manifest is let go (the next holder loads the newest)."""
     p = partition
+    processor.warehouse.publisher.forget(unit_of(processor.suffix(p)))
     other = pl.col("partition") != p
     processor.samples = [x for x in (s.filter(other) for s in processor.samples)
                          if not x.is_empty()]
@@ -230,40 +243,55 @@ def drop_partition(processor: Processor, partition: int) -> None:
 # -- files -------------------------------------------------------------------------------
 
 class CheckpointStore:
-    """Where an instance keeps its checkpoints: ``<root>/global-<instance>.checkpoint`` and
-    ``<root>/partition-pNNN.checkpoint`` (the newest section of each partition, written
-    by whichever instance holds it)."""
+    """Where an instance keeps its checkpoints: ``global-<instance>.checkpoint`` and
+    ``partition-pNNN.checkpoint`` (the newest section of each partition, written by
+    whichever instance holds it) under one folder or bucket prefix (``store.py``), which
+    every instance of the group reaches: a shared folder, or the bucket itself. Each
+    file is replaced whole (an object store replaces an object in one request; a local
+    file is written aside and renamed)."""
 
-    def __init__(self, root: Path, instance: str) -> None:
-        self.root = root
+    def __init__(self, store: Store, instance: str) -> None:
+        self.store = store
         self.instance = instance
 
-    def global_path(self) -> Path:
-        return self.root / f"global-{self.instance}.checkpoint"
+    def global_path(self) -> str:
+        return f"global-{self.instance}.checkpoint"
 
-    def partition_path(self, partition: int) -> Path:
-        return self.root / f"partition-p{partition:03d}.checkpoint"
+    def partition_path(self, partition: int) -> str:
+        return f"partition-p{partition:03d}.checkpoint"
+
+    def _write(self, path: str, blob: dict[str, Any]) -> None:
+        self.store.write(path, _dump(blob))
+
+    def _read(self, path: str) -> dict[str, Any] | None:
+        return _load(self.store.read(path), self.store.url_of(path))
 
     def save(self, processor: Processor, global_offsets: Offsets,
              partition_offsets: dict[int, Offsets]) -> None:
-        """The global part, then each held partition's section."""
-        _write(self.global_path(), {"version": VERSION, "state": global_state(processor),
-                                    "offsets": dict(global_offsets)})
+        """The global part, then each held partition's section. The facts the state no
+        longer holds are published first: a checkpoint never covers facts that are not
+        durable."""
+        processor.warehouse.sync()
+        self._write(self.global_path(), {"version": VERSION, "state": global_state(processor),
+                                         "offsets": dict(global_offsets)})
         for p, offsets in sorted(partition_offsets.items()):
             self.save_partition(processor, p, {**offsets, **global_offsets})
 
     def save_partition(self, processor: Processor, partition: int, offsets: Offsets) -> None:
+        processor.warehouse.sync()
         sec = section(processor, partition, offsets)
-        _write(self.partition_path(partition), {"version": VERSION, "section": sec})
+        self._write(self.partition_path(partition), {"version": VERSION, "section": sec})
 
     def load_global(self, processor: Processor) -> Offsets | None:
         """This instance's global part, or the newest of any instance (a new instance
         starts from the books of one that ran): the global offsets to resume from."""
-        blob = _read(self.global_path())
+        blob = self._read(self.global_path())
         if blob is None:
-            others = sorted(self.root.glob("global-*.checkpoint"),
-                            key=lambda f: f.stat().st_mtime, reverse=True)
-            blob = _read(others[0]) if others else None
+            others = sorted((e for e in self.store.list("")
+                             if e.path.startswith("global-") and "/" not in e.path
+                             and e.path.endswith(".checkpoint")),
+                            key=lambda e: e.mtime, reverse=True)
+            blob = self._read(others[0].path) if others else None
         if blob is None:
             return None
         load_global(processor, blob["state"])
@@ -271,7 +299,7 @@ class CheckpointStore:
         return offsets
 
     def read_partition(self, partition: int) -> Section | None:
-        blob = _read(self.partition_path(partition))
+        blob = self._read(self.partition_path(partition))
         if blob is None:
             return None
         sec: Section = blob["section"]

@@ -196,7 +196,7 @@ class ProcessorConfig:
         for name in ("url", "state"):
             value = getattr(self.warehouse, name)
             if value:
-                from gpuledger.pipeline.store import StoreError, check_location
+                from gpuledger.pipeline.location import StoreError, check_location
 
                 try:
                     check_location(value)

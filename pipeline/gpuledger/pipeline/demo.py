@@ -25,7 +25,7 @@ class DemoResult:
 def run_demo(
     sim: SimConfig,
     config: ProcessorConfig,
-    warehouse: Path,
+    warehouse: str | Path,
     on_progress: Callable[[float], None] | None = None,
     on_processor: Callable[[Processor], None] | None = None,
 ) -> DemoResult:
@@ -33,7 +33,7 @@ def run_demo(
 
     ``on_processor`` sees the processor before any input (to attach fact listeners)."""
     bus = EmbeddedBus()
-    processor = Processor(config, Warehouse(warehouse))
+    processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
     if on_processor is not None:
         on_processor(processor)
     total_minutes = sim.hours * 60

@@ -88,7 +88,7 @@ def feed_in_time_order(
 
 def ingest(
     paths: Sequence[Path],
-    warehouse: Path,
+    warehouse: str | Path,
     config: ProcessorConfig,
     on_progress: Callable[[float], None] | None = None,
 ) -> IngestResult:
@@ -106,7 +106,7 @@ def ingest(
         k: pl.concat(v) if v else empty_frame(k) for k, v in parts.items()
     }
     all_rejects = pl.concat(rejects) if rejects else pl.DataFrame(schema=REJECT_SCHEMA)
-    processor = Processor(config, Warehouse(warehouse))
+    processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height

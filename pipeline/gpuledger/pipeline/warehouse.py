@@ -36,7 +36,13 @@ import polars as pl
 
 from gpuledger.pipeline import compaction
 from gpuledger.pipeline.config import WarehouseOptions
-from gpuledger.pipeline.generations import Publisher, Snapshot, read_snapshot, unit_of
+from gpuledger.pipeline.generations import (
+    Publisher,
+    Snapshot,
+    read_manifests,
+    read_snapshot,
+    unit_of,
+)
 from gpuledger.pipeline.store import Store, open_store
 
 log = logging.getLogger("gpuledger.warehouse")
@@ -328,3 +334,30 @@ def open_snapshot(location: str | Path) -> tuple[Store, Snapshot]:
     store = open_store(location, create=False)
     store.check()
     return store, read_snapshot(store)
+
+
+def published_urls(location: str | Path, table: str) -> list[str]:
+    """The URLs of ``table``'s files in the newest published generation: what Polars,
+    Spark or Trino should read (a glob may also match objects a commit has just
+    replaced, kept ``warehouse.retain_s`` for readers that are still on them)."""
+    store, snapshot = open_snapshot(location)
+    return [store.url_of(p) for p in snapshot.table(table)]
+
+
+def published_files(location: str | Path) -> dict[str, str]:
+    """Every published logical name → its object (relative to the warehouse)."""
+    store = open_store(location, create=False)
+    out: dict[str, str] = {}
+    for manifest in read_manifests(store).values():
+        out.update(manifest.files)
+    return out
+
+
+def read_table(location: str | Path, table: str) -> pl.DataFrame:
+    """All rows of ``table`` as published, read through the warehouse's filesystem layer
+    (with the table's columns when it has no rows yet)."""
+    store, snapshot = open_snapshot(location)
+    paths = [f"{FACTS}/{table}/{SCHEMA_FILE}", *snapshot.table(table)]
+    frames = [pl.read_parquet(io.BytesIO(data)) for data in map(store.read, paths)
+              if data is not None]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()

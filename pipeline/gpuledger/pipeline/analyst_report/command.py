@@ -69,8 +69,9 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "offline). Times are UTC. The SQL behind each section is in "
         "pipeline/gpuledger/pipeline/analyst_report/sections.py, over the views of "
         "sql/20_analyst.sql (docs/analyst-guide.md).")
-    p.add_argument("--warehouse", type=Path, default=Path("warehouse"),
-                   help="warehouse folder (default ./warehouse)")
+    p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
+                   help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md; "
+                   "default ./warehouse)")
     p.add_argument("--html", type=Path, default=None, metavar="FILE",
                    help="also write the report as a self-contained HTML file with charts")
     p.add_argument("--since", type=_time, default=None,

@@ -15,7 +15,7 @@ from gpuledger.pipeline.simulate import SimConfig, simulate
 
 
 def run_kafka_demo(
-    sim: SimConfig, config: ProcessorConfig, warehouse: Path, settings: KafkaSettings,
+    sim: SimConfig, config: ProcessorConfig, warehouse: str | Path, settings: KafkaSettings,
     on_progress: Callable[[float], None] | None = None, group_id: str = "gpuledger-demo",
 ) -> DemoResult:
     """Publish the simulation to Kafka, then process it into ``warehouse``."""

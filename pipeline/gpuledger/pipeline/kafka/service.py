@@ -23,8 +23,9 @@
   acknowledged; then the group offsets are committed: offsets are committed only after
   what they cover is durable, and a restart resumes exactly there.
 - A revoked partition's section is saved and its rows leave the engine; an assigned one
-  is loaded from its newest section, wherever it was written (the ``state/`` folder is
-  shared by the group's instances), with the history it needs from the books.
+  is loaded from its newest section, wherever it was written (the ``state/`` folder or
+  bucket prefix is shared by the group's instances: ``warehouse.state``, by default
+  ``<warehouse>/state``), with the history it needs from the books.
 - The group's session can expire (a long pause, a loaded machine): a commit refused
   for it (``CommitFailedError``, ``UnknownMemberId``) does not stop the service; the
   consumer rejoins, the rebalance hands partitions back from their sections, and work
@@ -57,6 +58,7 @@ from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.store import open_store
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -161,11 +163,12 @@ def _rejoin_error(exc: BaseException) -> bool:
 class KafkaProcessorService:
     """Runs one :class:`Processor` engine over the telemetry partitions assigned here."""
 
-    def __init__(self, settings: KafkaSettings, config: ProcessorConfig, warehouse: Path,
-                 options: ServiceOptions | None = None,
+    def __init__(self, settings: KafkaSettings, config: ProcessorConfig,
+                 warehouse: str | Path, options: ServiceOptions | None = None,
                  now: Callable[[], datetime] | None = None) -> None:
         from kafka import TopicPartition
 
+        shared = Warehouse(warehouse, options=config.warehouse)  # a bad location stops here
         self.settings = settings
         self.config = config
         self.options = options or ServiceOptions()
@@ -200,14 +203,15 @@ class KafkaProcessorService:
                              for topic in (t.jobs, t.inventory, t.attempt_parts)
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
         self.globals.assign(self.global_parts)
-        shared = Warehouse(warehouse)
         for table, schema in TABLE_SCHEMAS.items():
             shared.ensure_schema(table, schema)
         shared.publish_catalog()
         self.engine = Processor(config, shared, now=now, telemetry_clock=True,
                                 partitioning=Partitioning(self.partitions, set()))
         instance = o.instance_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = checkpoint.CheckpointStore(warehouse / "state" / o.group_id, instance)
+        state = (open_store(config.warehouse.state) if config.warehouse.state
+                 else shared.store.child("state"))
+        self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
         loaded = self.store.load_global(self.engine)
@@ -409,6 +413,7 @@ class KafkaProcessorService:
             client.close(autocommit=False)
         self.producer.flush()
         self.producer.close()
+        self.engine.warehouse.close()
 
     def _drain_globals(self, force: bool = False) -> int:
         """Read what the global topics hold now (up to ``max_records`` messages), decode

@@ -1,0 +1,65 @@
+"""A warehouse location: a local path or a URL of a scheme gpuledger serves.
+
+Pure Python (no PyArrow), so that the command line checks ``--warehouse`` before it
+loads anything: any scheme but ``s3://`` (and ``file://``) is refused in one line and
+never taken for a local folder name (``gs://bucket`` would otherwise become a folder
+``gs:``); a URL that carries credentials is refused too. ``store.py`` opens it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpuledger.cli.errors import CliError
+
+SCHEMES = ("s3",)
+"""URL schemes served besides local paths (and ``file://``)."""
+class StoreError(CliError):
+    """A warehouse location that cannot be used, in one line (exit status 2)."""
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def is_url(location: str | Path) -> bool:
+    """Whether ``location`` names a scheme (``s3://…``), as opposed to a local path."""
+    return isinstance(location, str) and _SCHEME.match(location) is not None
+
+
+def display(location: str | Path) -> str:
+    """``location`` as it may be printed (a local path, or the URL without userinfo)."""
+    if not is_url(location):
+        return str(location)
+    parts = urlsplit(str(location))
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def check_location(location: str | Path) -> str | Path:
+    """A served location as given (a local ``Path`` or an ``s3://`` URL string), or a
+    :class:`StoreError` that says why not. Nothing is opened."""
+    if isinstance(location, Path):
+        return location
+    match = _SCHEME.match(location)
+    if match is None:
+        return Path(location)
+    scheme = match.group(1).lower()
+    parts = urlsplit(location)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise StoreError(f"{location}: a file:// URL names a local path (file:///path)")
+        return Path(parts.path)
+    if scheme not in SCHEMES:
+        raise StoreError(f"{display(location)}: the URL scheme '{scheme}' is not served; "
+                         "use a local folder or s3://bucket/prefix")
+    if parts.username is not None or parts.password is not None:
+        raise StoreError(f"{display(location)}: credentials do not belong in the URL; set "
+                         "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
+    if not parts.hostname:
+        raise StoreError(f"{location}: no bucket (s3://bucket/prefix)")
+    if parts.query or parts.fragment:
+        raise StoreError(f"{display(location)}: no query or fragment expected "
+                         "(settings come from the AWS_* variables)")
+    return f"s3://{parts.hostname}{parts.path.rstrip('/')}"
