@@ -15,6 +15,10 @@ CREATE OR REPLACE VIEW job_attempts AS SELECT * FROM read_parquet({files:job_att
 CREATE OR REPLACE VIEW job_gpu AS SELECT * FROM read_parquet({files:job_gpu}, hive_partitioning = false);
 CREATE OR REPLACE VIEW preemptions AS SELECT * FROM read_parquet({files:preemptions}, hive_partitioning = false);
 CREATE OR REPLACE VIEW recommendations AS SELECT * FROM read_parquet({files:recommendations}, hive_partitioning = false);
-CREATE OR REPLACE VIEW running_attempts AS SELECT * FROM read_parquet({files:running_attempts}, hive_partitioning = false);
+-- Snapshots are written when the processor stops or reaches the end of its input, ended
+-- attempts as their minutes close: an attempt whose end is published is no longer
+-- running, even if the newest snapshot is older than that end (a later run, or a
+-- processor writing on, publishes the end first).
+CREATE OR REPLACE VIEW running_attempts AS SELECT * FROM read_parquet({files:running_attempts}, hive_partitioning = false) AS r WHERE NOT EXISTS (SELECT 1 FROM job_attempts AS e WHERE e.job_id = r.job_id AND e.attempt = r.attempt);
 CREATE OR REPLACE VIEW candidates AS SELECT * FROM read_parquet({files:candidates}, hive_partitioning = false);
 CREATE OR REPLACE VIEW rejects AS SELECT * FROM read_parquet({files:rejects}, hive_partitioning = false);

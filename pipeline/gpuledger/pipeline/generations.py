@@ -76,12 +76,16 @@ class Manifest:
     retired: dict[str, float] = field(default_factory=dict)
     """Object → when a commit stopped naming it (Unix seconds)."""
     written_at: float = 0.0
+    sizes: dict[str, int] = field(default_factory=dict)
+    """Object → its size in bytes (readers open it without asking the store)."""
 
     def to_bytes(self) -> bytes:
         return json.dumps({"version": VERSION, "unit": self.unit,
                            "generation": self.generation, "written_at": self.written_at,
                            "files": dict(sorted(self.files.items())),
-                           "retired": dict(sorted(self.retired.items()))},
+                           "retired": dict(sorted(self.retired.items())),
+                           "sizes": {o: self.sizes[o] for o in sorted(self.files.values())
+                                     if o in self.sizes}},
                           indent=0).encode()
 
     @classmethod
@@ -92,7 +96,8 @@ class Manifest:
                 raise ValueError(f"version {blob.get('version')} is not {VERSION}")
             return cls(str(blob["unit"]), int(blob["generation"]), dict(blob["files"]),
                        {k: float(v) for k, v in blob["retired"].items()},
-                       float(blob.get("written_at", 0.0)))
+                       float(blob.get("written_at", 0.0)),
+                       {k: int(v) for k, v in blob.get("sizes", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{where}: not a gpuledger manifest ({exc})") from None
 
@@ -130,6 +135,7 @@ class Snapshot:
 
     files: dict[str, list[str]]
     generations: dict[str, int]
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def table(self, table: str) -> list[str]:
         return self.files.get(table, [])
@@ -138,11 +144,13 @@ class Snapshot:
 def read_snapshot(store: Store) -> Snapshot:
     files: dict[str, set[str]] = {}
     generations: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     for unit, manifest in read_manifests(store).items():
         generations[unit] = manifest.generation
+        sizes.update(manifest.sizes)
         for table, objs in manifest.tables().items():
             files.setdefault(table, set()).update(objs)
-    return Snapshot({t: sorted(v) for t, v in files.items()}, generations)
+    return Snapshot({t: sorted(v) for t, v in files.items()}, generations, sizes)
 
 
 class Publisher:
@@ -207,6 +215,7 @@ class Publisher:
             return obj  # the same facts again: nothing to upload or publish
         self._upload(obj, data)
         self._replace(manifest, logical, obj)
+        manifest.sizes[obj] = len(data)
         return obj
 
     def put_schema(self, path: str, data: bytes) -> None:
@@ -280,6 +289,8 @@ class Publisher:
                 m = self.manifests[name]
                 m.generation += 1
                 m.written_at = now
+                named = set(m.files.values())
+                m.sizes = {o: n for o, n in m.sizes.items() if o in named}
                 expired = [o for o, t in m.retired.items() if now - t >= self.retain_s]
                 for o in expired:
                     del m.retired[o]

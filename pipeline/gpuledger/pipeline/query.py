@@ -42,7 +42,7 @@ def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
         raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published)")
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False})
-    attach_store(con, store)
+    attach_store(con, store, snapshot.sizes)
     for statement in catalog_statements(store, snapshot):
         con.execute(statement)
     facts = store.url_of(FACTS).replace("'", "''")

@@ -265,7 +265,7 @@ class Warehouse:
             path = Path(tmp) / CATALOG
             con = duckdb.connect(str(path))
             try:
-                attach_store(con, self.store)
+                attach_store(con, self.store, snapshot.sizes)
                 for statement in statements:
                     con.execute(statement)
             finally:
@@ -281,18 +281,83 @@ def _merged(old: pl.DataFrame, new: pl.DataFrame, keys: list[str]) -> pl.DataFra
 
 # -- readers ---------------------------------------------------------------------------
 
-def attach_store(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+def attach_store(con: duckdb.DuckDBPyConnection, store: Store,
+                 sizes: dict[str, int] | None = None) -> None:
     """Let DuckDB read ``store``'s files by their URLs: a remote store's PyArrow
     filesystem is registered with DuckDB (through fsspec's adapter), so DuckDB reads the
-    bucket through the same layer as the processor (no ``httpfs`` needed)."""
+    bucket through the same layer as the processor (no ``httpfs`` needed). ``sizes``
+    (object → bytes, from the manifests) spare a request per file: objects never
+    change, so what a manifest says of one stays true."""
     if not store.remote:
         return
-    from fsspec.implementations.arrow import ArrowFSWrapper
+    con.register_filesystem(_objects(store, {store.full(o): n for o, n in (sizes or {}).items()}))
 
-    class S3(ArrowFSWrapper):  # type: ignore[misc]
+
+WHOLE_OBJECT_BYTES = 8 << 20
+"""Objects up to this size are fetched whole, once per connection (one request, then
+memory); larger ones are read in ranges."""
+
+
+def _objects(store: Store, sizes: dict[str, int]) -> Any:
+    from datetime import UTC
+    from datetime import datetime as dt
+
+    from fsspec.implementations.arrow import ArrowFSWrapper
+    from fsspec.implementations.memory import MemoryFile
+
+    kept: dict[str, bytes] = {}
+    lock = threading.Lock()
+    epoch = dt(1970, 1, 1, tzinfo=UTC)
+
+    def small(bare: str) -> bool:
+        return bare.endswith(f"/{SCHEMA_FILE}") or sizes.get(bare, 1 << 62) <= WHOLE_OBJECT_BYTES
+
+    class Objects(ArrowFSWrapper):  # type: ignore[misc]
+        """fsspec's view of the store for DuckDB. Objects never change once written
+        (``generations.py``), so what is known of one stays true: paths without
+        wildcards are taken as they are (a manifest names existing objects), sizes come
+        from the manifests, small objects are fetched whole once."""
+
         protocol = "s3"
 
-    con.register_filesystem(S3(store.fs))
+        def glob(self, path: str, **kwargs: Any) -> Any:
+            bare = self._strip_protocol(path)
+            if not any(c in bare for c in "*?["):
+                return [bare]
+            return super().glob(path, **kwargs)
+
+        def _whole(self, bare: str) -> bytes | None:
+            with lock:
+                data = kept.get(bare)
+            if data is None and small(bare):
+                with self.fs.open_input_stream(bare) as f:
+                    data = f.read()
+                with lock:
+                    kept[bare] = data
+            return data
+
+        def info(self, path: str, **kwargs: Any) -> Any:
+            bare = self._strip_protocol(path)
+            if bare in sizes:
+                return {"name": bare, "size": sizes[bare], "type": "file"}
+            data = self._whole(bare) if small(bare) else None
+            if data is not None:
+                return {"name": bare, "size": len(data), "type": "file"}
+            return super().info(path, **kwargs)
+
+        def modified(self, path: str) -> Any:
+            return epoch  # never changes
+
+        def _open(self, path: str, mode: str = "rb", block_size: Any = None,
+                  autocommit: bool = True, cache_options: Any = None, **kwargs: Any) -> Any:
+            bare = self._strip_protocol(path)
+            if mode == "rb":
+                data = self._whole(bare)
+                if data is not None:
+                    return MemoryFile(self, bare, data)
+            return super()._open(path, mode, block_size, **kwargs)
+
+    return Objects(store.fs)
 
 
 def file_list(store: Store, snapshot: Snapshot, table: str) -> str:
