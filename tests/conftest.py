@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from events import frames
 from kafka_fixtures import kafka  # noqa: F401
+from s3_fixtures import s3, s3_env  # noqa: F401
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor

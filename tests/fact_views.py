@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import polars as pl
 from polars.testing import assert_frame_equal
+
+from gpuledger.pipeline import query
 
 # Every fact view, with the columns that identify a row.
 VIEWS = {
@@ -29,9 +30,10 @@ VIEWS = {
 }
 
 
-def view(root: Path, name: str) -> pl.DataFrame:
-    """All rows of view ``name``, in key order."""
-    con = duckdb.connect(str(root / "catalog.duckdb"), read_only=True)
+def view(root: str | Path, name: str) -> pl.DataFrame:
+    """All rows of view ``name`` (the newest published generation: a folder or an
+    ``s3://`` warehouse), in key order."""
+    con = query.connect(root)
     try:
         frame = pl.DataFrame(pl.from_arrow(con.sql(f"SELECT * FROM {name}").to_arrow_table()))
     finally:
@@ -39,7 +41,8 @@ def view(root: Path, name: str) -> pl.DataFrame:
     return frame.sort(VIEWS[name], nulls_last=True)
 
 
-def assert_same_facts(got: Path, want: Path, sparse: tuple[str, ...] = ()) -> None:
+def assert_same_facts(got: str | Path, want: str | Path,
+                      sparse: tuple[str, ...] = ()) -> None:
     """Every view equal (floats to the files' 9 decimals); views not in ``sparse`` must
     hold rows, so that an empty comparison cannot pass."""
     for name in VIEWS:

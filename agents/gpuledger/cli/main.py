@@ -327,6 +327,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 # a module imports its heavy dependencies inside its command function, so that
 # ``gpuledger --help`` and the agent work on the lean base install.
 COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
+                                    "gpuledger.pipeline.compact_command",
                                     "gpuledger.pipeline.dashboards.command",
                                     "gpuledger.pipeline.livefeed.command",
                                     "gpuledger.cli.bridge_command",

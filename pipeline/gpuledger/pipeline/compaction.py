@@ -17,9 +17,11 @@ into the day's object (``Warehouse.write_part``).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from gpuledger.pipeline.generations import Manifest
+from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.tables import SORT_KEYS
 
 PART_TIME: dict[str, str] = {
@@ -42,6 +44,9 @@ _HOURLY = re.compile(r"^facts/([a-z_]+)/date=(\d{4}-\d{2}-\d{2})/[a-z_]+-\d{4}-\
                      r"(-p\d{3})?\.parquet$")
 
 
+_STAMP = re.compile(r"-(\d{4}-\d{2}-\d{2}T\d{2})(?:-p\d{3})?\.parquet$")
+
+
 def sort_order(table: str, sort_by: list[str] | None) -> list[str]:
     return COMPACT_SORT.get(table) or sort_by or SORT_KEYS[table]
 
@@ -58,3 +63,29 @@ def days_to_compact(manifest: Manifest, before: datetime) -> dict[tuple[str, dat
         if day + timedelta(days=1) <= before:
             out.setdefault((match.group(1), day), []).append(logical)
     return {k: sorted(v) for k, v in out.items()}
+
+
+def newest_hour(manifests: Iterable[Manifest]) -> datetime | None:
+    """The newest hour any hourly part of ``manifests`` covers (its end)."""
+    newest: datetime | None = None
+    for manifest in manifests:
+        for logical in manifest.files:
+            match = _STAMP.search(logical)
+            if match is None:
+                continue
+            end = datetime.strptime(match.group(1), "%Y-%m-%dT%H").replace(
+                tzinfo=UTC) + timedelta(hours=1)
+            newest = end if newest is None or end > newest else newest
+    return newest
+
+
+def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> list[str]:
+    """Fact objects that no manifest names, published or retired, written before
+    ``older_than`` (Unix seconds): uploads a crash cut off before their commit."""
+    named: set[str] = set()
+    for manifest in manifests:
+        named.update(manifest.files.values())
+        named.update(manifest.retired)
+    return sorted(e.path for e in store.list("facts")
+                  if e.path not in named and not e.path.endswith("/_schema.parquet")
+                  and e.mtime < older_than)

@@ -48,7 +48,6 @@ def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
     facts = store.url_of(FACTS).replace("'", "''")
     con.execute(f"SET allowed_directories = ['{facts}/']")
     con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
     return con
 
 

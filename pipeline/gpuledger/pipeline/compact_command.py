@@ -1,0 +1,90 @@
+"""``gpuledger compact``: compact closed days and remove what no generation names.
+
+Registered through ``COMMAND_MODULES`` (no heavy imports at module level). The processor
+compacts the days it closes by itself (``warehouse.compact``); this command is for a
+warehouse written by ``ingest``/``import``, or older files, while no processor writes
+the same partitions (a unit's manifest has one writer at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from gpuledger.cli.errors import CliError
+
+BUSY_S = 60.0
+"""A unit whose manifest is younger than this is taken to have a writer."""
+
+
+def _day(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a date such as 2026-01-06, got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from gpuledger.cli.main import _need_pipeline, _proc_config
+
+    _need_pipeline()
+    from gpuledger.pipeline.compaction import newest_hour, orphans
+    from gpuledger.pipeline.generations import read_manifests
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    config = _proc_config(args)
+    warehouse = Warehouse(args.warehouse, options=config.warehouse)
+    store = warehouse.store
+    manifests = read_manifests(store)
+    if not manifests:
+        raise CliError(f"{store.url}: nothing published here")
+    now = time.time()
+    busy = [u for u, m in manifests.items() if now - m.written_at < BUSY_S]
+    if busy and not args.force:
+        raise CliError(f"{store.url}: unit(s) {', '.join(busy)} published less than "
+                       f"{BUSY_S:.0f} s ago: a processor seems to be writing (it compacts "
+                       "its own days); --force to go on anyway")
+    before = args.before
+    if before is None:
+        newest = newest_hour(manifests.values())
+        if newest is None:
+            print("nothing to compact", file=sys.stderr)
+            return 0
+        from datetime import timedelta
+
+        before = newest - timedelta(seconds=config.warehouse.compact_after_s)
+    days = 0
+    for unit in sorted(manifests):
+        days += warehouse.compact_unit(unit, before)
+    warehouse.publish_catalog()
+    removed = 0
+    for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s):
+        store.delete(path)
+        removed += 1
+    warehouse.close()
+    print(f"compacted {days} table-day(s) before {before:%Y-%m-%dT%H:%MZ} in {store.url}; "
+          f"removed {removed} object(s) no generation names")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+             common: Callable[..., None]) -> None:
+    p = subparsers.add_parser(
+        "compact", help="compact closed days into few large files (docs/warehouse.md)",
+        description="Rewrite each closed day's hourly files of every table into one file "
+        "per table, day and partition (gpu_minute sorted by job, then minute), published "
+        "atomically with the next generation; then delete objects that no generation names "
+        "and that are older than warehouse.retain_s (uploads cut off by a crash). Run it "
+        "on a warehouse written by ingest or import; a processor compacts its own days.")
+    common(p)
+    p.add_argument("--before", type=_day, default=None, metavar="DATE",
+                   help="compact days that end by this time (default: the newest hour in "
+                   "the warehouse minus warehouse.compact_after_s)")
+    p.add_argument("--force", action="store_true",
+                   help="go on although a unit was published in the last minute")
+    p.set_defaults(func=cmd_compact)

@@ -1,0 +1,175 @@
+"""The warehouse in an S3 bucket (a real S3 server: S3Proxy, tests/s3_server.py).
+
+Through the command line, as a user runs it: `ingest`, `query`, `report` and `compact`
+on ``s3://bucket/prefix`` with only the standard AWS variables set, giving the facts a
+local folder gets; Polars reading the published files; bad locations, refused
+credentials and an unreachable endpoint refused at start in one line; the secret key in
+no output.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from fact_views import assert_same_facts, view
+from s3_server import S3Server
+from test_simulate import SMALL
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.ingest import ingest
+from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+from gpuledger.pipeline.store import open_store
+from gpuledger.pipeline.warehouse import published_files, published_urls
+
+SPARSE = ("blocked_minute", "preemptions", "candidates")
+
+
+def _cli(*args: str, env: dict[str, str], cwd: Path | None = None,
+         timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuledger.cli.main", *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                          check=False)
+
+
+def _env(server: S3Server, **extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**base, **server.env(), **extra}
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    out = tmp_path_factory.mktemp("events")
+    write_jsonl(simulate(SimConfig(hours=3.0, seed=5, cluster=parse_cluster(SMALL))), out)
+    return sorted(out.glob("*.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def local(events: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("local") / "wh"
+    ingest(events, root, ProcessorConfig())
+    return root
+
+
+def test_ingest_query_report_on_a_bucket(s3: S3Server, events: list[Path], local: Path,
+                                         tmp_path: Path) -> None:
+    url = s3.bucket() + "/team/wh"
+    env = _env(s3)
+    done = _cli("ingest", *map(str, events), "--warehouse", url, "--quiet", env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"into {url}/" in done.stdout
+    q = _cli("query", "--warehouse", url, "--format", "csv",
+             "SELECT count(*) AS n, round(sum(activity), 6) AS a FROM gpu_minute", env=env)
+    assert q.returncode == 0, q.stderr
+    want = _cli("query", "--warehouse", str(local), "--format", "csv",
+                "SELECT count(*) AS n, round(sum(activity), 6) AS a FROM gpu_minute", env=env)
+    assert q.stdout == want.stdout and int(q.stdout.splitlines()[1].split(",")[0]) > 0
+    report = _cli("report", "--warehouse", url, env=env)
+    assert report.returncode == 0, report.stderr
+    assert "Where the GPUs go" in report.stdout or "GPU" in report.stdout
+    html = tmp_path / "report.html"
+    assert _cli("report", "--warehouse", url, "--html", str(html), env=env).returncode == 0
+    assert html.stat().st_size > 10_000
+    # every view holds what the local folder's does
+    for key, value in s3.env().items():
+        os.environ[key] = value
+    try:
+        assert_same_facts(url, local, SPARSE)
+        # nothing of the warehouse landed in a local folder named after the URL
+        assert not (Path.cwd() / "s3:").exists()
+        # the catalog for other tools lives in the bucket, views over s3:// URLs
+        store = open_store(url)
+        assert store.exists("catalog.duckdb") and store.exists("manifests/warehouse.json")
+    finally:
+        for key in s3.env():
+            os.environ.pop(key, None)
+    texts = [done.stdout, done.stderr, q.stdout, q.stderr, report.stdout, report.stderr]
+    assert not any(s3.secret_key in t for t in texts)
+
+
+def test_polars_reads_the_published_files(s3_env: str, local: Path, events: list[Path]) -> None:
+    """The documented example (docs/warehouse.md, "Polars and other readers")."""
+    url = s3_env + "/wh"
+    ingest(events, url, ProcessorConfig())
+    # -- the example ---------------------------------------------------------------
+    files = published_urls(url, "gpu_hourly")
+    hourly = (pl.scan_parquet(files, storage_options={"aws_allow_http": "true"})
+              .group_by("team").agg(pl.col("allocated_gpu_hours").sum()))
+    # ------------------------------------------------------------------------------
+    got = hourly.collect().sort("team")
+    want = view(local, "gpu_hourly").group_by("team").agg(
+        pl.col("allocated_gpu_hours").sum()).sort("team")
+    assert got.height > 0
+    assert got["team"].to_list() == want["team"].to_list()
+    assert got["allocated_gpu_hours"].to_list() == pytest.approx(
+        want["allocated_gpu_hours"].to_list(), rel=1e-9)
+    assert all(f.startswith(url + "/facts/gpu_hourly/") for f in files)
+
+
+@pytest.mark.parametrize("location", ["gs://bucket/wh", "foo://x/y", "S3X://b/p",
+                                      "s3://key:secret@bucket/wh", "s3:///wh"])
+def test_a_location_not_served_is_refused_in_one_line(location: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    done = _cli("query", "--warehouse", location, "SELECT 1", env=env, cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuledger: error:"), done.stderr
+    assert "secret" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # never taken for a local folder
+    ingest_run = _cli("ingest", "--warehouse", location, str(tmp_path / "none.jsonl"),
+                      env=env, cwd=tmp_path)
+    assert ingest_run.returncode == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_refused_credentials_stop_at_start_in_one_line(s3: S3Server, events: list[Path],
+                                                       tmp_path: Path) -> None:
+    url = s3.bucket() + "/wh"
+    wrong = "wrong-" + s3.secret_key[::-1]
+    env = _env(s3, AWS_SECRET_ACCESS_KEY=wrong)
+    for args in (["ingest", *map(str, events), "--quiet"], ["query", "SELECT 1"],
+                 ["report"], ["compact"]):
+        started = time.monotonic()
+        done = _cli(*args, "--warehouse", url, env=env, timeout=120)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, (args, done.stderr)
+        assert "access denied" in lines[0] and url in lines[0]
+        assert wrong not in done.stdout + done.stderr
+        assert s3.secret_key not in done.stdout + done.stderr
+        assert time.monotonic() - started < 60
+    bucket = url.removeprefix("s3://").split("/")[0]
+    missing = _cli("query", "--warehouse", f"s3://no-such-{bucket}/wh", "SELECT 1",
+                   env=_env(s3))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert "does not exist" in missing.stderr
+
+
+def test_an_unreachable_endpoint_stops_at_start_in_one_line(s3: S3Server,
+                                                            events: list[Path]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once closed
+    env = _env(s3, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    for args in (["ingest", *map(str, events), "--quiet"], ["query", "SELECT 1"]):
+        started = time.monotonic()
+        done = _cli(*args, "--warehouse", "s3://bucket-x/wh", env=env, timeout=120)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "cannot reach the S3 endpoint" in lines[0], done.stderr
+        assert time.monotonic() - started < 60
+
+
+def test_ingest_again_uploads_nothing_new(s3_env: str, events: list[Path]) -> None:
+    url = s3_env + "/wh"
+    ingest(events, url, ProcessorConfig())
+    first = published_files(url)
+    objects = {e.path for e in open_store(url).list("facts")}
+    ingest(events, url, ProcessorConfig())
+    assert published_files(url) == first
+    assert {e.path for e in open_store(url).list("facts")} == objects
