@@ -87,5 +87,6 @@ def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> l
         named.update(manifest.files.values())
         named.update(manifest.retired)
     return sorted(e.path for e in store.list("facts")
-                  if e.path not in named and not e.path.endswith("/_schema.parquet")
+                  if e.path.endswith(".parquet") and e.path not in named
+                  and not e.path.endswith("/_schema.parquet")
                   and e.mtime < older_than)

@@ -11,11 +11,12 @@ A **manifest** maps each logical name of a *unit* to its current object. A unit 
 set of files one writer owns: a telemetry partition's files (suffix ``pNNN``; the
 partition's holder writes them, whichever instance that is) or, without partitioning,
 the whole warehouse (``warehouse``). A writer's *commit* uploads the step's objects,
-then writes its unit's manifest (``manifests/<unit>.json``) in one request (object
-stores replace an object atomically; a local file is written aside and renamed): that
-write is the moment the step's facts become visible. An object whose upload was cut
-off is named by no manifest, so no reader ever opens it. Each manifest carries its
-generation number, which only grows.
+then writes the unit's next manifest, a new object named after its generation
+(``manifests/<unit>/<generation>.json``), in one request: that write is the moment the
+step's facts become visible. An object whose upload was cut off is named by no
+manifest, so no reader ever opens it; a manifest cut off mid-write (a store that keeps
+part of a dropped upload) does not parse and readers take the one before. Old
+manifests go once no reader can still be on them.
 
 A **reader** takes the newest manifest of every unit and reads exactly the files they
 name (:func:`read_snapshot`): every table of a unit is from the same commit (the
@@ -108,24 +109,47 @@ class Manifest:
         return out
 
 
-def manifest_path(unit: str) -> str:
-    return f"{MANIFESTS}/{unit}.json"
+def manifest_path(unit: str, generation: int) -> str:
+    return f"{MANIFESTS}/{unit}/{generation:012d}.json"
+
+
+def _listed(store: Store) -> dict[str, list[tuple[int, float]]]:
+    """unit → its manifests' (generation, written at), newest first (one listing)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for e in store.list(MANIFESTS):
+        parts = e.path.split("/")
+        if len(parts) == 3 and parts[2].endswith(".json") and parts[2][:-5].isdigit():
+            out.setdefault(parts[1], []).append((int(parts[2][:-5]), e.mtime))
+    return {u: sorted(g, reverse=True) for u, g in out.items()}
+
+
+def _newest(store: Store, unit: str, generations: list[tuple[int, float]]) -> Manifest | None:
+    """The newest whole manifest of ``unit``: one cut off mid-write (a store that lets
+    a dropped upload leave part of an object) is passed over for the one before."""
+    for generation, _t in generations:
+        data = store.read(manifest_path(unit, generation))
+        if data is None:
+            continue
+        try:
+            return Manifest.from_bytes(data, store.url_of(manifest_path(unit, generation)))
+        except ValueError:
+            continue
+    return None
 
 
 def read_manifest(store: Store, unit: str) -> Manifest | None:
-    data = store.read(manifest_path(unit))
-    return None if data is None else Manifest.from_bytes(data, store.url_of(manifest_path(unit)))
+    return _newest(store, unit, _listed(store).get(unit, []))
 
 
 def read_manifests(store: Store) -> dict[str, Manifest]:
     """The newest manifest of every unit (one listing, then the manifests in parallel)."""
-    units = sorted(e.path[len(MANIFESTS) + 1:-len(".json")] for e in store.list(MANIFESTS)
-                   if e.path.endswith(".json") and e.path.count("/") == 1)
+    listed = _listed(store)
+    units = sorted(listed)
     if len(units) <= 1 or not store.remote:
-        found = [read_manifest(store, u) for u in units]
+        found = [_newest(store, u, listed[u]) for u in units]
     else:
         with ThreadPoolExecutor(min(16, len(units))) as pool:
-            found = list(pool.map(lambda u: read_manifest(store, u), units))
+            found = list(pool.map(lambda u: _newest(store, u, listed[u]), units))
     return {m.unit: m for m in found if m is not None}
 
 
@@ -175,6 +199,8 @@ class Publisher:
         self._pool = ThreadPoolExecutor(uploaders, thread_name_prefix="gpuledger-upload")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="gpuledger-commit")
         self._commits: list[Future[None]] = []
+        self._written: dict[str, list[tuple[int, float]]] = {}
+        """unit → its manifests in the store (generation, written at), newest first."""
         self.after_commit: list[Callable[[set[str]], None]] = []
         """Called on the committer thread with the units just published."""
         self.objects_written = 0
@@ -186,8 +212,12 @@ class Publisher:
         """The unit's manifest as this writer holds it (loaded from the store first)."""
         manifest = self.manifests.get(name)
         if manifest is None:
-            manifest = read_manifest(self.store, name) or Manifest(name)
+            listed = _listed(self.store).get(name, [])
+            manifest = _newest(self.store, name, listed) or Manifest(name)
+            if listed:  # a generation cut off after the newest whole one is skipped
+                manifest.generation = max(manifest.generation, listed[0][0])
             self.manifests[name] = manifest
+            self._written[name] = listed
         return manifest
 
     def forget(self, name: str) -> None:
@@ -284,7 +314,7 @@ class Publisher:
         self.changed.clear()
         if units:
             now = self.clock()
-            blobs: list[tuple[str, bytes, list[str]]] = []
+            blobs: list[tuple[str, int, bytes, list[str]]] = []
             for name in units:
                 m = self.manifests[name]
                 m.generation += 1
@@ -294,7 +324,7 @@ class Publisher:
                 expired = [o for o, t in m.retired.items() if now - t >= self.retain_s]
                 for o in expired:
                     del m.retired[o]
-                blobs.append((name, m.to_bytes(), expired))
+                blobs.append((name, m.generation, m.to_bytes(), expired))
             with self._lock:
                 futures = [f for _d, f in self._uploads.values()]
             self._commits.append(self._committer.submit(self._publish, blobs, futures))
@@ -302,22 +332,37 @@ class Publisher:
             self.sync()
         return set(units)
 
-    def _publish(self, blobs: list[tuple[str, bytes, list[str]]],
+    def _publish(self, blobs: list[tuple[str, int, bytes, list[str]]],
                  uploads: list[Future[None]]) -> None:
         for f in uploads:
             f.result()  # an upload that failed fails the commit: nothing is published
-        for name, data, _expired in blobs:
-            self.store.write(manifest_path(name), data)
+        for name, generation, data, _expired in blobs:
+            self.store.write(manifest_path(name, generation), data)
         self._release_done()
-        for _name, _data, expired in blobs:
+        now = self.clock()
+        for name, generation, _data, expired in blobs:
             for obj in expired:
                 with self._lock:  # named again since, or being uploaded again: keep it
                     keep = obj in self._uploads or any(
                         obj in m.files.values() for m in self.manifests.values())
                 if not keep:
                     self.store.delete(obj)
+            self._prune(name, generation, now)
         for call in self.after_commit:
-            call({name for name, _d, _e in blobs})
+            call({name for name, _g, _d, _e in blobs})
+
+    def _prune(self, unit: str, generation: int, now: float) -> None:
+        """Delete the unit's manifests a reader can no longer be on: older than the one
+        before the newest, and replaced more than ``retain_s`` ago."""
+        written = [(generation, now), *self._written.get(unit, [])]
+        keep, old = written[:2], written[2:]
+        for i, (gen, _t) in enumerate(old):
+            replaced_at = written[i + 1][1]  # when the next one was written
+            if now - replaced_at >= self.retain_s:
+                self.store.delete(manifest_path(unit, gen))
+            else:
+                keep.append((gen, _t))
+        self._written[unit] = keep
 
     def sync(self) -> None:
         """Wait until every commit so far is published; raise the first failure."""

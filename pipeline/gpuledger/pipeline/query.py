@@ -22,7 +22,14 @@ from typing import Any
 import duckdb
 
 from gpuledger.pipeline.store import StoreError
-from gpuledger.pipeline.warehouse import FACTS, attach_store, catalog_statements, open_snapshot
+from gpuledger.pipeline.tables import TABLE_SCHEMAS
+from gpuledger.pipeline.warehouse import (
+    FACTS,
+    SCHEMA_FILE,
+    attach_store,
+    catalog_statements,
+    open_snapshot,
+)
 
 ALLOWED = {"SELECT", "EXPLAIN"}
 
@@ -38,8 +45,9 @@ def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
         store, snapshot = open_snapshot(warehouse)
     except StoreError as exc:
         raise QueryError(str(exc)) from None
-    if not snapshot.generations and not store.exists(f"{FACTS}/gpu_minute/_schema.parquet"):
-        raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published)")
+    if not snapshot.generations and not all(
+            store.exists(f"{FACTS}/{t}/{SCHEMA_FILE}") for t in TABLE_SCHEMAS):
+        raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published yet)")
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False})
     attach_store(con, store, snapshot.sizes)
