@@ -232,7 +232,10 @@ class Warehouse:
     def _after_commit(self, units: set[str]) -> None:
         if units & set(CATALOG_UNITS):
             self._catalog_wanted = True
-            self._maybe_catalog(force=False)
+            try:
+                self._maybe_catalog(force=False)
+            except (duckdb.Error, OSError) as exc:  # a convenience: the facts are published
+                log.warning("catalog.duckdb not rebuilt: %s", str(exc).splitlines()[0])
 
     def _maybe_catalog(self, force: bool) -> None:
         interval = self.options.catalog_interval_s
