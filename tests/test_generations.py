@@ -39,10 +39,11 @@ from gpuledger.pipeline.store import open_store
 from gpuledger.pipeline.warehouse import Warehouse, published_files, read_table
 
 SPARSE = ("blocked_minute", "preemptions", "candidates")
-HOURS = 30.0
-CUTS = (6.0, 20.0, 30.0)
-"""Hours of history of the successive ingests (day 1 closes, and is compacted, during
-the second)."""
+START = datetime(2026, 1, 5, 20, tzinfo=UTC)
+HOURS = 10.0
+CUTS = (3.0, 7.0, 10.0)
+"""Hours of history of the successive ingests, from 20:00 (the first day closes, and is
+compacted, during the second)."""
 
 CHECK = """
 SELECT
@@ -59,7 +60,7 @@ SELECT
 @pytest.fixture(scope="module")
 def histories(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """One simulated history cut at each of CUTS hours (prefixes of each other)."""
-    batches = list(simulate(SimConfig(hours=HOURS, seed=3, sample_interval_s=60,
+    batches = list(simulate(SimConfig(hours=HOURS, seed=3, sample_interval_s=60, start=START,
                                       cluster=parse_cluster(SMALL))))
     start = min(b["telemetry"]["time"].min() for b in batches if b["telemetry"].height)
     out = []

@@ -250,9 +250,14 @@ class Publisher:
 
     def put_schema(self, path: str, data: bytes) -> None:
         """A fixed-name object every unit's readers need (a table's empty schema file):
-        written when missing, never replaced."""
-        if not self.store.exists(path):
-            self.store.write(path, data)
+        written when missing, never replaced (in the background; commits wait for it)."""
+        def ensure() -> None:
+            if not self.store.exists(path):
+                self.store.write(path, data)
+
+        future = self._pool.submit(ensure)
+        with self._lock:
+            self._uploads[path] = (b"", future)
 
     def drop(self, unit: str, logical: str) -> None:
         """Stop publishing ``logical`` (its rows moved into a compacted object)."""
