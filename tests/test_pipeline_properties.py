@@ -7,6 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from fact_views import view
 from test_simulate import SMALL
 
 from gpuledger.pipeline import query
@@ -37,6 +38,10 @@ def demo_wh(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def table(root: Path, name: str) -> pl.DataFrame:
+    """A table's rows (``gpu_minute`` through its view: spans of GPUs without telemetry
+    expanded)."""
+    if name == "gpu_minute":
+        return view(root, name)
     return pl.read_parquet(root / "facts" / name / "**" / "*.parquet")
 
 

@@ -2,9 +2,12 @@
 
 Files may hold any mix of record types, in any order. All files are decoded first
 (bad lines are collected with file, line and reason), then the events are fed to the
-processor in event-time order, ten minutes at a time, exactly as a live stream would
-arrive. The decoded input is held in memory while it is fed (about 150 bytes per
-telemetry sample): split very long histories by day.
+processor in event-time order, exactly as a live stream would arrive: ten minutes at a
+time while there is telemetry (its samples wait in memory until their minutes close),
+a day at a time for a history of scheduler and inventory events alone (the processor
+then closes a day per pass and keeps GPUs without telemetry as spans, so a year of
+history costs per event, not per GPU-minute). The decoded input is held in memory while
+it is fed (about 150 bytes per telemetry sample): split very long histories by day.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
 
 SLICE = timedelta(minutes=10)
+"""Event time fed per batch while there is telemetry."""
+HISTORY_SLICE = timedelta(days=1)
+"""Event time fed per batch of a history without telemetry."""
 
 
 @dataclass
@@ -41,9 +47,11 @@ def import_history(
     processor: Processor,
     frames: dict[str, pl.DataFrame],
     on_progress: Callable[[float], None] | None = None,
+    until: datetime | None = None,
 ) -> int:
     """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
-    the rest in event-time order and flush. The number of rejected records."""
+    the rest in event-time order and flush up to ``until`` (a window's end; default the
+    newest event). The number of rejected records."""
     good: dict[RecordType, pl.DataFrame] = {}
     rejected = 0
     for kind, frame in frames.items():
@@ -51,7 +59,7 @@ def import_history(
         processor.add_rejects(bad)
         rejected += bad.height
         good[kind] = ok  # type: ignore[index]
-    feed_in_time_order(processor, good, on_progress)
+    feed_in_time_order(processor, good, on_progress, until)
     return rejected
 
 
@@ -59,20 +67,23 @@ def feed_in_time_order(
     processor: Processor,
     frames: dict[RecordType, pl.DataFrame],
     on_progress: Callable[[float], None] | None = None,
+    until: datetime | None = None,
 ) -> None:
-    """Feed validated frames to ``processor`` in event-time slices, then flush."""
+    """Feed validated frames to ``processor`` in event-time slices, then flush (every
+    minute before ``until`` when given, else up to the newest event)."""
     ordered = {k: f.sort("time", maintain_order=True) for k, f in frames.items()
                if not f.is_empty()}
     if not ordered:
-        processor.flush()
+        processor.flush(until)
         return
+    step = SLICE if "telemetry" in ordered else HISTORY_SLICE
     first: datetime = min(f["time"][0] for f in ordered.values())
     last: datetime = max(f["time"][-1] for f in ordered.values())
     start = first.replace(second=0, microsecond=0)
     offsets = dict.fromkeys(ordered, 0)
     total = max((last - start).total_seconds(), 1.0)
     while start <= last:
-        end = start + SLICE
+        end = start + step
         batch: dict[str, pl.DataFrame] = {}
         for kind, frame in ordered.items():
             stop = int(frame["time"].search_sorted(end, side="left"))
@@ -83,7 +94,7 @@ def feed_in_time_order(
         start = end
         if on_progress is not None:
             on_progress(min((start - first).total_seconds() / total, 1.0))
-    processor.flush()
+    processor.flush(until)
 
 
 def ingest(

@@ -54,15 +54,18 @@ from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, recommendations, rollup
 from gpuledger.pipeline.facts.cluster import cluster_facts, starts_window
 from gpuledger.pipeline.facts.gpu_minutes import (
+    GPU_KEYS,
     MINUTE_KEYS,
     allocation_per_gpu_minute,
     dense_gpu_rows,
+    finish_gpu_rows,
     gpu_runs,
     job_minute_rows,
     job_rows_with_context,
     merged_occupancy,
 )
 from gpuledger.pipeline.facts.minutes import HOUR_MS, MINUTE_MS, clip_ms, ms, to_time
+from gpuledger.pipeline.facts.spans import span_rows, split_runs
 from gpuledger.pipeline.facts.telemetry_minutes import (
     job_memory,
     per_gpu_minute,
@@ -78,10 +81,10 @@ from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.processor")
 
-PER_GPU_TABLES = ("gpu_minute", "job_gpu")
+PER_GPU_TABLES = ("gpu_minute", "gpu_span", "job_gpu")
 CLUSTER_TABLES = ("frag_minute", "pending_minute", "blocked_minute", "job_attempts",
                   "preemptions", "recommendations")
-HOURLY_TABLES = ("gpu_minute", "frag_minute", "pending_minute", "blocked_minute",
+HOURLY_TABLES = ("gpu_minute", "gpu_span", "frag_minute", "pending_minute", "blocked_minute",
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
 LOW_PRIORITY = 10
@@ -140,12 +143,17 @@ class Processor:
         now: Callable[[], datetime] | None = None,
         telemetry_clock: bool = False,
         partitioning: Partitioning | None = None,
+        spans: bool = True,
     ) -> None:
         """``telemetry_clock``: only telemetry moves the watermark (a live service, where
         scheduler events may be read ahead of telemetry); off, scheduler and inventory
         time moves it until telemetry is seen (history imports without telemetry).
         ``partitioning``: the telemetry partitions this engine holds (a Kafka service);
-        without it, the engine holds the whole cluster as one partition, 0."""
+        without it, the engine holds the whole cluster as one partition, 0.
+        ``spans``: GPUs without telemetry in a step are kept as spans of identical
+        minutes (``facts/spans.py``); off, every GPU-minute is a row (the same facts,
+        row by row: for tests and benchmarks)."""
+        self.spans = spans
         self.config = config
         self.partitioning = partitioning
         self.telemetry_clock = telemetry_clock
@@ -353,9 +361,10 @@ class Processor:
             old = self.node_time.get(node)
             if old is None or when > old:
                 self.node_time[node] = when
-        cutoff = pl.col("partition").replace_strict(
-            {p: ms(c) for p, c in self.part_closed.items()}, default=0,
-            return_dtype=pl.Int64)
+        closed = {ms(c) for c in self.part_closed.values()}
+        cutoff = pl.lit(min(closed, default=0), pl.Int64) if len(closed) <= 1 else pl.col(
+            "partition").replace_strict({p: ms(c) for p, c in self.part_closed.items()},
+                                        default=0, return_dtype=pl.Int64)
         is_late = pl.col("minute").cast(pl.Int64) < cutoff
         late = tel.filter(is_late)
         if not late.is_empty():
@@ -502,14 +511,28 @@ class Processor:
             self.inventory.prune(ms(horizon))
 
     def _take_samples(self, b_ms: int) -> pl.DataFrame:
-        """Remove and return the buffered samples of minutes before ``b_ms``."""
+        """Remove and return the buffered samples of minutes before ``b_ms`` (a chunk
+        wholly before it is taken as it is; only a chunk that straddles it is split)."""
         if not self.samples:
             return pl.DataFrame()
-        everything = pl.concat(self.samples, how="vertical_relaxed", rechunk=False)
+        taken: list[pl.DataFrame] = []
+        kept: list[pl.DataFrame] = []
         before = pl.col("minute").cast(pl.Int64) < b_ms
-        rest = everything.filter(~before)
-        self.samples = [rest] if not rest.is_empty() else []
-        return everything.filter(before)
+        for chunk in self.samples:
+            lo, hi = chunk.select(pl.col("minute").min().cast(pl.Int64).alias("lo"),
+                                  pl.col("minute").max().cast(pl.Int64).alias("hi")).row(0)
+            if hi < b_ms:
+                taken.append(chunk)
+            elif lo >= b_ms:
+                kept.append(chunk)
+            else:
+                taken.append(chunk.filter(before))
+                kept.append(chunk.filter(~before))
+        self.samples = kept
+        if not taken:
+            return pl.DataFrame()
+        return pl.concat(taken, how="vertical_relaxed", rechunk=False) if len(taken) > 1 \
+            else taken[0]
 
     def _close(self, a: datetime, b: datetime) -> None:
         """Close ``[a, b)``: each partition from its own closed point (if before ``b``)."""
@@ -534,32 +557,68 @@ class Processor:
     def _close_gpus(self, window: pl.DataFrame, node_runs: pl.DataFrame,
                     allocations: pl.DataFrame, attrs: pl.DataFrame,
                     bounds: dict[int, int], b_ms: int) -> None:
-        """The per-GPU facts of the partitions in ``bounds`` (partition → closed point)."""
+        """The per-GPU facts of the partitions in ``bounds`` (partition → closed point).
+
+        GPUs with telemetry in the step get a row per minute; the others get spans of
+        identical minutes, and a row per minute only where an allocation starts or ends
+        inside a minute (``facts/spans.py``)."""
         lo = pl.col("partition").replace_strict(bounds, default=None, return_dtype=pl.Int64)
-        runs = self._with_partition(node_runs).lazy().filter(
+        own_nodes = self._with_partition(node_runs).filter(
             pl.col("partition").is_in(list(bounds))).with_columns(
             pl.max_horizontal(pl.col("from_ms"), lo).alias("from_ms")).filter(
             pl.col("from_ms") < pl.col("to_ms"))
+        runs = gpu_runs(own_nodes).collect()
         pieces = clip_ms(self._with_partition(allocations).filter(
-            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms)
-        job_minutes = job_minute_rows(pieces)
-        alloc = allocation_per_gpu_minute(job_minutes, merged_occupancy(pieces))
+            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms).collect()
         telem = None
+        exact_runs, exact_pieces = runs.clear(), pieces.clear()
+        sparse_runs, sparse_pieces = runs, pieces
         if not window.is_empty():
             agg, repeats = per_gpu_minute(window)
             self.counters.duplicate_samples += repeats
             self._count_sequence(agg)
             telem = agg.lazy().with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))\
                 .drop("minute")
-        gpu_lazy = dense_gpu_rows(gpu_runs(runs.collect()), alloc, telem,
-                                  self.config.thresholds)
+            seen = agg.select(GPU_KEYS).unique()
+            exact_runs = runs.join(seen, on=GPU_KEYS, how="semi")
+            exact_pieces = pieces.join(seen, on=GPU_KEYS, how="semi")
+            sparse_runs = runs.join(seen, on=GPU_KEYS, how="anti")
+            sparse_pieces = pieces.join(seen, on=GPU_KEYS, how="anti")
+        if not self.spans:
+            exact_runs, exact_pieces = runs, pieces
+            sparse_runs, sparse_pieces = runs.clear(), pieces.clear()
+        span_gpu = span_jobs = None
+        if not sparse_runs.is_empty():
+            edges, spans = split_runs(sparse_runs.lazy(), sparse_pieces.lazy())
+            edges_df = edges.collect()
+            edge_pieces = sparse_pieces.join(
+                edges_df.select(*GPU_KEYS, pl.col("from_ms").alias("_u"),
+                                pl.col("to_ms").alias("_v")), on=GPU_KEYS, how="inner"
+            ).filter((pl.col("s_ms") < pl.col("_v")) & (pl.col("e_ms") > pl.col("_u"))
+                     ).with_columns(pl.max_horizontal("s_ms", "_u").alias("s_ms"),
+                                    pl.min_horizontal("e_ms", "_v").alias("e_ms")
+                                    ).drop("_u", "_v")
+            exact_runs = pl.concat([exact_runs, edges_df.select(exact_runs.columns)])
+            exact_pieces = pl.concat([exact_pieces, edge_pieces.select(exact_pieces.columns)])
+            span_gpu, span_jobs = span_rows(spans, sparse_pieces.lazy())
+        job_minutes = job_minute_rows(exact_pieces.lazy())
+        alloc = allocation_per_gpu_minute(job_minutes, merged_occupancy(exact_pieces.lazy()))
+        t = self.config.thresholds
+        parts = [dense_gpu_rows(exact_runs.lazy(), alloc, telem, t).with_columns(
+            pl.lit(False).alias("span"))]
+        job_parts = [job_minutes]
+        if span_gpu is not None and span_jobs is not None:
+            parts.append(finish_gpu_rows(span_gpu, t).with_columns(pl.lit(True).alias("span")))
+            job_parts.append(span_jobs)
         main = attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority")
-        gpu = gpu_lazy.join(main, on="job_id", how="left").collect()
+        gpu = pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left")\
+            .collect()
         if telem is not None:
             self._reject_unplaced_telemetry(window, gpu, telem)
         job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
-        jobs = self._with_job_memory(job_rows_with_context(job_minutes, gpu.lazy()).join(
-            job_attrs, on="job_id", how="left"), window).collect()
+        jobs = self._with_job_memory(job_rows_with_context(
+            pl.concat(job_parts, how="diagonal_relaxed"), gpu.lazy()).join(
+            job_attrs, on="job_id", how="left").collect(), window)
         self._emit_gpu_minutes(gpu)
         self._emit_job_minutes(jobs)
         partial = rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())).collect()
@@ -569,15 +628,15 @@ class Processor:
         inc = job_usage.minute_usage(jobs.lazy(), self.config)
         self.acc = job_usage.merge(self.acc, inc)
 
-    def _with_job_memory(self, jobs: pl.LazyFrame, window: pl.DataFrame) -> pl.LazyFrame:
+    def _with_job_memory(self, jobs: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
         """``job_mem_mib``: each job's own processes' memory on the GPUs it shares."""
-        shared = jobs.filter(pl.col("fraction") < 1.0).select(MINUTE_KEYS).unique().collect()
+        shared = jobs.filter(pl.col("fraction") < 1.0).select(MINUTE_KEYS).unique()
         if shared.is_empty() or window.is_empty():
             return jobs.with_columns(pl.lit(None, pl.Float64).alias("job_mem_mib"))
         keyed = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))
         mem = job_memory(keyed.join(shared, on=MINUTE_KEYS, how="semi")).with_columns(
             pl.col("minute").cast(pl.Int64).alias("minute_ms")).drop("minute")
-        return jobs.join(mem.lazy(), on=[*MINUTE_KEYS, "job_id"], how="left")
+        return jobs.join(mem, on=[*MINUTE_KEYS, "job_id"], how="left")
 
     def _reject_unplaced_telemetry(self, window: pl.DataFrame, gpu: pl.DataFrame,
                                    telem: pl.LazyFrame) -> None:
@@ -606,18 +665,26 @@ class Processor:
                     "%Y-%m-%dT%H:%M:%S%.3fZ")).struct.json_encode().alias("raw")), part)
 
     def _emit_gpu_minutes(self, gpu: pl.DataFrame) -> None:
+        """``gpu_minute`` rows, and ``gpu_span`` rows for spans of identical minutes."""
         t = self.config.thresholds
         out = gpu.with_columns(
             to_time(pl.col("minute_ms")).alias("minute"),
+            pl.col("n_minutes").alias("minutes"),
             pl.lit(t.idle_activity).alias("idle_threshold"),
             pl.lit(t.efficient_activity).alias("efficient_threshold"),
         ).with_columns(pl.col("minute").dt.date().alias("date"))
-        self._buffer_split("gpu_minute", out, "minute")
+        self._buffer_split("gpu_minute", out.filter(~pl.col("span")), "minute")
+        self._buffer_split("gpu_span", out.filter(pl.col("span")), "minute")
 
     def _emit_job_minutes(self, jobs: pl.DataFrame) -> None:
+        """Per job attempt, GPU and minute, for listeners (spans expanded to minutes)."""
         if not self.listeners or jobs.is_empty():
             return
-        frame = jobs.with_columns(to_time(pl.col("minute_ms")).alias("minute"))
+        frame = jobs.with_columns(
+            pl.int_ranges(pl.col("minute_ms"),
+                          pl.col("minute_ms") + pl.col("n_minutes") * MINUTE_MS, MINUTE_MS)
+            .alias("minute_ms")).explode("minute_ms").with_columns(
+            to_time(pl.col("minute_ms")).alias("minute"), pl.lit(1, pl.Int64).alias("n_minutes"))
         for listener in self.listeners:
             listener.facts("job_gpu_minute", frame)
 
@@ -793,29 +860,28 @@ class Processor:
     # -- buffering and writing -------------------------------------------------------
 
     def _buffer_split(self, table: str, frame: pl.DataFrame, time_col: str) -> None:
-        """Buffer a frame with a ``partition`` column, per partition."""
+        """Buffer a frame with a ``partition`` column, per partition and hour."""
         if frame.is_empty():
             return
-        for (part,), rows in frame.group_by("partition"):
-            assert isinstance(part, int)
-            self._buffer(table, rows, time_col, part)
+        self._buffer(table, frame, time_col, None)
 
-    def _buffer(self, table: str, frame: pl.DataFrame, time_col: str, partition: int) -> None:
+    def _buffer(self, table: str, frame: pl.DataFrame, time_col: str,
+                partition: int | None) -> None:
+        """Buffer ``frame``'s rows per hour of ``time_col``, as ``partition``'s (None: each
+        row's own ``partition``)."""
         if frame.is_empty():
             return
-        frame = self._shape(table, frame)
+        parts = frame if partition is None else frame.with_columns(
+            pl.lit(partition, pl.Int64).alias("partition"))
+        shaped = self._shape(table, parts).with_columns(parts["partition"])
         for listener in self.listeners:
-            listener.facts(table, frame)
-        first, last = frame.select(
-            pl.col(time_col).min().dt.truncate("1h").alias("first"),
-            pl.col(time_col).max().dt.truncate("1h").alias("last"),
-        ).row(0)
-        if first == last:  # the common case: a close step within one hour
-            self.hour_parts.setdefault((table, first, partition), []).append(frame)
-            return
-        for (hour,), part in frame.group_by(pl.col(time_col).dt.truncate("1h").alias("_h")):
-            assert isinstance(hour, datetime)
-            self.hour_parts.setdefault((table, hour, partition), []).append(part)
+            listener.facts(table, shaped.drop("partition"))
+        hour = pl.col(time_col).dt.truncate("1h").alias("_h")
+        for (part, when), rows in shaped.with_columns(hour).partition_by(
+                ["partition", "_h"], as_dict=True, maintain_order=False).items():
+            assert isinstance(part, int) and isinstance(when, datetime)
+            self.hour_parts.setdefault((table, when, part), []).append(
+                rows.drop("partition", "_h"))
 
     @staticmethod
     def _shape(table: str, frame: pl.DataFrame) -> pl.DataFrame:
@@ -828,8 +894,13 @@ class Processor:
         done = sorted(
             (hour, part) for hour, part in keys
             if final or (closed is not None and hour + timedelta(hours=1) <= closed))
+        days: set[tuple[datetime, int]] = set()
         for hour, part in done:
             self._write_hour(hour, part)
+            if (hour.replace(hour=0), part) in self.day_hourly:
+                days.add((hour.replace(hour=0), part))
+        for day, part in sorted(days):  # once per day, however many of its hours closed
+            self._write_daily(day, part)
 
     def _write_hour(self, hour: datetime, partition: int) -> None:
         """Write the buffered parts of ``hour`` (partial ones stay buffered)."""
@@ -838,7 +909,14 @@ class Processor:
         suffix = self.suffix(partition)
         partials = self.rollup_parts.get((hour, partition))
         if partials:
-            self._write_rollups(hour, partition, pl.concat(partials), complete)
+            hourly = self._shape("gpu_hourly", rollup.hourly(pl.concat(partials)))
+            self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
+                                      suffix=suffix)
+            self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
+            if complete:
+                del self.rollup_parts[(hour, partition)]
+            else:
+                self.rollup_parts[(hour, partition)] = [pl.concat(partials)]
         for table in HOURLY_TABLES:
             key = (table, hour, partition)
             parts = self.hour_parts.get(key)
@@ -854,25 +932,14 @@ class Processor:
             else:
                 self.hour_parts[key] = [frame]
 
-    def _write_rollups(self, hour: datetime, partition: int, partials: pl.DataFrame,
-                       complete: bool) -> None:
-        suffix = self.suffix(partition)
-        hourly = self._shape("gpu_hourly", rollup.hourly(partials))
-        self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
-                                  suffix=suffix)
-        if complete:
-            del self.rollup_parts[(hour, partition)]
-        else:
-            self.rollup_parts[(hour, partition)] = [partials]
-        day = hour.replace(hour=0)
-        kept = self.day_hourly.setdefault((day, partition), {})
-        kept[hour] = hourly
+    def _write_daily(self, day: datetime, partition: int) -> None:
+        kept = self.day_hourly[(day, partition)]
         daily = self._shape("gpu_daily", rollup.daily(pl.concat(list(kept.values()))))
         self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"],
-                                  hourly=False, suffix=suffix)
+                                  hourly=False, suffix=self.suffix(partition))
         closed = self.closed_until
-        day_done = closed is not None and day + timedelta(days=1) <= closed
-        if complete and day_done:
+        if closed is not None and day + timedelta(days=1) <= closed and not any(
+                (h, p) in self.rollup_parts for h in kept for p in (partition,)):
             del self.day_hourly[(day, partition)]
 
     def _write_late(self) -> None:
