@@ -106,11 +106,11 @@ def test_queue_waits_and_job_totals_are_consistent(demo_wh: Path) -> None:
 
 
 def test_catalog_views_answer(demo_wh: Path) -> None:
-    for view in ("attempts", "utilisation_by_pool", "utilisation_by_team", "queue_wait",
+    for name in ("attempts", "utilisation_by_pool", "utilisation_by_team", "queue_wait",
                  "job_gpu_memory", "borrowing", "preemption_cost", "fragmentation",
                  "team_recommendations", "pending_minute", "blocked_minute", "candidates"):
-        columns, _rows = query.run(demo_wh, f"SELECT * FROM {view} LIMIT 5")
-        assert columns, view
+        columns, _rows = query.run(demo_wh, f"SELECT * FROM {name} LIMIT 5")
+        assert columns, name
     _, rows = query.run(demo_wh, "SELECT count(*) FROM utilisation_by_pool")
     assert rows[0][0] == 3
 
