@@ -52,6 +52,7 @@ from gpuledger.pipeline.columns import TIME_DTYPE, conform
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, recommendations, rollup
+from gpuledger.pipeline.facts import telemetry_minutes as telemetry
 from gpuledger.pipeline.facts.cluster import cluster_facts, starts_window
 from gpuledger.pipeline.facts.gpu_minutes import (
     GPU_KEYS,
@@ -66,12 +67,7 @@ from gpuledger.pipeline.facts.gpu_minutes import (
 )
 from gpuledger.pipeline.facts.minutes import HOUR_MS, MINUTE_MS, clip_ms, ms, to_time
 from gpuledger.pipeline.facts.spans import span_rows, split_runs
-from gpuledger.pipeline.facts.telemetry_minutes import (
-    job_memory,
-    per_gpu_minute,
-    prepare,
-    sequence_gaps,
-)
+from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys, prepare, sequence_gaps
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.state.inventory import InventoryBook
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER, JobBook
@@ -162,7 +158,11 @@ class Processor:
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
-        self.samples: list[pl.DataFrame] = []
+        self.tel_parts: list[pl.DataFrame] = []
+        """Telemetry of open minutes, folded per GPU-minute as batches arrived."""
+        self.mem_parts: list[pl.DataFrame] = []
+        """Job memory on GPUs of open minutes, per (minute, node, GPU, job)."""
+        self.sample_keys = SampleKeys()
         self.acc = pl.DataFrame(schema=ACC_SCHEMA)
         self.part_closed: dict[int, datetime] = {}
         """Each held partition's closed point: every minute before it is closed."""
@@ -365,7 +365,7 @@ class Processor:
         cutoff = pl.lit(min(closed, default=0), pl.Int64) if len(closed) <= 1 else pl.col(
             "partition").replace_strict({p: ms(c) for p, c in self.part_closed.items()},
                                         default=0, return_dtype=pl.Int64)
-        is_late = pl.col("minute").cast(pl.Int64) < cutoff
+        is_late = pl.col("minute_ms") < cutoff
         late = tel.filter(is_late)
         if not late.is_empty():
             self.counters.late_telemetry += late.height
@@ -373,10 +373,24 @@ class Processor:
                     pl.col("minute").dt.truncate("1h").alias("h"), "partition"):
                 assert isinstance(hour, datetime) and isinstance(part, int)
                 self.late_parts.setdefault((hour, part), []).append(
-                    rows.drop("activity", "n_proc", "n_unattributed", "partition"))
+                    rows.drop("activity", "n_proc", "n_unattributed", "partition",
+                              "minute_ms"))
             tel = tel.filter(~is_late)
-        if not tel.is_empty():
-            self.samples.append(tel)
+        if tel.is_empty():
+            return
+        fresh, repeats = self.sample_keys.take_new(tel)
+        self.counters.duplicate_samples += repeats
+        if fresh.is_empty():
+            return
+        self.tel_parts.append(telemetry.partials(fresh))
+        memory = telemetry.job_memory(fresh, self._shared_gpus())
+        if not memory.is_empty():
+            self.mem_parts.append(memory)
+
+    def _shared_gpus(self) -> pl.DataFrame:
+        """The GPUs some job holds a fraction of (open or recent allocations)."""
+        return self.jobs.allocations().filter(pl.col("fraction") < 1.0).select(
+            "node", "gpu_index").unique()
 
     def _bump_other(self, frame: pl.DataFrame) -> None:
         newest = frame.select(pl.col("time").max()).item()
@@ -492,7 +506,7 @@ class Processor:
         closed = self.closed_until
         assert closed is not None
         while closed < end:
-            step = DENSE_STEP if self.samples else SPARSE_STEP
+            step = DENSE_STEP if self.tel_parts else SPARSE_STEP
             step_end = min(end, _floor_hour(closed) + step)
             self._close(closed, step_end)
             for p in self.held:
@@ -505,22 +519,23 @@ class Processor:
             self._write_hours(final=False)
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
+            self.sample_keys.forget_before(ms(closed))
             horizon = closed - timedelta(seconds=self.config.windows.handover_retention_s)
             self.jobs.prune(horizon)
             self._forget_completed(closed)
             self.inventory.prune(ms(horizon))
 
-    def _take_samples(self, b_ms: int) -> pl.DataFrame:
-        """Remove and return the buffered samples of minutes before ``b_ms`` (a chunk
-        wholly before it is taken as it is; only a chunk that straddles it is split)."""
-        if not self.samples:
-            return pl.DataFrame()
+    @staticmethod
+    def _take(parts: list[pl.DataFrame], b_ms: int) -> tuple[list[pl.DataFrame],
+                                                               list[pl.DataFrame]]:
+        """Split chunks into the rows of minutes before ``b_ms`` and the rest (a chunk
+        wholly on one side is not copied)."""
         taken: list[pl.DataFrame] = []
         kept: list[pl.DataFrame] = []
-        before = pl.col("minute").cast(pl.Int64) < b_ms
-        for chunk in self.samples:
-            lo, hi = chunk.select(pl.col("minute").min().cast(pl.Int64).alias("lo"),
-                                  pl.col("minute").max().cast(pl.Int64).alias("hi")).row(0)
+        before = pl.col("minute_ms") < b_ms
+        for chunk in parts:
+            lo, hi = chunk.select(pl.col("minute_ms").min().alias("lo"),
+                                  pl.col("minute_ms").max().alias("hi")).row(0)
             if hi < b_ms:
                 taken.append(chunk)
             elif lo >= b_ms:
@@ -528,11 +543,14 @@ class Processor:
             else:
                 taken.append(chunk.filter(before))
                 kept.append(chunk.filter(~before))
-        self.samples = kept
-        if not taken:
-            return pl.DataFrame()
-        return pl.concat(taken, how="vertical_relaxed", rechunk=False) if len(taken) > 1 \
-            else taken[0]
+        return [t for t in taken if not t.is_empty()], kept
+
+    def _take_telemetry(self, b_ms: int) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+        """The telemetry and job memory of the open minutes before ``b_ms`` (removed)."""
+        taken, self.tel_parts = self._take(self.tel_parts, b_ms)
+        mem, self.mem_parts = self._take(self.mem_parts, b_ms)
+        telem = telemetry.finish(telemetry.merge(taken)) if taken else None
+        return telem, telemetry.merge_memory(mem) if mem else None
 
     def _close(self, a: datetime, b: datetime) -> None:
         """Close ``[a, b)``: each partition from its own closed point (if before ``b``)."""
@@ -540,12 +558,12 @@ class Processor:
         bounds = {p: ms(c) for p, c in self.part_closed.items() if p in self.held and c < b}
         self.counters.minutes_closed += (b_ms - a_ms) // MINUTE_MS
         self.counters.close_passes += 1
-        window = self._take_samples(b_ms)
+        telem, memory = self._take_telemetry(b_ms)
         attrs = self.jobs.attributes()
         node_runs = self.inventory.runs(a_ms, b_ms)
         allocations = self.jobs.allocations()
         if bounds:
-            self._close_gpus(window, node_runs, allocations, attrs, bounds, b_ms)
+            self._close_gpus(telem, memory, node_runs, allocations, attrs, bounds, b_ms)
         cluster_from = self.part_closed.get(0) if self.cluster else None
         if cluster_from is not None and cluster_from < b:
             self._close_cluster(node_runs, allocations, attrs, cluster_from, b)
@@ -554,7 +572,8 @@ class Processor:
     def _with_partition(self, frame: pl.DataFrame) -> pl.DataFrame:
         return frame.with_columns(self.partition_expr(frame).alias("partition"))
 
-    def _close_gpus(self, window: pl.DataFrame, node_runs: pl.DataFrame,
+    def _close_gpus(self, agg: pl.DataFrame | None, memory: pl.DataFrame | None,
+                    node_runs: pl.DataFrame,
                     allocations: pl.DataFrame, attrs: pl.DataFrame,
                     bounds: dict[int, int], b_ms: int) -> None:
         """The per-GPU facts of the partitions in ``bounds`` (partition → closed point).
@@ -573,12 +592,9 @@ class Processor:
         telem = None
         exact_runs, exact_pieces = runs.clear(), pieces.clear()
         sparse_runs, sparse_pieces = runs, pieces
-        if not window.is_empty():
-            agg, repeats = per_gpu_minute(window)
-            self.counters.duplicate_samples += repeats
+        if agg is not None:
             self._count_sequence(agg)
-            telem = agg.lazy().with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))\
-                .drop("minute")
+            telem = agg.lazy().drop("partition")
             seen = agg.select(GPU_KEYS).unique()
             exact_runs = runs.join(seen, on=GPU_KEYS, how="semi")
             exact_pieces = pieces.join(seen, on=GPU_KEYS, how="semi")
@@ -613,12 +629,12 @@ class Processor:
         main = attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority")
         gpu = pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left")\
             .collect()
-        if telem is not None:
-            self._reject_unplaced_telemetry(window, gpu, telem)
+        if agg is not None:
+            self._reject_unplaced_telemetry(gpu, agg)
         job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
         jobs = self._with_job_memory(job_rows_with_context(
             pl.concat(job_parts, how="diagonal_relaxed"), gpu.lazy()).join(
-            job_attrs, on="job_id", how="left").collect(), window)
+            job_attrs, on="job_id", how="left").collect(), memory)
         self._emit_gpu_minutes(gpu)
         self._emit_job_minutes(jobs)
         partial = rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())).collect()
@@ -628,41 +644,39 @@ class Processor:
         inc = job_usage.minute_usage(jobs.lazy(), self.config)
         self.acc = job_usage.merge(self.acc, inc)
 
-    def _with_job_memory(self, jobs: pl.DataFrame, window: pl.DataFrame) -> pl.DataFrame:
+    @staticmethod
+    def _with_job_memory(jobs: pl.DataFrame, memory: pl.DataFrame | None) -> pl.DataFrame:
         """``job_mem_mib``: each job's own processes' memory on the GPUs it shares."""
-        shared = jobs.filter(pl.col("fraction") < 1.0).select(MINUTE_KEYS).unique()
-        if shared.is_empty() or window.is_empty():
+        if memory is None or jobs.filter(pl.col("fraction") < 1.0).is_empty():
             return jobs.with_columns(pl.lit(None, pl.Float64).alias("job_mem_mib"))
-        keyed = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))
-        mem = job_memory(keyed.join(shared, on=MINUTE_KEYS, how="semi")).with_columns(
-            pl.col("minute").cast(pl.Int64).alias("minute_ms")).drop("minute")
-        return jobs.join(mem, on=[*MINUTE_KEYS, "job_id"], how="left")
+        return jobs.join(memory.drop("partition"), on=[*MINUTE_KEYS, "job_id"], how="left")
 
-    def _reject_unplaced_telemetry(self, window: pl.DataFrame, gpu: pl.DataFrame,
-                                   telem: pl.LazyFrame) -> None:
-        """Samples of GPUs no inventory knows (an unknown node, GPU 99 of 8) are rejected:
-        nothing unknown adds to capacity."""
+    def _reject_unplaced_telemetry(self, gpu: pl.DataFrame, agg: pl.DataFrame) -> None:
+        """Samples of GPUs no inventory knows (an unknown node, GPU 99 of 8) are rejected,
+        a reject row per GPU-minute: nothing unknown adds to capacity."""
         placed = gpu.filter(pl.col("telemetry_samples") > 0).height
-        stray = telem.select(MINUTE_KEYS).collect()
-        if stray.height == placed:
+        if agg.height == placed:
             return
-        missing = stray.join(gpu.select(MINUTE_KEYS), on=MINUTE_KEYS, how="anti")
+        missing = agg.join(gpu.select(MINUTE_KEYS), on=MINUTE_KEYS, how="anti")
         known = self.inventory.records.group_by("node").agg(pl.col("gpu_count").last())
-        rows = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms")).join(
-            missing, on=MINUTE_KEYS, how="semi").join(known, on="node", how="left")
+        rows = missing.join(known, on="node", how="left")
+        minute = to_time(pl.col("minute_ms")).dt.strftime("%Y-%m-%dT%H:%MZ")
         reason = (pl.when(pl.col("gpu_count").is_null())
                   .then(pl.lit("no inventory for node '") + pl.col("node") + pl.lit("'"))
                   .otherwise(pl.lit("GPU ") + pl.col("gpu_index").cast(pl.String)
                              + pl.lit(" of node '") + pl.col("node") + pl.lit("', which has ")
-                             + pl.col("gpu_count").cast(pl.String) + pl.lit(" GPUs")))
-        self.counters.unplaced_telemetry += rows.height
+                             + pl.col("gpu_count").cast(pl.String) + pl.lit(" GPUs"))
+                  + pl.lit(": ") + pl.col("telemetry_samples").cast(pl.String)
+                  + pl.lit(" sample(s) in minute ") + minute)
+        self.counters.unplaced_telemetry += int(rows["telemetry_samples"].sum())
         for (part,), group in rows.group_by("partition"):
             assert isinstance(part, int)
             self.add_rejects(group.select(
                 pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
                 pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
-                pl.struct("node", "gpu_index", pl.col("time").dt.strftime(
-                    "%Y-%m-%dT%H:%M:%S%.3fZ")).struct.json_encode().alias("raw")), part)
+                pl.struct("node", "gpu_index", to_time(pl.col("minute_ms")).dt.strftime(
+                    "%Y-%m-%dT%H:%MZ").alias("minute"), pl.col("telemetry_samples")
+                          .alias("samples")).struct.json_encode().alias("raw")), part)
 
     def _emit_gpu_minutes(self, gpu: pl.DataFrame) -> None:
         """``gpu_minute`` rows, and ``gpu_span`` rows for spans of identical minutes."""
@@ -847,7 +861,7 @@ class Processor:
         return out.select(TABLE_SCHEMAS["job_attempts"].names())
 
     def _count_sequence(self, telem: pl.DataFrame) -> None:
-        gaps = sequence_gaps(telem.with_columns(self.partition_expr(telem).alias("partition")))
+        gaps = sequence_gaps(telem)
         for part, agent, lo, hi, n in gaps.iter_rows():
             key = (part, agent)
             last = self._seq_last.get(key)
