@@ -20,10 +20,10 @@ from pathlib import Path
 import polars as pl
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
-from gpuledger.pipeline.columns import empty_frame
+from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
-from gpuledger.pipeline.decode import decode_jsonl_files
+from gpuledger.pipeline.decode import decode_jsonl_files, encode_jsonl
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
@@ -97,6 +97,45 @@ def feed_in_time_order(
     processor.flush(until)
 
 
+def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: ProcessorConfig
+                       ) -> tuple[dict[RecordType, pl.DataFrame], pl.DataFrame]:
+    """Events far outside the input's own time range are set aside as rejects, with their
+    reason: further before its 1st percentile of event times than ``windows.max_behind_s``
+    or after its 99th than ``windows.max_ahead_s``, and than the input's own span between
+    the two (a line from a wrong year, a clock months ahead). They would otherwise make
+    the processor walk the empty years between, or close minutes no other event reached."""
+    times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
+        if any(not f.is_empty() for f in frames.values()) else None
+    if times is None or times.height < 20:
+        return frames, pl.DataFrame(schema=REJECT_SCHEMA)
+    lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
+                          pl.col("time").quantile(0.99, "higher").alias("h")).row(0)
+    w = config.windows
+    span = hi - lo
+    early = lo - max(timedelta(seconds=w.max_behind_s), span)
+    late = hi + max(timedelta(seconds=w.max_ahead_s), span)
+    fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
+    kept: dict[RecordType, pl.DataFrame] = {}
+    out: list[pl.DataFrame] = []
+    for kind, frame in frames.items():
+        outside = (pl.col("time") < pl.lit(early).cast(TIME_DTYPE)) | (
+            pl.col("time") > pl.lit(late).cast(TIME_DTYPE))
+        bad = frame.filter(outside)
+        kept[kind] = frame.filter(~outside) if not bad.is_empty() else frame
+        if bad.is_empty():
+            continue
+        reason = (pl.lit("field 'time': ") + pl.col("time").dt.strftime(fmt)
+                  + pl.lit(f" is far outside the input's time range ({lo:%Y-%m-%dT%H:%MZ}"
+                           f" … {hi:%Y-%m-%dT%H:%MZ}, 1st to 99th percentile; "
+                           f"windows.max_behind_s {w.max_behind_s}, "
+                           f"windows.max_ahead_s {w.max_ahead_s})"))
+        out.append(bad.select(
+            pl.lit(kind).alias("record_type"), pl.lit("ingest").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+            pl.Series("raw", encode_jsonl(bad, kind).decode().splitlines(), pl.String)))
+    return kept, pl.concat(out) if out else pl.DataFrame(schema=REJECT_SCHEMA)
+
+
 def ingest(
     paths: Sequence[Path],
     warehouse: Path,
@@ -117,6 +156,9 @@ def ingest(
         k: pl.concat(v) if v else empty_frame(k) for k, v in parts.items()
     }
     all_rejects = pl.concat(rejects) if rejects else pl.DataFrame(schema=REJECT_SCHEMA)
+    frames, outliers = set_aside_outliers(frames, config)
+    if not outliers.is_empty():
+        all_rejects = pl.concat([all_rejects, outliers])
     processor = Processor(config, Warehouse(warehouse))
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():

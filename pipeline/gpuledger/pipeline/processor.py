@@ -39,6 +39,7 @@ Windows, watermark and lateness (the documented policy, docs/kafka.md):
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -89,6 +90,9 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
+MEMORY_MARGIN = 1.05
+"""Memory used may exceed the card's inventory memory by this much (MiB rounding, the
+driver's reserve) before a sample is rejected."""
 DENSE_STEP = timedelta(hours=1)
 """The longest close step while telemetry is buffered (its samples are held in memory)."""
 SPARSE_STEP = timedelta(hours=24)
@@ -288,7 +292,7 @@ class Processor:
             self.counters.records_in[record_type] += frame.height
             if not good.is_empty():
                 frames[record_type] = good
-        self._ingest(frames)
+        self._ingest(frames, behind)
         self.advance(event_time_limit, behind)
 
     def add_rejects(self, rejects: pl.DataFrame, partition: int = 0) -> None:
@@ -301,12 +305,13 @@ class Processor:
             kind = "unknown" if record_type is None else str(record_type)
             self.counters.add_rejects(kind, group.height)
 
-    def _ingest(self, frames: dict[RecordType, pl.DataFrame]) -> None:
+    def _ingest(self, frames: dict[RecordType, pl.DataFrame], behind: bool = False) -> None:
+        if "telemetry" in frames and not behind:
+            frames["telemetry"] = self._reject_ahead(frames["telemetry"])
         clocks = {k: f for k, f in frames.items()
-                  if k == "telemetry" or not self.telemetry_clock}
-        times = [f.select(pl.col("time").min()).item() for f in clocks.values()]
-        if self.started is None and times:
-            self.started = _floor_minute(min(times))
+                  if (k == "telemetry" or not self.telemetry_clock) and not f.is_empty()}
+        if self.started is None and clocks:
+            self.started = self._first_minute(list(clocks.values()))
             for p in self.held:
                 self.part_closed.setdefault(p, self.started)
         closed = self.closed_until
@@ -328,6 +333,65 @@ class Processor:
             self._bump_other(jobs)
         if "telemetry" in frames:
             self._ingest_telemetry(frames["telemetry"])
+
+    def _first_minute(self, frames: list[pl.DataFrame]) -> datetime:
+        """Where the processor starts: the first minute of its first events, leaving out
+        those more than ``windows.max_behind_s`` behind the batch's median (one record from
+        a wrong year would otherwise make it walk the years between; such records are
+        late: kept and counted)."""
+        times = pl.concat([f.select("time") for f in frames])["time"]
+        floor = times.median() - timedelta(seconds=self.config.windows.max_behind_s)  # type: ignore[operator]
+        first = times.filter(times >= floor).min()
+        assert isinstance(first, datetime)
+        return _floor_minute(first)
+
+    def _fleet_time(self) -> datetime | None:
+        """The fleet's progress: the 90th percentile (nearest rank) of the nodes' newest
+        sample times — where most of the fleet has reached, whatever one node's clock
+        says (fewer than one node in ten ahead cannot move it)."""
+        if not self.node_time:
+            return None
+        ordered = sorted(self.node_time.values())
+        return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+    def _reject_ahead(self, tel: pl.DataFrame) -> pl.DataFrame:
+        """Telemetry more than ``windows.max_ahead_s`` ahead of the fleet is rejected with
+        its reason (a node's clock running ahead must not fabricate minutes no other node
+        has reached). The fleet is the nodes seen so far, and this batch's own median when
+        it holds more than half of them (the first batch, a large batch). Not while the
+        transport is behind its input (a replay reads partitions at different paces)."""
+        fleet = self._fleet_time()
+        batch_median = tel["time"].median()
+        if fleet is None or (isinstance(batch_median, datetime) and batch_median > fleet
+                             and tel["node"].n_unique() * 2 > len(self.node_time)):
+            fleet = batch_median  # type: ignore[assignment]
+        if fleet is None:
+            return tel
+        assert isinstance(fleet, datetime)
+        limit = fleet + timedelta(seconds=self.config.windows.max_ahead_s)
+        ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
+        bad = tel.filter(ahead)
+        if bad.is_empty():
+            return tel
+        self.counters.ahead_telemetry += bad.height
+        fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
+        reason = (pl.lit("field 'time': ") + pl.col("time").dt.strftime(fmt)
+                  + pl.lit(f" is more than {self.config.windows.max_ahead_s} s ahead of the "
+                           f"fleet (its 90th percentile node at {fleet:%Y-%m-%dT%H:%M:%SZ}): "
+                           "a clock running ahead?"))
+        rows = bad.select(
+            pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+            pl.struct("node", "gpu_index", pl.col("time").dt.strftime(fmt))
+            .struct.json_encode().alias("raw"),
+            self.partition_expr(bad).alias("partition"))
+        for (part,), group in rows.group_by("partition"):
+            assert isinstance(part, int)
+            self.add_rejects(group.drop("partition"), part)
+        log.warning("%d telemetry sample(s) more than %d s ahead of the fleet rejected "
+                    "(first: node %s at %s)", bad.height, self.config.windows.max_ahead_s,
+                    bad["node"][0], bad["time"][0])
+        return tel.filter(~ahead)
 
     def _reject_job_events(self, refused: pl.DataFrame) -> None:
         rows = refused.select(
@@ -378,6 +442,7 @@ class Processor:
             tel = tel.filter(~is_late)
         if tel.is_empty():
             return
+        tel = self._reject_beyond_card_memory(tel)
         fresh, repeats = self.sample_keys.take_new(tel)
         self.counters.duplicate_samples += repeats
         if fresh.is_empty():
@@ -386,6 +451,38 @@ class Processor:
         memory = telemetry.job_memory(fresh, self._shared_gpus())
         if not memory.is_empty():
             self.mem_parts.append(memory)
+
+    def _reject_beyond_card_memory(self, tel: pl.DataFrame) -> pl.DataFrame:
+        """Samples using more memory than their node's card has (per its inventory), with
+        ``MEMORY_MARGIN``, are rejected with the reason: a 10 TB peak is a bad reading, not
+        a job's memory. (Samples of a node whose inventory is not known yet pass; the
+        record's own ``mem_total_mib`` bounds them, ``validate.py``.)"""
+        cards = self.inventory.node_memory().filter(pl.col("gpu_mem_mib").is_not_null())
+        if cards.is_empty():
+            return tel
+        top = tel.select(pl.col("mem_used_mib").max()).item()
+        if top is None or top <= cards["gpu_mem_mib"].min() * MEMORY_MARGIN:  # type: ignore[operator]
+            return tel
+        limit = pl.col("gpu_mem_mib") * MEMORY_MARGIN
+        checked = tel.join(cards, on="node", how="left")
+        over = (pl.col("mem_used_mib") > limit).fill_null(False)
+        bad = checked.filter(over)
+        if bad.is_empty():
+            return tel
+        fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
+        reason = (pl.lit("field 'mem_used_mib': ") + pl.col("mem_used_mib").cast(pl.String)
+                  + pl.lit(" MiB is more than the card's ") + pl.col("gpu_mem_mib").cast(pl.String)
+                  + pl.lit(f" MiB (node inventory) + {round((MEMORY_MARGIN - 1) * 100)} %"))
+        rows = bad.select(
+            pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+            pl.struct("node", "gpu_index", pl.col("time").dt.strftime(fmt), "mem_used_mib")
+            .struct.json_encode().alias("raw"), "partition")
+        for (part,), group in rows.group_by("partition"):
+            assert isinstance(part, int)
+            self.add_rejects(group.drop("partition"), part)
+        self.counters.implausible_telemetry += bad.height
+        return checked.filter(~over).drop("gpu_mem_mib")
 
     def _shared_gpus(self) -> pl.DataFrame:
         """The GPUs some job holds a fraction of (open or recent allocations)."""
@@ -398,19 +495,21 @@ class Processor:
             self.max_other_time = newest
 
     def _watermark(self, catching_up: bool = False) -> datetime | None:
+        """The slowest node still reporting, minus the lateness. A node counts while its
+        newest sample is within ``node_stall_s`` (catching up: a close step) of the
+        fleet's progress (:meth:`_fleet_time`): a node that stopped reporting stops holding
+        the windows, and one node far ahead moves nothing."""
         w = self.config.windows
         lateness = timedelta(seconds=w.allowed_lateness_s)
-        newest = self.max_telemetry_time
-        if newest is not None and self.node_time:
-            # the slowest node still reporting holds the windows open; catching up, a
-            # node may be read up to a close step behind the others (messages spanning
-            # minutes) and still hold them
+        fleet = self._fleet_time()
+        newest: datetime | None = None
+        if fleet is not None:
             stall = timedelta(seconds=w.node_stall_s)
             if catching_up:
                 stall = max(stall, timedelta(minutes=w.catchup_close_minutes))
-            horizon = newest - stall
+            horizon = fleet - stall
             self.node_time = {n: t for n, t in self.node_time.items() if t >= horizon}
-            newest = min(self.node_time.values(), default=newest)
+            newest = min(self.node_time.values(), default=fleet)
         if newest is None and not self.telemetry_clock:
             newest = self.max_other_time
         return None if newest is None else newest - lateness
