@@ -8,6 +8,7 @@ it is missing.
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import sys
 import time
@@ -281,6 +282,21 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVICE_TIMEOUTS = (
+    ("--session-timeout-ms", "GPULEDGER_KAFKA_SESSION_TIMEOUT_MS", 10_000,
+     "the group drops an instance it has not heard from for this long; its partitions "
+     "move to the others"),
+    ("--heartbeat-interval-ms", "GPULEDGER_KAFKA_HEARTBEAT_INTERVAL_MS", 3_000,
+     "how often the instance tells the group it is alive (at most a third of the session "
+     "timeout)"),
+    ("--max-poll-interval-ms", "GPULEDGER_KAFKA_MAX_POLL_INTERVAL_MS", 300_000,
+     "the group drops an instance that does not poll for this long"),
+    ("--request-timeout-ms", "GPULEDGER_KAFKA_REQUEST_TIMEOUT_MS", 305_000,
+     "how long a request to the broker may take (kafka-python)"),
+)
+"""The Kafka service's group and client timeouts: flag, environment variable, default."""
+
+
 def cmd_process(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
@@ -289,7 +305,14 @@ def cmd_process(args: argparse.Namespace) -> int:
     settings = _kafka_settings(args)
     options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
                              exit_when_idle_s=args.exit_when_idle,
-                             instance_id=args.instance_id)
+                             instance_id=args.instance_id,
+                             session_timeout_ms=args.session_timeout_ms,
+                             heartbeat_interval_ms=args.heartbeat_interval_ms,
+                             max_poll_interval_ms=args.max_poll_interval_ms,
+                             request_timeout_ms=args.request_timeout_ms)
+    if options.heartbeat_interval_ms * 3 > options.session_timeout_ms:
+        raise CliError(f"--heartbeat-interval-ms ({options.heartbeat_interval_ms}) must be at "
+                       f"most a third of --session-timeout-ms ({options.session_timeout_ms})")
     config = _proc_config(args)
     service = KafkaProcessorService(settings, config, args.warehouse, options)
     ops = _ops(args, config, None if args.no_alerts else settings)
@@ -418,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-idle", type=positive(float, "--exit-when-idle"), default=None,
                    metavar="SECONDS", help="flush everything and exit after this long without "
                    "input (for batch runs); default: run until SIGTERM")
+    for flag, env, default, what in SERVICE_TIMEOUTS:
+        p.add_argument(flag, type=positive(int, flag), metavar="MS",
+                       default=os.environ.get(env, str(default)),
+                       help=f"{what} (default {default}; environment {env})")
     _ops_args(p)
     p.add_argument("--no-alerts", action="store_true",
                    help="do not run the alert engine (default: alerts go to the "
