@@ -327,7 +327,8 @@ COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.pipeline.livefeed.command",
                                     "gpuledger.cli.bridge_command",
                                     "gpuledger.cli.agent_command",
-                                    "gpuledger.pipeline.alerts.command")
+                                    "gpuledger.pipeline.alerts.command",
+                                    "gpuledger.pipeline.advisor.command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
 IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",
                                    "gpuledger.cli.import_slurm_sacct")
