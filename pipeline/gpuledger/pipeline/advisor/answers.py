@@ -52,7 +52,7 @@ def _size(gpus: pl.Expr, fraction: pl.Expr) -> pl.Expr:
     return pl.when(fraction < 1.0).then(pl.lit("<1")).otherwise(gpus.cast(pl.String))
 
 
-def _quantiles(by: list[str]) -> list[pl.Expr]:
+def _quantiles() -> list[pl.Expr]:
     w = pl.col("wait_min")
     return [pl.len().alias("attempts"),
             w.quantile(0.5, "linear").alias("p50_min"),
@@ -71,15 +71,15 @@ def waits(run: Run, h: History) -> pl.DataFrame:
         _size(pl.col("gpus"), pl.col("fraction")).alias("size"),
         pl.col("queue").fill_null("(none)"))
     parts = [
-        a.group_by("queue").agg(_quantiles([])).select(
+        a.group_by("queue").agg(_quantiles()).select(
             pl.lit("queue").alias("by"), pl.col("queue").alias("key"), pl.exclude("queue")),
-        a.group_by("size").agg(_quantiles([])).select(
+        a.group_by("size").agg(_quantiles()).select(
             pl.lit("size").alias("by"), pl.col("size").alias("key"), pl.exclude("size")),
-        a.group_by("queue", "size").agg(_quantiles([])).select(
+        a.group_by("queue", "size").agg(_quantiles()).select(
             pl.lit("queue, size").alias("by"),
             pl.concat_str("queue", "size", separator=", ").alias("key"),
             pl.exclude("queue", "size")),
-        a.select(pl.lit(ALL).alias("by"), pl.lit(ALL).alias("key"), *_quantiles([])),
+        a.select(pl.lit(ALL).alias("by"), pl.lit(ALL).alias("key"), *_quantiles()),
     ]
     out = pl.concat([p.with_columns(pl.col("attempts").cast(pl.Int64)) for p in parts],
                     how="vertical_relaxed")
@@ -151,7 +151,8 @@ def _teams(run: Run, h: History, alloc_pool: pl.DataFrame, blocked: pl.DataFrame
     started = run.attempts.filter(pl.col("started_at").is_not_null()
                                   & (pl.col("started_at") >= lo) & (pl.col("started_at") < hi))
     w = ((pl.col("started_at") - pl.col("queued_at")).dt.total_seconds() / 60.0)
-    teams = pl.concat([run.attempts.select("team"), alloc_pool.select("team")]).unique().drop_nulls()
+    teams = pl.concat([run.attempts.select("team"), alloc_pool.select("team")]).unique()
+    teams = teams.drop_nulls()
     return teams.join(started.group_by("team").agg(
         pl.len().cast(pl.Int64).alias("started"), w.mean().alias("mean_wait_min"),
         w.quantile(0.9, "linear").alias("p90_wait_min")), on="team", how="left").join(
