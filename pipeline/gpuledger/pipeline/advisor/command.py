@@ -76,7 +76,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     except HistoryError as exc:
         raise CliError(str(exc)) from None
     if args.json:
-        sys.stdout.write(result.write_ndjson() or "")
+        sys.stdout.write(result.rows.write_ndjson())
     else:
         print(summary_text(result, args.top))
     return 0
