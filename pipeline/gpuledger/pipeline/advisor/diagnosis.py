@@ -24,7 +24,8 @@ answer.
 6. ``checkpoint_stall``: a short low run (≤ 2 minutes), no longer run in the window, at
    least 2 and at most ``2·window / stall_min_gap_minutes + 1`` runs in the window (drops
    at least ~8 minutes apart), low share ≤ 0.2;
-7. ``input_bound``: links and DRAM quiet (below rules 3 and 4's thresholds) and either the
+7. ``input_bound``: PCIe reported, links and DRAM quiet (below rules 3 and 4's
+   thresholds) and either the
    window's median activity lies between the idle and efficient thresholds (steadily
    starved) or the window is bursty (busy share ≥ 0.2 and low share ≥ 0.1);
 8. ``unknown``: anything else.
@@ -57,6 +58,9 @@ from gpuledger.pipeline.advisor.patterns import (
     NO_PROCESS,
     UNKNOWN,
 )
+
+__all__ = ["UNKNOWN", "DiagnosisConfig", "DiagnosisState", "diagnose", "dominant", "finish",
+           "label_minutes", "peek", "update"]
 from gpuledger.pipeline.columns import TIME_DTYPE
 
 ATTEMPT = ["job_id", "attempt"]
@@ -225,7 +229,8 @@ def _rules(cfg: DiagnosisConfig) -> pl.Expr:
         .when(pl.col("short") & ~pl.col("any_long") & (pl.col("runs") >= 2)
               & (pl.col("runs") <= max_runs) & (pl.col("low_share") <= cfg.stall_max_share))
         .then(pl.lit(CHECKPOINT))
-        .when(~nvl_busy & ~pcie_busy & ~dram_high.fill_null(False)
+        .when(pl.col("pcie").is_not_null() & ~nvl_busy & ~pcie_busy
+              & ~dram_high.fill_null(False)
               & (((pl.col("median_act") >= idle) & (pl.col("median_act") < eff))
                  | ((pl.col("busy_share") >= cfg.input_busy_share)
                     & (pl.col("low_share") >= cfg.input_low_share))))
@@ -274,6 +279,19 @@ def _mark(window: pl.DataFrame, done: pl.DataFrame) -> pl.DataFrame:
          | ~pl.col("eligible")).alias("classified")).drop("_done")
 
 
+def _merge_meta(meta: pl.DataFrame, new: pl.DataFrame) -> pl.DataFrame:
+    """Per attempt: attributes, first and last minute, GPUs seen."""
+    attrs = ("team", "queue", "job_type", "card_type")
+    return pl.concat([meta, new.group_by(ATTEMPT).agg(
+        *[pl.col(c).drop_nulls().first() for c in attrs],
+        pl.col("minute").min().alias("first_minute"), pl.col("minute").max().alias("last_minute"),
+        pl.struct("node", "gpu_index").n_unique().cast(pl.Int64).alias("gpus"),
+    ).select(list(META_SCHEMA))]).group_by(ATTEMPT, maintain_order=True).agg(
+        *[pl.col(c).drop_nulls().first() for c in attrs],
+        pl.col("first_minute").min(), pl.col("last_minute").max(), pl.col("gpus").max(),
+    ).select(list(META_SCHEMA))
+
+
 def update(state: DiagnosisState, rows: pl.DataFrame,
            cfg: DiagnosisConfig = DEFAULT_CONFIG) -> DiagnosisState:
     """Add a batch of closed GPU-minute rows; classify the minutes whose window is
@@ -281,14 +299,7 @@ def update(state: DiagnosisState, rows: pl.DataFrame,
     new = prepare(rows, cfg)
     if new.is_empty():
         return state
-    meta = pl.concat([state.meta, new.group_by(ATTEMPT).agg(
-        *[pl.col(c).drop_nulls().first() for c in ("team", "queue", "job_type", "card_type")],
-        pl.col("minute").min().alias("first_minute"), pl.col("minute").max().alias("last_minute"),
-        pl.struct("node", "gpu_index").n_unique().cast(pl.Int64).alias("gpus"),
-    ).select(list(META_SCHEMA))]).group_by(ATTEMPT, maintain_order=True).agg(
-        *[pl.col(c).drop_nulls().first() for c in ("team", "queue", "job_type", "card_type")],
-        pl.col("first_minute").min(), pl.col("last_minute").max(), pl.col("gpus").max(),
-    ).select(list(META_SCHEMA))
+    meta = _merge_meta(state.meta, new)
     hourly = pl.concat([state.hourly, new.filter(pl.col("act").is_not_null()).group_by(
         *ATTEMPT, pl.col("minute").dt.hour().cast(pl.Int8).alias("hour")).agg(
         pl.col("act").sum().alias("act_sum"), pl.len().cast(pl.Int64).alias("n"))]).group_by(
@@ -338,6 +349,16 @@ def diagnose(rows: pl.DataFrame, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> pl.Da
     """Batch form: the ``job_diagnosis`` rows of every attempt in ``rows``."""
     state = update(DiagnosisState(), rows, cfg)
     return finish(state, state.meta.select(ATTEMPT), cfg).rows
+
+
+def label_minutes(rows: pl.DataFrame, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> pl.DataFrame:
+    """Batch form, minute by minute: each diagnosed GPU-minute of ``rows`` with its
+    ``pattern`` (``job_id``, ``attempt``, ``node``, ``gpu_index``, ``minute``, ``pattern``,
+    ``shared``, ``weight``), for inspection and the confusion matrix (``bench/``)."""
+    new = prepare(rows, cfg)
+    meta = _merge_meta(pl.DataFrame(schema=META_SCHEMA), new)
+    done = _classify(new.select(list(WINDOW_SCHEMA)), meta, pl.lit(True), cfg)
+    return done.select(*SERIES, "minute", "pattern", "shared", "weight")
 
 
 def _pct(expr: pl.Expr) -> pl.Expr:

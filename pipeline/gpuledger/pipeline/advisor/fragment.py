@@ -64,20 +64,23 @@ class TaskMix:
 
 def node_fragment(free: np.ndarray, node_gpus: np.ndarray, whole: int, mix: TaskMix,
                   cpu_free: np.ndarray | None = None) -> np.ndarray:
-    """``F_n(M)`` for each row of ``free`` (nodes × GPU slots, 0 beyond ``node_gpus``)."""
+    """``F_n(M)`` for each row of ``free`` (nodes × GPU slots, 0 beyond ``node_gpus``),
+    for all task types at once (types × nodes arrays)."""
     total = free.sum(axis=1).astype(np.float64)
-    out = np.zeros(free.shape[0], dtype=np.float64)
     full = (free == whole).sum(axis=1)
     most = free.max(axis=1, initial=0)
-    for g, u, p, c in zip(mix.gpus.tolist(), mix.units.tolist(), mix.weight.tolist(),
-                          (mix.cpu if mix.cpu is not None else np.zeros(len(mix.gpus))).tolist(),
-                          strict=True):
-        runs = most >= u if u < whole else np.where(g <= node_gpus, full >= g, full == node_gpus)
-        if cpu_free is not None:
-            runs = runs & (cpu_free >= c)
-        need = min(u, whole)
-        stuck = np.where((free < need) & (free > 0), free, 0).sum(axis=1).astype(np.float64)
-        out += p * np.where(runs, stuck, total)
+    g, u = mix.gpus[:, None], mix.units[:, None]
+    runs = np.where(u < whole, most[None, :] >= u,
+                    np.where(g <= node_gpus[None, :], full[None, :] >= g,
+                             full[None, :] == node_gpus[None, :]))
+    if cpu_free is not None and mix.cpu is not None:
+        runs &= cpu_free[None, :] >= mix.cpu[:, None]
+    # free units on GPUs with less than a task's need, one row per distinct need
+    needs, which = np.unique(np.minimum(mix.units, whole), return_inverse=True)
+    partial = (free > 0)[None, :, :] & (free[None, :, :] < needs[:, None, None])
+    stuck = np.where(partial, free[None, :, :], 0).sum(axis=2).astype(np.float64)
+    per_type = np.where(runs, stuck[which], total[None, :])
+    out: np.ndarray = (mix.weight[:, None] * per_type).sum(axis=0)
     return out
 
 
@@ -98,15 +101,22 @@ def fgd_choice(free: np.ndarray, node_gpus: np.ndarray, candidates: np.ndarray,
             rows.append(n)
             slots.append(np.flatnonzero(free[n, : node_gpus[n]] == whole)[:gpus].tolist())
     idx = np.array(rows, dtype=np.int64)
-    before = free[idx]
-    after = before.copy()
+    after = free[idx].copy()
     for i, taken in enumerate(slots):
         after[i, taken] -= units
     ngpu = node_gpus[idx]
-    cpu_before = cpu_free[idx] if cpu_free is not None else None
-    cpu_after = cpu_before - cpu if cpu_before is not None else None
-    delta = (node_fragment(after, ngpu, whole, mix, cpu_after)
-             - node_fragment(before, ngpu, whole, mix, cpu_before))
+    cpu_before = cpu_free[idx] if cpu_free is not None else np.zeros(idx.size)
+    # identical (state, CPU, size) candidates score alike: score each distinct one once
+    key = np.column_stack([free[idx], after, cpu_before, ngpu]).astype(np.float64)
+    uniq, back = np.unique(key, axis=0, return_inverse=True)
+    width = free.shape[1]
+    u_before, u_after = uniq[:, :width].astype(free.dtype), uniq[:, width:2 * width].astype(
+        free.dtype)
+    u_cpu, u_gpus = uniq[:, 2 * width], uniq[:, 2 * width + 1].astype(np.int64)
+    with_cpu = cpu_free is not None
+    delta = (node_fragment(u_after, u_gpus, whole, mix, u_cpu - cpu if with_cpu else None)
+             - node_fragment(u_before, u_gpus, whole, mix, u_cpu if with_cpu else None))[
+        back.reshape(-1)]
     left = after.sum(axis=1)
     pick = int(np.lexsort((np.arange(idx.size), left, np.round(delta, 9)))[0])
     return int(idx[pick]), slots[pick]
