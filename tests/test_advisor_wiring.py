@@ -47,12 +47,12 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_diagnose_writes_the_job_diagnosis_fact(wh: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     # the processor made the (empty) view before any diagnosis
-    cols, rows = query.run(wh, "SELECT count(*) FROM job_diagnosis")
+    _, rows = query.run(wh, "SELECT count(*) FROM job_diagnosis")
     assert rows == [(0,)]
     assert main(["diagnose", "--warehouse", str(wh), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "Idle and inefficient GPU-hours by pattern" in out and "wrote" in out
-    cols, rows = query.run(wh, "SELECT pattern, sum(gpu_hours), count(DISTINCT job_id) "
+    _, rows = query.run(wh, "SELECT pattern, sum(gpu_hours), count(DISTINCT job_id) "
                                "FROM job_diagnosis GROUP BY ALL")
     got = {p: h for p, h, _ in rows}
     assert set(got) <= set(PATTERNS) and len(got) >= 4
