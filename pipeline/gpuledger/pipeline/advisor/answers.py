@@ -3,7 +3,8 @@
 Columnar and vectorised: allocations and pending times are expanded to the history's
 minute grid (every ``step`` minutes) with :func:`facts.minutes.expand_to_minutes`, and the
 processor's functions compute free GPUs per node, frag(k) and blocked demand from them
-(:mod:`facts.fragmentation`, :mod:`facts.demand`), so an answer means here what it means
+(:mod:`facts.fragmentation`; blocked demand by :mod:`facts.demand`'s rule), so an answer
+means here what it means
 in the facts (``docs/metrics.md``):
 
 - ``wait``: queue wait (start − queue time) of the attempts started in the window,
@@ -26,8 +27,7 @@ import polars as pl
 from gpuledger.pipeline.advisor.history import History
 from gpuledger.pipeline.advisor.replay import Run
 from gpuledger.pipeline.columns import TIME_DTYPE
-from gpuledger.pipeline.facts import demand
-from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation, node_free_gpus
+from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation, node_free_gpus, usable
 from gpuledger.pipeline.facts.minutes import expand_to_minutes
 
 FRAGS = [f"frag_{k}" for k in FRAG_KS]
@@ -86,6 +86,28 @@ def waits(run: Run, h: History) -> pl.DataFrame:
     return out.filter(pl.col("attempts") > 0).sort("by", "key")
 
 
+def blocked_minutes(pending: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """The pending job-minutes blocked by fragmentation: the rule of
+    :func:`facts.demand.blocked_jobs`, computed from per-minute pool (and card type)
+    aggregates instead of a join with every node, so memory stays linear."""
+    ok = nodes.filter(pl.col("node_ok"))
+    aggs = [pl.col("free").sum().alias("free_gpus"),
+            pl.col("free").max().alias("largest_free_block"),
+            pl.col("node_gpus").max().alias("node_size"),
+            usable(pl.col("node_gpus"), pl.col("free")).sum().alias("whole_node_free")]
+    by_card = ok.group_by("minute", "pool", "card_type").agg(aggs)
+    by_pool = ok.group_by("minute", "pool").agg(aggs)
+    named = pending.filter(pl.col("card_type").is_not_null()).join(
+        by_card, on=["minute", "pool", "card_type"], how="inner")
+    anyc = pending.filter(pl.col("card_type").is_null()).join(
+        by_pool, on=["minute", "pool"], how="inner")
+    g = pl.col("gpus")
+    fits = pl.when(g <= pl.col("node_size")).then(pl.col("largest_free_block") >= g).otherwise(
+        pl.col("whole_node_free") >= g)
+    return pl.concat([named, anyc.select(named.columns)]).filter(
+        (g <= pl.col("free_gpus")) & ~fits)
+
+
 def _sampled(frame: pl.DataFrame, h: History) -> pl.DataFrame:
     if h.step_minutes == 1:
         return frame
@@ -109,9 +131,9 @@ def answers(run: Run, h: History) -> Answers:
     pending = run.attempts.with_columns(
         pl.coalesce("started_at", "ended_at").alias("end"))
     pend = _sampled(expand_to_minutes(pending, "queued_at", "end", h.start, h.end), h)
-    blocked = demand.blocked_jobs(pend.select(
-        "minute", "job_id", "attempt", "team", "queue", "pool", "card_type",
-        pl.col("gpus").fill_null(1), "priority"), nodes).filter(pl.col("blocked"))
+    blocked = blocked_minutes(pend.select(
+        "minute", "job_id", "attempt", "team", "pool", "card_type",
+        pl.col("gpus").fill_null(1)), nodes)
     # an allocated GPU-minute on a down node or an unhealthy GPU is unavailable, not
     # allocated (docs/metrics.md: GPU state)
     gpu_pool = h.grid.filter(~pl.col("down") & pl.col("gpu_ok")).select(*keys, "pool")

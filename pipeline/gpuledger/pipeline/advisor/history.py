@@ -24,7 +24,7 @@ import polars as pl
 from gpuledger.pipeline import query
 from gpuledger.pipeline.columns import TIME_DTYPE
 
-MAX_GRID_ROWS = 30_000_000
+MAX_GRID_ROWS = 6_000_000  # GPU-minutes on the grid: beyond, sample every few minutes
 
 
 # GPUs per attempt: ended attempts from job_gpu; running ones from gpu_minute, where a GPU
