@@ -6,42 +6,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import positive
-from gpuledger.cli.errors import CliError
+from gpuledger.cli.arguments import iso_time, positive
+from gpuledger.cli.errors import CliError, need_pipeline
 
 
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _need_pipeline() -> None:
-    try:
-        import duckdb  # noqa: F401
-        import polars  # noqa: F401
-    except ImportError:
-        raise CliError(
-            "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
-        ) from None
-
-
-def _say(quiet: bool) -> Callable[[str], None]:
+def _say(quiet: bool, command: str) -> Callable[[str], None]:
     def say(message: str) -> None:
         if not quiet:
-            print(f"whatif: {message} …", file=sys.stderr, flush=True)
+            print(f"{command}: {message} …", file=sys.stderr, flush=True)
     return say
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    _need_pipeline()
+    need_pipeline()
     from rich.console import Console
 
     from gpuledger.pipeline.advisor.history import HistoryError
@@ -54,7 +34,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     try:
         policies = load_policies(args.policies)
         result = run_whatif(args.warehouse, policies, args.policy or None, args.since,
-                            args.until, args.step, _say(args.quiet))
+                            args.until, args.step, _say(args.quiet, "whatif"))
     except (PolicyError, HistoryError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -65,11 +45,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    _need_pipeline()
+    need_pipeline()
     from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse, summary_text
     from gpuledger.pipeline.advisor.history import HistoryError
 
-    say = _say(args.quiet)
+    say = _say(args.quiet, "diagnose")
     try:
         result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
                                     progress=lambda f: say(f"diagnosing {f:.0%}"))
@@ -100,9 +80,9 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
                    help="policy file (YAML, docs/whatif.md); default: the built-in set")
     p.add_argument("--policy", action="append", default=None, metavar="NAME",
                    help="replay only this policy (repeatable; the baseline always runs)")
-    p.add_argument("--since", type=_time, default=None,
+    p.add_argument("--since", type=iso_time, default=None,
                    help="window start (ISO 8601; default: the first GPU-minute)")
-    p.add_argument("--until", type=_time, default=None,
+    p.add_argument("--until", type=iso_time, default=None,
                    help="window end (ISO 8601, exclusive; default: after the last one)")
     p.add_argument("--step", type=positive(int, "--step"), default=None, metavar="MINUTES",
                    help="sample frag(k) and blocked demand every MINUTES (default: 1, more "
