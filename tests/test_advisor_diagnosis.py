@@ -142,7 +142,7 @@ def test_held_with_no_process() -> None:
 
 
 @pytest.mark.parametrize("case", [
-    "idle_notebook", "single_drop", "startup", "shared", "no_telemetry", "busy"])
+    "idle_notebook", "single_drop", "startup", "shared", "partial", "no_telemetry", "busy"])
 def test_series_that_must_stay_unknown(case: str) -> None:
     if case == "idle_notebook":  # a process, almost no activity, no bursts
         rows = series(120, lambda m: {"activity": 0.003}, job_type="interactive")
@@ -153,6 +153,9 @@ def test_series_that_must_stay_unknown(case: str) -> None:
     elif case == "shared":  # two jobs on one GPU: whose activity is it?
         rows = series(60, lambda m: {"activity": 0.1, "dram": 0.05}).with_columns(
             pl.lit(2).alias("jobs_on_gpu"))
+    elif case == "partial":  # held for 20 s of each minute: the rest is someone else's
+        rows = series(60, lambda m: {"activity": 0.1, "dram": 0.05}).with_columns(
+            pl.lit(1 / 3).alias("occupied_share"), pl.lit(1 / 3).alias("alloc_fraction"))
     elif case == "no_telemetry":
         rows = series(60, lambda m: {"activity": 0.0}).with_columns(
             pl.lit(0).alias("telemetry_samples"), pl.lit(None, pl.Float64).alias("activity"))

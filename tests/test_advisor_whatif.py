@@ -22,7 +22,6 @@ from gpuledger.pipeline.advisor.replay import as_run
 from gpuledger.pipeline.advisor.whatif import run_whatif
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
-from gpuledger.pipeline.facts.gpu_state import ALLOCATED_STATES
 from gpuledger.pipeline.simulate import SimConfig, load_cluster
 
 
@@ -60,11 +59,15 @@ def test_the_schedule_as_run_equals_the_facts(day: Path) -> None:
     assert joined.height == frag.height == 4
     for k in FRAGS:
         assert joined[k].to_list() == pytest.approx(joined[f"{k}_f"].to_list(), abs=1e-9)
-    # allocated GPU-hours: the GPU-minutes' allocated fractions
-    gm = table(day, "gpu_minute").filter(pl.col("state").cast(pl.String).is_in(
-        list(ALLOCATED_STATES))).group_by("pool").agg(pl.col("alloc_fraction").sum() / 60)
-    usage = a.usage.filter(pl.col("pool") != "all").select("pool", "allocated_gpu_hours")
-    assert dict(usage.rows()) == pytest.approx(dict(gm.rows()), rel=1e-9)
+    # available, allocated (GPU shares, to the second) and used GPU-hours: the roll-up
+    _, rows = query.run(day, "SELECT pool, sum(gpu_hours - unavailable_gpu_hours), "
+                             "sum(allocated_gpu_hours), sum(used_gpu_hours) FROM gpu_daily "
+                             "GROUP BY pool ORDER BY pool")
+    usage = a.usage.filter(pl.col("pool") != "all").sort("pool").select(
+        "pool", "available_gpu_hours", "allocated_gpu_hours", "used_gpu_hours").rows()
+    assert [u[0] for u in usage] == [r[0] for r in rows]
+    for mine, fact in zip(usage, rows, strict=True):
+        assert mine[1:] == pytest.approx(fact[1:], rel=1e-5), mine[0]
     # lost work: the preemptions fact
     lost = table(day, "preemptions").group_by("team").agg(pl.col("lost_gpu_hours").sum())
     assert dict(a.lost.select("team", "lost_gpu_hours").rows()) == pytest.approx(

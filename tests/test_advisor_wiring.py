@@ -29,7 +29,7 @@ from gpuledger.pipeline.advisor.wiring import (
 from gpuledger.pipeline.alerts.engine import AlertEngine
 from gpuledger.pipeline.alerts.sinks import ListSink
 from gpuledger.pipeline.config import ProcessorConfig
-from gpuledger.pipeline.dashboards.model import Board
+from gpuledger.pipeline.dashboards.builders import Board
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -87,12 +87,13 @@ def test_job_board_panel_and_recommendation_column(wh: Path) -> None:
     main(["diagnose", "--warehouse", str(wh), "--quiet"])
     board = Board("j", "t", "d")
     job_board_panel(board)
-    panel = board.panels[-1]
+    panel = board.json([])["panels"][-1]
     assert panel["title"] == "Why idle or inefficient (diagnosis)"
+    assert "FROM job_diagnosis" in panel["targets"][0]["rawSql"]
     # the panel's SQL runs on the warehouse for a job that has a diagnosis
     d = sim_warehouse.table(wh, "job_diagnosis")
     job_id = d.sort("gpu_hours", descending=True)["job_id"][0]
-    cols, rows = query.run(wh, JOB_PANEL_SQL.replace("${job}", job_id))
+    cols, rows = query.run(wh, JOB_PANEL_SQL.replace("${job:sqlstring}", f"'{job_id}'"))
     assert cols[:3] == ["attempt", "pattern", "gpu_hours"] and rows
     recs = sim_warehouse.table(wh, "recommendations").filter(pl.col("job_id").is_not_null())
     both = with_cause(recs, d)

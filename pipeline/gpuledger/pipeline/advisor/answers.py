@@ -1,8 +1,10 @@
 """The answers of a schedule (replayed, or as run), with the warehouse's own definitions.
 
 Columnar and vectorised: allocations and pending times are expanded to the history's
-minute grid (every ``step`` minutes) with :func:`facts.minutes.expand_to_minutes`, and the
-processor's functions compute free GPUs per node, frag(k) and blocked demand from them
+minute grid (every ``step`` minutes) — held shares exact to the second
+(:func:`facts.minutes.expand_held`), free GPUs and pending jobs as snapshots at each
+minute's middle (:func:`facts.minutes.expand_to_minutes`) — and the processor's functions
+compute frag(k) and blocked demand from them
 (:mod:`facts.fragmentation`; blocked demand by :mod:`facts.demand`'s rule), so an answer
 means here what it means
 in the facts (``docs/metrics.md``):
@@ -27,8 +29,15 @@ import polars as pl
 from gpuledger.pipeline.advisor.history import History
 from gpuledger.pipeline.advisor.replay import Run
 from gpuledger.pipeline.columns import TIME_DTYPE
-from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation, node_free_gpus, usable
-from gpuledger.pipeline.facts.minutes import expand_to_minutes
+from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation, usable
+from gpuledger.pipeline.facts.minutes import (
+    MINUTE_MS,
+    clip_ms,
+    expand_held,
+    expand_to_minutes,
+    ms,
+    to_time,
+)
 
 FRAGS = [f"frag_{k}" for k in FRAG_KS]
 ALL = "all"
@@ -119,15 +128,22 @@ def answers(run: Run, h: History) -> Answers:
     """All answers of ``run`` over the history's window and grid."""
     hours = h.step_minutes / 60.0
     keys = ["minute", "node", "gpu_index"]
-    allocs = _sampled(expand_to_minutes(run.allocations, "start", "end", h.start, h.end), h)
-    act = run.attempts.select("job_id", "attempt", "team", "activity")
-    allocs = allocs.join(act, on=["job_id", "attempt"], how="left")
-    per_gpu = allocs.group_by(keys).agg(pl.col("fraction").sum().alias("alloc_fraction"))
-    state = h.grid.join(per_gpu, on=keys, how="left").with_columns(
-        (pl.col("node_ok") & pl.col("gpu_ok") & pl.col("alloc_fraction").is_null())
+    # free GPUs: a snapshot at each minute's middle (as the facts' fragmentation)
+    busy = _sampled(expand_to_minutes(run.allocations, "start", "end", h.start, h.end), h)
+    taken = busy.select(*keys).unique().with_columns(pl.lit(True).alias("_taken"))
+    state = h.grid.join(taken, on=keys, how="left").with_columns(
+        (pl.col("node_ok") & pl.col("gpu_ok") & pl.col("_taken").is_null())
         .alias("cluster_free"))
-    nodes = node_free_gpus(state)
+    nodes = state.group_by("minute", "pool", "card_type", "node").agg(
+        pl.col("cluster_free").sum().cast(pl.Int64).alias("free"),
+        pl.len().cast(pl.Int64).alias("node_gpus"), pl.col("node_ok").all())
     frag = fragmentation(nodes)
+    # held GPU shares: exact to the second (fraction × seconds held / 60 per minute)
+    act = run.attempts.select("job_id", "attempt", "team", "activity")
+    held = expand_held(clip_ms(run.allocations, "start", "end", ms(h.start), ms(h.end))).select(
+        "job_id", "attempt", "node", "gpu_index", to_time(pl.col("minute_ms")).alias("minute"),
+        (pl.col("fraction") * pl.col("held_ms") / MINUTE_MS).alias("fraction")).collect()
+    allocs = _sampled(held, h).join(act, on=["job_id", "attempt"], how="left")
     pending = run.attempts.with_columns(
         pl.coalesce("started_at", "ended_at").alias("end"))
     pend = _sampled(expand_to_minutes(pending, "queued_at", "end", h.start, h.end), h)

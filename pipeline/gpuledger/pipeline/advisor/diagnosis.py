@@ -14,8 +14,10 @@ answer.
 
 **Rules**, first match wins (``docs/diagnosis.md``; thresholds in :class:`DiagnosisConfig`):
 
-1. ``unknown``: no telemetry in the minute, a GPU shared by several jobs, or the
-   attempt's first ``startup_minutes`` (3) — unless no process runs (rule 2);
+1. ``unknown``: no telemetry in the minute, a GPU shared by several jobs, a minute the
+   GPU was held for only part of (``occupied_share`` < 1: the attempt started or ended
+   in it), or the attempt's first ``startup_minutes`` (3) — unless no process runs then
+   (rule 2);
 2. ``held_no_process``: no process on the GPU;
 3. ``communication_bound``: two or more GPUs, ``sm_active`` reported, NVLink ≥ 100 GB/s
    or PCIe ≥ 16 GB/s (rx + tx);
@@ -71,7 +73,8 @@ WINDOW_SCHEMA = pl.Schema({
     "job_id": pl.String(), "attempt": pl.Int64(), "node": pl.String(),
     "gpu_index": pl.Int64(), "minute": TIME_DTYPE, "act": pl.Float64(), "sm": pl.Float64(),
     "dram": pl.Float64(), "pcie": pl.Float64(), "nvl": pl.Float64(), "procs": pl.Int64(),
-    "weight": pl.Float64(), "shared": pl.Boolean(), "eligible": pl.Boolean(),
+    "weight": pl.Float64(), "shared": pl.Boolean(), "partial": pl.Boolean(),
+    "eligible": pl.Boolean(),
     "idle_thr": pl.Float64(), "eff_thr": pl.Float64(), "classified": pl.Boolean(),
 })
 META_SCHEMA = pl.Schema({
@@ -163,6 +166,8 @@ def prepare(rows: pl.DataFrame, cfg: DiagnosisConfig) -> pl.DataFrame:
         _sum2(jobs, "nvlink_rx_bytes_s", "nvlink_tx_bytes_s").alias("nvl"),
         _col(jobs, "processes", pl.Int64()).fill_null(0).alias("procs"),
         (share / on_gpu).alias("weight"), (on_gpu > 1).alias("shared"),
+        (_col(jobs, "occupied_share", pl.Float64()).fill_null(1.0) < 1.0 - 1e-9)
+        .alias("partial"),
         state.is_in(list(DIAGNOSED_STATES)).fill_null(False).alias("eligible"),
         _col(jobs, "idle_threshold", pl.Float64()).fill_null(cfg.idle_activity)
         .alias("idle_thr"),
@@ -179,9 +184,11 @@ def prepare(rows: pl.DataFrame, cfg: DiagnosisConfig) -> pl.DataFrame:
 def _context(window: pl.DataFrame, cfg: DiagnosisConfig) -> pl.DataFrame:
     """Per row: the minute's own signals and its window's (module docstring)."""
     h = cfg.window_minutes
-    w = window.sort([*SERIES, "minute"])
-    low = (pl.col("act") < pl.col("eff_thr")).fill_null(False)
-    busy = (pl.col("act") >= pl.col("eff_thr")).fill_null(False)
+    # a minute held only in part says nothing about the job's rhythm
+    act = pl.when(pl.col("partial")).then(None).otherwise(pl.col("act"))
+    w = window.sort([*SERIES, "minute"]).with_columns(act.alias("act_ctx"))
+    low = (pl.col("act_ctx") < pl.col("eff_thr")).fill_null(False)
+    busy = (pl.col("act_ctx") >= pl.col("eff_thr")).fill_null(False)
     w = w.with_columns(low.alias("low"), busy.alias("busy"))
 
     def near(k: int) -> pl.Expr:
@@ -198,11 +205,11 @@ def _context(window: pl.DataFrame, cfg: DiagnosisConfig) -> pl.DataFrame:
     )
     ctx = w.rolling(index_column="minute", period=f"{2 * h + 1}m", offset=f"-{h + 1}m",
                     group_by=SERIES).agg(
-        pl.col("busy").mean().alias("busy_share"),
-        pl.col("low").mean().alias("low_share"),
+        pl.col("busy").filter(pl.col("act_ctx").is_not_null()).mean().alias("busy_share"),
+        pl.col("low").filter(pl.col("act_ctx").is_not_null()).mean().alias("low_share"),
         pl.col("run_start").sum().alias("runs"),
         pl.col("long_at").any().alias("any_long"),
-        pl.col("act").median().alias("median_act"),
+        pl.col("act_ctx").median().alias("median_act"),
     )
     return w.join(ctx, on=[*SERIES, "minute"], how="left")
 
@@ -218,7 +225,7 @@ def _rules(cfg: DiagnosisConfig) -> pl.Expr:
     starting = (pl.col("minute") - pl.col("first_minute")) < pl.duration(
         minutes=cfg.startup_minutes)
     return (
-        pl.when(act.is_null() | pl.col("shared")).then(pl.lit(UNKNOWN))
+        pl.when(act.is_null() | pl.col("shared") | pl.col("partial")).then(pl.lit(UNKNOWN))
         .when(pl.col("procs") == 0).then(pl.lit(NO_PROCESS))
         .when(starting).then(pl.lit(UNKNOWN))
         .when((pl.col("gpus") >= 2) & sm.is_not_null() & (nvl_busy | pcie_busy))

@@ -35,7 +35,8 @@ from gpuledger.pipeline.warehouse import FACTS, Warehouse
 
 TABLE = "job_diagnosis"
 SORT = ["job_id", "attempt", "pattern"]
-COLUMNS = ["minute", "node", "gpu_index", "state", "alloc_fraction", "jobs_on_gpu", "job_id",
+COLUMNS = ["minute", "node", "gpu_index", "state", "alloc_fraction", "occupied_share",
+           "jobs_on_gpu", "job_id",
            "attempt", "team", "queue", "job_type", "card_type", "activity", "telemetry_samples",
            "sm_active", "dram_active", "pcie_rx_bytes_s", "pcie_tx_bytes_s",
            "nvlink_rx_bytes_s", "nvlink_tx_bytes_s", "processes", "idle_threshold",

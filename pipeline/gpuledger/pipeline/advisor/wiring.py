@@ -17,16 +17,16 @@ from datetime import datetime
 from pathlib import Path
 
 import polars as pl
+from grafana_foundation_sdk.builders import table
 
 from gpuledger.pipeline.advisor.diagnosis import ATTEMPT, dominant
 from gpuledger.pipeline.advisor.output import ReportSection, report_section
 from gpuledger.pipeline.advisor.policy import DEFAULT, PolicySet
 from gpuledger.pipeline.advisor.whatif import run_whatif
-from gpuledger.pipeline.dashboards.model import Board, sql
+from gpuledger.pipeline.dashboards.builders import Board, sql, unit_of
 
-JOB_PANEL_SQL = """SELECT attempt, pattern, round(gpu_hours, 2) AS gpu_hours,
-       round(100 * share, 1) AS share_pct, evidence, remedy
-FROM job_diagnosis WHERE job_id = '${job}' ORDER BY attempt, gpu_hours DESC"""
+JOB_PANEL_SQL = """SELECT attempt, pattern, gpu_hours, share, evidence, remedy
+FROM job_diagnosis WHERE job_id = ${job:sqlstring} ORDER BY attempt, gpu_hours DESC"""
 
 
 def with_cause(recommendations: pl.DataFrame, diagnosis: pl.DataFrame) -> pl.DataFrame:
@@ -39,8 +39,9 @@ def with_cause(recommendations: pl.DataFrame, diagnosis: pl.DataFrame) -> pl.Dat
 
 def job_board_panel(board: Board) -> None:
     """Add the *Why idle or inefficient* table to the Job board (after Recommendations)."""
-    board.add("table", "Why idle or inefficient (diagnosis)", [sql(JOB_PANEL_SQL)], h=6,
-              decimals=2)
+    board.add(table.Panel().decimals(2).override_by_name("share", [unit_of("percentunit")]),
+              "Why idle or inefficient (diagnosis)", [sql(JOB_PANEL_SQL)], "suffix: GPU-h",
+              w=24, h=6)
 
 
 def whatif_section(warehouse: Path, since: datetime | None = None,
