@@ -3,11 +3,9 @@
 Columnar and vectorised: allocations and pending times are expanded to the history's
 minute grid (every ``step`` minutes) — held shares exact to the second
 (:func:`facts.minutes.expand_held`), free GPUs and pending jobs as snapshots at each
-minute's middle (:func:`facts.minutes.expand_to_minutes`) — and the processor's functions
-compute frag(k) and blocked demand from them
-(:mod:`facts.fragmentation`; blocked demand by :mod:`facts.demand`'s rule), so an answer
-means here what it means
-in the facts (``docs/metrics.md``):
+minute's middle (:func:`facts.minutes.expand_to_minutes`) — and frag(k) comes from
+:func:`facts.fragmentation.fragmentation`, blocked demand from :mod:`facts.demand`'s rule,
+so an answer means here what it means in the facts (``docs/metrics.md``):
 
 - ``wait``: queue wait (start − queue time) of the attempts started in the window,
   p50/p90/p99 in minutes, by queue, by job size (GPUs) and overall;

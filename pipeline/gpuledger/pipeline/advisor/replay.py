@@ -47,6 +47,7 @@ from gpuledger.pipeline.simulate.scheduler import (
     WHOLE,
     Rules,
     Scheduler,
+    Segments,
     _checkpoints_before,
 )
 from gpuledger.pipeline.simulate.workload import Job
@@ -343,7 +344,7 @@ def _add_outages(sched: Scheduler, inp: ReplayInput) -> None:
 
 
 def _run_of(name: str, inp: ReplayInput, jobs: list[Job], sched: Scheduler,
-            segments: object, notes: list[str]) -> Run:
+            seg: Segments, notes: list[str]) -> Run:
     start = inp.history.start
     rows: list[dict[str, object]] = []
     open_row: dict[int, dict[str, object]] = {}
@@ -398,19 +399,17 @@ def _run_of(name: str, inp: ReplayInput, jobs: list[Job], sched: Scheduler,
         r.pop("_start", None)
     attempts = pl.DataFrame(rows, schema=ATTEMPT_SCHEMA, orient="row") if rows else (
         pl.DataFrame(schema=ATTEMPT_SCHEMA))
-    seg = segments  # Segments of the scheduler
     lay = inp.layout
-    keep = np.asarray(seg.job) >= 0  # type: ignore[attr-defined]
-    gjob = np.asarray(seg.job)[keep]  # type: ignore[attr-defined]
-    gpu = np.asarray(seg.gpu)[keep]  # type: ignore[attr-defined]
+    keep = seg.job >= 0
+    gpu = seg.gpu[keep]
     allocs = pl.DataFrame({
-        "job_id": [jobs[int(j)].job_id for j in gjob],
-        "attempt": np.asarray(seg.attempt)[keep] - 1,  # type: ignore[attr-defined]
+        "job_id": [jobs[int(j)].job_id for j in seg.job[keep]],
+        "attempt": seg.attempt[keep] - 1,
         "node": [lay.node_names[int(lay.gpu_node[g])] for g in gpu],
         "gpu_index": lay.gpu_local[gpu],
-        "fraction": np.asarray(seg.units)[keep] / WHOLE,  # type: ignore[attr-defined]
-        "start": np.asarray(seg.start_s)[keep],  # type: ignore[attr-defined]
-        "end": np.asarray(seg.end_s)[keep],  # type: ignore[attr-defined]
+        "fraction": seg.units[keep] / WHOLE,
+        "start": seg.start_s[keep],
+        "end": seg.end_s[keep],
     }).with_columns(
         *[(pl.lit(start).cast(TIME_DTYPE) + pl.duration(seconds=pl.col(c))).alias(c)
           for c in ("start", "end")]
