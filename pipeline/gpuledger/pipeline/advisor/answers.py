@@ -3,9 +3,10 @@
 Columnar and vectorised: allocations and pending times are expanded to the history's
 minute grid (every ``step`` minutes) — held shares exact to the second
 (:func:`facts.minutes.expand_held`), free GPUs and pending jobs as snapshots at each
-minute's middle (:func:`facts.minutes.expand_to_minutes`) — and frag(k) comes from
-:func:`facts.fragmentation.fragmentation`, blocked demand from :mod:`facts.demand`'s rule,
-so an answer means here what it means in the facts (``docs/metrics.md``):
+minute's middle (:func:`facts.minutes.expand_to_minutes`) — and frag(k) and blocked
+demand come from the facts' own functions (:func:`facts.fragmentation.fragmentation`,
+:func:`facts.demand.blocked_jobs`) over the same free-GPU histogram, so an answer means
+here what it means in the facts (``docs/metrics.md``):
 
 - ``wait``: queue wait (start − queue time) of the attempts started in the window,
   p50/p90/p99 in minutes, by queue, by job size (GPUs) and overall;
@@ -27,7 +28,8 @@ import polars as pl
 from gpuledger.pipeline.advisor.history import History
 from gpuledger.pipeline.advisor.replay import Run
 from gpuledger.pipeline.columns import TIME_DTYPE
-from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation, usable
+from gpuledger.pipeline.facts import demand
+from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation
 from gpuledger.pipeline.facts.minutes import (
     MINUTE_MS,
     clip_ms,
@@ -93,28 +95,6 @@ def waits(run: Run, h: History) -> pl.DataFrame:
     return out.filter(pl.col("attempts") > 0).sort("by", "key")
 
 
-def blocked_minutes(pending: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
-    """The pending job-minutes blocked by fragmentation: the rule of
-    :func:`facts.demand.blocked_jobs`, computed from per-minute pool (and card type)
-    aggregates instead of a join with every node, so memory stays linear."""
-    ok = nodes.filter(pl.col("node_ok"))
-    aggs = [pl.col("free").sum().alias("free_gpus"),
-            pl.col("free").max().alias("largest_free_block"),
-            pl.col("node_gpus").max().alias("node_size"),
-            usable(pl.col("node_gpus"), pl.col("free")).sum().alias("whole_node_free")]
-    by_card = ok.group_by("minute", "pool", "card_type").agg(aggs)
-    by_pool = ok.group_by("minute", "pool").agg(aggs)
-    named = pending.filter(pl.col("card_type").is_not_null()).join(
-        by_card, on=["minute", "pool", "card_type"], how="inner")
-    anyc = pending.filter(pl.col("card_type").is_null()).join(
-        by_pool, on=["minute", "pool"], how="inner")
-    g = pl.col("gpus")
-    fits = pl.when(g <= pl.col("node_size")).then(pl.col("largest_free_block") >= g).otherwise(
-        pl.col("whole_node_free") >= g)
-    return pl.concat([named, anyc.select(named.columns)]).filter(
-        (g <= pl.col("free_gpus")) & ~fits)
-
-
 def _sampled(frame: pl.DataFrame, h: History) -> pl.DataFrame:
     if h.step_minutes == 1:
         return frame
@@ -135,7 +115,11 @@ def answers(run: Run, h: History) -> Answers:
     nodes = state.group_by("minute", "pool", "card_type", "node").agg(
         pl.col("cluster_free").sum().cast(pl.Int64).alias("free"),
         pl.len().cast(pl.Int64).alias("node_gpus"), pl.col("node_ok").all())
-    frag = fragmentation(nodes)
+    # how many healthy nodes have each number of free GPUs (facts.cluster.histogram)
+    hist = nodes.filter(pl.col("node_ok")).group_by(
+        "minute", "pool", "card_type", "node_gpus", "free").agg(
+        pl.len().cast(pl.Int64).alias("nodes"))
+    frag = fragmentation(hist)
     # held GPU shares: exact to the second (fraction × seconds held / 60 per minute)
     act = run.attempts.select("job_id", "attempt", "team", "activity")
     held = expand_held(clip_ms(run.allocations, "start", "end", ms(h.start), ms(h.end))).select(
@@ -145,9 +129,9 @@ def answers(run: Run, h: History) -> Answers:
     pending = run.attempts.with_columns(
         pl.coalesce("started_at", "ended_at").alias("end"))
     pend = _sampled(expand_to_minutes(pending, "queued_at", "end", h.start, h.end), h)
-    blocked = blocked_minutes(pend.select(
+    blocked = demand.blocked_jobs(pend.select(
         "minute", "job_id", "attempt", "team", "pool", "card_type",
-        pl.col("gpus").fill_null(1)), nodes)
+        pl.col("gpus").fill_null(1)), hist).filter(pl.col("blocked"))
     # an allocated GPU-minute on a down node or an unhealthy GPU is unavailable, not
     # allocated (docs/metrics.md: GPU state)
     gpu_pool = h.grid.filter(~pl.col("down") & pl.col("gpu_ok")).select(*keys, "pool")
