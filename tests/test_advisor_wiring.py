@@ -5,7 +5,7 @@ report section and the alert evidence line."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,15 @@ from gpuledger.pipeline.advisor.patterns import PATTERNS
 from gpuledger.pipeline.advisor.wiring import (
     JOB_PANEL_SQL,
     job_board_panel,
+    whatif_answer,
     whatif_section,
     with_cause,
 )
 from gpuledger.pipeline.alerts.engine import AlertEngine
 from gpuledger.pipeline.alerts.sinks import ListSink
+from gpuledger.pipeline.analyst_report.answers import answer_all
+from gpuledger.pipeline.analyst_report.html import render_html
+from gpuledger.pipeline.analyst_report.terminal import print_report
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.dashboards.builders import Board
 from gpuledger.pipeline.processor import Processor
@@ -103,6 +107,16 @@ def test_job_board_panel_and_recommendation_column(wh: Path) -> None:
 
 
 def test_report_section(wh: Path) -> None:
+    # as one of the report's answers, drawn by its own renderers
+    report = answer_all(wh)
+    report.answers.append(whatif_answer(wh))
+    console = Console(width=120, record=True)
+    print_report(report, console, 10)
+    text = console.export_text()
+    assert "What if: the same history under other policies" in text and "fgd" in text
+    page = render_html(report, str(wh), datetime(2026, 1, 6, tzinfo=UTC), 10)
+    assert 'id="whatif"' in page or "What if: the same history" in page
+    # and on its own
     section = whatif_section(wh)
     labels = [r[0] for r in section.rows]
     assert labels[0] == "observed" and labels[1] == "as-run" and "fgd" in labels

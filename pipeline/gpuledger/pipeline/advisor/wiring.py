@@ -4,8 +4,13 @@
   attempt's dominant pattern and remedy (``diagnosis``, ``diagnosis_remedy``);
 - :func:`job_board_panel`: the *panel on the Job board*: a table of the job's
   ``job_diagnosis`` rows;
-- :func:`whatif_section`: the *section of* ``gpuledger report``: the what-if headline
-  (:func:`.output.report_section`), rendered by :func:`.output.print_section`.
+- :func:`whatif_answer`: the *section of* ``gpuledger report``: the what-if headline
+  (:func:`.output.report_section`) as one of the report's answers, so its terminal and
+  HTML renderers draw it; the hook in ``analyst_report/command.py``, after
+  ``answer_all``: ``report.answers.append(whatif_answer(args.warehouse, args.since,
+  args.until))`` (behind an opt-in flag: it replays, seconds per day of history).
+  :func:`whatif_section` and :func:`.output.print_section` are the same without the
+  report's types.
 
 The *line in the alert evidence* is wired already (``alerts/engine.py``: a firing
 low-utilisation alert carries ``likely_cause``, its evidence and remedy).
@@ -23,6 +28,8 @@ from gpuledger.pipeline.advisor.diagnosis import ATTEMPT, dominant
 from gpuledger.pipeline.advisor.output import ReportSection, report_section
 from gpuledger.pipeline.advisor.policy import DEFAULT, PolicySet
 from gpuledger.pipeline.advisor.whatif import run_whatif
+from gpuledger.pipeline.analyst_report.answers import Answer
+from gpuledger.pipeline.analyst_report.sections import Chart, Column, Section
 from gpuledger.pipeline.dashboards.builders import Board, sql, unit_of
 
 JOB_PANEL_SQL = """SELECT attempt, pattern, gpu_hours, share, evidence, remedy
@@ -42,6 +49,26 @@ def job_board_panel(board: Board) -> None:
     board.add(table.Panel().decimals(2).override_by_name("share", [unit_of("percentunit")]),
               "Why idle or inefficient (diagnosis)", [sql(JOB_PANEL_SQL)], "suffix: GPU-h",
               w=24, h=6)
+
+
+HEADLINE = (("policy", "policy", None, ""), ("allocated_gpu_h", "allocated", 1, "GPU-h"),
+            ("used_gpu_h", "used", 1, "GPU-h"), ("wait_p90_min", "wait p90", 1, "min"),
+            ("blocked_gpu_h", "blocked", 1, "GPU-h"), ("lost_gpu_h", "lost", 2, "GPU-h"))
+
+
+def whatif_answer(warehouse: Path, since: datetime | None = None,
+                  until: datetime | None = None, policies: PolicySet = DEFAULT,
+                  step_minutes: int = 5) -> Answer:
+    """The what-if section as an answer of ``gpuledger report`` (part *What to do*)."""
+    sec = whatif_section(warehouse, since, until, policies, step_minutes)
+    columns = tuple(Column(name, header, decimals, unit)
+                    for name, header, decimals, unit in HEADLINE)
+    section = Section(sec.key, "todo", sec.title, sec.question, "", columns,
+                      Chart("bar", "policy", ("allocated_gpu_h", "used_gpu_h"), "GPU-h",
+                            ("allocated", "used")))
+    rows = list(sec.rows)
+    plotted = [r for r in rows if not str(r[0]).startswith("calibration error")]
+    return Answer(section, list(sec.columns), rows, list(sec.columns), plotted)
 
 
 def whatif_section(warehouse: Path, since: datetime | None = None,
