@@ -54,7 +54,7 @@ shared AS (
     WHERE jobs_on_gpu = 2 AND minute >= ? AND minute < ?),
 found AS (
     SELECT m.job_id, m.attempt, s.node, s.gpu_index,
-           min(s.alloc_fraction - k.fraction) AS fraction, count(*) AS n
+           max(s.alloc_fraction - k.fraction) AS fraction, count(*) AS n
     FROM missing m
     JOIN shared s ON list_contains(m.nodes, s.node) AND s.minute >= m.started_at
                  AND s.minute < m.ended_at
