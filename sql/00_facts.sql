@@ -14,6 +14,7 @@ CREATE OR REPLACE VIEW blocked_minute AS SELECT * FROM read_parquet('{facts}/blo
 CREATE OR REPLACE VIEW job_attempts AS SELECT * FROM read_parquet('{facts}/job_attempts/**/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW job_gpu AS SELECT * FROM read_parquet('{facts}/job_gpu/**/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW preemptions AS SELECT * FROM read_parquet('{facts}/preemptions/**/*.parquet', union_by_name = true, hive_partitioning = false);
+CREATE OR REPLACE VIEW job_diagnosis AS SELECT * FROM read_parquet('{facts}/job_diagnosis/**/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW recommendations AS SELECT * FROM read_parquet('{facts}/recommendations/**/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW running_attempts AS SELECT * FROM read_parquet('{facts}/running_attempts/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW candidates AS SELECT * FROM read_parquet('{facts}/candidates/*.parquet', union_by_name = true, hive_partitioning = false);

@@ -18,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.cli.arguments import positive
-from gpuledger.cli.errors import CliError
+from gpuledger.cli.errors import CliError, need_pipeline
 
 DEFAULT_WAREHOUSE = Path("warehouse")
 
 
-def _need_pipeline() -> None:
-    try:
-        import duckdb  # noqa: F401
-        import polars  # noqa: F401
-    except ImportError:
-        raise CliError(
-            "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
-        ) from None
+_need_pipeline = need_pipeline
 
 
 def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Callable[[], None]]:
@@ -350,7 +343,8 @@ COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.pipeline.livefeed.command",
                                     "gpuledger.cli.bridge_command",
                                     "gpuledger.cli.agent_command",
-                                    "gpuledger.pipeline.alerts.command")
+                                    "gpuledger.pipeline.alerts.command",
+                                    "gpuledger.pipeline.advisor.command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
 IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",
                                    "gpuledger.cli.import_slurm_sacct")
