@@ -20,7 +20,7 @@ from test_kafka_pipeline import SPARSE, _process_cmd, _publish, _settings, refer
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
 def _wait_for(log: Path, text: str, timeout_s: float = 60) -> None:

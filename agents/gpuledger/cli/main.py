@@ -8,8 +8,8 @@ it is missing.
 from __future__ import annotations
 
 import argparse
-import os
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
