@@ -136,8 +136,8 @@ def board_queries(con: duckdb.DuckDBPyConnection, window_days: float) -> dict[st
     for uid, board in all_boards().items():
         for v in board["templating"]["list"]:
             if v["datasource"]["type"] != "prometheus":
-                out[f"{uid} var {v['name']}"] = interpolate(v.get("definition") or v["query"], values, t0, t1,
-                                                            interval)
+                sql = v.get("definition") or v["query"]
+                out[f"{uid} var {v['name']}"] = interpolate(sql, values, t0, t1, interval)
         for p in board["panels"]:
             for t in p.get("targets", []):
                 if "rawSql" in t:

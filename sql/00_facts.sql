@@ -3,7 +3,9 @@
 -- the list of the table's files when the catalog is built, the table's empty
 -- _schema.parquet first, so the view exists (with its columns) before any rows are
 -- written; every file of a table has that schema.
-CREATE OR REPLACE VIEW gpu_minute AS SELECT * FROM read_parquet({files:gpu_minute}, hive_partitioning = false);
+-- gpu_minute: a row per GPU-minute; GPUs without telemetry keep spans of identical
+-- minutes (gpu_span: minute, minutes), expanded here so both read the same way.
+CREATE OR REPLACE VIEW gpu_minute AS SELECT * FROM read_parquet({files:gpu_minute}, hive_partitioning = false) UNION ALL BY NAME SELECT * EXCLUDE (minute, minutes), unnest(generate_series(minute, minute + (minutes - 1) * INTERVAL 1 MINUTE, INTERVAL 1 MINUTE)) AS minute FROM read_parquet({files:gpu_span}, hive_partitioning = false);
 -- Roll-ups: each telemetry partition's files hold its nodes' part of a row (partitions.py);
 -- the view adds the parts up (one processor: one part per row, the same numbers).
 CREATE OR REPLACE VIEW gpu_hourly AS SELECT hour, pool, card_type, team, queue, job_type, round(sum(gpu_hours), 9) AS gpu_hours, round(sum(allocated_gpu_hours), 9) AS allocated_gpu_hours, round(sum(used_gpu_hours), 9) AS used_gpu_hours, round(sum(free_gpu_hours), 9) AS free_gpu_hours, round(sum(allocated_idle_gpu_hours), 9) AS allocated_idle_gpu_hours, round(sum(allocated_inefficient_gpu_hours), 9) AS allocated_inefficient_gpu_hours, round(sum(allocated_busy_gpu_hours), 9) AS allocated_busy_gpu_hours, round(sum(unaccounted_use_gpu_hours), 9) AS unaccounted_use_gpu_hours, round(sum(unavailable_gpu_hours), 9) AS unavailable_gpu_hours, round(sum(no_telemetry_gpu_hours), 9) AS no_telemetry_gpu_hours, round(sum(occupied_gpu_hours), 9) AS occupied_gpu_hours, round(sum(job_gpu_hours), 9) AS job_gpu_hours, round(sum(occupied_gpu_hours), 9) AS occupied_gpu_hours, round(sum(job_gpu_hours), 9) AS job_gpu_hours, date FROM read_parquet({files:gpu_hourly}, hive_partitioning = false) GROUP BY hour, date, pool, card_type, team, queue, job_type;
@@ -14,6 +16,7 @@ CREATE OR REPLACE VIEW blocked_minute AS SELECT * FROM read_parquet({files:block
 CREATE OR REPLACE VIEW job_attempts AS SELECT * FROM read_parquet({files:job_attempts}, hive_partitioning = false);
 CREATE OR REPLACE VIEW job_gpu AS SELECT * FROM read_parquet({files:job_gpu}, hive_partitioning = false);
 CREATE OR REPLACE VIEW preemptions AS SELECT * FROM read_parquet({files:preemptions}, hive_partitioning = false);
+CREATE OR REPLACE VIEW job_diagnosis AS SELECT * FROM read_parquet({files:job_diagnosis}, hive_partitioning = false);
 CREATE OR REPLACE VIEW recommendations AS SELECT * FROM read_parquet({files:recommendations}, hive_partitioning = false);
 -- Snapshots are written when the processor stops or reaches the end of its input, ended
 -- attempts as their minutes close: an attempt whose end is published is no longer

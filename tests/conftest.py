@@ -29,7 +29,19 @@ class Facts:
         self.processor = processor
 
     def table(self, name: str) -> pl.DataFrame:
-        return read_table(self.root, name)
+        """A table's rows from its published files (``gpu_minute`` with its spans
+        expanded, as the catalog's view does)."""
+        frame = read_table(self.root, name)
+        if name != "gpu_minute":
+            return frame
+        spans = self.table("gpu_span")
+        if spans.is_empty():
+            return frame
+        minutes = spans.with_columns(pl.datetime_ranges(
+            pl.col("minute"), pl.col("minute") + pl.duration(minutes=pl.col("minutes") - 1),
+            "1m").alias("minute")).explode("minute").drop("minutes")
+        return pl.concat([frame, minutes], how="diagonal_relaxed") if not frame.is_empty() \
+            else minutes
 
 
 @pytest.fixture

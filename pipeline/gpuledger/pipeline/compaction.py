@@ -7,7 +7,8 @@ into the day's object (the daily name, ``<table>-YYYY-MM-DD[-pNNN]``) and the ho
 names leave the manifest in the same commit: readers see the day in hours or in one
 object, never both, never neither. ``gpu_minute``'s day is sorted by job, then minute,
 so that one job's minutes (the job board's timelines) sit in a few row groups that
-DuckDB finds from their statistics; the other tables keep their sort order, which
+DuckDB finds from their statistics (``gpu_span``, the spans of GPUs without telemetry,
+too); the other tables keep their sort order, which
 starts with time.
 
 An hour written again into a compacted day (late rows, a replay after a restart) goes
@@ -25,7 +26,7 @@ from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.tables import SORT_KEYS
 
 PART_TIME: dict[str, str] = {
-    "gpu_minute": "minute", "job_gpu": "ended_at", "frag_minute": "minute",
+    "gpu_minute": "minute", "gpu_span": "minute", "job_gpu": "ended_at", "frag_minute": "minute",
     "pending_minute": "minute", "blocked_minute": "minute", "job_attempts": "ended_at",
     "preemptions": "time", "recommendations": "ended_at", "gpu_hourly": "hour",
     "late_telemetry": "minute",
@@ -35,6 +36,7 @@ buffers rows by the hour of this column)."""
 
 COMPACT_SORT: dict[str, list[str]] = {
     "gpu_minute": ["job_id", "minute", "node", "gpu_index"],
+    "gpu_span": ["job_id", "minute", "node", "gpu_index"],
 }
 ROW_GROUP_ROWS = 65_536
 """Row groups of compacted objects: small enough for a job's rows to be found by their

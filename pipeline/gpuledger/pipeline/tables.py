@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from gpuledger.pipeline.advisor.diagnosis import JOB_DIAGNOSIS
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.facts.recommendations import REC_SCHEMA
 from gpuledger.pipeline.facts.rollup import DIMENSIONS, MEASURES
@@ -36,6 +37,10 @@ GPU_MINUTE = pl.Schema(_cols({
     "unattributed_processes": N, "schedulable": B, "health": S, "idle_threshold": F,
     "efficient_threshold": F,
 }))
+
+GPU_SPAN = pl.Schema({**dict(GPU_MINUTE), "minutes": pl.Int64()})
+"""``minutes`` identical GPU-minutes from ``minute`` on, of a GPU without telemetry
+(``facts/spans.py``); the ``gpu_minute`` view expands them."""
 
 FRAG_MINUTE = pl.Schema(_cols({
     "minute": T, "date": D, "pool": S, "card_type": S, "node_size": N, "healthy_nodes": N,
@@ -93,6 +98,7 @@ REJECTS = pl.Schema(_cols({"record_type": S, "source": S, "line": N, "reason": S
 
 TABLE_SCHEMAS: dict[str, pl.Schema] = {
     "gpu_minute": GPU_MINUTE,
+    "gpu_span": GPU_SPAN,
     "frag_minute": FRAG_MINUTE,
     "pending_minute": PENDING_MINUTE,
     "blocked_minute": BLOCKED_MINUTE,
@@ -100,6 +106,7 @@ TABLE_SCHEMAS: dict[str, pl.Schema] = {
     "job_gpu": JOB_GPU,
     "preemptions": PREEMPTIONS,
     "recommendations": RECOMMENDATIONS,
+    "job_diagnosis": JOB_DIAGNOSIS,
     "gpu_hourly": GPU_HOURLY,
     "gpu_daily": GPU_DAILY,
     "running_attempts": RUNNING_ATTEMPTS,
@@ -109,6 +116,7 @@ TABLE_SCHEMAS: dict[str, pl.Schema] = {
 
 SORT_KEYS: dict[str, list[str]] = {
     "gpu_minute": ["minute", "node", "gpu_index"],
+    "gpu_span": ["minute", "node", "gpu_index"],
     "frag_minute": ["minute", "pool", "card_type"],
     "pending_minute": ["minute", "queue", "pool", "card_type", "team"],
     "blocked_minute": ["minute", "job_id", "attempt"],
@@ -116,6 +124,7 @@ SORT_KEYS: dict[str, list[str]] = {
     "job_gpu": ["job_id", "attempt", "node", "gpu_index"],
     "preemptions": ["time", "job_id", "attempt"],
     "recommendations": ["job_id", "attempt", "kind"],
+    "job_diagnosis": ["job_id", "attempt", "pattern"],
     "gpu_hourly": ["hour", *DIMENSIONS],
     "gpu_daily": ["date", *DIMENSIONS],
     "late_telemetry": ["time", "node", "gpu_index", "mig_instance"],

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gpuledger.pipeline.advisor import diagnosis as why
 from gpuledger.pipeline.alerts import texts
 from gpuledger.pipeline.alerts.model import Alert
 from gpuledger.pipeline.alerts.sinks import AlertSink
@@ -73,6 +74,7 @@ class _Follower:
     def closed(self, processor: Processor, until: datetime) -> None:
         gpu, self.gpu = self.gpu, []
         blocked, self.blocked = self.blocked, []
+        self.engine.remember(gpu, until)
         self.engine.step(processor, until, job_minutes(processor, gpu, until),
                          pl.concat(blocked, how="vertical_relaxed") if blocked else None)
 
@@ -124,11 +126,35 @@ class AlertEngine:
         self.blocked_since: dict[tuple[str, int], datetime] = {}
         self.firing: dict[tuple[str, str, int], Alert] = {}
         self.events = 0
+        self.recent = pl.DataFrame()  # the last hour of jobs' GPU-minutes, for the cause
 
     def attach(self, processor: Processor) -> None:
         """Follow ``processor`` (each shard of a service, or the only processor)."""
         self.followed[id(processor)] = processor
         processor.listeners.append(_Follower(self))
+
+    def remember(self, gpu_parts: list[pl.DataFrame], until: datetime) -> None:
+        """Keep the last hour of job GPU-minutes: a firing low-utilisation alert names its
+        likely cause from them (``advisor.diagnosis``)."""
+        keep = [f.filter(pl.col("job_id").is_not_null()) for f in gpu_parts]
+        frames = [f for f in (self.recent, *keep) if not f.is_empty()]
+        if not frames:
+            return
+        since = pl.lit(until - timedelta(hours=1)).cast(TIME_DTYPE)
+        self.recent = pl.concat(frames, how="diagonal_relaxed").filter(
+            pl.col("minute") >= since)
+
+    def _cause(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """Evidence of the attempt's likely cause of low activity (none when unknown)."""
+        if self.recent.is_empty():
+            return {}
+        rows = self.recent.filter((pl.col("job_id") == job_id) & (pl.col("attempt") == attempt))
+        top = why.dominant(why.diagnose(rows))
+        if top.is_empty() or top["pattern"].item() == why.UNKNOWN:
+            return {}
+        r = top.row(0, named=True)
+        return {"likely_cause": r["pattern"], "likely_cause_evidence": r["evidence"],
+                "likely_cause_remedy": r["remedy"]}
 
     def detach(self, processor: Processor) -> None:
         self.followed.pop(id(processor), None)
@@ -261,6 +287,7 @@ class AlertEngine:
                   "grace_s": a.low_util_grace_s, "minute": r["minute"].isoformat()}
             if r["state"]:
                 lab = labels.get(r["job_id"], {})
+                ev.update(self._cause(r["job_id"], r["attempt"]))
                 summary, desc, rec = texts.low_util(
                     self.config, texts.job_name(r["job_id"], r["attempt"], lab), ev)
                 out.append(self._fire(Alert(
