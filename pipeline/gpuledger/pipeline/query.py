@@ -48,11 +48,11 @@ def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
     if not snapshot.generations and not all(
             store.exists(f"{FACTS}/{t}/{SCHEMA_FILE}") for t in TABLE_SCHEMAS):
         raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published yet)")
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+                                             "autoload_known_extensions": False})
     # files never change once written (generations.py): their Parquet footers may be
     # kept for the connection's life
-    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
-                                             "autoload_known_extensions": False,
-                                             "parquet_metadata_cache": True})
+    con.execute("SET parquet_metadata_cache = true")
     attach_store(con, store, snapshot.sizes)
     for statement in catalog_statements(store, snapshot):
         con.execute(statement)
