@@ -142,6 +142,7 @@ def test_a_reader_sees_whole_generations_while_ingests_and_compaction_write(
                                     read_manifests(open_store(url)).values()))
                 if done:
                     break
+                time.sleep(0.1)  # leave the writer the CPU between two looks
         finally:
             if writer.poll() is None:
                 writer.kill()

@@ -301,12 +301,60 @@ WHOLE_OBJECT_BYTES = 8 << 20
 memory); larger ones are read in ranges."""
 
 
+class ObjectFile(io.RawIOBase):
+    """A read-only file over an object's bytes, or over a PyArrow random-access file,
+    whose position is kept per thread: DuckDB's threads read one file handle at once (a
+    seek, then a read, each a call of their own), so a shared position would let one
+    thread read where another sought. Reads are positional underneath (``read_at``)."""
+
+    def __init__(self, source: Any, size: int) -> None:
+        super().__init__()
+        self._source = source
+        self._size = size
+        self._here = threading.local()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return int(getattr(self._here, "pos", 0))
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.tell(), io.SEEK_END: self._size}[whence]
+        self._here.pos = max(0, base + offset)
+        return int(self._here.pos)
+
+    def read(self, size: int | None = -1) -> bytes:
+        pos = self.tell()
+        n = self._size - pos if size is None or size < 0 else min(size, self._size - pos)
+        if n <= 0:
+            return b""
+        if isinstance(self._source, bytes):
+            data = self._source[pos:pos + n]
+        else:
+            data = self._source.read_at(n, pos)
+        self._here.pos = pos + len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not isinstance(self._source, bytes):
+            self._source.close()
+        super().close()
+
+
 def _objects(store: Store, sizes: dict[str, int]) -> Any:
     from datetime import UTC
     from datetime import datetime as dt
 
     from fsspec.implementations.arrow import ArrowFSWrapper
-    from fsspec.implementations.memory import MemoryFile
 
     kept: dict[str, bytes] = {}
     lock = threading.Lock()
@@ -354,11 +402,13 @@ def _objects(store: Store, sizes: dict[str, int]) -> Any:
         def _open(self, path: str, mode: str = "rb", block_size: Any = None,
                   autocommit: bool = True, cache_options: Any = None, **kwargs: Any) -> Any:
             bare = self._strip_protocol(path)
-            if mode == "rb":
-                data = self._whole(bare)
-                if data is not None:
-                    return MemoryFile(self, bare, data)
-            return super()._open(path, mode, block_size, **kwargs)
+            if mode != "rb":
+                return super()._open(path, mode, block_size, **kwargs)
+            data = self._whole(bare)
+            if data is not None:
+                return ObjectFile(data, len(data))
+            source = self.fs.open_input_file(bare)
+            return ObjectFile(source, source.size())
 
     return Objects(store.fs)
 
