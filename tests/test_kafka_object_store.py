@@ -5,8 +5,6 @@ checkpoints in the bucket; the facts equal one instance's and the embedded bus's
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from fact_views import assert_same_facts
 from kafka_broker import Broker
 from s3_server import S3Server
 from test_kafka_pipeline import SPARSE, _process_cmd, _settings, _sim
-from test_kafka_scale_out import _publish_as_agents, _shards
+from test_kafka_scale_out import _shards, run_pair
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
@@ -41,25 +39,10 @@ def test_two_processors_on_two_hosts_write_one_bucket(
                        "--checkpoint-interval", "1")
     cmd[cmd.index("--warehouse") + 1] = url
     hosts = [tmp_path / f"host-{i}" for i in (1, 2)]
-    logs = [h / "process.log" for h in hosts]
-    procs = []
-    for i, host in enumerate(hosts, 1):
+    for host in hosts:
         host.mkdir()
-        procs.append(subprocess.Popen([*cmd, "--instance-id", f"host-{i}"], cwd=host, env=env,
-                                      stdout=open(host / "process.log", "wb"),  # noqa: SIM115
-                                      stderr=subprocess.STDOUT))
-    try:
-        deadline = time.monotonic() + 60
-        while not all(_shards(log) for log in logs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _publish_as_agents(settings)
-        for proc, log in zip(procs, logs, strict=True):
-            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    logs = [h / "process.log" for h in hosts]
+    run_pair(cmd, logs, settings, cwds=hosts, env=env)
     assert set().union(*(_shards(log) for log in logs)) == {"000", "001", "002", "003"}
     for host in hosts:  # nothing of the warehouse or its state on either host's disk
         assert sorted(p.name for p in host.iterdir()) == ["process.log"]

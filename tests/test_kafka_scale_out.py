@@ -49,21 +49,7 @@ def test_two_processors_write_the_facts_of_one(
     cmd = _process_cmd(kafka, settings_two, two, "pair", "--exit-when-idle", "8",
                        "--checkpoint-interval", "1")
     logs = [tmp_path / f"instance-{i}.log" for i in (1, 2)]
-    procs = [subprocess.Popen([*cmd, "--instance-id", f"pair-{i}"],
-                              stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-             for i, log in enumerate(logs, 1)]
-    try:
-        deadline = time.monotonic() + 60
-        while not all(_shards(log) for log in logs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _publish_as_agents(settings_two)
-        for proc, log in zip(procs, logs, strict=True):
-            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    run_pair(cmd, logs, settings_two)
     texts = [log.read_text() for log in logs]
     read = [int(m.group(1)) for t in texts
             for m in [re.search(r"exiting \((\d+) telemetry message", t)] if m]
@@ -71,6 +57,28 @@ def test_two_processors_write_the_facts_of_one(
     assert set().union(*(_shards(log) for log in logs)) == {"000", "001", "002", "003"}
     assert_same_facts(two, one, SPARSE)
     assert_same_facts(two, reference, SPARSE)
+
+
+def run_pair(cmd: list[str], logs: list[Path], settings: KafkaSettings,
+             cwds: list[Path] | None = None, env: dict[str, str] | None = None) -> None:
+    """Start two instances of ``cmd`` (logs to ``logs``, in ``cwds``), publish the
+    simulation as agents once both hold partitions, and wait for both to exit 0."""
+    procs = [subprocess.Popen([*cmd, "--instance-id", f"pair-{i}"], env=env,
+                              cwd=cwds[i - 1] if cwds else None,
+                              stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+             for i, log in enumerate(logs, 1)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(_shards(log) for log in logs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _publish_as_agents(settings)
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _publish_as_agents(settings: KafkaSettings) -> None:

@@ -12,21 +12,12 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
+from gpuledger.cli.arguments import iso_time
 from gpuledger.cli.errors import CliError
 
 BUSY_S = 60.0
 """A unit whose manifest is younger than this is taken to have a writer."""
-
-
-def _day(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a date such as 2026-01-06, got {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
@@ -82,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "and that are older than warehouse.retain_s (uploads cut off by a crash). Run it "
         "on a warehouse written by ingest or import; a processor compacts its own days.")
     common(p)
-    p.add_argument("--before", type=_day, default=None, metavar="DATE",
+    p.add_argument("--before", type=iso_time, default=None, metavar="TIME",
                    help="compact days that end by this time (default: the newest hour in "
                    "the warehouse minus warehouse.compact_after_s)")
     p.add_argument("--force", action="store_true",
