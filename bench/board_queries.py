@@ -32,6 +32,7 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.dashboards.boards import all_boards
 from gpuledger.pipeline.dashboards.interpolate import interpolate
 from gpuledger.pipeline.demo import run_demo
+from gpuledger.pipeline.query import connect
 from gpuledger.pipeline.simulate import SimConfig, load_cluster
 from gpuledger.pipeline.warehouse import Warehouse, sql_dir
 
@@ -156,8 +157,7 @@ def main() -> None:
     if rows >= 0:
         print(f"replicated to {args.days} days: {rows:,} fact rows in "
               f"{time.monotonic() - t:.0f} s", file=sys.stderr)
-    con = duckdb.connect(str(target / "catalog.duckdb"), read_only=True)
-    con.execute("SET threads = 2")
+    con = connect(target, threads=2)  # read-only, locked down, as gpuledger query opens it
     facts: Any = con.execute("SELECT count(*), count(DISTINCT node || gpu_index) FROM "
                              "gpu_minute").fetchall()[0]
     print(f"gpu_minute: {facts[0]:,} rows, {facts[1]:,} GPUs", file=sys.stderr)

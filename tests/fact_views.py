@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import polars as pl
 from polars.testing import assert_frame_equal
+
+from gpuledger.pipeline.query import connect
 
 # Every fact view, with the columns that identify a row.
 VIEWS = {
@@ -31,7 +32,7 @@ VIEWS = {
 
 def view(root: Path, name: str) -> pl.DataFrame:
     """All rows of view ``name``, in key order."""
-    con = duckdb.connect(str(root / "catalog.duckdb"), read_only=True)
+    con = connect(root)
     try:
         frame = pl.DataFrame(pl.from_arrow(con.sql(f"SELECT * FROM {name}").to_arrow_table()))
     finally:

@@ -19,3 +19,15 @@ def positive(kind: type, name: str) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
         return value
     return parse
+
+
+def time_limit(name: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a time limit in seconds: > 0, ``inf`` for none."""
+    number = positive(float, name)
+
+    def parse(text: str) -> float:
+        value: float = number(text)
+        if value != value:  # NaN
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}")
+        return value
+    return parse

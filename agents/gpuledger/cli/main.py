@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import positive
+from gpuledger.cli.arguments import positive, time_limit
 from gpuledger.cli.errors import CliError
 
 DEFAULT_WAREHOUSE = Path("warehouse")
@@ -309,7 +309,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     sql = args.sql if args.sql != "-" else sys.stdin.read()
     try:
-        columns, rows = query.run(args.warehouse, sql)
+        columns, rows = query.run(args.warehouse, sql, args.timeout)
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
     sys.stdout.write(query.render(columns, rows, args.format))
@@ -469,12 +469,19 @@ def build_parser() -> argparse.ArgumentParser:
                        "views: gpu_minute, gpu_hourly, gpu_daily, frag_minute, pending_minute, "
                        "blocked_minute, job_attempts, attempts, job_gpu, preemptions, "
                        "recommendations, utilisation_by_pool, utilisation_by_team, queue_wait, "
-                       "fragmentation, borrowing, ... Anything that would write is refused.")
+                       "fragmentation, borrowing, ... The connection is read-only and can "
+                       "read nothing but the warehouse's facts (no other file, no network, no "
+                       "extensions); anything that would write or change a setting is refused "
+                       "with one line (docs/analyst-guide.md). Ctrl-C stops the query "
+                       "(exit status 130).")
     p.add_argument("sql", help="the query ('-' reads it from standard input)")
     p.add_argument("--warehouse", type=Path, default=DEFAULT_WAREHOUSE,
                    help="warehouse folder (default ./warehouse)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (default table)")
+    p.add_argument("--timeout", type=time_limit("--timeout"), default=300.0,
+                   metavar="SECONDS", help="stop the query after this long (default 300; "
+                   "'inf': no limit)")
     p.set_defaults(func=cmd_query)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub, common)

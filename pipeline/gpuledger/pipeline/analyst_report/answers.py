@@ -19,15 +19,15 @@ class Answer:
 
 
 def answer_all(warehouse: Path, since: datetime | None = None, until: datetime | None = None,
-               top: int = 10, sections: tuple[Section, ...] = SECTIONS) -> list[Answer]:
-    """Each section's rows, in order."""
+               top: int = 10, sections: tuple[Section, ...] = SECTIONS,
+               timeout_s: float | None = query.DEFAULT_TIMEOUT_S) -> list[Answer]:
+    """Each section's rows, in order; ``timeout_s`` bounds each section's query."""
     con = query.connect(warehouse)
     try:
         out = []
         for section in sections:
-            rel = con.execute(render_sql(section, since, until, top))
-            columns = [d[0] for d in rel.description or []]
-            out.append(Answer(section, columns, rel.fetchall()))
+            columns, rows = query.fetch(con, render_sql(section, since, until, top), timeout_s)
+            out.append(Answer(section, columns, rows))
         return out
     finally:
         con.close()

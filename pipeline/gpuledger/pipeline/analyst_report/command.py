@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuledger.cli.arguments import positive
+from gpuledger.cli.arguments import positive, time_limit
 from gpuledger.cli.errors import CliError
 
 
@@ -37,7 +37,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.since and args.until and args.since >= args.until:
         raise CliError("--since must be before --until")
     try:
-        answers = answer_all(args.warehouse, args.since, args.until, args.top)
+        answers = answer_all(args.warehouse, args.since, args.until, args.top,
+                             timeout_s=args.timeout)
     except (QueryError, duckdb.Error) as exc:
         raise CliError(f"{args.warehouse}: {exc}") from None
     if args.html is not None:
@@ -81,4 +82,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    help="terminal width for the tables (default: the terminal's)")
     p.add_argument("--quiet", action="store_true",
                    help="with --html: do not print the tables")
+    p.add_argument("--timeout", type=time_limit("--timeout"), default=300.0,
+                   metavar="SECONDS", help="stop a section's query after this long "
+                   "(default 300; 'inf': no limit)")
     p.set_defaults(func=cmd_report)
