@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.cli.arguments import positive, time_limit
-from gpuledger.cli.errors import CliError
+from gpuledger.cli.errors import CliError, check_input_files
 
 DEFAULT_WAREHOUSE = Path("warehouse")
 
@@ -209,9 +209,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.ingest import ingest
 
-    for path in args.files:
-        if not path.is_file():
-            raise CliError(f"{path}: no such file")
+    check_input_files(*args.files)
     config = _proc_config(args)
     update, stop = _progress("ingesting", not args.quiet)
     try:
@@ -242,9 +240,7 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
-    for path in (args.nodes, args.pods):
-        if not path.is_file():
-            raise CliError(f"{path}: no such file")
+    check_input_files(args.nodes, args.pods)
     lo = args.from_hours * 3600.0
     hi = lo + args.hours * 3600.0 if args.hours is not None else None
     kw: dict[str, Any] = {"window_from_s": lo, "window_to_s": hi}

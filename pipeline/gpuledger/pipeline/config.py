@@ -1,4 +1,4 @@
-"""Processor configuration: thresholds, windows and card tiers.
+"""Processor configuration: thresholds, windows, alerts, physical limits and card tiers.
 
 Configuration is data: a YAML file (all keys optional) overridden by environment
 variables ``GPULEDGER_<SECTION>__<KEY>`` (for example
@@ -106,6 +106,30 @@ class AlertThresholds:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """Physical bounds of a record (``validate``): a value outside them is impossible on a
+    real GPU, so the record is rejected with a reason and counted, never kept. They are
+    wider than any shipping card; a site with unusual hardware may widen them."""
+
+    power_max_w: float = 2000.0
+    """``power_w`` above this (a whole superchip module draws less)."""
+    temp_min_c: float = -40.0
+    """``temp_c`` below this ..."""
+    temp_max_c: float = 150.0
+    """... or above this."""
+    clock_max_mhz: float = 5000.0
+    """``sm_clock_mhz`` above this."""
+    memory_max_mib: float = 1_048_576.0
+    """Memory of one GPU above this (1 TiB): ``mem_used_mib``, ``mem_total_mib``, a
+    process's ``used_mib``, an inventory's or a job's ``gpu_mem_mib``."""
+    memory_margin: float = 0.05
+    """``mem_used_mib`` (and the sum of the processes' ``used_mib``) may exceed
+    ``mem_total_mib`` of the same sample by this share, no more."""
+    byte_rate_max: float = 1e13
+    """PCIe/NVLink ``*_bytes_s`` above this (10 TB/s)."""
+
+
+@dataclass(frozen=True)
 class CardTier:
     """A card type's place in the hierarchy used by card-mismatch and right-sizing."""
 
@@ -129,6 +153,7 @@ class ProcessorConfig:
     windows: Windows = field(default_factory=Windows)
     card_tiers: dict[str, CardTier] = field(default_factory=lambda: dict(DEFAULT_CARD_TIERS))
     alerts: AlertThresholds = field(default_factory=AlertThresholds)
+    limits: Limits = field(default_factory=Limits)
     cluster_facts: bool = True
     """Compute cluster-wide facts (fragmentation, pending, queue wait). Exactly one
     processor instance of a consumer group has this on."""
@@ -165,6 +190,17 @@ class ProcessorConfig:
                 raise ConfigError(f"windows.{name}: must be >= 0")
         if w.catchup_close_minutes > 1440:
             raise ConfigError("windows.catchup_close_minutes: must be <= 1440 (a day)")
+        lim = self.limits
+        for f in fields(lim):
+            value = getattr(lim, f.name)
+            if f.name not in ("temp_min_c", "memory_margin") and not value > 0:
+                raise ConfigError(f"limits.{f.name}: must be > 0")
+        if not 0 <= lim.memory_margin <= 1:
+            raise ConfigError(f"limits.memory_margin: {lim.memory_margin} must be between "
+                              "0 and 1")
+        if not lim.temp_min_c < lim.temp_max_c:
+            raise ConfigError("limits.temp_min_c: must be below limits.temp_max_c "
+                              f"({lim.temp_min_c} >= {lim.temp_max_c})")
         for card, tier in self.card_tiers.items():
             if tier.memory_mib <= 0:
                 raise ConfigError(f"card_tiers.{card}.memory_mib: must be > 0")
@@ -240,7 +276,7 @@ def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, An
         if not var.startswith(ENV_PREFIX) or "__" not in var:
             continue
         section, _, key = var[len(ENV_PREFIX):].lower().partition("__")
-        if section not in ("thresholds", "windows", "alerts"):
+        if section not in ("thresholds", "windows", "alerts", "limits"):
             continue
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
@@ -262,9 +298,10 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     for key in raw:
-        if key not in ("thresholds", "windows", "alerts", "card_tiers", "cluster_facts"):
+        if key not in ("thresholds", "windows", "alerts", "limits", "card_tiers",
+                       "cluster_facts"):
             raise ConfigError(
-                f"{key}: unknown key (known: thresholds, windows, alerts, card_tiers, "
+                f"{key}: unknown key (known: thresholds, windows, alerts, limits, card_tiers, "
                 "cluster_facts)"
             )
     raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)
@@ -272,6 +309,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         thresholds=_section("thresholds", Thresholds, raw.get("thresholds")),
         windows=_section("windows", Windows, raw.get("windows")),
         alerts=_section("alerts", AlertThresholds, raw.get("alerts")),
+        limits=_section("limits", Limits, raw.get("limits")),
         card_tiers=_card_tiers(raw.get("card_tiers")),
         cluster_facts=_coerce("cluster_facts", raw.get("cluster_facts", True), True),
     )

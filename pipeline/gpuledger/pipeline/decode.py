@@ -57,10 +57,12 @@ Documented choices:
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,6 +81,7 @@ from polars.datatypes import DataTypeClass
 
 from gpuledger.contract.schema import FIELDS, RECORD_TYPES, RecordType
 from gpuledger.pipeline.columns import TIME_DTYPE, conform, empty_frame, schema_of
+from gpuledger.pipeline.config import Limits
 from gpuledger.pipeline.validate import (
     MIN_TIME,
     REJECT_SCHEMA,
@@ -647,13 +650,14 @@ def decode_jsonl(
     now: datetime | None = None,
     max_future_s: float = 3600,
     min_time: datetime = MIN_TIME,
+    limits: Limits | None = None,
 ) -> Decoded:
     """Decode contract JSON lines (record types may be mixed).
 
     ``first_line`` is the line number of the buffer's first line (for chunks of a file);
-    ``now``, ``max_future_s`` and ``min_time`` are passed to validation (``now`` defaults
-    to the wall clock). Valid rows keep their input order within each record type;
-    rejects are ordered by line.
+    ``now``, ``max_future_s``, ``min_time`` and ``limits`` are passed to validation
+    (``now`` defaults to the wall clock). Valid rows keep their input order within each
+    record type; rejects are ordered by line.
     """
     return _decode(
         data,
@@ -662,6 +666,7 @@ def decode_jsonl(
         now=now,
         max_future_s=max_future_s,
         min_time=min_time,
+        limits=limits,
     )[0]
 
 
@@ -673,6 +678,7 @@ def _decode(
     now: datetime | None,
     max_future_s: float,
     min_time: datetime,
+    limits: Limits | None = None,
 ) -> tuple[Decoded, int]:
     """:func:`decode_jsonl`, also returning the number of lines (newlines) it read."""
     view = memoryview(data).cast("B")
@@ -760,6 +766,7 @@ def _decode(
             now=now,
             max_future_s=max_future_s,
             min_time=min_time,
+            limits=limits,
         )
         frames[record_type] = result.valid
         if result.rejected_index.len():
@@ -788,6 +795,32 @@ def _open(path: Path) -> BinaryIO:
     return path.open("rb")
 
 
+_DAMAGE_ERRORS = (EOFError, OSError, zlib.error)
+"""What reading a damaged file raises: a truncated gzip stream (``EOFError``), data that
+is not gzip or fails its CRC (``gzip.BadGzipFile``, an ``OSError``), corrupt deflate
+data (``zlib.error``), an I/O error."""
+
+
+_DAMAGED_RAW_BYTES = 4096
+"""At most this much of the line where a damaged file stops is kept as the reject's raw."""
+
+
+def _damage_reason(exc: BaseException, lines_kept: int) -> str:
+    """The reject reason for a file that could not be read to its end."""
+    if isinstance(exc, EOFError):
+        what = "the compressed data ends early (a truncated .gz file)"
+    elif isinstance(exc, gzip.BadGzipFile) and "Not a gzipped file" in str(exc):
+        what = "not gzip data although the name ends in .gz"
+    elif isinstance(exc, gzip.BadGzipFile | zlib.error):
+        what = f"the compressed data is damaged ({exc})"
+    else:
+        what = f"read error ({getattr(exc, 'strerror', None) or exc})"
+    if lines_kept:
+        return (f"cannot read the file past this line: {what}; the {lines_kept:,} "
+                "line(s) before it were read as usual")
+    return f"cannot read the file: {what}; nothing was read from it"
+
+
 def decode_jsonl_files(
     paths: Sequence[Path | str],
     *,
@@ -795,6 +828,7 @@ def decode_jsonl_files(
     now: datetime | None = None,
     max_future_s: float = 3600,
     min_time: datetime = MIN_TIME,
+    limits: Limits | None = None,
 ) -> Iterator[Decoded]:
     """Decode JSON-lines files chunk by chunk, one :class:`Decoded` per chunk.
 
@@ -802,20 +836,31 @@ def decode_jsonl_files(
     a longer chunk), so memory stays bounded; line numbers count from 1 in each file and
     stay right across chunks; the rejects' ``source`` is the file path. ``.gz`` files
     are read through gzip. ``now`` is taken once per chunk when not given.
+
+    A file that cannot be read to its end (a truncated or corrupt ``.gz``, a plain file
+    named ``.gz``, an I/O error) keeps the whole lines read before the damage; the
+    damage becomes one reject at the line where reading stopped (its raw text: the
+    part of that line that was read), and the next file is read as usual.
     """
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
     for path in map(Path, paths):
         next_line = 1
         carry = b""  # the start of a line that continues in the next block
-        with _open(path) as handle:
-            while True:
+        damage: BaseException | None = None
+        try:
+            handle = _open(path)
+        except OSError as exc:  # gone or unreadable since the caller looked
+            handle, damage = io.BytesIO(), exc
+        with handle:
+            while damage is None:
                 # A fresh buffer per chunk: the frames yielded before may still use the
                 # previous one (Arrow reads without copying).
                 buffer = bytearray(len(carry) + chunk_bytes)
                 buffer[: len(carry)] = carry
-                size = len(carry) + _fill(handle, memoryview(buffer)[len(carry) :])
-                if size == len(carry):
+                got, damage = _fill(handle, memoryview(buffer)[len(carry) :])
+                size = len(carry) + got
+                if size == len(carry) and damage is None:
                     break
                 cut = buffer.rfind(b"\n", 0, size)
                 if cut < 0:
@@ -829,10 +874,19 @@ def decode_jsonl_files(
                     now=now,
                     max_future_s=max_future_s,
                     min_time=min_time,
+                    limits=limits,
                 )
                 yield decoded
                 next_line += n_lines
-        if carry:
+        if damage is not None:
+            reject = pl.DataFrame(
+                {"record_type": [None], "source": [str(path)], "line": [next_line],
+                 "reason": [_damage_reason(damage, next_line - 1)],
+                 "raw": [_raw_text(carry[:_DAMAGED_RAW_BYTES])]},
+                schema=REJECT_SCHEMA,
+            )
+            yield Decoded({t: empty_frame(t) for t in RECORD_TYPES}, reject)
+        elif carry:
             yield decode_jsonl(
                 carry,
                 source=str(path),
@@ -840,18 +894,24 @@ def decode_jsonl_files(
                 now=now,
                 max_future_s=max_future_s,
                 min_time=min_time,
+                limits=limits,
             )
 
 
-def _fill(handle: BinaryIO, target: memoryview) -> int:
-    """Read into ``target`` until it is full or the file ends; the bytes read."""
+def _fill(handle: BinaryIO, target: memoryview) -> tuple[int, BaseException | None]:
+    """Read into ``target`` until it is full or the file ends; the bytes read, and the
+    error that stopped the reading early (a damaged file), if any. One underlying read
+    at a time (``readinto1``), so that an error loses none of the bytes read before."""
     done = 0
     while done < len(target):
-        got = handle.readinto(target[done:])  # type: ignore[attr-defined]
+        try:
+            got = handle.readinto1(target[done:])  # type: ignore[attr-defined]
+        except _DAMAGE_ERRORS as exc:
+            return done, exc
         if not got:
             break
         done += got
-    return done
+    return done, None
 
 
 # --------------------------------------------------------------------------- encode

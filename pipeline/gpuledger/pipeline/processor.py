@@ -181,7 +181,8 @@ class Processor:
                 good = conform(frame, record_type)
             else:
                 good, bad = validate(frame, record_type, now=self._now(),
-                                     max_future_s=self.config.windows.max_future_s)
+                                     max_future_s=self.config.windows.max_future_s,
+                                     limits=self.config.limits)
                 if not bad.is_empty():
                     self.rejects.append(bad)
                     self.counters.add_rejects(record_type, bad.height)
