@@ -57,7 +57,6 @@ Documented choices:
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import math
 import os
@@ -110,6 +109,10 @@ _MIN_FAST_LINES = 64  # ...until it has at most this many lines: then the line p
 _WORKERS = max(1, min(4, os.cpu_count() or 1))  # parallel Arrow reads (GIL released)
 _LINE_COLUMN = "__line"
 _BLANK = b" \t\r"
+MAX_LINE_BYTES = 1 << 20
+"""Longer lines are rejected unread (a contract record is a few KiB at most)."""
+_RAW_BYTES = 4096  # of an over-long or damaged line, this much is kept as the reject's raw
+_FAST_MAX_BRACKETS = 1000  # lines with more '[' and '{' take the line path (nesting depth)
 
 
 # --------------------------------------------------------------------------- schemas
@@ -703,7 +706,20 @@ def _decode(
     nonempty = lengths > 0
     first_byte[nonempty] = arr[starts[nonempty]]
     fast = first_byte == ord("{")
+    for i in np.flatnonzero(lengths > MAX_LINE_BYTES).tolist():
+        fast[i] = False
+        nonempty[i] = False  # rejected here, unread
+        reject_rows.append((None, i, _too_long(int(lengths[i])),
+                            _raw_text(chunk.line(i)[:_RAW_BYTES])))
+    for i in np.flatnonzero(fast & (lengths > _FAST_MAX_BRACKETS)).tolist():
+        # Arrow reads any nesting; the line path (the authority) refuses more than
+        # orjson's depth limit: lines that may nest that deep are left to it
+        line = chunk.line(i)
+        if line.count(b"[") + line.count(b"{") > _FAST_MAX_BRACKETS:
+            fast[i] = False
     for i in _bad_utf8_lines(view, arr, starts, ends):
+        if not nonempty[i]:
+            continue
         fast[i] = False
         nonempty[i] = False  # neither parsed nor skipped: rejected here
         reject_rows.append((None, i, "line is not valid UTF-8", _raw_text(chunk.line(i))))
@@ -801,8 +817,9 @@ is not gzip or fails its CRC (``gzip.BadGzipFile``, an ``OSError``), corrupt def
 data (``zlib.error``), an I/O error."""
 
 
-_DAMAGED_RAW_BYTES = 4096
-"""At most this much of the line where a damaged file stops is kept as the reject's raw."""
+def _too_long(size: int) -> str:
+    return (f"line is {size:,} bytes long, more than the limit of {MAX_LINE_BYTES:,}: "
+            "not read")
 
 
 def _damage_reason(exc: BaseException, lines_kept: int) -> str:
@@ -821,6 +838,68 @@ def _damage_reason(exc: BaseException, lines_kept: int) -> str:
     return f"cannot read the file: {what}; nothing was read from it"
 
 
+@dataclass
+class _Block:
+    """A piece of a file as :func:`_blocks` reads it, one of:
+
+    * ``lines``: whole lines, each ending in a newline;
+    * ``tail``: the last line of the file, which has no newline;
+    * ``overlong``: one line longer than :data:`MAX_LINE_BYTES` (``size``), skipped;
+      ``data`` holds its start;
+    * ``damage``: the file could not be read further (``error``); ``data`` holds the
+      start of the line where reading stopped.
+    """
+
+    kind: str
+    data: bytes | memoryview = b""
+    size: int = 0
+    error: BaseException | None = None
+
+
+def _blocks(handle: BinaryIO, chunk_bytes: int) -> Iterator[_Block]:
+    """Read ``handle`` in blocks of whole lines of about ``chunk_bytes``; a line longer
+    than :data:`MAX_LINE_BYTES` is skipped as it is read (memory stays bounded)."""
+    carry = b""  # the start of a line that continues in the next block
+    skipped = 0  # bytes of an over-long line read so far (0: none being skipped)
+    head = b""  # its start
+    while True:
+        # A fresh buffer per block: the frames yielded before may still use the
+        # previous one (Arrow reads without copying).
+        buffer = bytearray(len(carry) + chunk_bytes)
+        buffer[: len(carry)] = carry
+        got, damage = _fill(handle, memoryview(buffer)[len(carry) :])
+        size = len(carry) + got
+        start = 0
+        if skipped:
+            newline = buffer.find(b"\n", 0, size)
+            if newline >= 0:
+                yield _Block("overlong", head, skipped + newline)
+                skipped, start = 0, newline + 1
+            else:
+                skipped += size
+        if not skipped:
+            cut = buffer.rfind(b"\n", start, size)
+            if cut >= 0:
+                yield _Block("lines", memoryview(buffer)[start : cut + 1])
+                start = cut + 1
+            if size - start > MAX_LINE_BYTES:
+                head, skipped = bytes(buffer[start : start + _RAW_BYTES]), size - start
+                carry = b""
+            else:
+                carry = bytes(buffer[start:size])
+        else:
+            carry = b""
+        if damage is not None:
+            yield _Block("damage", head if skipped else carry, error=damage)
+            return
+        if got == 0:
+            if skipped:
+                yield _Block("overlong", head, skipped)
+            elif carry:
+                yield _Block("tail", carry)
+            return
+
+
 def decode_jsonl_files(
     paths: Sequence[Path | str],
     *,
@@ -832,70 +911,57 @@ def decode_jsonl_files(
 ) -> Iterator[Decoded]:
     """Decode JSON-lines files chunk by chunk, one :class:`Decoded` per chunk.
 
-    Chunks end at a line boundary after about ``chunk_bytes`` bytes (a longer line makes
-    a longer chunk), so memory stays bounded; line numbers count from 1 in each file and
-    stay right across chunks; the rejects' ``source`` is the file path. ``.gz`` files
-    are read through gzip. ``now`` is taken once per chunk when not given.
+    Chunks end at a line boundary after about ``chunk_bytes`` bytes, so memory stays
+    bounded; line numbers count from 1 in each file and stay right across chunks; the
+    rejects' ``source`` is the file path. ``.gz`` files are read through gzip. ``now``
+    is taken once per chunk when not given.
 
+    A line longer than :data:`MAX_LINE_BYTES` is rejected without being held in memory.
     A file that cannot be read to its end (a truncated or corrupt ``.gz``, a plain file
     named ``.gz``, an I/O error) keeps the whole lines read before the damage; the
     damage becomes one reject at the line where reading stopped (its raw text: the
-    part of that line that was read), and the next file is read as usual.
+    part of that line that was read, at most 4 KiB), and the next file is read as usual.
     """
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
+    options: dict[str, Any] = {"now": now, "max_future_s": max_future_s,
+                               "min_time": min_time, "limits": limits}
     for path in map(Path, paths):
+        source = str(path)
         next_line = 1
-        carry = b""  # the start of a line that continues in the next block
-        damage: BaseException | None = None
         try:
             handle = _open(path)
         except OSError as exc:  # gone or unreadable since the caller looked
-            handle, damage = io.BytesIO(), exc
+            yield _file_reject(source, 1, _damage_reason(exc, 0), b"")
+            continue
         with handle:
-            while damage is None:
-                # A fresh buffer per chunk: the frames yielded before may still use the
-                # previous one (Arrow reads without copying).
-                buffer = bytearray(len(carry) + chunk_bytes)
-                buffer[: len(carry)] = carry
-                got, damage = _fill(handle, memoryview(buffer)[len(carry) :])
-                size = len(carry) + got
-                if size == len(carry) and damage is None:
-                    break
-                cut = buffer.rfind(b"\n", 0, size)
-                if cut < 0:
-                    carry = bytes(buffer[:size])
-                    continue
-                carry = bytes(buffer[cut + 1 : size])
-                decoded, n_lines = _decode(
-                    memoryview(buffer)[: cut + 1],
-                    source=str(path),
-                    first_line=next_line,
-                    now=now,
-                    max_future_s=max_future_s,
-                    min_time=min_time,
-                    limits=limits,
-                )
-                yield decoded
-                next_line += n_lines
-        if damage is not None:
-            reject = pl.DataFrame(
-                {"record_type": [None], "source": [str(path)], "line": [next_line],
-                 "reason": [_damage_reason(damage, next_line - 1)],
-                 "raw": [_raw_text(carry[:_DAMAGED_RAW_BYTES])]},
-                schema=REJECT_SCHEMA,
-            )
-            yield Decoded({t: empty_frame(t) for t in RECORD_TYPES}, reject)
-        elif carry:
-            yield decode_jsonl(
-                carry,
-                source=str(path),
-                first_line=next_line,
-                now=now,
-                max_future_s=max_future_s,
-                min_time=min_time,
-                limits=limits,
-            )
+            for block in _blocks(handle, chunk_bytes):
+                if block.kind == "lines":
+                    decoded, n_lines = _decode(block.data, source=source,
+                                               first_line=next_line, **options)
+                    yield decoded
+                    next_line += n_lines
+                elif block.kind == "tail":
+                    yield decode_jsonl(block.data, source=source, first_line=next_line,
+                                       **options)
+                elif block.kind == "overlong":
+                    yield _file_reject(source, next_line, _too_long(block.size), block.data)
+                    next_line += 1
+                else:
+                    assert block.error is not None
+                    yield _file_reject(source, next_line,
+                                       _damage_reason(block.error, next_line - 1),
+                                       block.data[:_RAW_BYTES])
+
+
+def _file_reject(source: str, line: int, reason: str, raw: bytes | memoryview) -> Decoded:
+    """A :class:`Decoded` holding one reject of a line the file reader refused."""
+    reject = pl.DataFrame(
+        {"record_type": [None], "source": [source], "line": [line], "reason": [reason],
+         "raw": [_raw_text(bytes(raw))]},
+        schema=REJECT_SCHEMA,
+    )
+    return Decoded({t: empty_frame(t) for t in RECORD_TYPES}, reject)
 
 
 def _fill(handle: BinaryIO, target: memoryview) -> tuple[int, BaseException | None]:
