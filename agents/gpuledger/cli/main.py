@@ -235,7 +235,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_import_openb(args: argparse.Namespace) -> int:
     _need_pipeline()
-    from gpuledger.pipeline.importers.openb import load_openb
+    from gpuledger.pipeline.importers.openb import OpenbImportError, load_openb
     from gpuledger.pipeline.ingest import import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
@@ -246,7 +246,10 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     kw: dict[str, Any] = {"window_from_s": lo, "window_to_s": hi}
     if args.start is not None:
         kw["start"] = args.start
-    imported = load_openb(args.nodes, args.pods, **kw)
+    try:
+        imported = load_openb(args.nodes, args.pods, **kw)
+    except OpenbImportError as exc:
+        raise CliError(str(exc)) from None
     processor = Processor(_proc_config(args), Warehouse(args.warehouse))
     update, stop = _progress("importing openb", not args.quiet)
     try:

@@ -41,6 +41,7 @@ import csv
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,7 +50,7 @@ from typing import Any
 import polars as pl
 
 from gpuledger.bridges.mapping import Mapping
-from gpuledger.bridges.placement import Placer, Slot
+from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer, Slot
 from gpuledger.contract.schema import JOB_TYPES
 from gpuledger.pipeline.columns import conform
 
@@ -105,11 +106,33 @@ def parse_time(text: str) -> datetime:
         return t if t.tzinfo else t.replace(tzinfo=UTC)
     if not math.isfinite(seconds):
         raise ValueError(f"{value!r} is not a time")
-    return datetime.fromtimestamp(seconds, UTC)
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError):
+        raise ValueError(f"{value!r} is out of the range of times") from None
 
 
 def _indices(text: str) -> list[int]:
-    return [int(x) for x in re.split(r"[,;\s]+", text.strip().strip("[]")) if x]
+    out = [int(x) for x in re.split(r"[,;\s]+", text.strip().strip("[]")) if x]
+    bad = next((i for i in out if not 0 <= i < MAX_GPUS_PER_NODE), None)
+    if bad is not None:
+        raise ValueError(f"gpu_indices: {bad} is not in 0-{MAX_GPUS_PER_NODE - 1}")
+    return out
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[list[str] | None, int, dict[str, str]]]:
+    """(header, line number, row) of each row of a CSV file; unreadable text (not UTF-8,
+    a field over the CSV reader's limit) is a :class:`PodsImportError` naming the line."""
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        try:
+            header = list(reader.fieldnames or [])
+            for row in reader:
+                yield header, reader.line_num, row
+        except UnicodeDecodeError:
+            raise PodsImportError(f"{path}:{reader.line_num + 1}: not UTF-8 text") from None
+        except csv.Error as exc:
+            raise PodsImportError(f"{path}:{reader.line_num}: {exc}") from None
 
 
 @dataclass
@@ -128,54 +151,70 @@ class _Pod:
 
 
 def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or not {"node", "gpus"} <= set(reader.fieldnames):
+    nodes = []
+    for header, n, row in _csv_rows(path):
+        if not header or not {"node", "gpus"} <= set(header):
             raise PodsImportError(f"{path}: needs the columns node and gpus")
-        nodes = []
-        for n, row in enumerate(reader, start=2):
-            try:
-                gpus = int(row["gpus"])
-                mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
-            except ValueError as exc:
-                raise PodsImportError(f"{path}:{n}: {exc}") from None
-            card = mapping.card_type(row.get("card_type") or None) or DEFAULT_CARD
-            nodes.append({"node": row["node"], "gpu_count": gpus, "card_type": card,
-                          "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
-                          "gpu_mem_mib": mem if mem is not None
-                          else mapping.card_memory(card) or 0.0})
-        return nodes
+        try:
+            gpus = int(row["gpus"] or "")
+            mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
+        except ValueError as exc:
+            raise PodsImportError(f"{path}:{n}: {exc}") from None
+        if not row["node"] or not 0 <= gpus <= MAX_GPUS_PER_NODE:
+            raise PodsImportError(f"{path}:{n}: needs a node and 0-{MAX_GPUS_PER_NODE} gpus")
+        card = mapping.card_type(row.get("card_type") or None) or DEFAULT_CARD
+        nodes.append({"node": row["node"], "gpu_count": gpus, "card_type": card,
+                      "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
+                      "gpu_mem_mib": mem if mem is not None
+                      else mapping.card_memory(card) or 0.0})
+    if not nodes and not _has_columns(path, {"node", "gpus"}):
+        raise PodsImportError(f"{path}: needs the columns node and gpus")
+    return nodes
+
+
+def _has_columns(path: Path, columns: set[str]) -> bool:
+    with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
+        return columns <= set(csv.DictReader(f).fieldnames or [])
+
+
+def _check_header(path: Path, header: set[str], columns: dict[str, str]) -> None:
+    wanted = {name: columns.get(name, name) for name in FIELDS}
+    for name, column in columns.items():
+        if column not in header:
+            raise PodsImportError(f"column {column!r} (for {name}) is not in {path} "
+                                  f"(columns: {', '.join(sorted(header))})")
+    for name in REQUIRED:
+        if wanted[name] not in header:
+            raise PodsImportError(f"{path} has no column {wanted[name]!r} for the "
+                                  f"required field {name} (map it with --columns "
+                                  f"{name}=COLUMN)")
 
 
 def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
                result: PodsImport) -> list[_Pod]:
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        header = set(reader.fieldnames or [])
-        wanted = {name: columns.get(name, name) for name in FIELDS}
-        for name, column in columns.items():
-            if column not in header:
-                raise PodsImportError(f"column {column!r} (for {name}) is not in {path} "
-                                      f"(columns: {', '.join(sorted(header))})")
-        for name in REQUIRED:
-            if wanted[name] not in header:
-                raise PodsImportError(f"{path} has no column {wanted[name]!r} for the "
-                                      f"required field {name} (map it with --columns "
-                                      f"{name}=COLUMN)")
-        pods: list[_Pod] = []
-        for n, raw in enumerate(reader, start=2):
-            result.rows += 1
-            row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
-            try:
-                pod = _pod(n, row, mapping)
-            except ValueError as exc:
-                result.bad_rows.append((n, str(exc)))
-                continue
-            if pod is None:
-                result.cpu_only += 1
-                continue
-            pods.append(pod)
-        return pods
+    wanted = {name: columns.get(name, name) for name in FIELDS}
+    pods: list[_Pod] = []
+    checked = False
+    for names, n, raw in _csv_rows(path):
+        header = set(names or [])
+        if not checked:
+            _check_header(path, header, columns)
+            checked = True
+        result.rows += 1
+        row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
+        try:
+            pod = _pod(n, row, mapping)
+        except ValueError as exc:
+            result.bad_rows.append((n, str(exc)))
+            continue
+        if pod is None:
+            result.cpu_only += 1
+            continue
+        pods.append(pod)
+    if not checked:  # no rows: still say what is missing
+        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
+            _check_header(path, set(csv.DictReader(f).fieldnames or []), columns)
+    return pods
 
 
 def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
@@ -199,8 +238,8 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
         indices = _indices(row["gpu_indices"]) if row.get("gpu_indices") else None
     except ValueError as exc:
         raise ValueError(f"not a number: {exc}") from None
-    if gpus_f < 0 or not math.isfinite(gpus_f) or not 0 < milli <= 1000:
-        raise ValueError("gpus must be ≥ 0 and gpu_milli in (0, 1000]")
+    if not 0 <= gpus_f <= MAX_GPUS_PER_NODE or not 0 < milli <= 1000:
+        raise ValueError(f"gpus must be in 0-{MAX_GPUS_PER_NODE} and gpu_milli in (0, 1000]")
     if gpus_f == 0:
         return None
     if gpus_f < 1:
