@@ -37,11 +37,9 @@ highest index used + 1, or the most GPUs held at once).
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +51,7 @@ from gpuledger.bridges.mapping import Mapping
 from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer, Slot
 from gpuledger.contract.schema import JOB_TYPES
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.importers.csv_text import header_and_rows
 
 FIELDS = ("name", "created", "gpus", "scheduled", "deleted", "gpu_milli", "node",
           "gpu_indices", "namespace", "team", "user", "queue", "pool", "priority",
@@ -120,21 +119,6 @@ def _indices(text: str) -> list[int]:
     return out
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[list[str] | None, int, dict[str, str]]]:
-    """(header, line number, row) of each row of a CSV file; unreadable text (not UTF-8,
-    a field over the CSV reader's limit) is a :class:`PodsImportError` naming the line."""
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        try:
-            header = list(reader.fieldnames or [])
-            for row in reader:
-                yield header, reader.line_num, row
-        except UnicodeDecodeError:
-            raise PodsImportError(f"{path}:{reader.line_num + 1}: not UTF-8 text") from None
-        except csv.Error as exc:
-            raise PodsImportError(f"{path}:{reader.line_num}: {exc}") from None
-
-
 @dataclass
 class _Pod:
     row: int
@@ -151,10 +135,11 @@ class _Pod:
 
 
 def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
+    header, rows = header_and_rows(path, PodsImportError)
+    if not {"node", "gpus"} <= set(header):
+        raise PodsImportError(f"{path}: needs the columns node and gpus")
     nodes = []
-    for header, n, row in _csv_rows(path):
-        if not header or not {"node", "gpus"} <= set(header):
-            raise PodsImportError(f"{path}: needs the columns node and gpus")
+    for n, row in rows:
         try:
             gpus = int(row["gpus"] or "")
             mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
@@ -167,17 +152,13 @@ def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
                       "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
                       "gpu_mem_mib": mem if mem is not None
                       else mapping.card_memory(card) or 0.0})
-    if not nodes and not _has_columns(path, {"node", "gpus"}):
-        raise PodsImportError(f"{path}: needs the columns node and gpus")
     return nodes
 
 
-def _has_columns(path: Path, columns: set[str]) -> bool:
-    with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
-        return columns <= set(csv.DictReader(f).fieldnames or [])
-
-
-def _check_header(path: Path, header: set[str], columns: dict[str, str]) -> None:
+def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
+               result: PodsImport) -> list[_Pod]:
+    names, rows = header_and_rows(path, PodsImportError)
+    header = set(names)
     wanted = {name: columns.get(name, name) for name in FIELDS}
     for name, column in columns.items():
         if column not in header:
@@ -188,18 +169,10 @@ def _check_header(path: Path, header: set[str], columns: dict[str, str]) -> None
             raise PodsImportError(f"{path} has no column {wanted[name]!r} for the "
                                   f"required field {name} (map it with --columns "
                                   f"{name}=COLUMN)")
-
-
-def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
-               result: PodsImport) -> list[_Pod]:
-    wanted = {name: columns.get(name, name) for name in FIELDS}
     pods: list[_Pod] = []
-    checked = False
-    for names, n, raw in _csv_rows(path):
-        header = set(names or [])
-        if not checked:
-            _check_header(path, header, columns)
-            checked = True
+    for n, raw in rows:
+        if not any(v.strip() for v in raw.values()):
+            continue  # a blank line
         result.rows += 1
         row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
         try:
@@ -211,9 +184,6 @@ def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
             result.cpu_only += 1
             continue
         pods.append(pod)
-    if not checked:  # no rows: still say what is missing
-        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
-            _check_header(path, set(csv.DictReader(f).fieldnames or []), columns)
     return pods
 
 

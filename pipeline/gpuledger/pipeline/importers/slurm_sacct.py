@@ -41,7 +41,6 @@ Rules:
 
 from __future__ import annotations
 
-import csv
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -64,6 +63,7 @@ from gpuledger.bridges.slurm_parse import (
     parse_tres_gpus,
 )
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.importers.csv_text import csv_rows
 
 REQUIRED = ("JobID", "Submit", "Start", "End", "State")
 FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -136,25 +136,14 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
     """Parse the file into job lines (steps, CPU-only jobs, pending arrays left out).
 
     The file is refused whole (:class:`SacctError`, ``file:line: reason``) at its first
-    unreadable line: not UTF-8, a field over the CSV reader's limit, a bad time, a GPU
-    count, index list or node list no cluster has."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter="|")
-        try:
-            return _read_sacct(reader, path, tz)
-        except UnicodeDecodeError:
-            raise SacctError(f"{path}:{reader.line_num + 1}: not UTF-8 text (export with "
-                             "a UTF-8 locale)") from None
-        except csv.Error as exc:
-            raise SacctError(f"{path}:{reader.line_num}: {exc}") from None
-
-
-def _read_sacct(reader: Any, path: Path, tz: tzinfo) -> tuple[list[_Line], SacctImport]:
+    unreadable line: not UTF-8, a field over the CSV reader's limit, too few fields, a
+    bad time, a GPU count, index list or node list no cluster has."""
     result = SacctImport({})
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise SacctError(f"{path}: empty file") from None
+    rows = csv_rows(path, SacctError, delimiter="|")
+    first = next(rows, None)
+    if first is None:
+        raise SacctError(f"{path}: empty file")
+    header = first[1]
     missing = [c for c in REQUIRED if c not in header]
     if missing or not ({"AllocTRES", "ReqTRES"} & set(header)):
         need = missing + ([] if {"AllocTRES", "ReqTRES"} & set(header)
@@ -163,7 +152,7 @@ def _read_sacct(reader: Any, path: Path, tz: tzinfo) -> tuple[list[_Line], Sacct
                          f"(got {'|'.join(header)}); export with sacct --parsable2 "
                          "--format ... (docs/import.md)")
     lines: list[_Line] = []
-    for number, values in enumerate(reader, start=2):
+    for number, values in rows:
         if not values or values == [""]:
             continue
         result.lines += 1
