@@ -827,7 +827,8 @@ def _damage_reason(exc: BaseException, lines_kept: int) -> str:
     if isinstance(exc, EOFError):
         what = "the compressed data ends early (a truncated .gz file)"
     elif isinstance(exc, gzip.BadGzipFile) and "Not a gzipped file" in str(exc):
-        what = "not gzip data although the name ends in .gz"
+        what = ("what follows the compressed data is not gzip" if lines_kept else
+                "not gzip data although the name ends in .gz")
     elif isinstance(exc, gzip.BadGzipFile | zlib.error):
         what = f"the compressed data is damaged ({exc})"
     else:

@@ -112,11 +112,7 @@ def parse_time(text: str) -> datetime:
 
 
 def _indices(text: str) -> list[int]:
-    out = [int(x) for x in re.split(r"[,;\s]+", text.strip().strip("[]")) if x]
-    bad = next((i for i in out if not 0 <= i < MAX_GPUS_PER_NODE), None)
-    if bad is not None:
-        raise ValueError(f"gpu_indices: {bad} is not in 0-{MAX_GPUS_PER_NODE - 1}")
-    return out
+    return [int(x) for x in re.split(r"[,;\s]+", text.strip().strip("[]")) if x]
 
 
 @dataclass
@@ -226,6 +222,9 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
         raise ValueError("deleted is before scheduled/created")
     if indices is not None and (not row.get("node") or len(indices) != gpus):
         raise ValueError("gpu_indices need a node and one index per GPU")
+    bad = next((i for i in indices or [] if not 0 <= i < MAX_GPUS_PER_NODE), None)
+    if bad is not None:
+        raise ValueError(f"gpu_indices: {bad} is not in 0-{MAX_GPUS_PER_NODE - 1}")
     ns = row.get("namespace") or None
     queue = row.get("queue") or None
     job_type = row.get("job_type") or mapping.job_type(name=row["name"], namespace=ns,
