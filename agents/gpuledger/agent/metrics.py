@@ -10,6 +10,7 @@ registry, metrics about the exporter itself):
 | ``gpuledger_agent_collector_success{collector}`` | gauge | 1 when the last collection worked |
 | ``gpuledger_agent_collector_errors_total{collector}`` | counter | failed collections |
 | ``gpuledger_agent_samples_total`` | counter | telemetry samples spooled |
+| ``gpuledger_agent_source_series_skipped_total{reason}`` | counter | untrusted series skipped |
 | ``gpuledger_agent_attribution_errors_total{method}`` | counter | failed attribution look-ups |
 | ``gpuledger_agent_inventory_published_total`` | counter | inventory records spooled |
 | ``gpuledger_agent_spool_bytes`` | gauge | bytes in the spool |
@@ -68,6 +69,12 @@ class AgentCollector(Collector):
         yield from (duration, success, errors)
         yield CounterMetricFamily("gpuledger_agent_samples", "Telemetry samples spooled.",
                                   value=a.samples)
+        skipped = CounterMetricFamily("gpuledger_agent_source_series_skipped",
+                                      "Series of the source skipped as untrustworthy, by "
+                                      "reason (never turned into GPUs).", labels=["reason"])
+        for reason, count in sorted(getattr(a.source, "skipped", {}).items()):
+            skipped.add_metric([reason], count)
+        yield skipped
         attribution = CounterMetricFamily("gpuledger_agent_attribution_errors",
                                           "Failed attribution look-ups.", labels=["method"])
         for method in a.chain.methods:
