@@ -55,7 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         words = self.raw_requestline.split()
         if len(words) == 2:  # HTTP/0.9: no version, no headers would follow
-            self.command, self.request_version = None, self.default_request_version
+            self.command, self.request_version = "", self.default_request_version
             self.requestline = self.raw_requestline.decode("iso-8859-1").rstrip("\r\n")
             self.close_connection = True
             self.send_error(400, "HTTP/0.9 requests are not supported")

@@ -9,6 +9,7 @@ error names the bad key. The thresholds are recorded in the facts they produce.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,16 @@ class AlertThresholds:
     queue wait, processor lag) must hold this long before firing (``for``)."""
     keep_firing_s: int = 300
     """Prometheus rules keep firing this long after the condition clears (``keep_firing_for``)."""
+    absent_s: int = 600
+    """A component Prometheus has no target for at all (``absent(up{job=…})``), or one
+    whose target went away, this long."""
+    processor_job: str = "gpuledger"
+    """Prometheus ``job`` of the processor's ``/metrics`` (``--metrics-address``) ..."""
+    agent_job: str = "gpuledger-agent"
+    """... of the node agents' (``metrics.listen``) ..."""
+    bridge_job: str = "gpuledger-bridge"
+    """... and of the scheduler bridges' (``--metrics-address``). Empty: that component
+    is not scraped, and has no down/absent rules."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,12 @@ class ProcessorConfig:
             raise ConfigError("alerts.low_util_activity: must not exceed "
                               "alerts.low_util_resolve_activity")
         for f in fields(a):
-            if getattr(a, f.name) < 0:
+            value = getattr(a, f.name)
+            if isinstance(value, str):
+                if not re.fullmatch(r"[A-Za-z0-9_.:-]*", value):
+                    raise ConfigError(f"alerts.{f.name}: {value!r} is not a Prometheus job "
+                                      "name (letters, digits, _ . : -)")
+            elif value < 0:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
         for name in ("allowed_lateness_s", "node_stall_s", "max_future_s",
@@ -211,6 +227,10 @@ class ProcessorConfig:
 
 def _coerce(path: str, value: Any, default: Any) -> Any:
     """Convert ``value`` to the type of ``default`` or raise naming ``path``."""
+    if isinstance(default, str):
+        if value is None or isinstance(value, dict | list):
+            return "" if value is None else _fail_text(path, value)
+        return str(value)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -226,6 +246,10 @@ def _coerce(path: str, value: Any, default: Any) -> Any:
             raise ConfigError(f"{path}: expected a number, got {value!r}") from None
         return number
     return value
+
+
+def _fail_text(path: str, value: Any) -> str:
+    raise ConfigError(f"{path}: expected text, got {value!r}")
 
 
 def _section(name: str, cls: Any, raw: Any) -> Any:
