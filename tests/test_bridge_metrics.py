@@ -3,23 +3,14 @@ gone (GpuledgerBridgeDown/Absent), over a real socket."""
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from http_client import get
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.bridges.metrics import serve
 from gpuledger.cli.main import main
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def test_metrics_follow_the_counters_and_parse_as_prometheus_text() -> None:
@@ -27,7 +18,7 @@ def test_metrics_follow_the_counters_and_parse_as_prometheus_text() -> None:
     server = serve("127.0.0.1:0", "slurm", lambda: dict(counts))
     try:
         counts["polls"] = 4
-        status, text = _get(server.port, "/metrics")
+        status, text = get(server.port, "/metrics")
         assert status == 200
         values = {(s.name, tuple(sorted(s.labels.items()))): s.value
                   for fam in text_string_to_metric_families(text) for s in fam.samples}
@@ -35,8 +26,8 @@ def test_metrics_follow_the_counters_and_parse_as_prometheus_text() -> None:
         assert values[("gpuledger_bridge_polls_total", ())] == 4
         assert values[("gpuledger_bridge_failed_polls_total", ())] == 1
         assert values[("gpuledger_bridge_records_total", ())] == 40
-        assert _get(server.port, "/healthz")[0] == 200
-        assert _get(server.port, "/")[0] == 404
+        assert get(server.port, "/healthz")[0] == 200
+        assert get(server.port, "/")[0] == 404
     finally:
         server.close()
 

@@ -11,14 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from agent_sources import TinySource
+from http_client import get, metric
 
 from gpuledger.agent.attribution import Chain
 from gpuledger.agent.config import AgentConfig, load_agent_config
@@ -27,15 +26,6 @@ from gpuledger.agent.metrics import MetricsServer, registry_for
 from gpuledger.agent.run import Agent
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.exporter import Exporter
-
-
-def _get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def _raw(port: int, data: bytes, wait_s: float = 10.0) -> tuple[bytes, float]:
@@ -70,15 +60,15 @@ def exporter() -> Iterator[int]:
 def test_metrics_and_healthz_only_everything_else_404(
         which: str, agent_server: MetricsServer, exporter: int) -> None:
     port = agent_server.port if which == "agent" else exporter
-    status, text = _get(port, "/metrics")
+    status, text = get(port, "/metrics")
     assert status == 200 and ("gpuledger_agent_info" in text or "process_cpu" in text)
-    assert _get(port, "/healthz")[0] == 200
-    assert _get(port, "/metrics?x=1")[0] == 200
+    assert get(port, "/healthz")[0] == 200
+    assert get(port, "/metrics?x=1")[0] == 200
     for path in ("/", "/metrics/", "/favicon.ico", "/../etc/passwd", "/healthz/x",
                  "/METRICS"):
-        assert _get(port, path)[0] == 404, path
-    assert _get(port, "/metrics", "POST")[0] == 405
-    assert _get(port, "/metrics", "HEAD")[0] == 200
+        assert get(port, path)[0] == 404, path
+    assert get(port, "/metrics", "POST")[0] == 405
+    assert get(port, "/metrics", "HEAD")[0] == 200
     # HTTP/0.9 (no version, so no headers would follow): answered at once, closed
     reply, took = _raw(port, b"GET /metrics\r\n")
     assert reply.startswith(b"HTTP/1.0 400") and took < 2.0, reply[:80]
@@ -134,7 +124,7 @@ def test_idle_slow_and_crowding_clients_are_cut_off(tmp_path: Path) -> None:
             s.close()
         # once they are gone, scrapes are answered again, and no thread is left behind
         deadline = time.monotonic() + 10
-        while _get(port, "/metrics")[0] != 200:
+        while get(port, "/metrics")[0] != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1.5)
@@ -154,16 +144,6 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _metric(port: int, name: str) -> float:
-    try:
-        _status, text = _get(port, "/metrics")
-    except OSError:
-        return -1.0
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return -1.0
-
 
 def test_sigterm_with_kafka_unreachable_stops_within_the_grace_period(tmp_path: Path) -> None:
     grace = 1
@@ -180,7 +160,7 @@ def test_sigterm_with_kafka_unreachable_stops_within_the_grace_period(tmp_path: 
     try:
         deadline = time.monotonic() + 60
         # samples are being spooled and the sender is busy failing to reach Kafka
-        while _metric(metrics_port, "gpuledger_agent_send_errors_total") < 1:
+        while metric(metrics_port, "gpuledger_agent_send_errors_total") < 1:
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "no delivery attempt within 60 s"
             time.sleep(0.2)
