@@ -83,7 +83,7 @@ def main() -> None:
         con.execute(sql).fetchall()
         con.close()
 
-    def plain() -> None:
+    def plain() -> None:  # the baseline: what the locked-down reader adds to it
         con = duckdb.connect(str(wh / "catalog.duckdb"), read_only=True)
         con.execute(sql).fetchall()
         con.close()

@@ -7,7 +7,9 @@
 -- One row per (dimension, value) for dimension in team, pool, card_type, job_type, queue,
 -- over the hours in [since, until). `value` is '(none)' for GPU-hours without that
 -- attribute (free GPUs have no team). share_of_idle / share_of_inefficient: the row's
--- part of the fleet's idle / inefficient GPU-hours in the window.
+-- part of the fleet's idle / inefficient GPU-hours in the window. Allocated GPU-hours
+-- without telemetry are no_telemetry_gpu_hours, never idle or waste:
+-- waste = allocated − used − no_telemetry (docs/metrics.md).
 CREATE OR REPLACE MACRO waste_sources_between(since := NULL, until := NULL) AS TABLE
 WITH h AS (
     SELECT * FROM gpu_hourly
@@ -24,11 +26,14 @@ WITH h AS (
            sum(free_gpu_hours) AS free_gpu_hours,
            sum(allocated_gpu_hours) AS allocated_gpu_hours,
            sum(used_gpu_hours) AS used_gpu_hours,
+           sum(no_telemetry_gpu_hours) AS no_telemetry_gpu_hours,
            sum(allocated_idle_gpu_hours) AS idle_gpu_hours,
            sum(allocated_inefficient_gpu_hours) AS inefficient_gpu_hours,
-           sum(allocated_gpu_hours) - sum(used_gpu_hours) AS waste_gpu_hours,
+           sum(allocated_gpu_hours - used_gpu_hours - no_telemetry_gpu_hours)
+               AS waste_gpu_hours,
            sum(unaccounted_use_gpu_hours) AS unaccounted_use_gpu_hours,
-           sum(used_gpu_hours) / nullif(sum(allocated_gpu_hours), 0) AS utilisation_of_allocation
+           sum(used_gpu_hours) / nullif(sum(allocated_gpu_hours - no_telemetry_gpu_hours), 0)
+               AS utilisation_of_allocation
     FROM h
     GROUP BY GROUPING SETS ((team), (pool), (card_type), (job_type), (queue))
 )
@@ -43,14 +48,26 @@ FROM g;
 CREATE OR REPLACE VIEW waste_sources AS SELECT * FROM waste_sources_between();
 
 -- The attempts that hold the most allocated-but-unused GPU-hours (running ones so far).
+-- card_type is the card the job asked for (NULL: any card of its pool); held_card_type
+-- the card it ran on.
 CREATE OR REPLACE MACRO top_waste_jobs(n := 20, team_name := NULL) AS TABLE
-SELECT job_id, attempt, team, "user", queue, pool, job_type, card_type, allocated_gpus,
-       allocated_gpu_hours, used_gpu_hours, idle_gpu_hours, inefficient_gpu_hours,
-       waste_gpu_hours, utilisation_of_allocation, status
+SELECT job_id, attempt, team, "user", queue, pool, job_type, card_type, held_card_type,
+       allocated_gpus, allocated_gpu_hours, used_gpu_hours, no_telemetry_gpu_hours,
+       idle_gpu_hours, inefficient_gpu_hours, waste_gpu_hours, utilisation_of_allocation,
+       status
 FROM attempts
 WHERE allocated_gpu_hours > 0 AND (team_name IS NULL OR team = team_name)
 ORDER BY waste_gpu_hours DESC, job_id, attempt
 LIMIT n;
+
+-- Attempts that held or waited for GPUs in [since, until): queued or started before
+-- `until` and not ended before `since` (running and pending ones have no end yet).
+CREATE OR REPLACE MACRO attempts_between(since := NULL, until := NULL) AS TABLE
+SELECT * FROM attempts
+WHERE coalesce(ended_at, 'infinity'::TIMESTAMPTZ)
+          > coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
+  AND coalesce(started_at, queued_at, '-infinity'::TIMESTAMPTZ)
+          < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ);
 
 -- 2. Who over-requests memory -----------------------------------------------------------
 -- One row per attempt that ran with memory observed: requested, held and peak memory per
@@ -92,18 +109,16 @@ FROM memory_overrequesters() GROUP BY team;
 CREATE OR REPLACE VIEW card_mismatch AS
 SELECT team, pool, held_card_type, suggested_card_type, count(*) AS jobs,
        sum(mismatch_gpu_hours) AS mismatch_gpu_hours
-FROM (SELECT a.*, j.held_card_type FROM attempts a
-      LEFT JOIN (SELECT job_id, attempt, held_card_type FROM job_attempts
-                 UNION ALL SELECT job_id, attempt, held_card_type FROM running_attempts) j
-      USING (job_id, attempt))
+FROM attempts
 WHERE mismatch_gpu_hours > 0
 GROUP BY ALL;
 
 -- 3. Pending jobs blocked by fragmentation, and for how long --------------------------
 -- One row per pending attempt that was ever blocked (its GPU count fit in the free GPUs
--- of its pool and card type, but on no node). blocked_minutes counts blocked minutes;
--- started_at is NULL while it still waits.
-CREATE OR REPLACE VIEW blocked_jobs AS
+-- of its pool and card type, but on no node), over the minutes in [since, until).
+-- blocked_minutes counts blocked minutes; started_at and queue_wait_s are NULL while it
+-- still waits.
+CREATE OR REPLACE MACRO blocked_jobs_between(since := NULL, until := NULL) AS TABLE
 SELECT b.job_id, b.attempt, any_value(b.team) AS team, any_value(b.queue) AS queue,
        any_value(b.pool) AS pool, any_value(b.card_type) AS card_type,
        any_value(b.gpus) AS gpus, any_value(b.priority) AS priority,
@@ -113,7 +128,11 @@ SELECT b.job_id, b.attempt, any_value(b.team) AS team, any_value(b.queue) AS que
        any_value(a.started_at) AS started_at, any_value(a.queue_wait_s) AS queue_wait_s
 FROM blocked_minute b
 LEFT JOIN attempts a USING (job_id, attempt)
+WHERE b.minute >= coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
+  AND b.minute < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ)
 GROUP BY b.job_id, b.attempt;
+
+CREATE OR REPLACE VIEW blocked_jobs AS SELECT * FROM blocked_jobs_between();
 
 CREATE OR REPLACE MACRO blocked_longer_than(minutes := 30) AS TABLE
 SELECT * FROM blocked_jobs WHERE blocked_minutes > minutes
@@ -153,13 +172,37 @@ SELECT time_bucket(bucket::INTERVAL, minute) AS bucket_start, queue,
        avg(blocked_jobs) AS mean_blocked_jobs
 FROM per_minute GROUP BY ALL;
 
--- Queue wait by queue and GPU count (do 8-GPU jobs wait longer?).
-CREATE OR REPLACE VIEW queue_wait_by_size AS
-SELECT queue, gpus, count(*) AS attempts,
+-- Queue wait of the attempts that started in [since, until): by queue and GPU count
+-- (level 'queue_gpus'), by GPU count alone ('gpus') and over all ('all'), in one pass.
+-- pNN_s interpolate between the two nearest waits (quantile_cont), pNN_nearest_s are
+-- nearest-rank (quantile_disc), as in queue_wait (docs/metrics.md, "Percentiles").
+CREATE OR REPLACE MACRO queue_wait_between(since := NULL, until := NULL) AS TABLE
+SELECT CASE WHEN grouping(queue) = 0 THEN 'queue_gpus'
+            WHEN grouping(gpus) = 0 THEN 'gpus' ELSE 'all' END AS level,
+       queue, gpus, count(*) AS attempts,
+       avg(queue_wait_s) AS mean_s,
        quantile_cont(queue_wait_s, 0.5) AS p50_s,
        quantile_cont(queue_wait_s, 0.9) AS p90_s,
+       quantile_cont(queue_wait_s, 0.99) AS p99_s,
+       quantile_disc(queue_wait_s, 0.5) AS p50_nearest_s,
+       quantile_disc(queue_wait_s, 0.9) AS p90_nearest_s,
+       quantile_disc(queue_wait_s, 0.99) AS p99_nearest_s,
        max(queue_wait_s) AS max_s
-FROM attempts WHERE queue_wait_s IS NOT NULL GROUP BY ALL;
+FROM attempts
+WHERE queue_wait_s IS NOT NULL
+  AND started_at >= coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
+  AND started_at < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ)
+GROUP BY GROUPING SETS ((queue, gpus), (gpus), ());
+
+-- Do 8-GPU jobs wait longer? By queue and GPU count, by GPU count alone, and overall.
+CREATE OR REPLACE VIEW queue_wait_by_size AS
+SELECT * EXCLUDE (level) FROM queue_wait_between() WHERE level = 'queue_gpus';
+
+CREATE OR REPLACE VIEW queue_wait_by_gpus AS
+SELECT * EXCLUDE (level, queue) FROM queue_wait_between() WHERE level = 'gpus';
+
+CREATE OR REPLACE VIEW queue_wait_overall AS
+SELECT * EXCLUDE (level, queue, gpus) FROM queue_wait_between() WHERE level = 'all';
 
 -- 5. Preemption: lost work ---------------------------------------------------------------
 -- Every preemption (an audit trail) with the requeue wait: the queue wait of the next

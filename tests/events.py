@@ -97,3 +97,19 @@ def jsonl(records: Iterable[dict[str, Any]]) -> bytes:
         json.dumps({k: enc(v) for k, v in r.items() if v is not None}).encode() + b"\n"
         for r in records
     )
+
+
+def held_per_minute(intervals: Iterable[tuple[datetime, datetime, float]]
+                    ) -> dict[datetime, float]:
+    """GPU-minutes held per minute by ``(start, end, gpus)`` intervals, exact to the
+    second (docs/metrics.md): each minute gets ``gpus × seconds overlapped / 60``."""
+    out: dict[datetime, float] = {}
+    for start, end, gpus in intervals:
+        minute = start.replace(second=0, microsecond=0)
+        while minute < end:
+            nxt = minute + timedelta(minutes=1)
+            held = (min(end, nxt) - max(start, minute)).total_seconds()
+            if held > 0:
+                out[minute] = out.get(minute, 0.0) + gpus * held / 60
+            minute = nxt
+    return out

@@ -173,10 +173,12 @@ PartitionName={URGENT} Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=2
         return subprocess.run(list(argv), env=self.env(), capture_output=True, text=True,
                               check=check, timeout=30)
 
-    def sbatch(self, gpus: int, seconds: int, name: str = "job", *extra: str) -> str:
+    def sbatch(self, gpus: int, seconds: int, name: str = "job", *extra: str,
+               then: str = "") -> str:
+        """Submit ``sleep seconds`` (then the shell command ``then``: ``exit 3``...)."""
+        script = f"sleep {seconds}" + (f"; {then}" if then else "")
         out = self.run("sbatch", "--parsable", f"--job-name={name}", f"--gres=gpu:h100:{gpus}",
-                       "-n", "1", "-o", "/dev/null", *extra,
-                       "--wrap", f"sleep {seconds}").stdout
+                       "-n", "1", "-o", "/dev/null", *extra, "--wrap", script).stdout
         return out.strip().split(";")[0]
 
     # -- tear down -------------------------------------------------------------------

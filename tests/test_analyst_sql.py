@@ -3,6 +3,7 @@ from the fact tables of a simulated warehouse."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +38,12 @@ def attempts(root: Path) -> pl.DataFrame:
     live = table(root, "running_attempts").with_columns(
         status=pl.when(pl.col("started_at").is_null()).then(pl.lit("pending"))
         .otherwise(pl.lit("running")))
-    return pl.concat([done, live], how="diagonal_relaxed")
+    every = pl.concat([done, live], how="diagonal_relaxed")
+    # the facts count usage over the hours telemetry observed (docs/metrics.md, no
+    # telemetry is not waste): waste = observed − used, no_telemetry = allocated − observed
+    assert (every["waste_gpu_hours"] - (every["observed_gpu_hours"] - every["used_gpu_hours"])
+            ).abs().max() < 1e-8
+    return every.with_columns(pl.col("no_telemetry_gpu_hours").fill_null(0.0))
 
 
 def sql(con: duckdb.DuckDBPyConnection, text: str) -> pl.DataFrame:
@@ -72,14 +78,20 @@ def _waste(hourly: pl.DataFrame) -> pl.DataFrame:
         g = hourly.group_by(pl.col(dim).fill_null("(none)").alias("value")).agg(
             pl.col("gpu_hours").sum(), pl.col("free_gpu_hours").sum(),
             pl.col("allocated_gpu_hours").sum(), pl.col("used_gpu_hours").sum(),
-            pl.col("allocated_idle_gpu_hours").sum().alias("idle_gpu_hours"),
+            pl.col("no_telemetry_gpu_hours").sum(),
+            (pl.col("allocated_idle_gpu_hours") - pl.col("no_telemetry_gpu_hours")).sum()
+            .alias("idle_gpu_hours"),
             pl.col("allocated_inefficient_gpu_hours").sum().alias("inefficient_gpu_hours"),
             pl.col("unaccounted_use_gpu_hours").sum(),
         ).with_columns(
             dimension=pl.lit(dim),
-            waste_gpu_hours=pl.col("allocated_gpu_hours") - pl.col("used_gpu_hours"),
-            utilisation_of_allocation=pl.when(pl.col("allocated_gpu_hours") > 0)
-            .then(pl.col("used_gpu_hours") / pl.col("allocated_gpu_hours")),
+            # hours without telemetry are their own column, never waste (docs/metrics.md)
+            waste_gpu_hours=pl.col("allocated_gpu_hours") - pl.col("used_gpu_hours")
+            - pl.col("no_telemetry_gpu_hours"),
+            utilisation_of_allocation=pl.when(
+                pl.col("allocated_gpu_hours") - pl.col("no_telemetry_gpu_hours") > 0)
+            .then(pl.col("used_gpu_hours")
+                  / (pl.col("allocated_gpu_hours") - pl.col("no_telemetry_gpu_hours"))),
             share_of_idle=pl.col("idle_gpu_hours") / pl.col("idle_gpu_hours").sum(),
             share_of_inefficient=pl.col("inefficient_gpu_hours")
             / pl.col("inefficient_gpu_hours").sum(),
@@ -326,3 +338,33 @@ def test_borrowing_reclaim(con: duckdb.DuckDBPyConnection, root: Path,
                    "FROM borrowing_reclaim")
     same(got, want, ["team", "pool"])
     assert got["reclaimed_attempts"].sum() > 0
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    """The ⌈q·n⌉-th smallest value (1-based)."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)), 1) - 1]
+
+
+@pytest.mark.parametrize(("view", "keys"), [("queue_wait_by_gpus", ["gpus"]),
+                                            ("queue_wait_by_size", ["queue", "gpus"]),
+                                            ("queue_wait_overall", [])])
+def test_queue_wait_views_with_mean_and_both_percentiles(
+        con: duckdb.DuckDBPyConnection, attempts: pl.DataFrame, view: str,
+        keys: list[str]) -> None:
+    started = attempts.filter(pl.col("queue_wait_s").is_not_null())
+    groups = started.group_by(keys) if keys else [((), started)]
+    rows = []
+    for key, g in groups:
+        waits = g["queue_wait_s"].to_list()
+        row: dict[str, object] = dict(zip(keys, key, strict=True))
+        row.update(attempts=len(waits), mean_s=sum(waits) / len(waits),
+                   max_s=max(waits))
+        for q, name in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
+            row[f"{name}_s"] = g["queue_wait_s"].quantile(q, "linear")
+            row[f"{name}_nearest_s"] = _nearest_rank(waits, q)
+        rows.append(row)
+    want = pl.DataFrame(rows)
+    got = sql(con, f"SELECT * FROM {view}")
+    assert got.height == want.height
+    same(got, want, keys or ["attempts"])

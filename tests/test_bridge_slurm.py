@@ -2,7 +2,8 @@
 
 One scenario on a node with ``Gres=gpu:h100:8``: jobs of 1, 2, 3 and 8 GPUs and one more
 of 2 that queues behind the 8; the 3-GPU job is cancelled while running, the 2-GPU job
-is requeued and runs again. Two bridges watch it through the CLI: one reads Slurm's
+is requeued and runs again; two 1-GPU jobs fail, one with ``exit 3``, one killed by
+SIGKILL. Two bridges watch it through the CLI: one reads Slurm's
 JSON, the other scontrol's text; the JSON one is killed (SIGKILL) mid-way and
 restarted. Meanwhile the test samples Slurm's own view (squeue/scontrol) every few
 hundred milliseconds. Then the bridge's events go through ``gpuledger ingest`` and the
@@ -110,8 +111,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             time.sleep(45 - second)
         t0 = time.time()
         ids = {"a1": cluster.sbatch(1, 50, "eval-a1"), "b2": cluster.sbatch(2, 35, "train-b2"),
-               "c3": cluster.sbatch(3, 60, "train-c3"), "d8": cluster.sbatch(8, 8, "train-d8"),
-               "e2": cluster.sbatch(2, 5, "train-e2")}
+               "c3": cluster.sbatch(3, 60, "train-c3"),
+               "f3": cluster.sbatch(1, 4, "eval-f3", then="exit 3"),
+               "k9": cluster.sbatch(1, 4, "eval-k9", then="kill -9 $$"),
+               "d8": cluster.sbatch(8, 8, "train-d8"), "e2": cluster.sbatch(2, 5, "train-e2")}
         _until(cluster, view, t0 + 3)
         cluster.run("scancel", ids["c3"])                   # cancelled while running
         _until(cluster, view, t0 + 5)
@@ -126,7 +129,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         deadline = t0 + 150
         while time.time() < deadline:
             _sample(cluster, view)
-            if all(view.final.get(j) in ("COMPLETED", "CANCELLED") for j in ids.values()):
+            if all(view.final.get(j) in ("COMPLETED", "CANCELLED", "FAILED")
+                   for j in ids.values()):
                 break
             time.sleep(0.25)
         time.sleep(2.0)                                     # bridges see the last end
@@ -161,6 +165,7 @@ def test_slurm_itself_did_what_the_scenario_needs(scenario: Scenario) -> None:
     assert v.final[ids["c3"]] == "CANCELLED"
     assert {r for r, _, _ in v.attempts[ids["b2"]]} == {0, 1}
     assert all(v.final[ids[k]] == "COMPLETED" for k in ("a1", "b2", "d8", "e2"))
+    assert v.final[ids["f3"]] == v.final[ids["k9"]] == "FAILED"
     # the 8-GPU job and the job behind it really queued
     for key in ("d8", "e2"):
         ((_, submit, start),) = v.attempts[ids[key]]
@@ -179,6 +184,8 @@ def test_every_event_exactly_once_across_a_kill(scenario: Scenario) -> None:
         ids["c3"]: ["submitted", "started", "cancelled"],
         ids["d8"]: ["submitted", "started", "finished"],
         ids["e2"]: ["submitted", "started", "finished"],
+        ids["f3"]: ["submitted", "started", "failed"],
+        ids["k9"]: ["submitted", "started", "failed"],
     }
 
 
@@ -192,6 +199,12 @@ def test_json_and_text_bridges_agree(scenario: Scenario) -> None:
         return out
 
     assert per_job(scenario.json_out) == per_job(scenario.text_out)
+    # exit codes read alike: squeue --json's raw wait status decoded as scontrol's exit:signal
+    for path in (scenario.json_out, scenario.text_out):
+        reasons = {r["job_id"]: r.get("reason") for r in _records(path, "job")
+                   if r["event"] == "failed"}
+        assert reasons == {scenario.ids["f3"]: "failed (exit code 3:0)",
+                           scenario.ids["k9"]: "failed (exit code 0:9)"}
     inv_json = {(r["node"], r["card_type"], r["gpu_count"], r["pool"])
                 for r in _records(scenario.json_out, "inventory")}
     inv_text = {(r["node"], r["card_type"], r["gpu_count"], r["pool"])
@@ -242,7 +255,8 @@ def _covers_a_middle(scenario: Scenario, key: tuple[str, int]) -> bool:
     job, restarts = key
     ((_, _, start),) = [a for a in scenario.view.attempts[job] if a[0] == restarts]
     ends = [e for e in _records(scenario.json_out, "job")
-            if e["job_id"] == job and e["event"] in ("requeued", "finished", "cancelled")]
+            if e["job_id"] == job and e["event"] in ("requeued", "finished", "cancelled",
+                                                     "failed")]
     end_s = datetime.fromisoformat(ends[restarts]["time"]).timestamp()
     first_middle = (start // 60) * 60 + 30
     middle = first_middle if first_middle >= start else first_middle + 60
@@ -318,3 +332,102 @@ def test_preemption_by_a_higher_tier_partition(scenario: Scenario, tmp_path: Pat
     assert datetime.fromisoformat(restarted["time"]).timestamp() == start
     assert sorted(a["gpu_index"] for a in restarted["allocation"]) == \
         list(view.indices[(low, 1)])
+
+
+def _job_now(cluster: SlurmCluster, job_id: str) -> Any:
+    (job,) = parse_scontrol_jobs(cluster.run("scontrol", "-o", "show", "job", "-d",
+                                             job_id).stdout)
+    return job
+
+
+def _wait_for(cluster: SlurmCluster, job_id: str, ok: Any, what: str,
+              timeout_s: float = 60) -> Any:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        job = _job_now(cluster, job_id)
+        if ok(job):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never {what}: {_job_now(cluster, job_id)}")
+
+
+def _poll_once(cluster: SlurmCluster, out: Path, state: Path, fmt: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuledger.cli.main", "bridge", "slurm", "--out", str(out),
+         "--state", str(state), "--format", fmt, "--once", "--quiet"],
+        env=cluster.env(), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_a_bridge_started_after_the_fact(scenario: Scenario, tmp_path: Path) -> None:
+    """A bridge with a new state file, started after a job ended and after another was
+    requeued: the ended job reads "not observed by the bridge (started before it ran)";
+    the requeued one is `submitted` and `requeued` at its reset SubmitTime, so its
+    earlier attempt counts. A third job, seen pending by the bridge, runs and is requeued
+    between two polls: `requeued` too. JSON and text say the same, and after `gpuledger
+    ingest` each requeued job has two attempts, the second waiting from the requeue."""
+    cluster = scenario.cluster
+    done = cluster.sbatch(1, 1, "done-x")
+    _wait_for(cluster, done, lambda j: j.state == "COMPLETED", "completed")
+    requeued = cluster.sbatch(2, 120, "req-r")
+    _wait_for(cluster, requeued, lambda j: j.state == "RUNNING", "started")
+    cluster.run("scontrol", "requeue", requeued)
+    reset = _wait_for(cluster, requeued, lambda j: j.phase == "pending" and j.restarts == 1,
+                      "requeued").submit
+    held = cluster.sbatch(1, 120, "held-p", "--hold")
+    outs = {fmt: tmp_path / f"{fmt}.jsonl" for fmt in ("json", "text")}
+
+    def poll() -> list[str]:
+        return [_poll_once(cluster, outs[f], tmp_path / f"{f}.state", f) for f in outs]
+
+    logs = poll()                                   # the bridges' first poll
+    assert all("had run before the first poll" in log for log in logs)
+    cluster.run("scontrol", "release", held)        # runs, and is requeued between polls
+    _wait_for(cluster, held, lambda j: j.state == "RUNNING", "started")
+    cluster.run("scontrol", "requeue", held)
+    held_reset = _wait_for(cluster, held, lambda j: j.phase == "pending" and j.restarts == 1,
+                           "requeued").submit
+    poll()
+    starts = {j: _wait_for(cluster, j, lambda x: x.state == "RUNNING", "restarted").start
+              for j in (requeued, held)}
+    poll()
+    cluster.run("scancel", requeued, held)
+    for j in (requeued, held):
+        _wait_for(cluster, j, lambda x: x.state == "CANCELLED", "cancelled")
+    poll()
+
+    def events(path: Path) -> dict[str, list[tuple[str, float, str | None]]]:
+        by: dict[str, list[tuple[str, float, str | None]]] = {}
+        for r in _records(path, "job"):
+            if r["job_id"] in (done, requeued, held):
+                by.setdefault(r["job_id"], []).append(
+                    (r["event"], datetime.fromisoformat(r["time"]).timestamp(),
+                     r.get("reason")))
+        return by
+
+    got = events(outs["json"])
+    assert got == events(outs["text"])
+    [_, (end, _, reason)] = got[done]
+    assert (end, reason) == ("finished", "completed; not observed by the bridge (started "
+                                         "before it ran)")
+    assert [(e, t) for e, t, _ in got[requeued]] == [
+        ("submitted", reset), ("requeued", reset), ("started", starts[requeued]),
+        ("cancelled", got[requeued][-1][1])]
+    assert "before the bridge's first poll (not observed)" in str(got[requeued][1][2])
+    assert [(e, t) for e, t, _ in got[held]][:3] == [
+        ("submitted", got[held][0][1]), ("requeued", held_reset), ("started", starts[held])]
+    assert "ran between two polls (not observed)" in str(got[held][1][2])
+    assert "ran" not in str(got[done][0][2])
+
+    warehouse = tmp_path / "warehouse"
+    assert main(["ingest", str(outs["json"]), "--warehouse", str(warehouse), "--quiet",
+                 "--strict"]) == 0
+    att = _sql(warehouse, f"SELECT job_id, attempt, end_event, started_at IS NULL AS unseen, "
+                          f"queue_wait_s FROM attempts WHERE job_id IN ('{requeued}', "
+                          f"'{held}') ORDER BY job_id, attempt")
+    assert [(j, a, e, u) for j, a, e, u, _ in att.iter_rows()] == [
+        (j, a, e, u) for j in sorted((requeued, held))
+        for a, e, u in ((0, "requeued", True), (1, "cancelled", False))]
+    waits = {j: w for j, a, _, _, w in att.iter_rows() if a == 1}
+    assert waits == {requeued: starts[requeued] - reset, held: starts[held] - held_reset}

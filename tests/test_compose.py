@@ -2,12 +2,24 @@
 mounted path exists, every command parses with the real CLI, every GPULEDGER_ variable
 is one the code reads and is valid, ports and service names agree across the files,
 the Prometheus configuration passes `promtool check config` with the rules of alerts/,
-and Grafana's provisioning points at the generated boards and the processor's warehouse."""
+Alertmanager's passes `amtool check-config` and a real Alertmanager delivers to the
+example webhook, Grafana's provisioning points at the generated boards and the
+processor's warehouse, the stack is secure by default (loopback ports, a required
+Grafana password, no Prometheus lifecycle API, a read-only locked DuckDB data source),
+the feed loops, and .dockerignore keeps the build context small."""
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import re
+import select
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +147,7 @@ def test_ports_agree() -> None:
     processor = SERVICES["processor"]
     addr = processor["command"][processor["command"].index("--metrics-address") + 1]
     port = addr.rsplit(":", 1)[1]
-    assert f"{port}:{port}" in processor["ports"]
+    assert f"127.0.0.1:{port}:{port}" in processor["ports"]
     assert port in str(processor["healthcheck"]["test"])
     prom = yaml.safe_load(COMPOSE["configs"]["prometheus"]["content"])
     targets = [t for sc in prom["scrape_configs"] for c in sc["static_configs"]
@@ -145,7 +157,7 @@ def test_ports_agree() -> None:
         (REPO / "dashboards/provisioning/datasources/gpuledger.yml").read_text())["datasources"]
     prom_ds = next(d for d in datasources if d["type"] == "prometheus")
     assert prom_ds["url"] == "http://prometheus:9090"
-    assert "9090:9090" in SERVICES["prometheus"]["ports"]
+    assert "127.0.0.1:9090:9090" in SERVICES["prometheus"]["ports"]
 
 
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
@@ -195,4 +207,191 @@ def test_grafana_provisioning_points_at_the_boards_and_the_warehouse() -> None:
     assert cmd[cmd.index("--warehouse") + 1] == str(catalog.parent)
     assert catalog.name == "catalog.duckdb"
     assert grafana["environment"]["GF_PLUGINS_ALLOW_LOADING_UNSIGNED_PLUGINS"] == duck["type"]
-    assert mounts["/var/lib/grafana/plugins"] == "./dashboards/plugins"
+    # the plugin folder is outside the folder the dashboard provider scans (recursively)
+    plugins = mounts["/var/lib/grafana/plugins"]
+    assert plugins == "./deploy/grafana-plugins" and (REPO / plugins / "README.md").is_file()
+    assert not (REPO / plugins).resolve().is_relative_to(boards_dir.resolve())
+    assert provider["options"]["path"] != "/var/lib/grafana/plugins"
+
+
+# --- secure by default (issue 12) ---------------------------------------------------------
+
+def test_every_port_is_published_on_loopback_only() -> None:
+    published = 0
+    for name, svc in SERVICES.items():
+        for port in svc.get("ports", []):
+            assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
+            assert len(port.split(":")) == 3, (name, port)
+            published += 1
+    assert published >= 4  # processor, Prometheus, Alertmanager, Grafana
+
+
+def test_the_grafana_password_must_be_set() -> None:
+    env = SERVICES["grafana"]["environment"]
+    value = env["GF_SECURITY_ADMIN_PASSWORD"]
+    # Compose's ${VAR:?message}: `docker compose` stops with the message when VAR is
+    # unset or empty; no default password anywhere
+    m = re.fullmatch(r"\$\{GRAFANA_ADMIN_PASSWORD:\?(.+)\}", value)
+    assert m and "GRAFANA_ADMIN_PASSWORD" in m.group(1), value
+    text = (REPO / "docker-compose.yml").read_text()
+    assert not re.search(r"\$\{[A-Z_]*PASSWORD[A-Z_]*:?-", text), "a default password"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+
+
+def test_prometheus_has_no_lifecycle_or_admin_api() -> None:
+    flags = " ".join(SERVICES["prometheus"]["command"])
+    assert "--web.enable-lifecycle" not in flags and "--web.enable-admin-api" not in flags
+
+
+def test_duckdb_data_source_is_read_only_and_locked() -> None:
+    duck = next(d for d in yaml.safe_load(
+        (REPO / "dashboards/provisioning/datasources/gpuledger.yml").read_text())["datasources"]
+        if d["type"] == "motherduck-duckdb-datasource")
+    assert duck["jsonData"]["readOnly"] is True and duck["editable"] is False
+    init = duck["jsonData"]["initSql"]
+    statements = [s.strip() for s in init.split(";") if s.strip()]
+    warehouse = str(Path(duck["jsonData"]["path"]).parent) + "/"
+    assert f"SET allowed_directories = ['{warehouse}']" in statements
+    for setting in ("enable_external_access = false", "autoinstall_known_extensions = false",
+                    "autoload_known_extensions = false"):
+        assert f"SET {setting}" in statements
+    # the lock comes last: nothing after it could change a setting
+    assert statements[-1] == "SET lock_configuration = true"
+    # and the warehouse is mounted read-only in Grafana
+    grafana = {t: v for v in SERVICES["grafana"]["volumes"] for t in [v.split(":")[1]]}
+    assert grafana[warehouse.rstrip("/")].endswith(":ro")
+
+
+# --- the feed, the build context ------------------------------------------------------------
+
+def test_the_feed_loops_and_is_restarted() -> None:
+    feed = SERVICES["feed"]
+    args = build_parser().parse_args(feed["command"])
+    assert args.loop is True  # it used to exit 0 after --hours and leave the stack silent
+    assert feed["restart"] in ("unless-stopped", "always")
+
+
+def _ignored(patterns: list[str], path: str) -> bool:
+    """Whether Docker's .dockerignore (no negations used) leaves ``path`` out."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatch(p, pat) or fnmatch.fnmatch(p, pat.removeprefix("**/"))
+               or fnmatch.fnmatch(parts[-1], pat.removeprefix("**/"))
+               for pat in patterns for p in prefixes)
+
+
+def test_dockerignore_keeps_the_context_small_and_the_image_whole() -> None:
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    patterns = [x.strip().rstrip("/") for x in lines if x.strip() and not x.startswith("#")]
+    assert not [p for p in patterns if p.startswith("!")]
+    for junk in (".venv", "warehouse", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+                 "pipeline/gpuledger/pipeline/__pycache__", "deploy/grafana-plugins",
+                 "warehouse/catalog.duckdb"):
+        assert _ignored(patterns, junk), junk
+    # what the Dockerfile copies is all there
+    copied = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            copied += line.split()[1:-1]
+    assert copied
+    tracked = subprocess.run(["git", "ls-files", *copied], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert tracked
+    assert [f for f in tracked if _ignored(patterns, f)] == []
+
+
+# --- Alertmanager -----------------------------------------------------------------------------
+
+def test_alertmanager_is_wired_to_prometheus_and_the_processor() -> None:
+    am = SERVICES["alertmanager"]
+    port = am["ports"][0].rsplit(":", 1)[1]
+    prom = yaml.safe_load(COMPOSE["configs"]["prometheus"]["content"])
+    targets = [t for a in prom["alerting"]["alertmanagers"] for c in a["static_configs"]
+               for t in c["targets"]]
+    assert targets == [f"alertmanager:{port}"]
+    cmd = SERVICES["processor"]["command"]
+    assert cmd[cmd.index("--alert-webhook") + 1] == f"http://alertmanager:{port}/api/v2/alerts"
+    mounts = {t: s for s, t in _mounts(am)}
+    config_flag = next(f for f in am["command"] if f.startswith("--config.file="))
+    config = REPO / mounts[config_flag.split("=", 1)[1]]
+    proc = subprocess.run(["amtool", "check-config", str(config)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the example receiver is the alert-webhook service, on the port it listens on
+    receivers = yaml.safe_load(config.read_text())["receivers"]
+    urls = [w["url"] for r in receivers for w in r.get("webhook_configs", [])]
+    hook = SERVICES["alert-webhook"]
+    hook_port = hook["entrypoint"][hook["entrypoint"].index("--port") + 1]
+    assert urls == [f"http://alert-webhook:{hook_port}/alerts"]
+    script = dict((t, s) for s, t in _mounts(hook))[hook["entrypoint"][1]]
+    assert (REPO / script).is_file()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    port = _free_port()
+    hook = SERVICES["alert-webhook"]
+    script = REPO / dict((t, s) for s, t in _mounts(hook))[hook["entrypoint"][1]]
+    proc = subprocess.Popen([sys.executable, str(script), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "listening" in proc.stderr.readline()
+        yield port, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_real_alertmanager_delivers_to_the_example_webhook(
+        tmp_path: Path, webhook: tuple[int, subprocess.Popen[str]]) -> None:
+    """The compose Alertmanager configuration, run by the real Alertmanager with only the
+    webhook's address and the wait times changed: an alert posted to its API (as the
+    processor's --alert-webhook does, and Prometheus) comes out of the example receiver."""
+    hook_port, hook = webhook
+    mounts = {t: s for s, t in _mounts(SERVICES["alertmanager"])}
+    config = yaml.safe_load((REPO / mounts["/etc/alertmanager/alertmanager.yml"]).read_text())
+    for r in config["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = re.sub(r"//[^/]+/", f"//127.0.0.1:{hook_port}/", w["url"])
+    config["route"].update(group_wait="1s", group_interval="1s")
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
+    am_port, cluster_port = _free_port(), _free_port()
+    am = subprocess.Popen(["prometheus-alertmanager", f"--config.file={tmp_path / 'am.yml'}",
+                           f"--storage.path={tmp_path / 'data'}",
+                           f"--web.listen-address=127.0.0.1:{am_port}",
+                           f"--cluster.listen-address=127.0.0.1:{cluster_port}"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{am_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/-/ready", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "alertmanager did not start"
+                time.sleep(0.2)
+        alert = [{"labels": {"alertname": "GpuJobLowUtilisation", "severity": "warning",
+                             "job_id": "1000123", "team": "vision", "pool": "train"},
+                  "annotations": {"summary": "job 1000123 used 4 % of its GPUs for 30 min"}}]
+        req = urllib.request.Request(f"{base}/api/v2/alerts", data=json.dumps(alert).encode(),
+                                     headers={"Content-Type": "application/json"})
+        assert urllib.request.urlopen(req, timeout=5).status == 200
+        assert hook.stdout is not None
+        ready, _, _ = select.select([hook.stdout], [], [], 30)
+        assert ready, "no notification reached the webhook within 30 s"
+        line = hook.stdout.readline()
+        assert line.startswith("firing GpuJobLowUtilisation "), line
+        assert "job_id=1000123" in line and "team=vision" in line
+        assert "used 4 % of its GPUs" in line
+    finally:
+        am.terminate()
+        am.wait(timeout=10)

@@ -1,8 +1,12 @@
-"""Grafana boards: generated JSON matches the code, is structurally sound, and every
+"""Grafana boards: generated JSON matches the code, is structurally sound (a unit on every
+panel, one drill chain, SQL variables only through the sqlstring format), and every
 panel's query runs on the real targets — DuckDB SQL on a simulated warehouse's catalog,
-PromQL on a real Prometheus that scraped the exporter of a processor fed by the
-simulator — and returns data. Plus `gpuledger dashboards push` against a recording
-HTTP server."""
+opened read-only under the data source's own lock-down init SQL, PromQL on a real
+Prometheus that scraped the exporter of a processor fed by the simulator — and returns
+data. Every SQL panel given a hostile variable value returns the rows of that literal
+value and no more; every demand panel agrees with the pending_minute facts to the
+GPU-minute, any-card jobs included. Plus `gpuledger dashboards push` against a
+recording HTTP server."""
 
 from __future__ import annotations
 
@@ -27,12 +31,11 @@ from sim_warehouse import SIM_HOURS, build
 from gpuledger.cli.main import main
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.dashboards.boards import JOB, UIDS, all_boards
+from gpuledger.pipeline.dashboards.builders import DATASOURCES, variable_query
 from gpuledger.pipeline.dashboards.files import load_boards, repo_dashboards_dir, stale_boards
 from gpuledger.pipeline.dashboards.interpolate import interpolate
-from gpuledger.pipeline.dashboards.model import DATASOURCES
 from gpuledger.pipeline.exporter import Exporter
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.query import connect
 from gpuledger.pipeline.simulate import SimConfig, simulate
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -41,6 +44,8 @@ BOARDS = all_boards()
 GRAFANA_GLOBALS = {"__interval_ms", "__interval", "__rate_interval", "__timeFilter",
                    "__timeFrom", "__timeTo", "__url_time_range", "__data", "__range"}
 VAR_REF = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+HOSTILE = "x' OR '1'='1"
+DATASOURCE_FILE = REPO / "dashboards/provisioning/datasources/gpuledger.yml"
 
 
 def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,17 +113,31 @@ def test_board_structure(uid: str) -> None:
     names = [v["name"] for v in board["templating"]["list"]]
     assert len(names) == len(set(names))
     for i, v in enumerate(board["templating"]["list"]):
-        assert referenced(v["definition"]) <= set(names[:i]), v["name"]
+        assert referenced(variable_query(v)) <= set(names[:i]), v["name"]
     for p in panels(board):
         texts = [query_text(t) for t in p["targets"]] + [p["title"]]
         texts += [json.dumps(p["fieldConfig"]), json.dumps(p.get("options", {}))]
         for text in texts:
             assert referenced(text) <= set(names), (p["title"], referenced(text) - set(names))
-    # the chain pool → card type → team → queue → job, in that order
-    chain = [n for n in ("pool", "card_type", "team", "queue", "job") if n in names]
-    assert names[:len(chain)] == chain
+    # one chain on every board: pool → team → card type (→ queue → job), in that order
+    chain = [n for n in ("pool", "team", "card_type", "queue", "job") if n in names]
+    assert names == chain and chain[:3] == ["pool", "team", "card_type"]
     for prev, cur in itertools.pairwise(chain):
-        assert prev in referenced(board["templating"]["list"][names.index(cur)]["definition"])
+        assert prev in referenced(variable_query(board["templating"]["list"][names.index(cur)]))
+    # a unit on every panel
+    for p in panels(board):
+        assert p["fieldConfig"]["defaults"].get("unit"), f"{p['title']}: no unit"
+    # SQL takes variables only through Grafana's quoting format (sqlstring)
+    for p in panels(board):
+        for t in p["targets"]:
+            if "rawSql" in t:
+                raw = {a or b for a, b in VAR_REF.findall(t["rawSql"].replace(
+                    ":sqlstring}", ""))} - GRAFANA_GLOBALS
+                assert not raw, (p["title"], raw)
+    for v in board["templating"]["list"]:
+        if v["datasource"]["type"] != "prometheus":
+            q = variable_query(v).replace(":sqlstring}", "")
+            assert not {a or b for a, b in VAR_REF.findall(q)} - GRAFANA_GLOBALS, v["name"]
 
 
 def _links(board: dict[str, Any]) -> Iterator[str]:
@@ -157,6 +176,39 @@ def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("boards") / "wh")
 
 
+def connect(warehouse: Path) -> duckdb.DuckDBPyConnection:
+    """The catalog as Grafana's DuckDB data source opens it: read-only, then the
+    provisioned init SQL (its warehouse path made this test's) — the lock-down."""
+    duck = next(d for d in yaml.safe_load(DATASOURCE_FILE.read_text())["datasources"]
+                if d["uid"] == "gpuledger-duckdb")
+    folder = str(Path(duck["jsonData"]["path"]).parent) + "/"
+    con = duckdb.connect(str(warehouse / Path(duck["jsonData"]["path"]).name),
+                         read_only=duck["jsonData"]["readOnly"])
+    con.execute(duck["jsonData"]["initSql"].replace(f"'{folder}'", f"'{warehouse}/'"))
+    return con
+
+
+def test_the_data_source_lock_down_holds(warehouse: Path) -> None:
+    """Under the data source's init SQL: the facts read, nothing else does, and no
+    statement can undo it."""
+    con = connect(warehouse)
+    try:
+        assert con.execute("SELECT count(*) FROM gpu_minute").fetchone() != (0,)
+        for statement in ("SELECT * FROM read_csv('/etc/passwd')",
+                          "SELECT * FROM read_parquet('http://127.0.0.1:9/x.parquet')",
+                          "ATTACH '/tmp/gpuledger-grafana.duckdb' AS x",
+                          "COPY (SELECT 1) TO '/tmp/gpuledger-grafana.csv'",
+                          "INSTALL httpfs", "LOAD httpfs",
+                          "SET enable_external_access = true", "RESET lock_configuration",
+                          "SET allowed_directories = ['/']", "SET memory_limit = '100GB'",
+                          "CREATE TABLE t AS SELECT 1", "SELECT * FROM glob('/etc/*')"):
+            with pytest.raises(duckdb.Error):
+                con.execute(statement)
+        assert not Path("/tmp/gpuledger-grafana.csv").exists()
+    finally:
+        con.close()
+
+
 def _window(con: duckdb.DuckDBPyConnection) -> tuple[datetime, datetime]:
     t0, t1 = con.execute("SELECT min(minute), max(minute) FROM gpu_minute").fetchall()[0]
     return t0, t1 + timedelta(minutes=1)
@@ -166,7 +218,7 @@ def resolve_sql_variables(board: dict[str, Any], con: duckdb.DuckDBPyConnection,
                           t0: datetime, t1: datetime) -> dict[str, list[str]]:
     values: dict[str, list[str]] = {}
     for v in board["templating"]["list"]:
-        text = interpolate(v["definition"], values, t0, t1)
+        text = interpolate(variable_query(v), values, t0, t1)
         options = [str(r[0]) for r in con.execute(text).fetchall()]
         assert options, f"variable {v['name']} has no values: {text}"
         values[v["name"]] = options if v["multi"] else options[:1]
@@ -181,24 +233,31 @@ def _prom_values_from_warehouse(con: duckdb.DuckDBPyConnection) -> dict[str, lis
     return {n: col(n) for n in ("pool", "card_type", "team", "queue")}
 
 
+def board_values(board: dict[str, Any], con: duckdb.DuckDBPyConnection, t0: datetime,
+                 t1: datetime) -> dict[str, list[str]]:
+    """Every variable's values (All), as Grafana would resolve them on this warehouse."""
+    if all(v["datasource"]["type"] != "prometheus" for v in board["templating"]["list"]):
+        values = resolve_sql_variables(board, con, t0, t1)
+    else:
+        values = _prom_values_from_warehouse(con)
+    if "job" in values:
+        # a job whose attempt ended (its per-GPU and recommendation rows are written
+        # when it ends), taken from the variable's own options
+        options = resolve_sql_variables({"templating": {"list": [
+            {**v, "multi": True} if v["name"] == "job" else v
+            for v in board["templating"]["list"]]}}, con, t0, t1)["job"]
+        ended = {r[0] for r in con.execute("SELECT job_id FROM recommendations").fetchall()}
+        values["job"] = [next(j for j in options if j in ended)]
+    return values
+
+
 @pytest.mark.parametrize("uid", UIDS)
 def test_every_sql_panel_returns_rows(uid: str, warehouse: Path) -> None:
     board = BOARDS[uid]
     con = connect(warehouse)
     try:
         t0, t1 = _window(con)
-        if all(v["datasource"]["type"] != "prometheus" for v in board["templating"]["list"]):
-            values = resolve_sql_variables(board, con, t0, t1)
-        else:
-            values = _prom_values_from_warehouse(con)
-        if "job" in values:
-            # a job whose attempt ended (its per-GPU and recommendation rows are written
-            # when it ends), taken from the variable's own options
-            options = resolve_sql_variables({"templating": {"list": [
-                {**v, "multi": True} if v["name"] == "job" else v
-                for v in board["templating"]["list"]]}}, con, t0, t1)["job"]
-            ended = {r[0] for r in con.execute("SELECT job_id FROM recommendations").fetchall()}
-            values["job"] = [next(j for j in options if j in ended)]
+        values = board_values(board, con, t0, t1)
         ran = 0
         for p in panels(board):
             for t in p["targets"]:
@@ -234,14 +293,84 @@ def test_job_board_follows_the_chain(warehouse: Path) -> None:
         assert team in values["team"] and queue in values["queue"]
         narrowed = {**values, "team": [team], "queue": [queue]}
         job_var = board["templating"]["list"][-1]
-        jobs = [r[0] for r in con.execute(interpolate(job_var["definition"], narrowed, t0,
+        jobs = [r[0] for r in con.execute(interpolate(variable_query(job_var), narrowed, t0,
                                                   t1)).fetchall()]
         assert jobs
         owners = con.execute(f"SELECT DISTINCT team, queue FROM attempts WHERE job_id IN "
                          f"({','.join(repr(j) for j in jobs)})").fetchall()
         assert owners == [(team, queue)]
-        everyone = con.execute(interpolate(job_var["definition"], values, t0, t1)).fetchall()
+        everyone = con.execute(interpolate(variable_query(job_var), values, t0, t1)).fetchall()
         assert len(everyone) > len(jobs)
+    finally:
+        con.close()
+
+
+def _rows(rows: list[tuple[Any, ...]]) -> list[str]:
+    """Rows compared as a set: ties may come in any order, and float sums may differ in
+    the last bits with DuckDB's parallel aggregation."""
+    return sorted(repr(tuple(round(v, 6) if isinstance(v, float) else v for v in r))
+                  for r in rows)
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_sql_panels_take_a_hostile_value_as_one_literal(uid: str, warehouse: Path) -> None:
+    """Each SQL panel and SQL variable, with each variable in turn set to a hostile value,
+    interpolated as Grafana does: it returns exactly the rows of that literal value (here
+    the same as for any value that does not exist), no more, and no error."""
+    board = BOARDS[uid]
+    con = connect(warehouse)
+    try:
+        t0, t1 = _window(con)
+        values = board_values(board, con, t0, t1)
+        queries = [(p["title"], t["rawSql"]) for p in panels(board) for t in p["targets"]
+                   if "rawSql" in t]
+        queries += [(f"variable {v['name']}", variable_query(v))
+                    for v in board["templating"]["list"]
+                    if v["datasource"]["type"] != "prometheus"]
+        checked = 0
+        for title, text in queries:
+            for name in sorted(referenced(text) & set(values)):
+                hostile = interpolate(text, {**values, name: [HOSTILE]}, t0, t1)
+                assert "'x'' OR ''1''=''1'" in hostile, (title, name)  # one quoted literal
+                got = _rows(con.execute(hostile).fetchall())
+                absent = interpolate(text, {**values, name: ["no such value"]}, t0, t1)
+                assert got == _rows(con.execute(absent).fetchall()), (title, name)
+                checked += 1
+        assert checked >= len(queries)
+    finally:
+        con.close()
+
+
+def test_demand_panels_agree_with_pending_minute(warehouse: Path) -> None:
+    """Every SQL demand panel (pending_minute), summed over its one-minute buckets, is the
+    pending GPU-minutes of the facts: all of them with every variable at All, and for each
+    card type the jobs that asked for it plus those that asked for any card."""
+    con = connect(warehouse)
+    try:
+        t0, t1 = _window(con)
+        in_range = f"minute >= '{t0.isoformat()}' AND minute < '{t1.isoformat()}'"
+        any_card = con.execute(f"SELECT sum(pending_gpus) FROM pending_minute WHERE {in_range} "
+                               "AND card_type IS NULL").fetchone()
+        assert any_card and any_card[0] > 0  # the simulated cluster has any-card demand
+        demand = [(uid, p, t) for uid, board in BOARDS.items() for p in panels(board)
+                  for t in p["targets"] if "pending_minute" in t.get("rawSql", "")]
+        assert demand
+        for uid, p, t in demand:
+            values = resolve_sql_variables(BOARDS[uid], con, t0, t1)
+            cards = values["card_type"]
+            for selection in [cards, *[[c] for c in cards]]:
+                text = interpolate(t["rawSql"], {**values, "card_type": selection}, t0, t1,
+                                   interval_ms=60_000)
+                cur = con.execute(text)
+                rows = cur.fetchall()
+                col = [d[0] for d in cur.description or []].index("pending_gpus")
+                got = sum(r[col] for r in rows)
+                listed = ",".join(f"'{c}'" for c in selection)
+                want = con.execute(f"SELECT coalesce(sum(pending_gpus), 0) FROM pending_minute "
+                                   f"WHERE {in_range} AND (card_type IS NULL OR card_type IN "
+                                   f"({listed}))").fetchone()
+                assert want is not None
+                assert got == pytest.approx(want[0]), (uid, p["title"], selection)
     finally:
         con.close()
 
@@ -249,7 +378,7 @@ def test_job_board_follows_the_chain(warehouse: Path) -> None:
 # --- PromQL: parses (promtool), and returns data from a real Prometheus --------------------
 
 def test_every_promql_parses_with_promtool(tmp_path: Path) -> None:
-    values = {"pool": ["train", "infer"], "card_type": ["H100-SXM5-80GB"],
+    values = {"pool": ["train", "infer"], "card_type": ["H100-SXM5-80GB", "A100-SXM4-80GB"],
               "team": ["llm-core"], "queue": ["prod"], "job": ["1000001"]}
     t0 = t1 = datetime(2026, 1, 5, tzinfo=UTC)
     exprs = [interpolate(query_text(t), values, t0, t1) for _, _, t in targets("prometheus")]
@@ -296,8 +425,8 @@ def resolve_prom_variables(board: dict[str, Any], server: PrometheusServer
                            ) -> dict[str, list[str]]:
     values: dict[str, list[str]] = {}
     for v in board["templating"]["list"]:
-        m = re.fullmatch(r"label_values\((.*), (\w+)\)", v["definition"])
-        assert m, v["definition"]
+        m = re.fullmatch(r"label_values\((.*), (\w+)\)", variable_query(v))
+        assert m, variable_query(v)
         selector = interpolate(m.group(1), values, datetime.now(UTC), datetime.now(UTC))
         options = sorted(x for x in server.api(f"label/{m.group(2)}/values",
                                                **{"match[]": selector}) if x)

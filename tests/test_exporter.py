@@ -66,9 +66,9 @@ def _processor(tmp_path: Path) -> tuple[Processor, Exporter]:
 
 
 def _cluster(minutes: int) -> list[dict[str, Any]]:
-    """n1 (4 GPUs): j1 on GPUs 0-1 at 0.8/0.2 for 20 min; j2 on GPU 2 idle, whole run."""
+    """n1 (4 GPUs): j1 (any card) on GPUs 0-1 at 0.8/0.2 for 20 min; j2 on GPU 2 idle."""
     recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=4, pool="train")]
-    recs += [job("submitted", "j1", at(0), gpus=2, team="nlp", queue="prod"),
+    recs += [job("submitted", "j1", at(0), gpus=2, team="nlp", queue="prod", card_type=None),
              job("started", "j1", at(0), allocation=alloc("n1", 0, 1)),
              job("finished", "j1", at(20))]
     recs += series("n1", 0, at(0), 20, sm=0.8, mem=20_000.0, jobs=["j1"])
@@ -103,9 +103,20 @@ def test_latest_minute_gauges_and_job_series(tmp_path: Path) -> None:
     assert one(s, "gpuledger_job_memory_used_bytes", job_id="j1") == 24_000 * MIB
     assert one(s, "gpuledger_job_runtime_seconds", job_id="j1") == 9 * 60
     assert one(s, "gpuledger_job_runtime_seconds", job_id="j2") == 8 * 60
-    assert one(s, "gpuledger_job_wasted_gpu_hours", job_id="j1") == pytest.approx(
-        9 * (2 - 1.0) / 60)
+    # base units: 9 minutes of 2 GPUs of which 1.0 used = 540 GPU-seconds
+    assert one(s, "gpuledger_job_wasted_gpu_seconds", job_id="j1") == pytest.approx(
+        9 * (2 - 1.0) * 60)
     assert one(s, "gpuledger_job_gpu_activity_ratio", job_id="j1", gpu="1") == pytest.approx(0.2)
+    # job series: the card the job asked for (none: any card of the pool); per-GPU series
+    # also the physical card of the GPU, as on the fleet series
+    info = pick(s, "gpuledger_job_info", job_id="j1")
+    assert [dict(k)["requested_card_type"] for k in info] == ["any"]
+    assert all("card_type" not in dict(k) for k in info)
+    physical = {dict(k)["card_type"] for k in pick(s, "gpuledger_gpus")}
+    for key in pick(s, "gpuledger_job_gpu_activity_ratio", job_id="j1"):
+        labels = dict(key)
+        assert labels["requested_card_type"] == "any"
+        assert labels["card_type"] in physical and labels["card_type"] != "unknown"
     assert one(s, "gpuledger_job_gpu_processes", job_id="j2", gpu="2") == 1
     # j1 ends at minute 20: its series are gone once that minute has closed
     proc.process(frames([r for r in recs if at(12) <= r["time"] < at(30)]))

@@ -99,3 +99,24 @@ def test_any_card_job_counts_on_each_card_type(process: Callable[..., Facts]) ->
         assert by_card[card]["blocked_jobs"] == 1
     pend = facts.table("pending_minute")
     assert pend.filter(pl.col("minute") == at(0))["pending_jobs"].sum() == 1
+
+
+def test_frag_node_uses_each_nodes_own_size(process: Callable[..., Facts]) -> None:
+    """A pool mixing 1-, 4- and 8-GPU nodes (docs/metrics.md, worked example): free
+    GPUs a 1/1, b 4/4, c 2/4, d 8/8, e 5/8 → F = 20. Whole free nodes hold 1 + 4 + 8 =
+    13 of them: frag(node) = 1 − 13/20 = 0.35. With the largest size (8) for every node
+    it would be 1 − 8/20 = 0.6, which is frag(8)."""
+    sizes = {"a": 1, "b": 4, "c": 4, "d": 8, "e": 8}
+    held = {"c": 2, "e": 3}
+    recs: list[dict[str, object]] = [inventory(n, at(0), gpus=g) for n, g in sizes.items()]
+    for node, n in held.items():
+        recs += [job("submitted", f"hold-{node}", at(0), gpus=n),
+                 job("started", f"hold-{node}", at(0), allocation=alloc(node, *range(n)))]
+    recs.append(job("checkpointed", "hold-c", at(5)))
+    row = process(recs).table("frag_minute").row(0, named=True)
+    assert row["free_gpus"] == 20
+    assert row["node_size"] == 8                                  # the largest node
+    assert row["whole_node_free_gpus"] == 13
+    assert row["frag_node"] == pytest.approx(1 - 13 / 20)
+    assert row["frag_8"] == pytest.approx(1 - 8 / 20)
+    assert row["frag_4"] == pytest.approx(1 - (4 + 8 + 4) / 20)   # b, d, e: 4 + 8 + 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import polars as pl
+import pytest
 from conftest import Facts
 from events import alloc, at, inventory, job, series
 
@@ -84,8 +85,9 @@ def test_unavailable_cases(process: Callable[..., Facts]) -> None:
     assert by[("c", 0, "unavailable")] == 5
 
 
-def test_minute_belongs_to_the_allocation_at_its_middle(process: Callable[..., Facts]) -> None:
-    # held 10:00:20–10:02:40 covers minutes 10:00, 10:01, 10:02; 10:03:40–10:04:20 none
+def test_a_minute_holds_the_seconds_each_allocation_held(process: Callable[..., Facts]) -> None:
+    # Changed on purpose by second-accurate accounting (it used to be "the minute belongs to
+    # the allocation at its middle"): j holds 10:00:20–10:02:40, k 10:03:40–10:04:20.
     recs = [inventory("n1", at(0), gpus=1),
             job("submitted", "j", at(0)),
             job("started", "j", at(0, 20), allocation=alloc("n1", 0)),
@@ -94,9 +96,18 @@ def test_minute_belongs_to_the_allocation_at_its_middle(process: Callable[..., F
             job("started", "k", at(3, 40), allocation=alloc("n1", 0)),
             job("finished", "k", at(4, 20))]
     recs += series("n1", 0, at(0), 6, sm=0.0)
-    gm = process(recs).table("gpu_minute").sort("minute")
-    assert gm["state"].to_list() == ["allocated_idle"] * 3 + ["free"] * 3
-    assert gm["job_id"].to_list()[:3] == ["j"] * 3
+    facts = process(recs)
+    gm = facts.table("gpu_minute").sort("minute")
+    assert gm["state"].to_list() == ["allocated_idle"] * 5 + ["free"]
+    assert gm["alloc_fraction"].to_list() == pytest.approx([40 / 60, 1, 40 / 60, 20 / 60,
+                                                            20 / 60, 0])
+    assert gm["job_id"].to_list() == ["j", "j", "j", "k", "k", None]
+    att = {r["job_id"]: r for r in facts.table("job_attempts").iter_rows(named=True)}
+    assert att["j"]["allocated_gpu_hours"] == pytest.approx(140 / 3600)   # 2 min 20 s
+    assert att["k"]["allocated_gpu_hours"] == pytest.approx(40 / 3600)    # 40 s
+    hourly = facts.table("gpu_hourly")
+    assert hourly["allocated_gpu_hours"].sum() == pytest.approx(180 / 3600)
+    assert hourly["free_gpu_hours"].sum() == pytest.approx((360 - 180) / 3600)
 
 
 def test_states_add_up_to_capacity(process: Callable[..., Facts]) -> None:

@@ -67,15 +67,18 @@ def test_queue_wait_per_pod_is_scheduled_minus_creation(warehouse: Path) -> None
 
 def test_allocated_gpus_over_time_match_the_trace(warehouse: Path) -> None:
     minutes = pl.DataFrame({"m": pl.int_range(int(LO // 60), int(HI // 60), eager=True)})
-    # a pod holds num_gpu × gpu_milli/1000 GPUs from scheduled to deletion; a minute counts
-    # when its middle lies inside (docs/metrics.md)
+    # a pod holds num_gpu × gpu_milli/1000 GPUs from scheduled to deletion (from the window
+    # start if it was running then), each minute for the seconds it overlaps it
+    # (docs/metrics.md: exact to the second)
     pods = _pods().filter(pl.col("scheduled_time").is_not_null()).select(
-        "scheduled_time", "deletion_time",
+        pl.max_horizontal(pl.col("scheduled_time"), pl.lit(LO)).alias("s"),
+        pl.col("deletion_time").alias("e"),
         (pl.col("num_gpu") * pl.col("gpu_milli") / 1000).alias("g"))
-    direct = minutes.join(pods, how="cross").filter(
-        (pl.col("scheduled_time") <= pl.col("m") * 60 + 30)
-        & (pl.col("m") * 60 + 30 < pl.col("deletion_time"))
-    ).group_by("m").agg(pl.col("g").sum()).sort("m")
+    overlap = (pl.min_horizontal(pl.col("e"), pl.col("m") * 60 + 60)
+               - pl.max_horizontal(pl.col("s"), pl.col("m") * 60)).clip(0, None)
+    direct = minutes.join(pods, how="cross").with_columns(overlap.alias("o")).filter(
+        pl.col("o") > 0).group_by("m").agg((pl.col("g") * pl.col("o") / 60).sum().alias("g")
+                                          ).sort("m")
     cols, rows = query.run(warehouse, "SELECT minute, sum(alloc_fraction) AS g FROM gpu_minute "
                                       "WHERE allocated GROUP BY minute ORDER BY minute")
     got = pl.DataFrame(rows, schema=cols, orient="row")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from events import held_per_minute
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline import query
@@ -107,16 +108,8 @@ def test_queue_wait_per_pod_is_start_minus_creation(imported: Any) -> None:
 def test_allocated_gpus_over_time(imported: Any) -> None:
     warehouse, pods = imported
     placed = [p for p in pods if p["scheduled"] is not None and p["gpu"] <= 8]
-    lo = min(p["scheduled"] for p in placed).replace(second=0)
-    hi = max(p["deleted"] for p in placed)
-    expected: dict[datetime, float] = {}
-    minute = lo
-    while minute < hi:  # a minute counts when its middle lies in [scheduled, deleted)
-        mid = minute + timedelta(seconds=30)
-        total = sum(p["gpu"] for p in placed if p["scheduled"] <= mid < p["deleted"])
-        if total:
-            expected[minute] = total
-        minute += timedelta(minutes=1)
+    # each minute holds the seconds each pod held it (docs/metrics.md)
+    expected = held_per_minute((p["scheduled"], p["deleted"], p["gpu"]) for p in placed)
     _, rows = query.run(warehouse, "SELECT minute, sum(alloc_fraction) FROM gpu_minute "
                                    "WHERE allocated GROUP BY minute")
     got = {m.astimezone(UTC): g for m, g in rows}

@@ -7,7 +7,6 @@ file itself (Start − Submit per line; minutes whose middle lies in [Start, end
 from __future__ import annotations
 
 import csv
-import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -121,11 +120,9 @@ def _attempts(path: Path) -> list[dict[str, object]]:
     return out
 
 
-def _minutes(start: datetime, end: datetime) -> int:
-    """Minutes whose middle (m + 30 s) lies in [start, end)."""
-    first = math.ceil((start.timestamp() - 30) / 60)
-    last = math.ceil((end.timestamp() - 30) / 60) - 1
-    return max(0, last - first + 1)
+def _seconds(start: datetime, end: datetime) -> float:
+    """Seconds held (allocation is exact to the second, docs/metrics.md)."""
+    return max(0.0, (end - start).total_seconds())
 
 
 def _sql(warehouse: Path, sql: str) -> pl.DataFrame:
@@ -143,7 +140,7 @@ def test_queue_wait_per_attempt_is_start_minus_submit(sacct_file: Path, warehous
 
 
 def test_allocated_gpu_hours_per_ended_attempt(sacct_file: Path, warehouse: Path) -> None:
-    expected = {(a["job"], a["attempt"]): _minutes(a["start"], a["end"]) * a["gpus"] / 60  # type: ignore[arg-type,operator]
+    expected = {(a["job"], a["attempt"]): _seconds(a["start"], a["end"]) * a["gpus"] / 3600  # type: ignore[arg-type,operator]
                 for a in _attempts(sacct_file) if a["end"] is not None}
     got = _sql(warehouse, "SELECT job_id, attempt, allocated_gpu_hours FROM job_attempts")
     got_map = {(j, a): h for j, a, h in got.iter_rows() if (j, a) in expected}
@@ -153,8 +150,9 @@ def test_allocated_gpu_hours_per_ended_attempt(sacct_file: Path, warehouse: Path
     # and per minute in gpu_minute: the running job holds its GPU up to the last minute
     running = [a for a in _attempts(sacct_file) if a["end"] is None]
     assert [a["job"] for a in running] == ["103"]
-    _, rows = query.run(warehouse, "SELECT count(*) FROM gpu_minute WHERE job_id = '103'")
-    assert rows[0][0] == _minutes(running[0]["start"], LAST)  # type: ignore[arg-type]
+    _, rows = query.run(warehouse, "SELECT sum(alloc_fraction) FROM gpu_minute "
+                                   "WHERE job_id = '103'")
+    assert rows[0][0] * 60 == pytest.approx(_seconds(running[0]["start"], LAST))  # type: ignore[arg-type]
 
 
 def test_end_events_and_skips(sacct_file: Path, warehouse: Path) -> None:

@@ -121,6 +121,23 @@ def test_queue_wait_with_requeue_and_preemption_lost_work(process: Callable[...,
     assert pend["pending_gpus"].sum() == 60
 
 
+def test_a_requeue_of_an_attempt_never_seen_running(process: Callable[..., Facts]) -> None:
+    """A bridge that missed a run (between two polls, or before it started) says only
+    `requeued` (docs/slurm.md): the attempt before it ends there without a start, and
+    the next attempt waits from the requeue."""
+    recs = [inventory("n1", at(0), gpus=8),
+            job("submitted", "r", at(0), gpus=2),
+            job("requeued", "r", at(12), reason="the attempt before it was not observed"),
+            job("started", "r", at(15), allocation=alloc("n1", 0, 1)),
+            job("finished", "r", at(25))]
+    recs += series("n1", 7, at(0), 30, sm=0.0)
+    att = process(recs).table("job_attempts").sort("attempt")
+    assert att["attempt"].to_list() == [0, 1]
+    assert att["end_event"].to_list() == ["requeued", "finished"]
+    assert att["started_at"][0] is None and att["queue_wait_s"][0] is None
+    assert att["queue_wait_s"][1] == 180.0                           # 10:15 − 10:12
+
+
 def test_preemption_without_checkpoint_loses_everything_since_start(
     process: Callable[..., Facts],
 ) -> None:

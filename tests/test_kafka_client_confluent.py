@@ -101,7 +101,7 @@ def test_confluent_gives_the_same_facts_as_the_embedded_bus(
     assert_same_facts(tmp_path / "wh", reference, SPARSE)
     # what was committed is the end of every telemetry partition, no more
     tele = settings.topics.telemetry
-    ends = [service.shards[p].offsets[(tele, p)] for p in range(4)]
+    ends = [service.offsets[(tele, p)] for p in range(4)]
     assert _committed(kafka, "same", tele, 4) == ends
 
 

@@ -100,7 +100,7 @@ def test_kafka_gives_the_same_facts_as_the_embedded_bus(
     assert _publish(settings, fmt) > 0
     service = _process(settings, tmp_path / "wh")
     assert service.counters().late_telemetry == 0
-    assert sorted(service.shards) == [0, 1, 2, 3]
+    assert sorted(service.held) == [0, 1, 2, 3]
     assert_same_facts(tmp_path / "wh", reference, SPARSE)
 
 
@@ -181,8 +181,10 @@ def test_sigterm_checkpoints_and_a_restart_finishes_the_job(
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out.decode()[-2000:]
-    assert sorted(p.name for p in (root / "state" / "polite").iterdir()) == [
-        f"telemetry-p{p:03d}.checkpoint" for p in range(4)]
+    names = sorted(p.name for p in (root / "state" / "polite").iterdir())
+    assert [n for n in names if n.startswith("partition-")] == [
+        f"partition-p{p:03d}.checkpoint" for p in range(4)]
+    assert len([n for n in names if n.startswith("global-")]) == 1, names
     done = subprocess.run([*base, "--exit-when-idle", "3"], capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert_same_facts(root, reference, SPARSE)

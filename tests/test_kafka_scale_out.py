@@ -1,8 +1,8 @@
 """Scale-out on a real broker: one processor or two in a consumer group, same facts.
 
-The telemetry topic has 4 partitions; each instance runs a shard per partition it is
-assigned (shard.py). Two instances split the partitions, the owner (partition 0) writes
-the cluster-wide facts and gathers the other shards' parts of job attempts.
+The telemetry topic has 4 partitions; each instance runs one engine over the partitions it
+is assigned (partitions.py). Two instances split the partitions, the owner (partition 0)
+writes the cluster-wide facts and gathers the other instance's parts of job attempts.
 """
 
 from __future__ import annotations
@@ -94,6 +94,6 @@ def _publish_as_agents(settings: KafkaSettings) -> None:
 
 
 def _shards(log: Path) -> set[str]:
-    """The shards an instance has started (from its log)."""
-    return set(re.findall(r"shard p(\d{3}): partition", log.read_text())) if log.exists() \
-        else set()
+    """The partitions an instance has taken (from its log)."""
+    return {f"{int(p):03d}" for p in re.findall(r"partition (\d+) of \S+: from",
+                                                 log.read_text())} if log.exists() else set()

@@ -13,11 +13,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from events import held_per_minute
 from k8s_api_server import FakeApiServer
 
 from gpuledger.bridges.kubernetes.api import ApiClient
@@ -313,16 +314,7 @@ def test_allocated_gpus_over_time(recorded: Any, tmp_path: Path) -> None:
         end = pod["preempted"] or pod["end"][0]
         share = 5 / 7 if job_id.endswith("llm-gateway-7f9c") else float(pod["gpus"])
         intervals.append((pod["scheduled"], end, share))
-    lo = min(s for s, _, _ in intervals).replace(second=0)
-    hi = max(e for _, e, _ in intervals)
-    expected: dict[datetime, float] = {}
-    minute = lo
-    while minute < hi:
-        middle = minute + timedelta(seconds=30)
-        total = sum(g for s, e, g in intervals if s <= middle < e)
-        if total:
-            expected[minute] = total
-        minute += timedelta(minutes=1)
+    expected = held_per_minute(intervals)  # exact to the second (docs/metrics.md)
     assert set(got) == set(expected)
     for m, g in expected.items():
         assert got[m] == pytest.approx(g), m

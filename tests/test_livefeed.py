@@ -3,31 +3,151 @@ simulator produced, processed into the same facts as the embedded bus."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 from kafka_broker import Broker
 from kafka_fixtures import kafka  # noqa: F401
 
 from gpuledger.cli.main import main
+from gpuledger.contract.schema import JOB_END_EVENTS
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics
+from gpuledger.pipeline.livefeed import episodes as episodes_module
+from gpuledger.pipeline.livefeed.command import simulated_start
+from gpuledger.pipeline.livefeed.episodes import episodes
 from gpuledger.pipeline.livefeed.pacing import feed
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.simulate import SimConfig
+from gpuledger.pipeline.warehouse import Warehouse
 
 
-def test_batches_are_published_when_their_minute_has_passed() -> None:
+def test_pacing_starts_at_the_first_batch() -> None:
+    """The first batch goes out at once (planning came before it), batch i i·chunk/speed
+    later: a slow first batch does not turn into a burst of the next ones."""
     stamps: list[float] = []
+
+    def slow_start() -> Iterator[int]:
+        time.sleep(0.3)  # planning
+        yield from range(4)
+
     t0 = time.monotonic()
-    n = feed(range(4), lambda _b: stamps.append(time.monotonic() - t0), chunk_s=60.0,
+    n = feed(slow_start(), lambda _b: stamps.append(time.monotonic() - t0), chunk_s=60.0,
              speed=600.0)  # one simulated minute every 0.1 s
     assert n == 4
+    first = stamps[0]
+    assert first >= 0.3
     for i, t in enumerate(stamps):
-        assert t >= (i + 1) * 0.1 - 1e-3
-    assert stamps[-1] < 0.4 + 0.3
+        assert t >= first + i * 0.1 - 1e-3
+    assert [b - a for a, b in itertools.pairwise(stamps)] == pytest.approx([0.1] * 3, abs=0.08)
+
+
+def test_a_batch_waits_for_the_wall_clock_to_pass_its_minutes() -> None:
+    """At any speed, a batch is published only once the wall clock has passed its end."""
+    wall = [1000.0]
+    mono = [0.0]
+    log: list[tuple[int, float]] = []
+
+    def sleep(s: float) -> None:
+        wall[0] += s
+        mono[0] += s
+
+    ends = [1000.0 + 60 * (i + 1) for i in range(5)]  # minute i ends then
+    n = feed(range(5), lambda b: log.append((b, wall[0])), chunk_s=60.0, speed=30.0,
+             clock=lambda: mono[0], sleep=sleep, not_before=lambda b: ends[b],
+             wall=lambda: wall[0])
+    assert n == 5
+    for b, at in log:
+        assert at >= ends[b]  # never ahead of the wall clock
+        assert at == pytest.approx(ends[b], abs=0.3)  # and no later than needed
+
+
+@pytest.mark.parametrize(("hours", "speed"), [(168.0, 30.0), (0.1, 360.0), (24.0, 1.0),
+                                             (2.0, 0.5)])
+def test_the_simulated_clock_never_passes_the_wall_clock(hours: float, speed: float) -> None:
+    """With the start `gpuledger feed` picks, every minute's end has passed on the wall
+    clock when pacing alone would publish it: nothing is ahead, nothing has to wait."""
+    now = datetime(2026, 3, 1, 12, 34, 56, tzinfo=UTC)
+    start = simulated_start(now, hours, speed)
+    assert start.second == 0 and start.microsecond == 0 and start < now
+    minutes = round(hours * 60)
+    for i in range(minutes):
+        end = start + timedelta(minutes=i + 1)
+        paced = now + timedelta(seconds=i * 60 / speed)
+        assert end <= paced, (i, end, paced)
+    if speed > 1:  # and it ends close to the wall clock, not needlessly far back
+        last = start + timedelta(minutes=minutes)
+        assert now + timedelta(seconds=(minutes - 1) * 60 / speed) - last < timedelta(minutes=2)
+
+
+def test_episodes_are_planned_one_day_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A week is not planned before its first minute: only the first day is."""
+    planned: list[SimConfig] = []
+    real = episodes_module.simulate
+
+    def spy(config: SimConfig) -> Iterator[dict[str, pl.DataFrame]]:
+        planned.append(config)
+        return real(config)
+
+    monkeypatch.setattr(episodes_module, "simulate", spy)
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    it = episodes(SimConfig(start=start, hours=168, chunk_minutes=1, sample_interval_s=60))
+    first = next(it)
+    assert [c.hours for c in planned] == [24.0]
+    assert first.end == start + timedelta(minutes=1)
+    assert first.batch["inventory"].height > 0
+
+
+def test_episodes_follow_each_other_with_new_ids_and_end_open_jobs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Three short episodes: job ids never collide, every job open at an episode's end is
+    cancelled at the next one's start before its jobs start, and the processor takes the
+    whole stream without a reject or an out-of-order event."""
+    monkeypatch.setattr(episodes_module, "EPISODE_HOURS", 0.25)
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    sim = SimConfig(start=start, hours=0.75, chunk_minutes=1, sample_interval_s=60)
+    minutes = list(episodes(sim))
+    assert len(minutes) == 45
+    assert [m.end for m in minutes] == [start + timedelta(minutes=i + 1) for i in range(45)]
+    jobs = pl.concat([m.batch["job"] for m in minutes])
+    assert jobs["time"].is_sorted()
+    episode = (jobs["job_id"].cast(pl.Int64) // episodes_module.JOB_ID_STEP) - 1
+    edges = [start + timedelta(minutes=15 * k) for k in range(3)]
+    for k in range(3):
+        mine = jobs.filter(episode == k)
+        assert mine.height > 0
+        assert mine["time"].min() >= edges[k]  # type: ignore[operator]
+    for k in (1, 2):
+        closing = jobs.filter(pl.col("reason") == episodes_module.END_REASON)
+        closing = closing.filter(pl.col("time") == edges[k])
+        earlier = jobs.filter(episode == k - 1)
+        last = earlier.group_by("job_id", maintain_order=True).last()
+        assert last.filter(~pl.col("event").is_in(list(JOB_END_EVENTS))).height == 0
+        assert closing.height > 0 and set(closing["event"]) == {"cancelled"}
+        # the closing events come first in the next episode's first minute
+        first_minute = minutes[15 * k].batch["job"]
+        assert first_minute.head(closing.height)["reason"].to_list() == \
+            [episodes_module.END_REASON] * closing.height
+    telemetry_ids = pl.concat([m.batch["telemetry"] for m in minutes[30:]]).select(
+        pl.col("processes").list.eval(pl.element().struct.field("job_id")).explode()
+    ).drop_nulls()["processes"]
+    assert telemetry_ids.len() > 0
+    assert (telemetry_ids.cast(pl.Int64) >= 3 * episodes_module.JOB_ID_STEP).all()
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
+    for m in minutes:
+        proc.process(m.batch)
+    proc.flush()
+    c = proc.counters
+    assert c.rejected == {} and c.out_of_order_job_events == 0 and c.late_job_events == 0
+    assert c.records_in["job"] == jobs.height
 
 
 def test_stop_is_honoured_while_waiting() -> None:
@@ -35,7 +155,7 @@ def test_stop_is_honoured_while_waiting() -> None:
     threading.Timer(0.3, flag.set).start()
     t0 = time.monotonic()
     n = feed(range(100), lambda _b: None, chunk_s=60.0, speed=60.0, stop=flag.is_set)
-    assert n == 0
+    assert n == 1  # the first at once, then a minute's wait, cut short
     assert time.monotonic() - t0 < 0.8
 
 

@@ -162,7 +162,7 @@ def test_mig_partitioned_gpu_has_a_sample_per_instance(tmp_path: Path,
     # The processor folds the instances into one GPU-minute: memory and processes add up.
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     telemetry = decode_jsonl(data, now=START + timedelta(days=1)).frames["telemetry"]
-    minute = per_gpu_minute(prepare(telemetry)).filter(pl.col("gpu_index") == 1).row(
+    minute = per_gpu_minute(prepare(telemetry))[0].filter(pl.col("gpu_index") == 1).row(
         0, named=True)
     assert minute["mem_used_mib"] == sum(sc.number(0, f"g1.m{s}", "mem.used") / MIB
                                          for s, *_ in migs)

@@ -105,7 +105,7 @@ def test_kafka_service_shards_give_the_embedded_alerts_and_metrics(tmp_path: Pat
     finally:
         service.close()
     try:
-        assert len(service.shards) == 3
+        assert len(service.held) == 3
 
         def key(e: Alert) -> tuple[object, ...]:
             return (e.name, e.job_id, e.attempt, e.status, e.starts_at, e.ends_at)

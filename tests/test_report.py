@@ -1,23 +1,33 @@
 """`gpuledger report`: terminal tables and the self-contained HTML report, opened in a
-real headless Chromium."""
+real headless Chromium (its layout measured in the page, a screenshot kept under the
+test's tmp dir)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
-from sim_warehouse import build, table
+from sim_warehouse import SIM_HOURS, build, table
 
 from gpuledger.cli.main import main
+from gpuledger.pipeline import query
 from gpuledger.pipeline.analyst_report import html as report_html
-from gpuledger.pipeline.analyst_report.answers import Answer, answer_all
-from gpuledger.pipeline.analyst_report.sections import SECTIONS
+from gpuledger.pipeline.analyst_report.answers import Report, answer_all
+from gpuledger.pipeline.analyst_report.numbers import number
+from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section
+
+TOP = 10
+WIDTH = 1280
+JOB_TYPES = {"training", "fine-tune", "evaluation", "inference", "interactive"}
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +36,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def answers(root: Path) -> list[Answer]:
+def report(root: Path) -> Report:
     return answer_all(root)
+
+
+def _answer(report: Report, key: str) -> Any:
+    return next(a for a in report.answers if a.section.key == key)
 
 
 def _chromium() -> str:
@@ -36,10 +50,45 @@ def _chromium() -> str:
     return found
 
 
+def _chromium_run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--hide-scrollbars", f"--user-data-dir={tmp / 'chromium-profile'}",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args],
+        capture_output=True, text=True, timeout=120, check=False)
+
+
+# Measures the page after the charts are drawn: every SVG text's box against its SVG's
+# box, the page's width against the window's, the labels of the time axes.
+MEASURE = """<script>(function () {
+  var out = {innerWidth: window.innerWidth, scrollWidth: document.documentElement.scrollWidth,
+             height: document.documentElement.scrollHeight, svgs: []};
+  document.querySelectorAll("svg.chart-svg").forEach(function (svg) {
+    var b = svg.getBoundingClientRect(), texts = [], clipped = [];
+    svg.querySelectorAll("text").forEach(function (t) {
+      var r = t.getBoundingClientRect();
+      texts.push({text: t.textContent, cls: t.getAttribute("class"),
+                  tspans: Array.prototype.map.call(t.querySelectorAll("tspan"),
+                                                   function (s) { return s.textContent; })});
+      if (r.width === 0 || r.left < b.left - 0.5 || r.right > b.right + 0.5 ||
+          r.top < b.top - 0.5 || r.bottom > b.bottom + 0.5) { clipped.push(t.textContent); }
+    });
+    out.svgs.push({chart: svg.parentNode.id, width: b.width, texts: texts, clipped: clipped,
+                   lines: svg.querySelectorAll("path.series").length,
+                   bars: svg.querySelectorAll("rect.bar").length});
+  });
+  var pre = document.createElement("pre");
+  pre.id = "layout";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();</script>"""
+
+
 @dataclass
 class Page:
     dom: str
     console: list[str]
+    layout: dict[str, Any]
 
     def attr(self, name: str) -> str | None:
         m = re.search(rf'<body[^>]*\b{name}="([^"]*)"', self.dom)
@@ -52,98 +101,327 @@ class Page:
 
 
 def open_in_chromium(path: Path, tmp: Path) -> Page:
-    """Load a file in headless Chromium; the DOM after scripts ran, and every console
-    message (an uncaught error is one)."""
-    proc = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp / 'chromium-profile'}", "--enable-logging=stderr", "--v=0",
-         "--virtual-time-budget=5000", "--dump-dom", path.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120, check=False)
+    """Load a copy of the page with the measuring script in headless Chromium at 1280 px
+    wide; the DOM after the scripts ran, every console message, the measurements."""
+    probe = tmp / f"probe-{path.name}"
+    probe.write_text(path.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"),
+                     encoding="utf-8")
+    proc = _chromium_run(tmp, f"--window-size={WIDTH},900", "--dump-dom", probe.as_uri())
     assert proc.returncode == 0, proc.stderr[-2000:]
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-    return Page(proc.stdout, console)
+    m = re.search(r'<pre id="layout">(.*?)</pre>', proc.stdout, re.S)
+    layout = json.loads(m.group(1).replace("&amp;", "&").replace("&lt;", "<")
+                        .replace("&gt;", ">")) if m else {}
+    return Page(proc.stdout, console, layout)
 
 
-def _charts(dom: str) -> dict[str, str]:
-    """Each chart container's inner HTML by id."""
-    return dict(re.findall(r'<div class="chart" id="(chart-\d+)">(.*?)</div></div>', dom, re.S))
+def screenshot(path: Path, tmp: Path, height: int) -> Path:
+    shot = tmp / "report.png"
+    proc = _chromium_run(tmp, f"--window-size={WIDTH},{height}", f"--screenshot={shot}",
+                         path.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return shot
 
 
-def test_answers_match_the_facts(root: Path, answers: list[Answer]) -> None:
-    by_key = {a.section.key: a for a in answers}
-    assert [a.section.key for a in answers] == [s.key for s in SECTIONS]
-    # allocation vs use per pool and card type, from the daily facts
-    daily = table(root, "gpu_daily").group_by("pool", "card_type").agg(
+class Tables(HTMLParser):
+    """Every table of the page: (section id, in <details>, header texts, cell rows with
+    each cell's class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[dict[str, Any]] = []
+        self.section = ""
+        self.details = 0
+        self.head = False
+        self.cell: list[str] | None = None
+        self.cls = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "section":
+            self.section = a.get("id") or ""
+        elif tag == "details":
+            self.details += 1
+        elif tag == "table":
+            self.tables.append({"section": self.section, "folded": self.details > 0,
+                                "head": [], "rows": []})
+        elif tag == "thead":
+            self.head = True
+        elif tag == "tr" and not self.head:
+            self.tables[-1]["rows"].append([])
+        elif tag in ("td", "th"):
+            self.cell, self.cls = [], a.get("class") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "details":
+            self.details -= 1
+        elif tag == "thead":
+            self.head = False
+        elif tag in ("td", "th") and self.cell is not None:
+            text = "".join(self.cell).strip()
+            if tag == "th":
+                self.tables[-1]["head"].append(text)
+            else:
+                self.tables[-1]["rows"][-1].append((text, self.cls))
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def _tables(text: str) -> list[dict[str, Any]]:
+    parser = Tables()
+    parser.feed(text)
+    return parser.tables
+
+
+@pytest.fixture(scope="module")
+def html_file(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("html") / "report.html"
+    assert main(["report", "--warehouse", str(root), "--html", str(out), "--quiet",
+                 "--top", str(TOP)]) == 0
+    return out
+
+
+# --- what the report says ---------------------------------------------------------------
+
+
+def test_answers_match_the_facts(root: Path, report: Report) -> None:
+    assert [a.section.key for a in report.answers] == [s.key for s in SECTIONS]
+    # allocation vs use per pool and card type, from the hourly facts
+    hourly = table(root, "gpu_hourly").group_by("pool", "card_type").agg(
         pl.col("allocated_gpu_hours").sum(), pl.col("used_gpu_hours").sum())
-    a = by_key["allocation"]
-    got = {r[0]: (r[a.columns.index("allocated")], r[a.columns.index("used")]) for r in a.rows}
-    assert len(got) == daily.height > 0
-    for pool, card, alloc, used in daily.iter_rows():
-        assert got[f"{pool} / {card}"] == (pytest.approx(alloc, abs=0.051),
-                                           pytest.approx(used, abs=0.051))
-    # the top wasting attempt, from the attempt facts
-    att = pl.concat([table(root, "job_attempts"), table(root, "running_attempts")],
-                    how="diagonal_relaxed").filter(pl.col("allocated_gpu_hours") > 0).sort(
-        ["waste_gpu_hours", "job_id"], descending=[True, False], nulls_last=True)
-    assert by_key["top_jobs"].rows[0][0] == att["job_id"][0]
-    assert len(by_key["top_jobs"].rows) == 10
+    a = _answer(report, "allocation")
+    got = {(r[1], r[2]): (r[a.columns.index("allocated")], r[a.columns.index("used")])
+           for r in a.rows}
+    assert len(got) == hourly.height > 0
+    for pool, card, alloc, used in hourly.iter_rows():
+        assert got[(pool, card)] == (pytest.approx(alloc), pytest.approx(used))
+    # the top wasting attempt: observed − used GPU-hours, from the attempt facts
+    every = pl.concat([table(root, "job_attempts"), table(root, "running_attempts")],
+                      how="diagonal_relaxed")
+    att = every.filter(pl.col("allocated_gpu_hours") > 0) \
+        .with_columns(waste=pl.col("observed_gpu_hours") - pl.col("used_gpu_hours")) \
+        .sort(["waste", "job_id"], descending=[True, False], nulls_last=True)
+    top = _answer(report, "top_jobs")
+    assert top.rows[0][0] == att["job_id"][0]
+    assert top.rows[0][top.columns.index("waste")] == pytest.approx(att["waste"][0])
     # preemption lost work per team, from the preemption facts
     pre = table(root, "preemptions").group_by("team").agg(pl.col("lost_gpu_hours").sum())
-    p = by_key["preemption"]
-    lost = {r[0]: r[p.columns.index("lost_gpu_hours")] for r in p.rows}
-    assert lost == {t: pytest.approx(v, abs=0.006) for t, v in pre.iter_rows()}
+    p = _answer(report, "preemption")
+    assert {r[0]: r[p.columns.index("lost")] for r in p.rows} == \
+        {t: pytest.approx(v) for t, v in pre.iter_rows()}
+    # queue wait by GPU count, from the attempt facts
+    w = _answer(report, "wait_gpus")
+    started = every.filter(pl.col("queue_wait_s").is_not_null()).group_by("gpus").agg(
+        pl.len().alias("n"), (pl.col("queue_wait_s").quantile(0.9, "linear") / 60).alias("p90"))
+    assert {r[1]: (r[2], r[w.columns.index("p90_min")]) for r in w.rows} == \
+        {g: (n, pytest.approx(p)) for g, n, p in started.iter_rows()}
 
 
-def test_terminal_tables(root: Path, answers: list[Answer],
-                         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["report", "--warehouse", str(root), "--width", "220", "--top", "3"]) == 0
+def test_header_shows_the_real_window(root: Path, html_file: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    _, rows = query.run(root, "SELECT min(minute), max(minute) FROM gpu_minute")
+    first = rows[0][0].astimezone(UTC)
+    last = rows[0][1].astimezone(UTC) + timedelta(minutes=1)
+    expected = (f"Data: {first:%Y-%m-%d %H:%M} – {last:%Y-%m-%d %H:%M} UTC "
+                f"({SIM_HOURS:.0f} h)")
+    text = html_file.read_text(encoding="utf-8")
+    assert expected in text
+    assert "window start" not in text and "– end" not in text
+    assert main(["report", "--warehouse", str(root), "--width", "120"]) == 0
+    assert expected in capsys.readouterr().out
+    # a narrower window: the header says both
+    since = first + timedelta(hours=1)
+    assert main(["report", "--warehouse", str(root), "--since", since.isoformat(),
+                 "--width", "120"]) == 0
     out = capsys.readouterr().out
+    assert f"Data: {since:%Y-%m-%d %H:%M} – {last:%Y-%m-%d %H:%M} UTC (2 h)" in out
+
+
+def test_terminal_fits_80_columns_and_keeps_job_ids_whole(
+        root: Path, report: Report, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--warehouse", str(root), "--width", "80", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out.replace("… and", "")               # nothing cut with an ellipsis
     for section in SECTIONS:
         assert section.title in out
-    top = next(a for a in answers if a.section.key == "top_jobs")
-    for row in top.rows[:3]:
-        assert row[0] in out
-    assert top.rows[3][0] not in out.split("Top wasting jobs")[1].split("Who over-requests")[0]
+    words = set(out.split())
+    top = _answer(report, "top_jobs")
+    for job_id in [r[0] for r in top.rows[:3]] + [r[0] for r in
+                                                   _answer(report, "blocked_jobs").rows[:3]]:
+        assert job_id in words, job_id                      # the whole id, as one word
+    top_part = out.split("Top wasting jobs")[1].split("Why do big jobs wait")[0]
+    assert top.rows[3][0] not in top_part.split()
+    assert f"… and {len(top.rows) - 3}" in top_part or "… and more rows" in top_part
 
 
-def test_html_renders_its_charts_in_chromium(root: Path, answers: list[Answer],
-                                              tmp_path: Path) -> None:
-    out = tmp_path / "report.html"
-    assert main(["report", "--warehouse", str(root), "--html", str(out), "--quiet"]) == 0
-    text = out.read_text(encoding="utf-8")
+def test_html_tables_read_right(report: Report, html_file: Path) -> None:
+    tables = _tables(html_file.read_text(encoding="utf-8"))
+    by_section = {s.key: s for s in SECTIONS}
+    seen_sections = set()
+    for t in tables:
+        section: Section = by_section[t["section"]]
+        seen_sections.add(section.key)
+        assert t["head"] == [c.title for c in section.columns]
+        # human headers: no snake_case; every measured quantity says its unit
+        for c in section.columns:
+            assert "_" not in c.title, c.title
+            assert c.decimals in (None, 0) or c.unit, f"{section.key}.{c.name}: no unit"
+        # long tables: the first TOP rows, the rest folded under <details>
+        if not t["folded"]:
+            assert len(t["rows"]) <= TOP, section.key
+        for row in t["rows"]:
+            assert len(row) == len(section.columns)
+            for (text, cls), c in zip(row, section.columns, strict=True):
+                assert text, f"{section.key}.{c.name}: an empty cell"   # explained instead
+                if "blank" in cls:
+                    assert text in (c.blank, c.blank_when and c.blank_when[1])
+                elif c.decimals is not None and text != "no rows in this window":
+                    # one number format: thousands separators, the column's decimals
+                    pattern = r"\d{1,3}(,\d{3})*" + (rf"\.\d{{{c.decimals}}}" if c.decimals
+                                                     else "")
+                    assert re.fullmatch(rf"(< |> -)?-?{pattern}", text), (c.name, text)
+    assert seen_sections == {s.key for s in SECTIONS}
+    # folded rows: every row the section read is in the page, once
+    top = _answer(report, "top_jobs")
+    top_tables = [t for t in tables if t["section"] == "top_jobs"]
+    assert [len(t["rows"]) for t in top_tables] == [TOP, len(top.rows) - TOP]
+    assert [t["folded"] for t in top_tables] == [False, True]
+
+
+def test_numbers_are_rounded_once_with_honest_precision(report: Report,
+                                                        html_file: Path) -> None:
+    assert number(1.667, 1) == "1.7" and number(1018.06, 1) == "1,018.1"
+    assert number(0.004, 1) == "< 0.1" and number(0.0, 1) == "0.0"
+    assert number(1e-12, 2) == "0.00" and number(84.3, 1) == "84.3"
+    # the HTML shows the SQL's unrounded values rounded once: compare every numeric cell
+    text = html_file.read_text(encoding="utf-8")
+    tables = [t for t in _tables(text) if t["section"] == "waste_team"]
+    a = _answer(report, "waste_team")
+    cols = a.section.columns
+    for row, raw in zip(tables[0]["rows"], a.rows, strict=False):
+        for (cell, _), c in zip(row, cols, strict=True):
+            value = raw[a.columns.index(c.name)]
+            if c.decimals is not None and value is not None:
+                assert cell == number(float(value), c.decimals)
+
+
+def test_empty_cells_say_why(report: Report, html_file: Path) -> None:
+    tables = {t["section"]: t for t in _tables(html_file.read_text(encoding="utf-8"))
+              if not t["folded"]}
+    top = _answer(report, "top_jobs")
+    asked = top.section.columns[[c.name for c in top.section.columns].index("card_type")]
+    any_rows = [r for r in top.rows[:TOP] if r[top.columns.index("card_type")] is None]
+    assert any_rows, "the simulated cluster has any-card jobs"
+    card_cells = [row[[c.name for c in top.section.columns].index("card_type")]
+                  for row in tables["top_jobs"]["rows"]]
+    assert card_cells.count((asked.blank, "blank")) == len(any_rows)
+    blocked = _answer(report, "blocked_jobs")
+    pending = [r for r in blocked.rows[:TOP] if r[blocked.columns.index("waited_min")] is None]
+    waited = [row[-1] for row in tables["blocked_jobs"]["rows"]]
+    assert waited.count(("still pending", "blank")) == len(pending)
+    for key, t in tables.items():
+        for row in t["rows"]:
+            assert all(text for text, _ in row), key
+
+
+def test_charts_draw_one_dimension_per_axis(report: Report, root: Path) -> None:
+    for a in report.answers:
+        payload = report_html.chart_payload(a, "c", report.window, TOP)
+        chart = a.section.chart
+        if payload is None or chart is None:
+            continue
+        if chart.kind == "bar":
+            # the categories are the values of one column
+            values = [str(r[a.chart_columns.index(chart.category)]) for r in a.chart_rows]
+            assert payload["categories"] == values[:len(payload["categories"])]
+            assert len(set(payload["categories"])) == len(payload["categories"])
+    job_types = report_html.chart_payload(_answer(report, "waste_job_type"), "c",
+                                          report.window, TOP)
+    assert job_types is not None and set(job_types["categories"]) <= JOB_TYPES
+
+
+# --- the page in a real browser ------------------------------------------------------------
+
+
+def test_html_in_chromium(report: Report, html_file: Path, tmp_path: Path) -> None:
+    text = html_file.read_text(encoding="utf-8")
     # self-contained: no external scripts, styles, images or fonts
-    assert not re.search(r'\b(src|href)\s*=', text)
+    assert not re.search(r'\b(src|href)\s*=\s*"(?!#)', text)
     assert set(re.findall(r"https?://[^\s\"'<>)]+", text)) <= {"http://www.w3.org/2000/svg"}
 
-    page = open_in_chromium(out, tmp_path)
+    page = open_in_chromium(html_file, tmp_path)
     assert page.console == [], page.console
     assert page.script_errors() == ""
-    expected = [a for a in answers if a.section.chart is not None and a.rows]
-    assert len(expected) >= 6
+    expected = [a for a in report.answers
+                if report_html.chart_payload(a, "c", report.window, TOP) is not None]
+    assert len(expected) >= 8
     assert page.attr("data-charts-drawn") == page.attr("data-charts-expected") == \
         str(len(expected))
-    charts = _charts(page.dom)
-    assert len(charts) == len(expected)
-    for inner in charts.values():
-        assert "<svg" in inner and ("<rect" in inner or "<path" in inner)
-    # the allocation chart: one bar per pool/card type and series
-    alloc = next(a for a in answers if a.section.key == "allocation")
-    idx = [a.section.key for a in answers].index("allocation")
-    chart = alloc.section.chart
-    assert chart is not None
-    assert charts[f"chart-{idx}"].count('class="bar"') == len(alloc.rows) * len(chart.series)
-    # the queue-wait-over-time chart: one line per queue
-    qw = next(a for a in answers if a.section.key == "queue_wait_time")
-    idx = [a.section.key for a in answers].index("queue_wait_time")
-    assert charts[f"chart-{idx}"].count('class="series"') == len({r[1] for r in qw.rows})
+    layout = page.layout
+    # no horizontal overflow at 1280 px
+    assert layout["innerWidth"] == WIDTH
+    assert layout["scrollWidth"] <= WIDTH
+    svgs = {s["chart"]: s for s in layout["svgs"]}
+    assert len(svgs) == len(expected)
+    for s in svgs.values():
+        # no label outside its chart: every text box inside the SVG's box
+        assert s["clipped"] == [], (s["chart"], s["clipped"])
+        assert s["texts"] and (s["bars"] or s["lines"])
+    index = {a.section.key: i for i, a in enumerate(report.answers)}
+    # one bar per pool · card type and state that anyone was in
+    alloc = _answer(report, "allocation")
+    payload = report_html.chart_payload(alloc, "c", report.window, TOP)
+    assert payload is not None
+    assert svgs[f"chart-{index['allocation']}"]["bars"] == \
+        len(alloc.rows) * len(payload["series"])
+    # time axes: whole hours (UTC), the axis says so, the last tick inside the window
+    for key, lines in (("frag_time", 3), ("blocked_time", len(alloc.rows))):
+        s = svgs[f"chart-{index[key]}"]
+        assert s["lines"] == lines
+        ticks = [t["tspans"] for t in s["texts"] if t["tspans"]]
+        assert len(ticks) >= 3
+        for spans in ticks:
+            assert re.fullmatch(r"\d\d:00", spans[0]), spans
+        assert [t["text"] for t in s["texts"] if t["cls"] == "unit"][-1] == "time (UTC)"
+        start = report.window.start
+        assert start is not None and ticks[0][1] == f"{start:%b} {start.day}"
+        last = int(ticks[-1][0][:2])
+        end = report.window.end
+        assert end is not None
+        assert datetime(end.year, end.month, end.day, last, tzinfo=UTC) <= end
+
+    shot = screenshot(html_file, tmp_path, int(layout["height"]))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 50_000
 
 
-def test_a_broken_script_is_caught(answers: list[Answer], tmp_path: Path,
+def test_the_old_layout_check_can_fail(report: Report, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measurements above catch a clipped label: a chart script that rotates its
+    labels past the SVG's edge is found out."""
+    script = report_html._script().replace(
+        '"text-anchor": "end",\n                  "class": "label"',
+        '"text-anchor": "end", transform: "rotate(-35 " + (M.left - 8) + " " + '
+        '(y0 + rowH / 2 + 4) + ")",\n                  "class": "label"')
+    assert script != report_html._script()
+    monkeypatch.setattr(report_html, "_script", lambda: script)
+    out = tmp_path / "rotated.html"
+    out.write_text(report_html.render_html(report, "wh", datetime.now(UTC)),
+                   encoding="utf-8")
+    page = open_in_chromium(out, tmp_path)
+    assert any(s["clipped"] for s in page.layout["svgs"])
+
+
+def test_a_broken_script_is_caught(report: Report, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks above can fail: a chart script that throws is reported."""
     monkeypatch.setattr(report_html, "_script", lambda: "drawEverything();")
     out = tmp_path / "broken.html"
-    out.write_text(report_html.render_html(answers, "wh", datetime.now(UTC), "all"),
+    out.write_text(report_html.render_html(report, "wh", datetime.now(UTC)),
                    encoding="utf-8")
     page = open_in_chromium(out, tmp_path)
     assert any("drawEverything" in line for line in page.console)
@@ -161,13 +439,37 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         main(["report", "--top", "0"])
 
 
-def test_window_narrows_the_waste_sections(root: Path, answers: list[Answer]) -> None:
+def test_window_narrows_the_sections(root: Path, report: Report) -> None:
     hourly = table(root, "gpu_hourly")
     t0 = hourly["hour"].min()
-    t1 = t0.replace(hour=t0.hour + 1)  # type: ignore[union-attr]
+    t1 = t0 + timedelta(hours=1)  # type: ignore[operator]
     narrow = answer_all(root, since=t0, until=t1)  # type: ignore[arg-type]
     want = hourly.filter((pl.col("hour") >= t0) & (pl.col("hour") < t1)
                          & pl.col("team").is_not_null()).group_by("team").agg(
-        pl.col("allocated_idle_gpu_hours").sum())
-    got = {r[0]: r[1] for r in next(a for a in narrow if a.section.key == "waste_team").rows}
-    assert got == {t: pytest.approx(v, abs=0.051) for t, v in want.iter_rows()}
+        (pl.col("allocated_idle_gpu_hours") - pl.col("no_telemetry_gpu_hours")).sum())
+    got = {r[0]: r[3] for r in _answer(narrow, "waste_team").rows}
+    assert got == {t: pytest.approx(v) for t, v in want.iter_rows()}
+    frag = table(root, "frag_minute").filter((pl.col("minute") >= t0) & (pl.col("minute") < t1))
+    assert sum(r[3] for r in _answer(narrow, "blocked_time").rows) == \
+        frag["blocked_jobs"].sum()
+    assert narrow.window.start == t0 and narrow.window.end == t1
+    # borrowing covers all the data whatever the window
+    assert _answer(narrow, "borrowing").rows == [
+        tuple(pytest.approx(v) if isinstance(v, float) else v for v in r)
+        for r in _answer(report, "borrowing").rows]
+
+
+def test_time_charts_stay_inside_the_window(root: Path, report: Report) -> None:
+    """A window that ends inside an hour: the last hour's point sits in the part of the
+    hour that is in the window, not past the end of the axis."""
+    start = report.window.start
+    assert start is not None
+    narrow = answer_all(root, since=start, until=start + timedelta(minutes=80))
+    for key in ("frag_time", "blocked_time"):
+        payload = report_html.chart_payload(_answer(narrow, key), "c", narrow.window, TOP)
+        assert payload is not None
+        x0, x1 = payload["x0"], payload["x1"]
+        assert x1 - x0 == 80 * 60_000
+        points = [p[0] for s in payload["series"] for p in s["points"]]
+        assert points and all(x0 <= x <= x1 for x in points)
+        assert max(points) == x0 + 70 * 60_000              # the middle of 01:00-01:20

@@ -1,7 +1,9 @@
-"""Shards: several processors, one per telemetry partition, write each fact once.
+"""Partitions: one engine per instance holds any set of telemetry partitions, and every
+fact is written once whatever the split.
 
-The shards run here in one process with the attempt exchange routed in memory; the
-Kafka service (tests/test_kafka_scale_out.py) does the same over a real broker.
+Several engines run here in one process, as instances would, with the attempt exchange
+routed in memory; the Kafka service (tests/test_kafka_scale_out.py) does the same over a
+real broker.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from fact_views import assert_same_facts, view
 from polars.testing import assert_frame_equal
 from test_simulate import SMALL
 
+from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.partitions import Partitioning, partition_of
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.shard import Shard, partition_of
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -36,41 +39,51 @@ def _single(root: Path, sim: SimConfig) -> None:
     proc.flush()
 
 
-def _sharded(root: Path, sim: SimConfig, partitions: int, catching_up: bool = False,
-             config: ProcessorConfig | None = None) -> list[Processor]:
-    """``partitions`` shards; telemetry split by Kafka's partitioner, the rest to all.
-    ``catching_up``: every batch but the last is passed as one with more input waiting,
-    as the Kafka service does while it is behind."""
-    config = config or ProcessorConfig()
-    shards = [Processor(config, Warehouse(root, Shard(p, partitions).suffix),
-                        shard=Shard(p, partitions)) for p in range(partitions)]
-    owner = shards[0]
+def _engine(root: Path, count: int, held: set[int],
+            config: ProcessorConfig | None = None) -> Processor:
+    return Processor(config or ProcessorConfig(), Warehouse(root), telemetry_clock=True,
+                     partitioning=Partitioning(count, set(held)))
 
-    def route() -> None:
-        for proc in shards[1:]:
-            for parts in proc.outbox:
+
+def _route(engines: list[Processor]) -> None:
+    owner = next(e for e in engines if e.owner)
+    for engine in engines:
+        if engine is not owner:
+            for parts in engine.outbox:
                 owner.receive_parts(parts)
-            proc.outbox.clear()
+            engine.outbox.clear()
 
+
+def _feed(engine: Processor, batch: dict[str, pl.DataFrame], count: int,
+          behind: bool = False) -> None:
+    """The batch as the instance reads it: its partitions' telemetry, the rest in full."""
+    own = dict(batch)
+    tel = batch.get("telemetry")
+    if tel is not None:
+        part = tel["node"].map_elements(lambda n: partition_of(n, count), return_dtype=pl.Int64)
+        own["telemetry"] = tel.filter(part.is_in(list(engine.held)))
+    engine.process(own, validated=True, behind=behind)
+
+
+def _instances(root: Path, sim: SimConfig, count: int, split: list[set[int]],
+               catching_up: bool = False,
+               config: ProcessorConfig | None = None) -> list[Processor]:
+    """Engines holding the partitions of ``split``; telemetry split by Kafka's
+    partitioner, the rest to all. ``catching_up``: every batch but the last is passed as
+    one with more input waiting, as the Kafka service does while it is behind."""
+    engines = [_engine(root, count, held, config) for held in split]
     batches = list(simulate(sim))
     for i, batch in enumerate(batches):
-        tel = batch.get("telemetry")
-        for proc in shards:
-            own = dict(batch)
-            if tel is not None:
-                assert proc.shard is not None
-                part = tel["node"].map_elements(lambda n: partition_of(n, partitions),
-                                                return_dtype=pl.Int64)
-                own["telemetry"] = tel.filter(part == proc.shard.partition)
-            proc.process(own, validated=True,
-                         behind=catching_up and i < len(batches) - 1)
-        route()
-    for proc in shards[1:]:
-        proc.flush()
-    route()
+        for engine in engines:
+            _feed(engine, batch, count, catching_up and i < len(batches) - 1)
+        _route(engines)
+    owner = next(e for e in engines if e.owner)
+    for engine in engines:
+        if engine is not owner:
+            engine.flush()
+    _route(engines)
     owner.flush()
-    Warehouse(root).publish_catalog()  # as the service does once for all its shards
-    return shards
+    return engines
 
 
 @pytest.fixture(scope="module")
@@ -100,40 +113,55 @@ def test_partition_of_is_kafkas_default_partitioner() -> None:
             "t", node, key, None, None, Cluster())
 
 
-@pytest.mark.parametrize("partitions", [2, 3])
-def test_shards_write_the_facts_of_one_processor(
-    single: Path, tmp_path: Path, partitions: int,
+def _files(root: Path, table: str) -> list[str]:
+    return sorted(f.relative_to(root).as_posix()
+                  for f in (root / "facts" / table).glob("**/*.parquet")
+                  if not f.name.startswith("_"))
+
+
+@pytest.mark.parametrize("split", [[{0, 1, 2}], [{0}, {1, 2}], [{0, 2}, {1}], [{0}, {1}, {2}]])
+def test_any_split_of_partitions_writes_the_facts_of_one_processor(
+    single: Path, tmp_path: Path, split: list[set[int]],
 ) -> None:
-    shards = _sharded(tmp_path, _sim(), partitions)
-    owner = shards[0]
+    engines = _instances(tmp_path, _sim(), 3, split)
+    owner = next(e for e in engines if e.owner)
     assert owner.waiting.is_empty(), "every ended attempt got its parts"
     assert_same_facts(tmp_path, single, SPARSE)
-    # each shard wrote GPU rows for its own nodes only, and every node has one writer
-    written = {}
-    for proc in shards:
-        assert proc.shard is not None
-        files = sorted((tmp_path / "facts" / "gpu_minute").glob(
-            f"**/*-{proc.shard.suffix}.parquet"))
-        nodes = set(pl.concat([pl.read_parquet(f) for f in files])["node"].unique())
-        assert all(partition_of(n, partitions) == proc.shard.partition for n in nodes)
-        written[proc.shard.partition] = nodes
-    assert sum(len(n) for n in written.values()) == len(set().union(*written.values()))
+    # each partition's GPU rows are in its own files, whoever held it
+    files = sorted((tmp_path / "facts" / "gpu_minute").glob("**/*-p*.parquet"))
+    for f in files:
+        p = int(f.stem.rsplit("-p", 1)[1])
+        nodes = set(pl.read_parquet(f)["node"].unique())
+        assert nodes and all(partition_of(n, 3) == p for n in nodes)
     # cluster-wide facts come from the owner alone
     for table in ("frag_minute", "pending_minute", "job_attempts"):
-        others = [f.name for f in (tmp_path / "facts" / table).glob("**/*.parquet")
-                  if not f.name.startswith("_") and not f.name.endswith("-p000.parquet")]
+        others = [f for f in _files(tmp_path, table) if not f.endswith("-p000.parquet")]
         assert others == [], table
+    # one engine over every partition: the attempt exchange is not used
+    assert all(not e.outbox for e in engines)
+
+
+def test_one_instance_or_three_write_the_same_files_byte_for_byte(tmp_path: Path) -> None:
+    _instances(tmp_path / "one", _sim(), 3, [{0, 1, 2}])
+    _instances(tmp_path / "three", _sim(), 3, [{0}, {1}, {2}])
+    for table in ("gpu_minute", "gpu_hourly", "job_gpu", "job_attempts", "frag_minute"):
+        ones, threes = _files(tmp_path / "one", table), _files(tmp_path / "three", table)
+        assert ones == threes and ones, table
+        for name in ones:
+            assert (tmp_path / "one" / name).read_bytes() == \
+                (tmp_path / "three" / name).read_bytes(), name
 
 
 def test_catching_up_closes_in_hour_steps_with_the_same_facts(
     single: Path, tmp_path: Path,
 ) -> None:
-    """Behind its input, a shard closes minutes in steps of an hour, not per batch."""
+    """Behind its input, an engine closes minutes in steps of an hour, not per batch."""
     windows = replace(ProcessorConfig().windows, catchup_close_minutes=60,
                       catchup_close_interval_s=3600.0)  # steps by event time only here
     config = replace(ProcessorConfig(), windows=windows)
-    live = _sharded(tmp_path / "live", _sim(), 2, config=config)
-    behind = _sharded(tmp_path / "behind", _sim(), 2, catching_up=True, config=config)
+    live = _instances(tmp_path / "live", _sim(), 2, [{0}, {1}], config=config)
+    behind = _instances(tmp_path / "behind", _sim(), 2, [{0}, {1}], catching_up=True,
+                        config=config)
     assert_same_facts(tmp_path / "behind", single, SPARSE)
     assert_same_facts(tmp_path / "behind", tmp_path / "live", SPARSE)
     hours = _sim().hours
@@ -147,24 +175,63 @@ def test_catching_up_closes_in_hour_steps_with_the_same_facts(
 
 
 def test_a_part_sent_twice_counts_once(tmp_path: Path) -> None:
-    """A shard that restarts from its checkpoint sends its parts again."""
-    shards = _sharded(tmp_path / "a", _sim(), 2)
-    owner = shards[0]
+    """An instance that restarts from its checkpoint sends its parts again."""
+    engines = _instances(tmp_path / "a", _sim(), 2, [{0}, {1}])
+    owner = engines[0]
     before = view(tmp_path / "a", "job_attempts")
-    # replay every attempt part of shard 1 as it would after a restart
-    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "b", "p001"), shard=Shard(1, 2))
+    # replay every attempt part of partition 1 as it would after a restart
+    again = _engine(tmp_path / "b", 2, {1})
     for batch in simulate(_sim()):
-        tel = batch.get("telemetry")
-        own = dict(batch)
-        if tel is not None:
-            part = tel["node"].map_elements(lambda n: partition_of(n, 2), return_dtype=pl.Int64)
-            own["telemetry"] = tel.filter(part == 1)
-        proc.process(own, validated=True)
-    proc.flush()
-    for parts in proc.outbox:
+        _feed(again, batch, 2)
+    again.flush()
+    for parts in again.outbox:
         owner.receive_parts(parts)
     owner.flush()
-    Warehouse(tmp_path / "a").publish_catalog()
     after = view(tmp_path / "a", "job_attempts")
     assert_frame_equal(after, before)
     assert owner.received.is_empty()
+
+
+@pytest.mark.parametrize("lag_batches", [0, 3, 8])
+def test_a_partition_handed_over_mid_run_gives_the_same_facts(
+    single: Path, tmp_path: Path, lag_batches: int,
+) -> None:
+    """Partition 1 moves from instance B to instance A (which holds 0) mid-run, with its
+    section (``checkpoint.py``); B may be behind A by ``lag_batches`` batches (B read less
+    telemetry of partition 1 than A read of partition 0) when it lets go: 8 batches are
+    80 minutes, more than the hour of history A's books keep (``handover_retention_s``),
+    so the history handed over with the partition is what closes it right."""
+    count = 2
+    a, b = _engine(tmp_path, count, {0}), _engine(tmp_path, count, {1})
+    batches = list(simulate(_sim()))
+    cut = len(batches) // 2
+    for i, batch in enumerate(batches[:cut]):
+        _feed(a, batch, count)
+        if i < cut - lag_batches:
+            _feed(b, batch, count)
+        else:  # B reads the global topics, not its partition's telemetry, for a while
+            _feed(b, {k: v for k, v in batch.items() if k != "telemetry"}, count)
+        _route([a, b])
+    # B checkpoints partition 1 and lets it go; A takes it over
+    sec = checkpoint.section(b, 1, {("telemetry", 1): 1})
+    checkpoint.drop_partition(b, 1)
+    for parts in b.outbox:
+        a.receive_parts(parts)
+    b.outbox.clear()
+    checkpoint.merge_section(a, sec)
+    assert a.held == {0, 1}
+    # A re-reads partition 1 from B's position: the batches B had not read yet; as the
+    # Kafka service does, the partition's unread data holds the watermark
+    for i in range(cut - lag_batches, cut):
+        tel = batches[i]["telemetry"]
+        part = tel["node"].map_elements(lambda n: partition_of(n, count),
+                                        return_dtype=pl.Int64)
+        unread = batches[i + 1]["telemetry"]["time"].min()
+        a.process({"telemetry": tel.filter(part == 1)}, validated=True,
+                  event_time_limit=unread)
+    for batch in batches[cut:]:
+        _feed(a, batch, count)
+    a.flush()
+    assert a.counters.late_telemetry == 0
+    assert a.waiting.is_empty()
+    assert_same_facts(tmp_path, single, SPARSE)

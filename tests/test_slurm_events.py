@@ -87,6 +87,7 @@ def test_preemption_with_and_without_requeue() -> None:
 
 def test_ends_and_what_was_missed_between_polls() -> None:
     t = SlurmTracker(Mapping())
+    t.step([], None, T0)                                 # the bridge has polled once
     failed = job(job_id="1", state="TIMEOUT", start=T0 + 5, end=T0 + 65, exit_code="0:1")
     cancelled_pending = job(job_id="2", state="CANCELLED", start=T0 + 9, end=T0 + 9)
     cpu_only = job(job_id="3", gpus=0, gpu_type=None)
@@ -141,3 +142,60 @@ def test_node_health_and_pools_through_the_mapping() -> None:
     assert (down["health"], down["schedulable"]) == ("down", False)
     ok = node_record(m, replace(NODE, state="idle"))
     assert (ok["health"], ok["schedulable"]) == ("ok", True)
+
+
+def test_a_bridge_started_after_the_fact() -> None:
+    """A new state file after jobs ended and after a requeue: ended jobs read "not
+    observed by the bridge (started before it ran)", not "ran N s between two polls";
+    a job first seen with a restart count still counts its earlier attempt (requeued at
+    the reset SubmitTime)."""
+    t = SlurmTracker(Mapping())
+    done = job(job_id="1", state="COMPLETED", start=T0 + 5, end=T0 + 65)
+    failed = job(job_id="2", state="FAILED", start=T0 + 5, end=T0 + 9, exit_code="3:0")
+    requeued = job(job_id="3", restarts=1, submit=T0 + 80)   # pending again, submit reset
+    out, stats = t.step([done, failed, requeued], None, T0 + 100)
+    by_job: dict[str, list[tuple[str, str, Any]]] = {}
+    for r in out:
+        by_job.setdefault(r["job_id"], []).append((r["event"], r["time"], r.get("reason")))
+    assert by_job["1"][1] == ("finished", rfc3339(T0 + 65),
+                              "completed; not observed by the bridge (started before it ran)")
+    assert by_job["2"][1][2] == \
+        "failed (exit code 3:0); not observed by the bridge (started before it ran)"
+    assert by_job["3"] == [
+        ("submitted", rfc3339(T0 + 80), None),
+        ("requeued", rfc3339(T0 + 80), "requeued by Slurm (restart 1); the attempt before "
+                                       "it ran before the bridge's first poll (not observed)")]
+    assert (stats.before_bridge, stats.start_unseen, stats.requeue_unseen) == (2, 0, 1)
+    # the next poll: it starts; nothing is said twice
+    out, _ = t.step([running(T0 + 110, restarts=1, submit=T0 + 80, job_id="3")], None,
+                    T0 + 111)
+    assert [(r["job_id"], r["event"]) for r in out] == [("3", "started")]
+    # and the memory survives a restart of the bridge
+    again = SlurmTracker(Mapping())
+    again.load_json(json.loads(json.dumps(t.to_json())))
+    assert again.last_poll == T0 + 111
+    late = job(job_id="4", state="COMPLETED", start=T0 + 120, end=T0 + 130)
+    (_, (event, _, reason)) = [(r["job_id"], (r["event"], r["time"], r.get("reason")))
+                               for r in again.step([late], None, T0 + 140)[0]][1]
+    assert (event, reason) == ("finished", "completed; ran 10 s between two polls "
+                                           "(allocation not observed)")
+
+
+def test_a_requeue_between_two_polls_counts_the_attempt_before_it() -> None:
+    """The bridge saw the job pending; it ran and was requeued before the next poll (or
+    while the bridge was down): only the restart count and the reset SubmitTime show it.
+    The bridge still says `requeued`, so the next attempt waits from the requeue."""
+    t = SlurmTracker(Mapping())
+    t.step([job()], None, T0 + 1)
+    out, stats = t.step([job(restarts=1, submit=T0 + 300)], None, T0 + 400)
+    assert [(r["event"], r["time"], r["reason"]) for r in out] == [
+        ("requeued", rfc3339(T0 + 300), "requeued by Slurm (restart 1); the attempt before it "
+                                        "ran between two polls (not observed)")]
+    assert stats.requeue_unseen == 1
+    out, _ = t.step([running(T0 + 420, restarts=1, submit=T0 + 300)], None, T0 + 421)
+    assert events(out) == [("started", rfc3339(T0 + 420))]
+    # ran, requeued and started again, all between two polls: requeued, then started
+    t2 = SlurmTracker(Mapping())
+    t2.step([job()], None, T0 + 1)
+    out, _ = t2.step([running(T0 + 420, restarts=1, submit=T0 + 300)], None, T0 + 421)
+    assert events(out) == [("requeued", rfc3339(T0 + 300)), ("started", rfc3339(T0 + 420))]

@@ -12,6 +12,7 @@ import pytest
 
 from gpuledger.bridges.slurm_parse import (
     SlurmParseError,
+    exit_code_text,
     expand_hostlist,
     expand_indices,
     parse_gres,
@@ -74,9 +75,9 @@ def test_json_and_text_of_the_same_moment_agree() -> None:
         (FIX / "scontrol_jobs.txt").read_text())}
     assert set(from_json) == set(from_text) == {"1", "2", "3", "4", "5"}
     for job_id, job in from_json.items():
-        other = from_text[job_id]
-        # exit codes are spelled differently (15 vs 0:15); everything else is the same
-        assert job.__dict__ | {"exit_code": None} == other.__dict__ | {"exit_code": None}
+        # the exit code too: JSON's raw wait status 15 reads 0:15, as scontrol says
+        assert job.__dict__ == from_text[job_id].__dict__
+    assert from_json["1"].exit_code == "0:15"
     running = from_json["2"]
     assert (running.state, running.gpus, running.gpu_type, running.allocation) == \
         ("RUNNING", 2, "h100", (("gpu-node-1", 1), ("gpu-node-1", 2)))
@@ -134,3 +135,27 @@ def test_garbage_is_refused() -> None:
         parse_squeue_json("squeue: error: Invalid user")
     with pytest.raises(SlurmParseError, match="no 'jobs' list"):
         parse_squeue_json("{}")
+
+
+@pytest.mark.parametrize(("raw", "text"), [
+    (768, "3:0"),            # exit 3: the raw wait status squeue --json gives (22.05)
+    (9, "0:9"),              # killed by SIGKILL
+    (15, "0:15"),            # SIGTERM (scancel)
+    (139, "0:11"),           # SIGSEGV with a core dump (the 0x80 flag is not the signal)
+    (0, "0:0"),
+    (65280, "255:0"),
+    (4294967294, None),      # NO_VAL: not set
+    (None, None),
+    ({"set": True, "infinite": False, "number": 768}, "3:0"),
+    # Slurm >= 23.02: an object
+    ({"status": ["EXITED"], "return_code": {"set": True, "infinite": False, "number": 3},
+      "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}}, "3:0"),
+    ({"status": ["SIGNALED"], "return_code": {"set": True, "infinite": False, "number": 0},
+      "signal": {"id": {"set": True, "infinite": False, "number": 9}, "name": "KILL"}}, "0:9"),
+    # sacct --json of 22.05
+    ({"status": "FAILED", "return_code": 3}, "3:0"),
+    ({"status": "SIGNALED", "return_code": 0, "signal": {"signal_id": 9, "name": "KILL"}},
+     "0:9"),
+])
+def test_json_exit_codes_read_as_exit_and_signal(raw: object, text: str | None) -> None:
+    assert exit_code_text(raw) == text

@@ -98,6 +98,8 @@ class BridgeTotals:
     events: int = 0
     inventory: int = 0
     start_unseen: int = 0
+    before_bridge: int = 0
+    requeue_unseen: int = 0
     vanished: int = 0
     recovered: int = 0
     """Records of an interrupted batch completed at start."""
@@ -148,6 +150,8 @@ class SlurmBridge:
         t.events += stats.events
         t.inventory += stats.inventory
         t.start_unseen += stats.start_unseen
+        t.before_bridge += stats.before_bridge
+        t.requeue_unseen += stats.requeue_unseen
         t.vanished += stats.vanished
         return stats
 

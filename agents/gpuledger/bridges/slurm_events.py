@@ -12,7 +12,10 @@ How Slurm's states become events (the full table is in ``docs/slurm.md``):
 * RUNNING (COMPLETING, ...) with GRES IDX and a new StartTime → ``started`` with the
   allocation, at StartTime;
 * the restart count went up (``scontrol requeue``, preemption with requeue) →
-  ``requeued`` at the new SubmitTime (Slurm resets it at the requeue);
+  ``requeued`` at the new SubmitTime (Slurm resets it at the requeue), also when the
+  attempt before it was never seen running (it ran between two polls, or before the
+  bridge's first poll: a job first seen with a restart count gets ``submitted`` and
+  ``requeued`` at that SubmitTime, so its earlier attempt still counts);
 * PREEMPTED → ``preempted`` at EndTime, then ``cancelled`` when the job is not
   requeueable or still PREEMPTED at the next poll (Slurm 22.05 shows a preemption with
   ``PreemptMode=REQUEUE`` only as a requeue: the restart count goes up);
@@ -21,6 +24,11 @@ How Slurm's states become events (the full table is in ``docs/slurm.md``):
   reason; all at EndTime;
 * gone from ``squeue`` before an end was seen → ``cancelled`` at the poll time, with a
   reason saying the final state is unknown.
+
+A job that ran without the bridge seeing it run gets no ``started`` (its GPUs are not
+known) and its end says why: "ran N s between two polls (allocation not observed)", or,
+for a job already over at the bridge's first poll, "not observed by the bridge (started
+before it ran)".
 
 Jobs that ask for no GPU are ignored.
 """
@@ -68,6 +76,10 @@ class StepStats:
     inventory: int = 0
     start_unseen: int = 0
     """Jobs that started and ended between two polls: no allocation was observed."""
+    before_bridge: int = 0
+    """Jobs that had started (and ended) before the bridge's first poll."""
+    requeue_unseen: int = 0
+    """Requeues of an attempt the bridge never saw running."""
     vanished: int = 0
     """Jobs that left squeue before an end state was seen."""
 
@@ -82,16 +94,23 @@ class SlurmTracker:
         self.inventory_refresh_s = inventory_refresh_s
         self.jobs: dict[str, JobMemory] = {}
         self.nodes: dict[str, tuple[str, float]] = {}  # node → (record without time, sent at)
+        self.last_poll: float | None = None
+        """The time of the last step (None: the bridge has never polled)."""
 
     # -- memory --------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         return {"jobs": {k: asdict(v) for k, v in self.jobs.items()},
-                "nodes": {k: list(v) for k, v in self.nodes.items()}}
+                "nodes": {k: list(v) for k, v in self.nodes.items()},
+                "last_poll": self.last_poll}
 
     def load_json(self, doc: dict[str, Any]) -> None:
         self.jobs = {k: JobMemory(**v) for k, v in doc.get("jobs", {}).items()}
         self.nodes = {k: (v[0], float(v[1])) for k, v in doc.get("nodes", {}).items()}
+        last = doc.get("last_poll")
+        # a state file from before last_poll was kept: it has polled if it knows anything
+        self.last_poll = float(last) if last is not None else (
+            0.0 if self.jobs or self.nodes else None)
 
     # -- one poll ------------------------------------------------------------------
 
@@ -117,13 +136,16 @@ class SlurmTracker:
                 out.append(self._event("cancelled", job_id, now, reason=reason))
         stats.events = sum(1 for r in out if r["type"] == "job")
         stats.inventory = len(out) - stats.events
+        self.last_poll = now
         return out, stats
 
     def _job(self, job: SlurmJob, now: float, stats: StepStats) -> list[Record]:
         memory = self.jobs.get(job.job_id)
         out: list[Record] = []
+        first_seen = memory is None
         if memory is None:
-            memory = self.jobs[job.job_id] = JobMemory(restarts=job.restarts)
+            # a job first seen with restarts: its earlier attempts are counted below
+            memory = self.jobs[job.job_id] = JobMemory(restarts=0)
             out.append(self._event("submitted", job.job_id, job.submit or now,
                                    **self._attributes(job)))
         if memory.ended:
@@ -131,10 +153,15 @@ class SlurmTracker:
         if job.restarts > memory.restarts:
             if job.state == "COMPLETING":
                 return out  # the requeue is under way; Slurm sets the new SubmitTime after
-            if memory.running_start is not None or memory.preempted:
-                when = job.submit if job.submit and job.submit <= now else now
-                out.append(self._event("requeued", job.job_id, when,
-                                       reason=f"requeued by Slurm (restart {job.restarts})"))
+            when = job.submit if job.submit and job.submit <= now else now
+            reason = f"requeued by Slurm (restart {job.restarts})"
+            if memory.running_start is None and not memory.preempted:
+                stats.requeue_unseen += 1
+                reason += ("; the attempt before it ran before the bridge's first poll"
+                           if first_seen and self.last_poll is None else
+                           "; the attempt before it ran between two polls") \
+                    + " (not observed)"
+            out.append(self._event("requeued", job.job_id, when, reason=reason))
             memory.restarts = job.restarts
             memory.running_start = None
             memory.preempted = False
@@ -150,17 +177,20 @@ class SlurmTracker:
                                                for n, i in job.allocation],
                                    **self._attributes(job)))
         elif job.phase == "ended":
-            out.extend(self._ended(job, memory, now, stats))
+            out.extend(self._ended(job, memory, now, stats, first_seen))
         return out
 
     def _ended(self, job: SlurmJob, memory: JobMemory, now: float,
-               stats: StepStats) -> list[Record]:
+               stats: StepStats, first_seen: bool) -> list[Record]:
         when = job.end or now
         started_unseen = (memory.running_start is None and not memory.preempted
                           and job.start is not None and job.end is not None
                           and job.end > job.start)
         note = ""
-        if started_unseen:
+        if started_unseen and first_seen and self.last_poll is None:
+            stats.before_bridge += 1
+            note = "; not observed by the bridge (started before it ran)"
+        elif started_unseen:
             stats.start_unseen += 1
             note = (f"; ran {job.end - job.start:.0f} s between two polls "  # type: ignore[operator]
                     "(allocation not observed)")

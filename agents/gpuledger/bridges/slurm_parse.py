@@ -51,6 +51,7 @@ class SlurmJob:
     start: float | None = None
     end: float | None = None
     exit_code: str | None = None
+    """``exit:signal`` as scontrol prints it (``3:0``; ``0:9`` for a SIGKILL)."""
     gpus: int = 0
     gpu_type: str | None = None
     allocation: tuple[tuple[str, int], ...] = ()
@@ -271,6 +272,38 @@ def _int(value: Any) -> int | None:
         return None
 
 
+NO_VAL = 0xFFFFFFFE
+"""Slurm's "not set" for 32-bit numbers (and INFINITE, 0xFFFFFFFF, above it)."""
+
+
+def exit_code_text(value: Any) -> str | None:
+    """Slurm's ``exit:signal`` text (``3:0``, ``0:9``) from what its JSON holds.
+
+    ``squeue --json`` / ``sacct --json`` up to 22.05 give the raw wait status of the
+    batch script, as ``scontrol`` decodes it: signal = status & 0x7f when the script
+    was killed by a signal, exit code = (status >> 8) & 0xff. So ``exit 3`` arrives as
+    768 → ``3:0``, a SIGKILL as 9 → ``0:9``, a core dump of SIGSEGV as 139 → ``0:11``.
+    Slurm ≥ 23.02 gives an object, ``{"status": [...], "return_code": {"number": 3},
+    "signal": {"id": {"number": 9}, "name": "KILL"}}`` (sacct 22.05: ``return_code``
+    a number and ``signal: {"signal_id": 9}``); it is read too. Unset → None.
+    """
+    if isinstance(value, dict) and ("return_code" in value or "signal" in value):
+        code = _int(value.get("return_code")) or 0
+        signal = value.get("signal")
+        number = None
+        if isinstance(signal, dict):
+            number = _int(signal.get("id", signal.get("signal_id")))
+        if code >= NO_VAL or (number or 0) >= NO_VAL:
+            return None
+        return f"{code}:{number or 0}"
+    status = _int(value)
+    if status is None or status < 0 or status >= NO_VAL:
+        return None
+    signal = status & 0x7F
+    signaled = signal not in (0, 0x7F)
+    return f"{(status >> 8) & 0xFF}:{signal if signaled else 0}"
+
+
 def _state(value: Any) -> str:
     if isinstance(value, list):  # Slurm ≥ 23.02: ["RUNNING", "COMPLETING"]
         value = value[0] if value else "UNKNOWN"
@@ -313,7 +346,7 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
             reason=_text(raw.get("state_reason")), restarts=_int(raw.get("restart_cnt")) or 0,
             requeue=bool(raw.get("requeue", True)), submit=_epoch(raw.get("submit_time")),
             start=_epoch(raw.get("start_time")), end=_epoch(raw.get("end_time")),
-            exit_code=_text(raw.get("exit_code")), gpus=gpus, gpu_type=gpu_type,
+            exit_code=exit_code_text(raw.get("exit_code")), gpus=gpus, gpu_type=gpu_type,
             allocation=tuple(allocation)))
     return jobs
 

@@ -152,7 +152,11 @@ def cmd_bridge_slurm(args: argparse.Namespace) -> int:
           f"{t.inventory} inventory records"
           + (f", {t.recovered} completed from an interrupted batch" if t.recovered else "")
           + (f"; {t.start_unseen} job(s) ran between polls (allocation not observed)"
-             if t.start_unseen else ""), file=sys.stderr)
+             if t.start_unseen else "")
+          + (f"; {t.before_bridge} job(s) had run before the first poll (not observed)"
+             if t.before_bridge else "")
+          + (f"; {t.requeue_unseen} requeue(s) of an attempt not seen running"
+             if t.requeue_unseen else ""), file=sys.stderr)
     return 0
 
 

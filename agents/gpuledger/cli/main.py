@@ -36,11 +36,13 @@ def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Calla
     """A progress bar on stderr (rich when available and stderr is a terminal)."""
     if not enabled:
         return (lambda _f: None), (lambda: None)
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # stderr, never stdout: the summary (and `> file`) stays clean
     bar = Progress(TextColumn("{task.description}"), BarColumn(),
                    TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(),
-                   transient=False)
+                   console=Console(stderr=True), transient=False)
     task = bar.add_task(label, total=1.0)
     bar.start()
 

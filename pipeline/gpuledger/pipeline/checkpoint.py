@@ -1,45 +1,72 @@
-"""Processor checkpoints: its whole state plus the input offsets it covers.
+"""Processor checkpoints: the engine's state plus the input offsets it covers.
 
-A checkpoint makes a restart exact. The processor's state (open windows, job and
-inventory books, usage accumulators, buffered parts of the open hour) and the next
-offset of every input partition are written together to one file, atomically (write
-aside, then rename). On start the processor loads the newest checkpoint and the
-transport resumes from its offsets, so every input record is applied exactly once to
-the state that the facts come from. Fact files written after the checkpoint and before
-a crash are written again, byte for byte, when their minutes close again.
+A checkpoint makes a restart exact, and lets a telemetry partition move between
+instances (a rebalance) with its state. The engine's state has two kinds of parts:
 
-The file is Python pickle: an internal file the processor writes and reads itself;
-never load one from an untrusted source.
+- the **global** part: the scheduler and inventory books (built from the global topics,
+  which every instance reads in full) with the offsets of those topics;
+- one **section per telemetry partition** held: the partition's rows of every buffer
+  (samples of open minutes, usage accumulators, buffered facts of open hours, late
+  samples, rejects), its closed point, which ended attempts it has reported, the
+  *history* it still needs from the books (allocations, attempts and inventory of its
+  nodes since its closed point: an instance behind the one it moves to can still be
+  closed from where it stopped), and its telemetry offset. Partition 0's section also
+  holds the owner's state (attempts waiting for parts, parts received).
+
+Each part is written with its offsets to one file, atomically (write aside, then
+rename): the unit of atomicity is the partition, as a Kafka Streams task's. On start an
+instance loads its global part and the newest section of each partition it is assigned,
+wherever it was written; the transport resumes from their offsets, so every input
+record is applied exactly once to the state that the facts come from. Fact files
+written after a checkpoint and before a crash are written again, byte for byte, when
+their minutes close again.
+
+Files are Python pickle: internal files the processor writes and reads itself; never
+load one from an untrusted source.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.pipeline.processor import Processor
+import polars as pl
 
-STATE_FIELDS = (
-    "counters", "inventory", "jobs", "samples", "acc", "closed_until", "max_telemetry_time",
-    "max_other_time", "hour_parts", "day_hourly", "late_parts", "rejects",
-    "last_free_blocks", "_seq_last", "outbox", "waiting", "received", "completed",
-    "running_parts", "node_time", "close_pending",
-)
-VERSION = 2
+from gpuledger.pipeline.processor import ACC_SCHEMA, Processor
+from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER
+
+VERSION = 3
 
 Offsets = dict[tuple[str, int], int]
 
+GLOBAL_FIELDS = ("inventory", "jobs", "max_telemetry_time", "max_other_time", "started",
+                 "counters", "close_pending")
+OWNER_FIELDS = ("waiting", "received", "completed", "running_parts", "last_free_blocks")
 
-def save(processor: Processor, offsets: Offsets, path: Path,
-         extra: dict[str, Any] | None = None) -> None:
-    """Write the processor's state and ``offsets`` to ``path`` atomically."""
-    state = {name: getattr(processor, name) for name in STATE_FIELDS}
-    blob = {"version": VERSION, "state": state, "offsets": dict(offsets),
-            "extra": extra or {}}
+
+@dataclass
+class Section:
+    """One telemetry partition's part of the engine's state, and its offsets."""
+
+    partition: int
+    closed: datetime | None
+    offsets: Offsets
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def position(self) -> int:
+        """How far its telemetry was read (the newest section of a partition wins)."""
+        return max((off for (_topic, p), off in self.offsets.items() if p == self.partition),
+                   default=-1)
+
+
+def _write(path: Path, blob: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         pickle.dump(blob, f, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
@@ -47,15 +74,226 @@ def save(processor: Processor, offsets: Offsets, path: Path,
     os.replace(tmp, path)
 
 
-def load(processor: Processor, path: Path) -> Offsets | None:
-    """Restore ``processor`` from ``path``; the offsets to resume from, or None."""
+def _read(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     with open(path, "rb") as f:
-        blob = pickle.load(f)
+        blob: dict[str, Any] = pickle.load(f)
     if blob.get("version") != VERSION:
         raise ValueError(f"{path}: checkpoint version {blob.get('version')} is not {VERSION}")
-    for name, value in blob["state"].items():
+    return blob
+
+
+# -- the global part ---------------------------------------------------------------------
+
+def global_state(processor: Processor) -> dict[str, Any]:
+    return {name: getattr(processor, name) for name in GLOBAL_FIELDS}
+
+
+def load_global(processor: Processor, state: dict[str, Any]) -> None:
+    for name, value in state.items():
         setattr(processor, name, value)
+
+
+# -- partition sections ------------------------------------------------------------------
+
+def _nodes_of(processor: Processor, partition: int, nodes: list[str]) -> list[str]:
+    if processor.partitioning is None:
+        return list(nodes)
+    return [n for n in nodes if processor.partitioning.of(n) == partition]
+
+
+def section(processor: Processor, partition: int, offsets: Offsets) -> Section:
+    """Partition ``partition``'s part of ``processor``'s state."""
+    p = partition
+    mine = pl.col("partition") == p
+    samples = [s.filter(mine) for s in processor.samples]
+    jobs = processor.jobs
+    closed = processor.part_closed.get(p)
+    state: dict[str, Any] = {
+        "samples": [s for s in samples if not s.is_empty()],
+        "acc": processor.acc.filter(mine),
+        "hour_parts": {(t, h): v for (t, h, q), v in processor.hour_parts.items() if q == p},
+        "rollup_parts": {h: v for (h, q), v in processor.rollup_parts.items() if q == p},
+        "day_hourly": {d: v for (d, q), v in processor.day_hourly.items() if q == p},
+        "late_parts": {h: v for (h, q), v in processor.late_parts.items() if q == p},
+        "rejects": [r.filter(mine) for r in processor.rejects],
+        "node_time": {n: t for n, t in processor.node_time.items()
+                      if n in set(_nodes_of(processor, p, list(processor.node_time)))},
+        "seq_last": {k: v for k, v in processor._seq_last.items() if k[0] == p},
+        "taken": jobs.taken_by(p),
+        "history": _history(processor, p, closed),
+    }
+    if p == 0 and processor.owner:
+        state["owner"] = {name: getattr(processor, name) for name in OWNER_FIELDS}
+        state["owner_taken"] = jobs.taken_by(OWNER)
+        state["preemptions_taken"] = set(jobs.preemptions_taken)
+    return Section(p, closed, dict(offsets), state)
+
+
+def _history(processor: Processor, p: int, closed: datetime | None) -> dict[str, Any]:
+    """What partition ``p`` still needs from the books to close from ``closed`` on."""
+    jobs = processor.jobs
+    nodes = set(_nodes_of(processor, p, list(
+        processor.inventory.records["node"].unique().to_list())))
+    allocs = [a for a in jobs.closed_allocs
+              if (a["node"] in nodes or processor.partitioning is None)
+              and (closed is None or a["end"] > closed)]
+    taken = jobs.taken_by(p)
+    attempts = [a for a in jobs.ended_attempts
+                if (a["job_id"], a["attempt"]) not in taken
+                and p in processor.partitions_of(a["nodes"])]
+    history: dict[str, Any] = {
+        "closed_allocs": allocs,
+        "ended_attempts": attempts,
+        "inventory": processor.inventory.records.filter(
+            pl.col("node").is_in(list(nodes))) if processor.partitioning is not None
+        else processor.inventory.records,
+    }
+    if p == 0:
+        history["closed_pending"] = [x for x in jobs.closed_pending
+                                     if closed is None or x["end"] > closed]
+        history["preemptions"] = list(jobs.preemptions)
+        history["started_sizes"] = list(jobs.started_sizes)
+        history["owner_attempts"] = [a for a in jobs.ended_attempts
+                                     if (a["job_id"], a["attempt"]) not in jobs.taken_by(OWNER)]
+    ids = {a["job_id"] for a in allocs} | {a["job_id"] for a in attempts}
+    history["attrs"] = {j: (job.attrs, job.attempt) for j, job in jobs.jobs.items() if j in ids}
+    return history
+
+
+def merge_section(processor: Processor, sec: Section) -> None:
+    """Take a partition's section (from this instance's files or another's) into
+    ``processor``, which holds the partition from now on."""
+    p, s = sec.partition, sec.state
+    if processor.partitioning is not None:
+        processor.start_partition(p, sec.closed)
+    elif sec.closed is not None:
+        processor.part_closed[p] = sec.closed
+    part = pl.lit(p, pl.Int64)
+    processor.samples.extend(x.with_columns(part.alias("partition")) for x in s["samples"])
+    acc = s["acc"].select(ACC_SCHEMA.names())
+    if not acc.is_empty():
+        processor.acc = pl.concat([processor.acc, acc])
+    for (table, hour), frames in s["hour_parts"].items():
+        processor.hour_parts.setdefault((table, hour, p), []).extend(frames)
+    for hour, frames in s["rollup_parts"].items():
+        processor.rollup_parts.setdefault((hour, p), []).extend(frames)
+    for day, hours in s["day_hourly"].items():
+        processor.day_hourly.setdefault((day, p), {}).update(hours)
+    for hour, frames in s["late_parts"].items():
+        processor.late_parts.setdefault((hour, p), []).extend(frames)
+    processor.rejects.extend(r for r in s["rejects"] if not r.is_empty())
+    for node, when in s["node_time"].items():
+        if node not in processor.node_time or when > processor.node_time[node]:
+            processor.node_time[node] = when
+    processor._seq_last.update(s["seq_last"])
+    processor.jobs.merge_history(s["history"])
+    processor.inventory.merge(s["history"]["inventory"])
+    processor.jobs.mark_taken(s["taken"], p)
+    if "owner" in s:
+        for name, value in s["owner"].items():
+            setattr(processor, name, value)
+        processor.jobs.mark_taken(s["owner_taken"], OWNER)
+        processor.jobs.preemptions_taken |= s["preemptions_taken"]
+    if processor.started is None or (sec.closed is not None and sec.closed < processor.started):
+        processor.started = sec.closed
+
+
+def drop_partition(processor: Processor, partition: int) -> None:
+    """Remove a partition's rows from ``processor`` (handed over elsewhere)."""
+    p = partition
+    other = pl.col("partition") != p
+    processor.samples = [x for x in (s.filter(other) for s in processor.samples)
+                         if not x.is_empty()]
+    processor.acc = processor.acc.filter(other)
+    for key in [k for k in processor.hour_parts if k[2] == p]:
+        del processor.hour_parts[key]
+    for key2 in [k for k in processor.rollup_parts if k[1] == p]:
+        del processor.rollup_parts[key2]
+    for key3 in [k for k in processor.day_hourly if k[1] == p]:
+        del processor.day_hourly[key3]
+    for key4 in [k for k in processor.late_parts if k[1] == p]:
+        del processor.late_parts[key4]
+    processor.rejects = [r.filter(other) for r in processor.rejects]
+    nodes = set(_nodes_of(processor, p, list(processor.node_time)))
+    processor.node_time = {n: t for n, t in processor.node_time.items() if n not in nodes}
+    processor._seq_last = {k: v for k, v in processor._seq_last.items() if k[0] != p}
+    if p == 0:
+        processor.waiting = pl.DataFrame(schema=ATTEMPT_SCHEMA)
+        processor.received = processor.received.clear()
+        processor.running_parts = {}
+    if processor.partitioning is not None:
+        processor.stop_partition(p)
+
+
+# -- files -------------------------------------------------------------------------------
+
+class CheckpointStore:
+    """Where an instance keeps its checkpoints: ``<root>/global-<instance>.checkpoint`` and
+    ``<root>/partition-pNNN.checkpoint`` (the newest section of each partition, written
+    by whichever instance holds it)."""
+
+    def __init__(self, root: Path, instance: str) -> None:
+        self.root = root
+        self.instance = instance
+
+    def global_path(self) -> Path:
+        return self.root / f"global-{self.instance}.checkpoint"
+
+    def partition_path(self, partition: int) -> Path:
+        return self.root / f"partition-p{partition:03d}.checkpoint"
+
+    def save(self, processor: Processor, global_offsets: Offsets,
+             partition_offsets: dict[int, Offsets]) -> None:
+        """The global part, then each held partition's section."""
+        _write(self.global_path(), {"version": VERSION, "state": global_state(processor),
+                                    "offsets": dict(global_offsets)})
+        for p, offsets in sorted(partition_offsets.items()):
+            self.save_partition(processor, p, {**offsets, **global_offsets})
+
+    def save_partition(self, processor: Processor, partition: int, offsets: Offsets) -> None:
+        sec = section(processor, partition, offsets)
+        _write(self.partition_path(partition), {"version": VERSION, "section": sec})
+
+    def load_global(self, processor: Processor) -> Offsets | None:
+        """This instance's global part, or the newest of any instance (a new instance
+        starts from the books of one that ran): the global offsets to resume from."""
+        blob = _read(self.global_path())
+        if blob is None:
+            others = sorted(self.root.glob("global-*.checkpoint"),
+                            key=lambda f: f.stat().st_mtime, reverse=True)
+            blob = _read(others[0]) if others else None
+        if blob is None:
+            return None
+        load_global(processor, blob["state"])
+        offsets: Offsets = blob["offsets"]
+        return offsets
+
+    def read_partition(self, partition: int) -> Section | None:
+        blob = _read(self.partition_path(partition))
+        if blob is None:
+            return None
+        sec: Section = blob["section"]
+        return sec
+
+
+# -- one file for a whole engine (tests, tools) -----------------------------------------
+
+def save(processor: Processor, offsets: Offsets, path: Path) -> None:
+    """Write all of ``processor``'s state and ``offsets`` to ``path`` atomically."""
+    sections = [section(processor, p, {}) for p in sorted(processor.held)]
+    _write(path, {"version": VERSION, "state": global_state(processor),
+                  "sections": sections, "offsets": dict(offsets)})
+
+
+def load(processor: Processor, path: Path) -> Offsets | None:
+    """Restore ``processor`` from ``path``; the offsets to resume from, or None."""
+    blob = _read(path)
+    if blob is None:
+        return None
+    load_global(processor, blob["state"])
+    for sec in blob["sections"]:
+        merge_section(processor, sec)
     offsets: Offsets = blob["offsets"]
     return offsets

@@ -54,6 +54,10 @@ class Windows:
     """Events further than this ahead of the wall clock are rejected."""
     ended_job_memory_s: int = 86_400
     """How long an ended job is remembered to make duplicate events harmless."""
+    handover_retention_s: int = 3600
+    """Scheduler and inventory history kept this long behind the closed minutes, so that a
+    telemetry partition handed over from an instance that is behind this one (a
+    rebalance) can still be closed from where that instance stopped."""
     catchup_close_minutes: int = 60
     """Catching up (the Kafka service with input waiting, and what it read more than
     this many minutes older than the wall clock: a restart after an outage, a replay),
@@ -200,7 +204,7 @@ class ProcessorConfig:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
         for name in ("allowed_lateness_s", "node_stall_s", "max_future_s",
-                     "ended_job_memory_s", "catchup_close_minutes",
+                     "ended_job_memory_s", "handover_retention_s", "catchup_close_minutes",
                      "catchup_close_interval_s"):
             if getattr(w, name) < 0:
                 raise ConfigError(f"windows.{name}: must be >= 0")

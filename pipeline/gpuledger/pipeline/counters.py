@@ -24,6 +24,9 @@ class Counters:
     duplicate_job_events: int = 0
     out_of_order_job_events: int = 0
     telemetry_lost_samples: int = 0
+    unplaced_telemetry: int = 0
+    """Samples of GPUs no inventory knows (an unknown node, a GPU index beyond its count):
+    rejected."""
     misrouted_telemetry: int = 0
     """Samples for a node of another shard's partition (dropped; see shard.py)."""
     minutes_closed: int = 0

@@ -2,7 +2,7 @@
 
 ``gpuledger demo`` and ``gpuledger process`` build one :class:`OpsSurface` from their
 ``--metrics-address``, ``--alert-webhook`` and (process) alerts-topic options and hand it
-the processor, or the Kafka service whose shards it then follows.
+the processor, or the Kafka service whose engine it then follows.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gpuledger.pipeline.alerts.engine import AlertEngine
 from gpuledger.pipeline.alerts.sinks import AlertSink, KafkaAlertSink, ListSink, WebhookSink
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.exporter import Exporter, parse_address
-from gpuledger.pipeline.exporter.service import follow_shards
+from gpuledger.pipeline.exporter.service import follow_engine
 
 if TYPE_CHECKING:
     from gpuledger.pipeline.processor import Processor
@@ -53,8 +53,8 @@ class OpsSurface:
             self.engine.detach(processor)
 
     def follow_service(self, service: Any) -> None:
-        """Follow every shard of a Kafka service (and its consumer lag)."""
-        follow_shards(service, self.follow, self.unfollow)
+        """Follow a Kafka service's engine (and its consumer lag)."""
+        follow_engine(service, self.follow)
         if self.exporter is not None:
             self.exporter.health.service = service
 

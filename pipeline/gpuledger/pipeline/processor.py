@@ -1,27 +1,39 @@
-"""The processor: micro-batches of events in, one-minute facts out.
+"""The processor: micro-batches of events in, one-minute facts out — one engine per instance.
 
 Event time drives everything. Each batch (a dict of Polars frames, one per record
 type) is validated, applied to state, and buffered; then every minute that the
 *watermark* has passed is closed, turning into facts in one columnar pass.
 
-Windows, watermark and lateness (the documented policy):
+**One engine, many partitions.** A processor instance runs one engine over all the
+telemetry partitions it holds (``partitions.py``): one decode, one validation, one set
+of scheduler and inventory state, one close pass per step for all of them. The
+partition is a column of its state (samples, usage accumulators, buffered facts) and a
+key of its output files, so one instance or several write the same files. Each
+partition keeps its own *closed point*: a partition handed over from another instance
+may be ahead of or behind this engine's, and a close pass closes each partition from its
+own point (nothing is closed twice, nothing is skipped).
 
-- The watermark is the newest telemetry time seen minus ``allowed_lateness_s``
-  (default 120 s); before any telemetry has been seen (history imports) it is the
-  newest scheduler/inventory time minus the same lateness. Minutes that end at or
-  before the watermark close, oldest first.
+**Time is exact to the second** (``facts/minutes.py``): an attempt holding a GPU from
+10:00:20 to 10:00:50 is half a GPU-minute in minute 10:00; a GPU-minute is split between
+the jobs that held it, by share, and the rest (``facts/gpu_minutes.py``,
+``facts/rollup.py``).
+
+Windows, watermark and lateness (the documented policy, docs/kafka.md):
+
+- The watermark is the newest telemetry time of the slowest node still reporting,
+  minus ``allowed_lateness_s`` (default 120 s); before any telemetry has been seen
+  (history imports) it is the newest scheduler/inventory time minus the same lateness.
+  Minutes that end at or before the watermark close, oldest first.
 - Out-of-order events inside open minutes are simply sorted in. Duplicated samples
   (same node, GPU, MIG instance, time) count once; duplicated job events (same job,
   event, time) are ignored; inventory records are states, so repeats are harmless.
+  Job events that do not fit the job's life cycle are rejected with a reason.
 - *Late* telemetry (its minute already closed) is never dropped silently: it is
   counted and written to the ``late_telemetry`` table, and the closed facts are not
   rewritten. Late job and inventory events still update state (so later minutes and
   job facts are right) and are counted.
 - At the end of input (:meth:`Processor.flush`) every minute up to the newest event is
   closed and partial hours are written; running jobs go to the snapshot tables.
-
-Scale-out: with a :class:`~gpuledger.pipeline.shard.Shard`, the processor is one of
-several, one per telemetry partition; ``shard.py`` says who writes what.
 """
 
 from __future__ import annotations
@@ -39,43 +51,51 @@ from gpuledger.pipeline.bus import Batch
 from gpuledger.pipeline.columns import TIME_DTYPE, conform
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
-from gpuledger.pipeline.facts import demand, job_usage, recommendations, rollup
-from gpuledger.pipeline.facts.fragmentation import fragmentation, node_free_gpus
-from gpuledger.pipeline.facts.gpu_state import classify
-from gpuledger.pipeline.facts.minutes import expand_to_minutes, minute_range
+from gpuledger.pipeline.facts import job_usage, recommendations, rollup
+from gpuledger.pipeline.facts.cluster import cluster_facts, starts_window
+from gpuledger.pipeline.facts.gpu_minutes import (
+    MINUTE_KEYS,
+    allocation_per_gpu_minute,
+    dense_gpu_rows,
+    gpu_runs,
+    job_minute_rows,
+    job_rows_with_context,
+    merged_occupancy,
+)
+from gpuledger.pipeline.facts.minutes import HOUR_MS, MINUTE_MS, clip_ms, ms, to_time
 from gpuledger.pipeline.facts.telemetry_minutes import (
     job_memory,
     per_gpu_minute,
     prepare,
     sequence_gaps,
 )
-from gpuledger.pipeline.shard import Shard
+from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.state.inventory import InventoryBook
-from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, JobBook
+from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER, JobBook
 from gpuledger.pipeline.tables import SORT_KEYS, TABLE_SCHEMAS
-from gpuledger.pipeline.validate import validate
+from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.processor")
 
+PER_GPU_TABLES = ("gpu_minute", "job_gpu")
+CLUSTER_TABLES = ("frag_minute", "pending_minute", "blocked_minute", "job_attempts",
+                  "preemptions", "recommendations")
 HOURLY_TABLES = ("gpu_minute", "frag_minute", "pending_minute", "blocked_minute",
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
 LOW_PRIORITY = 10
-# An attempt's accumulator rows as one shard sends them to the owner (``shard.py``).
 ACC_SCHEMA = job_usage.ACC_SCHEMA
 PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", pl.String())])
+"""An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
+the partition (the name is the wire format's)."""
+REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
+DENSE_STEP = timedelta(hours=1)
+"""The longest close step while telemetry is buffered (its samples are held in memory)."""
+SPARSE_STEP = timedelta(hours=24)
+"""The longest close step of a history without telemetry (no samples are held)."""
 
-
-def _per_gpu(allocs: pl.DataFrame) -> pl.DataFrame:
-    """Allocation per GPU-minute: the fraction held, and the main job on it."""
-    return allocs.sort(["fraction", "job_id"], descending=[True, False]).group_by(
-        ["minute", "node", "gpu_index"]).agg(
-        pl.col("fraction").sum().alias("alloc_fraction"),
-        pl.col("job_id").first(),
-        pl.col("attempt").first(),
-        pl.len().cast(pl.Int64).alias("jobs_on_gpu"),
-    )
+HourKey = tuple[str, datetime, int]
 
 
 def _floor_minute(t: datetime) -> datetime:
@@ -94,12 +114,17 @@ def _floor_hour(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
 
 
+def _hour_of(hour_ms: int) -> datetime:
+    return datetime.fromtimestamp(hour_ms / 1000, tz=UTC)
+
+
 class FactListener(Protocol):
     """Something that follows the facts as windows close (the Prometheus exporter, the
     alert engine). Listeners are not part of the checkpointed state."""
 
     def facts(self, table: str, frame: pl.DataFrame) -> None:
-        """Rows of ``table`` (a name in ``TABLE_SCHEMAS``) closed just now."""
+        """Rows of ``table`` closed just now: a name in ``TABLE_SCHEMAS``, or
+        ``job_gpu_minute`` (per job attempt, GPU and minute: share, activity, memory)."""
 
     def closed(self, processor: Processor, until: datetime) -> None:
         """Every minute before ``until`` is closed; ``processor`` may be read, not changed."""
@@ -114,37 +139,40 @@ class Processor:
         warehouse: Warehouse,
         now: Callable[[], datetime] | None = None,
         telemetry_clock: bool = False,
-        shard: Shard | None = None,
+        partitioning: Partitioning | None = None,
     ) -> None:
         """``telemetry_clock``: only telemetry moves the watermark (a live service, where
         scheduler events may be read ahead of telemetry); off, scheduler and inventory
         time moves it until telemetry is seen (history imports without telemetry).
-        ``shard``: this processor is one of several, one per telemetry partition
-        (``shard.py``); without it, it is the only one."""
+        ``partitioning``: the telemetry partitions this engine holds (a Kafka service);
+        without it, the engine holds the whole cluster as one partition, 0."""
         self.config = config
-        self.shard = shard
-        self.cluster = config.cluster_facts and (shard is None or shard.owner)
+        self.partitioning = partitioning
         self.telemetry_clock = telemetry_clock
         self.warehouse = warehouse
         self.counters = Counters()
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
-        self.samples = pl.DataFrame()
-        self.acc = pl.DataFrame(schema=job_usage.ACC_SCHEMA)
-        self.closed_until: datetime | None = None
+        self.samples: list[pl.DataFrame] = []
+        self.acc = pl.DataFrame(schema=ACC_SCHEMA)
+        self.part_closed: dict[int, datetime] = {}
+        """Each held partition's closed point: every minute before it is closed."""
+        self.started: datetime | None = None
+        """The first minute of input (a partition added later starts there)."""
         self.max_telemetry_time: datetime | None = None
         self.max_other_time: datetime | None = None
-        self.hour_parts: dict[tuple[str, datetime], list[pl.DataFrame]] = {}
-        self.day_hourly: dict[datetime, dict[datetime, pl.DataFrame]] = {}
-        self.late_parts: dict[datetime, list[pl.DataFrame]] = {}
+        self.hour_parts: dict[HourKey, list[pl.DataFrame]] = {}
+        self.rollup_parts: dict[tuple[datetime, int], list[pl.DataFrame]] = {}
+        self.day_hourly: dict[tuple[datetime, int], dict[datetime, pl.DataFrame]] = {}
+        self.late_parts: dict[tuple[datetime, int], list[pl.DataFrame]] = {}
         self.rejects: list[pl.DataFrame] = []
         self.last_free_blocks = pl.DataFrame(
             schema={"pool": pl.String, "card_type": pl.String, "largest_free_block": pl.Int64})
-        self._seq_last: dict[str, int] = {}
+        self._seq_last: dict[tuple[int, str], int] = {}
         self.node_time: dict[str, datetime] = {}
         self.listeners: list[FactListener] = []
-        # the attempt exchange (several shards): parts to send, and at the owner the
+        # the attempt exchange (several instances): parts to send, and at the owner the
         # ended attempts waiting for parts, the parts received, the attempts done
         self.outbox: list[pl.DataFrame] = []
         self.waiting = pl.DataFrame(schema=ATTEMPT_SCHEMA)
@@ -152,13 +180,79 @@ class Processor:
         self.completed: dict[tuple[str, int], datetime] = {}
         self.running_parts: dict[int, pl.DataFrame] = {}
         self.flushed_shards: set[int] = set()
-        """Shards whose end-of-input flush the owner has seen (this run; not checkpointed)."""
+        """Partitions whose end-of-input flush the owner has seen (this run only)."""
         self.close_pending = False
         """Minutes the watermark has passed wait to be closed (catching up, see
         :meth:`advance`)."""
         self._last_close = time.monotonic()
+        if partitioning is None:
+            self.part_closed = {}
         for table, schema in TABLE_SCHEMAS.items():
             warehouse.ensure_schema(table, schema)
+
+    # -- partitions ------------------------------------------------------------------
+
+    @property
+    def held(self) -> set[int]:
+        """The partitions this engine holds."""
+        return set(self.partitioning.owned) if self.partitioning is not None else {0}
+
+    @property
+    def owner(self) -> bool:
+        """Writes the cluster-wide facts and the per-attempt totals."""
+        return self.partitioning is None or self.partitioning.owner
+
+    @property
+    def cluster(self) -> bool:
+        return self.config.cluster_facts and self.owner
+
+    @property
+    def exchanges(self) -> bool:
+        """Attempt totals may need parts from other instances."""
+        return self.partitioning is not None and self.partitioning.count > 1
+
+    @property
+    def closed_until(self) -> datetime | None:
+        """Every minute before this is closed in every partition held."""
+        held = [self.part_closed[p] for p in self.held if p in self.part_closed]
+        return min(held) if held else None
+
+    @closed_until.setter
+    def closed_until(self, value: datetime | None) -> None:
+        if value is None:
+            self.part_closed = {}
+        else:
+            self.part_closed = {p: value for p in self.held}
+
+    def suffix(self, partition: int) -> str:
+        """The file-name suffix of a partition's files ("" without partitioning)."""
+        return "" if self.partitioning is None else self.partitioning.suffix(partition)
+
+    def partition_expr(self, frame: pl.DataFrame, column: str = "node") -> pl.Expr:
+        """Each row's partition from its node."""
+        if self.partitioning is None:
+            return pl.lit(0, pl.Int64)
+        return self.partitioning.column(column, frame)
+
+    def partitions_of(self, nodes: str | None) -> set[int]:
+        if self.partitioning is None:
+            return {0} if nodes else set()
+        return self.partitioning.partitions_of(nodes)
+
+    def start_partition(self, partition: int, closed: datetime | None) -> None:
+        """Hold ``partition`` from now on, closed up to ``closed`` (its handed-over
+        closed point; None: nothing of it closed yet, so from this engine's first input)."""
+        assert self.partitioning is not None
+        self.partitioning.owned.add(partition)
+        start = closed or self.started
+        if start is not None:
+            self.part_closed[partition] = start
+
+    def stop_partition(self, partition: int) -> None:
+        """Let ``partition`` go (its state was handed over: see ``checkpoint.py``)."""
+        assert self.partitioning is not None
+        self.partitioning.owned.discard(partition)
+        self.part_closed.pop(partition, None)
 
     # -- input ---------------------------------------------------------------------
 
@@ -183,20 +277,19 @@ class Processor:
                 good, bad = validate(frame, record_type, now=self._now(),
                                      max_future_s=self.config.windows.max_future_s,
                                      limits=self.config.limits)
-                if not bad.is_empty():
-                    self.rejects.append(bad)
-                    self.counters.add_rejects(record_type, bad.height)
+                self.add_rejects(bad)
             self.counters.records_in[record_type] += frame.height
             if not good.is_empty():
                 frames[record_type] = good
         self._ingest(frames)
         self.advance(event_time_limit, behind)
 
-    def add_rejects(self, rejects: pl.DataFrame) -> None:
+    def add_rejects(self, rejects: pl.DataFrame, partition: int = 0) -> None:
         """Record rejects found before the processor (e.g. by the JSON decoder)."""
         if rejects.is_empty():
             return
-        self.rejects.append(rejects)
+        self.rejects.append(rejects.select(REJECT_SCHEMA.names()).with_columns(
+            pl.lit(partition, pl.Int64).alias("partition")))
         for (record_type,), group in rejects.group_by(["record_type"]):
             kind = "unknown" if record_type is None else str(record_type)
             self.counters.add_rejects(kind, group.height)
@@ -205,57 +298,77 @@ class Processor:
         clocks = {k: f for k, f in frames.items()
                   if k == "telemetry" or not self.telemetry_clock}
         times = [f.select(pl.col("time").min()).item() for f in clocks.values()]
-        if self.closed_until is None and times:
-            self.closed_until = _floor_minute(min(times))
+        if self.started is None and times:
+            self.started = _floor_minute(min(times))
+            for p in self.held:
+                self.part_closed.setdefault(p, self.started)
         closed = self.closed_until
         if "inventory" in frames:
             inv = frames["inventory"]
             if closed is not None:
                 self.counters.late_inventory += inv.filter(pl.col("time") < closed).height
             self._bump_other(inv)
-            if self.shard is not None and not self.cluster:
-                inv = self.shard.mine(inv)  # the GPU grid of this shard's nodes only
             self.inventory.apply(inv)
         if "job" in frames:
             jobs = frames["job"]
             if closed is not None:
                 self.counters.late_job_events += jobs.filter(pl.col("time") < closed).height
-            self.jobs.apply(jobs)
+            refused = self.jobs.apply(jobs)
             self.counters.duplicate_job_events = self.jobs.counters.duplicates
             self.counters.out_of_order_job_events = self.jobs.counters.out_of_order
+            if not refused.is_empty():
+                self._reject_job_events(refused)
             self._bump_other(jobs)
         if "telemetry" in frames:
-            tel = frames["telemetry"]
-            if self.shard is not None:
-                mine = self.shard.mine(tel)
-                if mine.height < tel.height:
-                    self.counters.misrouted_telemetry += tel.height - mine.height
-                    log.warning("%d telemetry sample(s) for nodes of other partitions "
-                                "dropped (producers must use Kafka's default murmur2 "
-                                "partitioner, keyed by node)", tel.height - mine.height)
-                if mine.is_empty():
-                    return
-                tel = mine
-            tel = prepare(tel)
-            newest = tel.select(pl.col("time").max()).item()
-            if self.max_telemetry_time is None or newest > self.max_telemetry_time:
-                self.max_telemetry_time = newest
-            for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
-                old = self.node_time.get(node)
-                if old is None or when > old:
-                    self.node_time[node] = when
-            assert closed is not None
-            cutoff = pl.lit(closed).cast(TIME_DTYPE)
-            late = tel.filter(pl.col("minute") < cutoff)
-            if not late.is_empty():
-                self.counters.late_telemetry += late.height
-                for (hour,), part in late.group_by(
-                        pl.col("minute").dt.truncate("1h").alias("h")):
-                    assert isinstance(hour, datetime)
-                    self.late_parts.setdefault(hour, []).append(
-                        part.drop("activity", "n_proc", "n_unattributed"))
-            fresh = tel.filter(pl.col("minute") >= cutoff)
-            self.samples = fresh if self.samples.is_empty() else pl.concat([self.samples, fresh])
+            self._ingest_telemetry(frames["telemetry"])
+
+    def _reject_job_events(self, refused: pl.DataFrame) -> None:
+        rows = refused.select(
+            pl.lit("job").alias("record_type"), pl.lit("job book").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), pl.col("reason"),
+            pl.struct("job_id", "event", pl.col("time").dt.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"))
+            .struct.json_encode().alias("raw"))
+        if self.owner:
+            self.add_rejects(rows)
+        log.warning("%d job event(s) rejected as out of order (first: %s)", refused.height,
+                    refused["reason"][0])
+
+    def _ingest_telemetry(self, tel: pl.DataFrame) -> None:
+        tel = tel.with_columns(self.partition_expr(tel).alias("partition"))
+        if self.partitioning is not None:
+            held = list(self.held)
+            mine = tel.filter(pl.col("partition").is_in(held))
+            if mine.height < tel.height:
+                self.counters.misrouted_telemetry += tel.height - mine.height
+                log.warning("%d telemetry sample(s) for nodes of partitions not held here "
+                            "dropped (producers must use Kafka's default murmur2 "
+                            "partitioner, keyed by node)", tel.height - mine.height)
+            if mine.is_empty():
+                return
+            tel = mine
+        tel = prepare(tel.drop("partition")).with_columns(tel["partition"])
+        newest = tel.select(pl.col("time").max()).item()
+        if self.max_telemetry_time is None or newest > self.max_telemetry_time:
+            self.max_telemetry_time = newest
+        for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
+            old = self.node_time.get(node)
+            if old is None or when > old:
+                self.node_time[node] = when
+        cutoff = pl.col("partition").replace_strict(
+            {p: ms(c) for p, c in self.part_closed.items()}, default=0,
+            return_dtype=pl.Int64)
+        is_late = pl.col("minute").cast(pl.Int64) < cutoff
+        late = tel.filter(is_late)
+        if not late.is_empty():
+            self.counters.late_telemetry += late.height
+            for (hour, part), rows in late.group_by(
+                    pl.col("minute").dt.truncate("1h").alias("h"), "partition"):
+                assert isinstance(hour, datetime) and isinstance(part, int)
+                self.late_parts.setdefault((hour, part), []).append(
+                    rows.drop("activity", "n_proc", "n_unattributed", "partition"))
+            tel = tel.filter(~is_late)
+        if not tel.is_empty():
+            self.samples.append(tel)
 
     def _bump_other(self, frame: pl.DataFrame) -> None:
         newest = frame.select(pl.col("time").max()).item()
@@ -305,16 +418,17 @@ class Processor:
         w = self.config.windows
         catching_up = self.catching_up(behind)
         mark = self._watermark(catching_up)
-        if mark is None or self.closed_until is None:
+        closed = self.closed_until
+        if mark is None or closed is None:
             return
         if limit is not None:
             mark = min(mark, limit - timedelta(seconds=w.allowed_lateness_s))
         end = _floor_minute(mark)
-        if end <= self.closed_until:
+        if end <= closed:
             return
         if catching_up and time.monotonic() - self._last_close < w.catchup_close_interval_s:
             step = _floor_step(end, w.catchup_close_minutes)
-            if step <= self.closed_until:
+            if step <= closed:
                 self.close_pending = True
                 return
             end = step
@@ -333,271 +447,261 @@ class Processor:
         self._write_hours(final=True)
         self._write_late()
         self._write_snapshots()
-        if self.shard is None:  # a sharded service publishes the catalog once, at start
-            self.warehouse.publish_catalog()
+        self.warehouse.publish_catalog()
 
-    def flush(self) -> None:
-        """End of input: close every minute up to the newest event, write everything."""
-        newest = max((t for t in (self.max_telemetry_time, self.max_other_time) if t),
-                     default=None)
-        if newest is not None and self.closed_until is not None:
-            # every minute that holds an event: up to the newest event, rounded up
-            end = _floor_minute(newest)
-            if end < newest:
-                end += timedelta(minutes=1)
+    def flush(self, until: datetime | None = None) -> None:
+        """End of input: close every minute up to ``until`` (default: the newest event,
+        rounded up to a whole minute), write everything."""
+        end = until
+        if end is None:
+            newest = max((t for t in (self.max_telemetry_time, self.max_other_time) if t),
+                         default=None)
+            if newest is not None:
+                end = _floor_minute(newest)
+                if end < newest:
+                    end += timedelta(minutes=1)
+        if end is not None and self.closed_until is not None:
             self.close_until(end)
         self._write_hours(final=True)
         self._write_late()
         self._write_snapshots()
-        if self.shard is not None and self.shard.exchanges and not self.shard.owner:
-            # tell the owner this shard's last parts are sent (batch runs wait for it)
-            self.outbox.append(pl.DataFrame(
-                {"shard": [self.shard.partition], "kind": ["flushed"]}).with_columns(
-                *[pl.lit(None, dtype).alias(name) for name, dtype in ACC_SCHEMA.items()]
-            ).select(PARTS_SCHEMA.names()))
-        if self.rejects:
-            rej = pl.concat(self.rejects, how="vertical_relaxed")
-            self.warehouse.write_snapshot("rejects", rej, ["source", "line", "reason"])
-        if self.shard is None:  # a sharded service publishes the catalog once, at start
-            self.warehouse.publish_catalog()
+        if self.exchanges and not self.owner:
+            # tell the owner this engine's partitions' last parts are sent (batch runs
+            # wait for it)
+            for p in sorted(self.held):
+                self.outbox.append(pl.DataFrame(
+                    {"shard": [p], "kind": ["flushed"]}).with_columns(
+                    *[pl.lit(None, dtype).alias(name) for name, dtype in ACC_SCHEMA.items()]
+                ).select(PARTS_SCHEMA.names()))
+        self._write_rejects()
+        self.warehouse.publish_catalog()
 
     # -- closing minutes -------------------------------------------------------------
 
     def close_until(self, end: datetime) -> None:
-        """Close all minutes before ``end``, at most an hour per step."""
-        assert self.closed_until is not None
-        while self.closed_until < end:
-            start = self.closed_until
-            step_end = min(end, _floor_hour(start) + timedelta(hours=1))
-            self._close(start, step_end)
-            self.closed_until = step_end
+        """Close all minutes before ``end`` in every partition held, in steps that end on
+        whole hours (at most an hour while telemetry is buffered, a day without)."""
+        closed = self.closed_until
+        assert closed is not None
+        while closed < end:
+            step = DENSE_STEP if self.samples else SPARSE_STEP
+            step_end = min(end, _floor_hour(closed) + step)
+            self._close(closed, step_end)
+            for p in self.held:
+                if self.part_closed.get(p, step_end) < step_end:
+                    self.part_closed[p] = step_end
+            closed = self.closed_until
+            assert closed is not None
             for listener in self.listeners:
                 listener.closed(self, step_end)
             self._write_hours(final=False)
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
-            self.jobs.prune(step_end)
-            self._forget_completed(step_end)
-            self.inventory.prune(step_end)
+            horizon = closed - timedelta(seconds=self.config.windows.handover_retention_s)
+            self.jobs.prune(horizon)
+            self._forget_completed(closed)
+            self.inventory.prune(ms(horizon))
+
+    def _take_samples(self, b_ms: int) -> pl.DataFrame:
+        """Remove and return the buffered samples of minutes before ``b_ms``."""
+        if not self.samples:
+            return pl.DataFrame()
+        everything = pl.concat(self.samples, how="vertical_relaxed", rechunk=False)
+        before = pl.col("minute").cast(pl.Int64) < b_ms
+        rest = everything.filter(~before)
+        self.samples = [rest] if not rest.is_empty() else []
+        return everything.filter(before)
 
     def _close(self, a: datetime, b: datetime) -> None:
-        minutes = minute_range(a, b)
-        self.counters.minutes_closed += minutes.len()
+        """Close ``[a, b)``: each partition from its own closed point (if before ``b``)."""
+        a_ms, b_ms = ms(a), ms(b)
+        bounds = {p: ms(c) for p, c in self.part_closed.items() if p in self.held and c < b}
+        self.counters.minutes_closed += (b_ms - a_ms) // MINUTE_MS
         self.counters.close_passes += 1
-        lo, hi = pl.lit(a).cast(TIME_DTYPE), pl.lit(b).cast(TIME_DTYPE)
-        if self.samples.is_empty():
-            window = self.samples
-        else:
-            in_window = (pl.col("minute") >= lo) & (pl.col("minute") < hi)
-            window = self.samples.filter(in_window)
-            self.samples = self.samples.filter(~in_window)
-        grid = self.inventory.gpus_at(minutes)
-        held = self.jobs.allocations()
-        if self.shard is not None and not self.cluster:
-            held = self.shard.mine(held)  # before expanding them to minutes
-        allocs = expand_to_minutes(held, "start", "end", a, b)
+        window = self._take_samples(b_ms)
         attrs = self.jobs.attributes()
-        if self.cluster:  # cluster-wide: every node, whatever the shard
-            self._cluster_facts(grid, _per_gpu(allocs), attrs, minutes, a, b)
-        if self.shard is not None:  # per-GPU facts: this shard's nodes only
-            grid, allocs = self.shard.mine(grid), self.shard.mine(allocs)
-        alloc_gpu = _per_gpu(allocs)
-        telem = per_gpu_minute(window) if not window.is_empty() else None
+        node_runs = self.inventory.runs(a_ms, b_ms)
+        allocations = self.jobs.allocations()
+        if bounds:
+            self._close_gpus(window, node_runs, allocations, attrs, bounds, b_ms)
+        cluster_from = self.part_closed.get(0) if self.cluster else None
+        if cluster_from is not None and cluster_from < b:
+            self._close_cluster(node_runs, allocations, attrs, cluster_from, b)
+        self._finish_attempts(bounds, b)
+
+    def _with_partition(self, frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.with_columns(self.partition_expr(frame).alias("partition"))
+
+    def _close_gpus(self, window: pl.DataFrame, node_runs: pl.DataFrame,
+                    allocations: pl.DataFrame, attrs: pl.DataFrame,
+                    bounds: dict[int, int], b_ms: int) -> None:
+        """The per-GPU facts of the partitions in ``bounds`` (partition → closed point)."""
+        lo = pl.col("partition").replace_strict(bounds, default=None, return_dtype=pl.Int64)
+        runs = self._with_partition(node_runs).lazy().filter(
+            pl.col("partition").is_in(list(bounds))).with_columns(
+            pl.max_horizontal(pl.col("from_ms"), lo).alias("from_ms")).filter(
+            pl.col("from_ms") < pl.col("to_ms"))
+        pieces = clip_ms(self._with_partition(allocations).filter(
+            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms)
+        job_minutes = job_minute_rows(pieces)
+        alloc = allocation_per_gpu_minute(job_minutes, merged_occupancy(pieces))
+        telem = None
+        if not window.is_empty():
+            agg, repeats = per_gpu_minute(window)
+            self.counters.duplicate_samples += repeats
+            self._count_sequence(agg)
+            telem = agg.lazy().with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))\
+                .drop("minute")
+        gpu_lazy = dense_gpu_rows(gpu_runs(runs.collect()), alloc, telem,
+                                  self.config.thresholds)
+        main = attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority")
+        gpu = gpu_lazy.join(main, on="job_id", how="left").collect()
         if telem is not None:
-            self._count_sequence(telem)
-        gpu = self._gpu_minutes(grid, alloc_gpu, telem, attrs)
-        self._buffer("gpu_minute", gpu)
-        self._job_usage(allocs, gpu, window)
-        self._finish_attempts(b)
-
-    def _gpu_minutes(
-        self, grid: pl.DataFrame, alloc_gpu: pl.DataFrame, telem: pl.DataFrame | None,
-        attrs: pl.DataFrame,
-    ) -> pl.DataFrame:
-        keys = ["minute", "node", "gpu_index"]
-        base = grid.lazy().join(alloc_gpu.lazy(), on=keys, how="full", coalesce=True)
-        if telem is not None:
-            base = base.join(telem.lazy(), on=keys, how="full", coalesce=True)
-        else:
-            base = base.with_columns(
-                pl.lit(None, pl.Int64).alias("telemetry_samples"),
-                pl.lit(None, pl.String).alias("telemetry_card_type"),
-                pl.lit(None, pl.Float64).alias("activity"),
-                *[pl.lit(None, pl.Float64).alias(c) for c in (
-                    "util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
-                    "power_w", "sm_clock_mhz", "pcie_rx_bytes_s", "pcie_tx_bytes_s",
-                    "nvlink_rx_bytes_s", "nvlink_tx_bytes_s", "mem_used_mib",
-                    "mem_total_mib", "temp_c")],
-                *[pl.lit(None, pl.Int64).alias(c) for c in (
-                    "xid_errors", "ecc_sbe", "ecc_dbe", "processes",
-                    "unattributed_processes")],
-                pl.lit(None, pl.Boolean).alias("telemetry_unhealthy"),
-            )
-        t = self.config.thresholds
-        out = base.with_columns(
-            pl.coalesce(pl.col("card_type"), pl.col("telemetry_card_type")).alias("card_type"),
-            pl.col("pool").fill_null("unknown"),
-            pl.col("schedulable").fill_null(True),
-            (pl.col("alloc_fraction").fill_null(0.0) > 0).alias("allocated"),
-            (
-                (pl.col("health") == "down").fill_null(False)
-                | pl.col("gpu_unhealthy").fill_null(False)
-                | pl.col("telemetry_unhealthy").fill_null(False)
-            ).alias("unhealthy"),
-            (pl.col("processes").fill_null(0) > 0).alias("has_process"),
-            pl.col("telemetry_samples").fill_null(0),
-        ).with_columns(classify(t)).join(
-            attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority"),
-            on="job_id", how="left",
-        )
-        return out.with_columns(
-            pl.col("minute").dt.date().alias("date"),
-            pl.lit(t.idle_activity).alias("idle_threshold"),
-            pl.lit(t.efficient_activity).alias("efficient_threshold"),
-        ).select(TABLE_SCHEMAS["gpu_minute"].names()).collect()
-
-    def _cluster_facts(
-        self, grid: pl.DataFrame, alloc_gpu: pl.DataFrame, attrs: pl.DataFrame,
-        minutes: pl.Series, a: datetime, b: datetime,
-    ) -> None:
-        keys = ["minute", "node", "gpu_index"]
-        state = grid.join(alloc_gpu.select(*keys, "alloc_fraction"), on=keys, how="left")
-        node_ok = pl.col("schedulable") & (pl.col("health") != "down")
-        state = state.with_columns(
-            node_ok.alias("node_ok"),
-            (node_ok & ~pl.col("gpu_unhealthy") & pl.col("alloc_fraction").is_null())
-            .alias("cluster_free"),
-        )
-        nodes = node_free_gpus(state)
-        frag = fragmentation(nodes)
-        if not frag.is_empty():
-            last = frag.filter(pl.col("minute") == pl.col("minute").max())
-            self.last_free_blocks = last.select("pool", "card_type", "largest_free_block")
-        pend = expand_to_minutes(self.jobs.pending(), "queued_at", "end", a, b).join(
-            attrs.select("job_id", "team", "queue", "pool", "card_type", "gpus", "priority"),
-            on="job_id", how="left",
-        ).with_columns(pl.col("gpus").fill_null(1))
-        blocked = demand.blocked_jobs(pend.select(
-            "minute", "job_id", "attempt", "team", "queue", "pool", "card_type", "gpus",
-            "priority"), nodes)
-        starts = self.jobs.started_size_weights(a - timedelta(days=1), b)
-        weighted = demand.demand_weighted(pend, starts, nodes,
-                                          minutes)
-        # a job that accepts any card type is demand on each card type of its pool
-        cards = nodes.select("minute", "pool", "card_type").unique()
-        counts = demand.any_card_to_each(blocked, cards).group_by(
-            ["minute", "pool", "card_type"]).agg(
-            pl.len().cast(pl.Int64).alias("pending_jobs"),
-            pl.col("gpus").sum().alias("pending_gpus"),
-            pl.col("blocked").sum().cast(pl.Int64).alias("blocked_jobs"),
-            pl.when(pl.col("blocked")).then(pl.col("gpus")).otherwise(0).sum()
-            .alias("blocked_gpus"),
-        )
-        frag_out = (
-            frag.join(weighted, on=["minute", "pool", "card_type"], how="left")
-            .join(counts, on=["minute", "pool", "card_type"], how="left")
-            .with_columns(pl.col(c).fill_null(0) for c in (
-                "pending_jobs", "pending_gpus", "blocked_jobs", "blocked_gpus"))
-            .with_columns(pl.col("minute").dt.date().alias("date"))
-        )
-        self._buffer("frag_minute", frag_out.select(TABLE_SCHEMAS["frag_minute"].names()))
-        pending_out = blocked.group_by(["minute", "queue", "pool", "card_type", "team"]).agg(
-            pl.len().cast(pl.Int64).alias("pending_jobs"),
-            pl.col("gpus").sum().alias("pending_gpus"),
-            pl.col("blocked").sum().cast(pl.Int64).alias("blocked_jobs"),
-            pl.when(pl.col("blocked")).then(pl.col("gpus")).otherwise(0).sum()
-            .alias("blocked_gpus"),
-        ).with_columns(pl.col("minute").dt.date().alias("date"))
-        self._buffer("pending_minute", pending_out.select(TABLE_SCHEMAS["pending_minute"].names()))
-        blocked_out = blocked.filter(pl.col("blocked")).with_columns(
-            pl.col("minute").dt.date().alias("date"))
-        self._buffer("blocked_minute", blocked_out.select(TABLE_SCHEMAS["blocked_minute"].names()))
-
-    def _job_usage(self, allocs: pl.DataFrame, gpu: pl.DataFrame, window: pl.DataFrame) -> None:
-        if allocs.is_empty():
-            return
-        keys = ["minute", "node", "gpu_index"]
-        ctx = gpu.select(*keys, "activity", "card_type", "mem_used_mib", "telemetry_samples",
-                         pl.col("mem_total_mib").alias("_tel_total"))
-        inv = self.inventory.records.group_by("node").agg(pl.col("gpu_mem_mib").last())
-        rows = allocs.join(ctx, on=keys, how="left").join(inv, on="node", how="left").with_columns(
-            pl.when(pl.col("telemetry_samples") > 0).then(pl.col("activity"))
-            .alias("activity"),
-            pl.coalesce(pl.col("gpu_mem_mib"), pl.col("_tel_total")).alias("gpu_mem_total_mib"),
-        )
-        shared = rows.filter(pl.col("fraction") < 1.0)
-        if not shared.is_empty() and not window.is_empty():
-            mem = job_memory(window.join(shared.select(keys).unique(), on=keys, how="semi"))
-            rows = rows.join(mem, on=[*keys, "job_id"], how="left")
-        else:
-            rows = rows.with_columns(pl.lit(None, pl.Float64).alias("job_mem_mib"))
-        inc = job_usage.minute_usage(rows, self.config)
+            self._reject_unplaced_telemetry(window, gpu, telem)
+        job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
+        jobs = self._with_job_memory(job_rows_with_context(job_minutes, gpu.lazy()).join(
+            job_attrs, on="job_id", how="left"), window).collect()
+        self._emit_gpu_minutes(gpu)
+        self._emit_job_minutes(jobs)
+        partial = rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())).collect()
+        for (hour_ms, part), rows in partial.group_by("hour_ms", "partition"):
+            assert isinstance(hour_ms, int) and isinstance(part, int)
+            self.rollup_parts.setdefault((_hour_of(hour_ms), part), []).append(rows)
+        inc = job_usage.minute_usage(jobs.lazy(), self.config)
         self.acc = job_usage.merge(self.acc, inc)
 
-    def _finish_attempts(self, b: datetime) -> None:
-        ended = self.jobs.take_ended_attempts(b)
-        pre = self.jobs.take_preemptions(b)
-        if not pre.is_empty() and self.cluster:
-            self._buffer_by_hour("preemptions", pre.with_columns(
-                pl.col("time").dt.date().alias("date")), "time")
-        if ended.is_empty():
+    def _with_job_memory(self, jobs: pl.LazyFrame, window: pl.DataFrame) -> pl.LazyFrame:
+        """``job_mem_mib``: each job's own processes' memory on the GPUs it shares."""
+        shared = jobs.filter(pl.col("fraction") < 1.0).select(MINUTE_KEYS).unique().collect()
+        if shared.is_empty() or window.is_empty():
+            return jobs.with_columns(pl.lit(None, pl.Float64).alias("job_mem_mib"))
+        keyed = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))
+        mem = job_memory(keyed.join(shared, on=MINUTE_KEYS, how="semi")).with_columns(
+            pl.col("minute").cast(pl.Int64).alias("minute_ms")).drop("minute")
+        return jobs.join(mem.lazy(), on=[*MINUTE_KEYS, "job_id"], how="left")
+
+    def _reject_unplaced_telemetry(self, window: pl.DataFrame, gpu: pl.DataFrame,
+                                   telem: pl.LazyFrame) -> None:
+        """Samples of GPUs no inventory knows (an unknown node, GPU 99 of 8) are rejected:
+        nothing unknown adds to capacity."""
+        placed = gpu.filter(pl.col("telemetry_samples") > 0).height
+        stray = telem.select(MINUTE_KEYS).collect()
+        if stray.height == placed:
             return
-        keys = ["job_id", "attempt"]
-        mine = self.acc.join(ended.select(keys), on=keys, how="semi")
-        self.acc = self.acc.join(ended.select(keys), on=keys, how="anti")
-        gpus = job_usage.per_gpu(mine).join(ended.select(*keys, "ended_at"), on=keys)
-        self._buffer_by_hour("job_gpu", gpus.with_columns(
-            pl.col("ended_at").dt.date().alias("date")).select(
-            TABLE_SCHEMAS["job_gpu"].names()), "ended_at")
-        if self.shard is None or not self.shard.exchanges:
-            self._write_attempts(ended, mine)
+        missing = stray.join(gpu.select(MINUTE_KEYS), on=MINUTE_KEYS, how="anti")
+        known = self.inventory.records.group_by("node").agg(pl.col("gpu_count").last())
+        rows = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms")).join(
+            missing, on=MINUTE_KEYS, how="semi").join(known, on="node", how="left")
+        reason = (pl.when(pl.col("gpu_count").is_null())
+                  .then(pl.lit("no inventory for node '") + pl.col("node") + pl.lit("'"))
+                  .otherwise(pl.lit("GPU ") + pl.col("gpu_index").cast(pl.String)
+                             + pl.lit(" of node '") + pl.col("node") + pl.lit("', which has ")
+                             + pl.col("gpu_count").cast(pl.String) + pl.lit(" GPUs")))
+        self.counters.unplaced_telemetry += rows.height
+        for (part,), group in rows.group_by("partition"):
+            assert isinstance(part, int)
+            self.add_rejects(group.select(
+                pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
+                pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+                pl.struct("node", "gpu_index", pl.col("time").dt.strftime(
+                    "%Y-%m-%dT%H:%M:%S%.3fZ")).struct.json_encode().alias("raw")), part)
+
+    def _emit_gpu_minutes(self, gpu: pl.DataFrame) -> None:
+        t = self.config.thresholds
+        out = gpu.with_columns(
+            to_time(pl.col("minute_ms")).alias("minute"),
+            pl.lit(t.idle_activity).alias("idle_threshold"),
+            pl.lit(t.efficient_activity).alias("efficient_threshold"),
+        ).with_columns(pl.col("minute").dt.date().alias("date"))
+        self._buffer_split("gpu_minute", out, "minute")
+
+    def _emit_job_minutes(self, jobs: pl.DataFrame) -> None:
+        if not self.listeners or jobs.is_empty():
             return
-        parts = self._parts(ended, mine, "ended")
-        if self.shard.owner:
-            self.waiting = pl.concat([self.waiting, ended])
-            self._take_parts(parts)
+        frame = jobs.with_columns(to_time(pl.col("minute_ms")).alias("minute"))
+        for listener in self.listeners:
+            listener.facts("job_gpu_minute", frame)
+
+    def _close_cluster(self, node_runs: pl.DataFrame, allocations: pl.DataFrame,
+                       attrs: pl.DataFrame, a: datetime, b: datetime) -> None:
+        runs = node_runs.with_columns(
+            pl.max_horizontal(pl.col("from_ms"), pl.lit(ms(a))).alias("from_ms")).filter(
+            pl.col("from_ms") < pl.col("to_ms"))
+        facts = cluster_facts(runs, allocations, self.jobs.pending(), attrs,
+                              self.jobs.starts_between(starts_window(a), b), a, b)
+        if facts.free_blocks is not None:
+            self.last_free_blocks = facts.free_blocks
+        self._buffer("frag_minute", facts.frag_minute, "minute", 0)
+        self._buffer("pending_minute", facts.pending_minute, "minute", 0)
+        self._buffer("blocked_minute", facts.blocked_minute, "minute", 0)
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def _finish_attempts(self, bounds: dict[int, int], b: datetime) -> None:
+        """Each partition closed just now reports its part of the attempts that ended in
+        what it closed (or arrived late since); the owner writes an attempt once every
+        partition that held one of its GPUs has reported."""
+        cluster_from = self.part_closed.get(0) if self.owner else None
+        if self.owner and cluster_from is not None and cluster_from < b:
+            pre = self.jobs.take_preemptions(b)
+            if not pre.is_empty() and self.cluster:
+                self._buffer("preemptions", pre.with_columns(
+                    pl.col("time").dt.date().alias("date")), "time", 0)
+            ended_all = self.jobs.take_ended(b, OWNER)
+            if not ended_all.is_empty():
+                self.waiting = pl.concat([self.waiting, ended_all])
+        for p in sorted(bounds):
+            ended = self.jobs.take_ended(b, p)
+            if not ended.is_empty():
+                self._report_parts(ended, p)
+        if self.owner:
             self._complete_attempts()
-        elif not parts.is_empty():
+
+    def _report_parts(self, ended: pl.DataFrame, p: int) -> None:
+        """Partition ``p``'s part of ``ended`` attempts: ``job_gpu`` rows, and its
+        accumulators to the owner (taken here, or sent through the outbox)."""
+        keys = ["job_id", "attempt"]
+        mine = ended.filter(pl.Series(
+            [p in self.partitions_of(n) for n in ended["nodes"].to_list()], dtype=pl.Boolean))
+        if mine.is_empty():
+            return
+        acc = self.acc.filter(pl.col("partition") == p).join(
+            mine.select(keys), on=keys, how="semi")
+        if not acc.is_empty():
+            self.acc = self.acc.join(acc.select(*keys, "node", "gpu_index"),
+                                     on=[*keys, "node", "gpu_index"], how="anti")
+            gpus = job_usage.per_gpu(acc).join(mine.select(*keys, "ended_at"), on=keys)
+            self._buffer("job_gpu", gpus.with_columns(
+                pl.col("ended_at").dt.date().alias("date")), "ended_at", p)
+        parts = self._parts(mine, acc, "ended", p)
+        if self.owner:
+            self._take_parts(parts)
+        else:
             self.outbox.append(parts)
 
-    def _write_attempts(self, ended: pl.DataFrame, acc: pl.DataFrame) -> None:
-        """``job_attempts`` and ``recommendations`` rows of ended attempts."""
-        keys = ["job_id", "attempt"]
-        facts = self._attempt_facts(ended, acc)
-        self._buffer_by_hour("job_attempts", facts, "ended_at")
-        recs = recommendations.for_attempts(facts, self.config)
-        if not recs.is_empty():
-            recs = recs.join(ended.select(*keys, "ended_at"), on=keys).with_columns(
-                pl.col("ended_at").dt.date().alias("date"))
-            self._buffer_by_hour("recommendations", recs.select(
-                TABLE_SCHEMAS["recommendations"].names()), "ended_at")
-
-    # -- the attempt exchange (several shards) -------------------------------------------
-
-    def _parts(self, attempts: pl.DataFrame, acc: pl.DataFrame, kind: str) -> pl.DataFrame:
-        """This shard's part of ``attempts``: its accumulator rows, plus one marker row
-        (node null) per attempt that has a GPU on this shard, so that an attempt with
-        no usage rows still counts as reported."""
-        assert self.shard is not None
-        shard = self.shard
-        expected = [shard.partition in shard.shards_of(n)
-                    for n in attempts["nodes"].to_list()]
-        markers = attempts.filter(pl.Series(expected, dtype=pl.Boolean)).select(
-            "job_id", "attempt")
+    def _parts(self, attempts: pl.DataFrame, acc: pl.DataFrame, kind: str,
+               partition: int) -> pl.DataFrame:
+        """A partition's part of ``attempts``: its accumulator rows, plus one marker row
+        (node null) per attempt, so that an attempt with no usage rows still counts as
+        reported."""
+        markers = attempts.select("job_id", "attempt")
         rows = pl.concat([
-            acc.join(markers, on=["job_id", "attempt"], how="semi"),
+            acc.join(markers, on=["job_id", "attempt"], how="semi").select(ACC_SCHEMA.names()),
             markers.with_columns(*[pl.lit(None, dtype).alias(name)
                                    for name, dtype in ACC_SCHEMA.items()
-                                   if name not in ("job_id", "attempt")]),
+                                   if name not in ("job_id", "attempt")]
+                                 ).select(ACC_SCHEMA.names()),
         ], how="vertical_relaxed")
-        return rows.select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)).with_columns(  # type: ignore[arg-type]
-            pl.lit(shard.partition, pl.Int64).alias("shard"), pl.lit(kind).alias("kind"))
+        return rows.cast(dict(ACC_SCHEMA)).with_columns(  # type: ignore[arg-type]
+            pl.lit(partition, pl.Int64).alias("shard"), pl.lit(kind).alias("kind"))
 
     def receive_parts(self, parts: pl.DataFrame) -> None:
-        """Parts sent by other shards (the owner's input from the attempt exchange)."""
-        if self.shard is None or not self.shard.owner or parts.is_empty():
+        """Parts sent by other instances (the owner's input from the attempt exchange)."""
+        if not self.owner or parts.is_empty():
             return
         parts = parts.select(PARTS_SCHEMA.names()).cast(dict(PARTS_SCHEMA))  # type: ignore[arg-type]
+        mine = self.held
+        parts = parts.filter(~pl.col("shard").is_in(list(mine)))  # our own are taken here
         self.flushed_shards.update(
             parts.filter(pl.col("kind") == "flushed")["shard"].to_list())
         running = parts.filter(pl.col("kind") == "running")
@@ -608,8 +712,8 @@ class Processor:
         self._complete_attempts()
 
     def _take_parts(self, parts: pl.DataFrame) -> None:
-        """Keep new parts; a part sent again (a shard replaying after a restart) or one of
-        an attempt already written is dropped."""
+        """Keep new parts; a part sent again (a partition replayed after a restart) or one
+        of an attempt already written is dropped."""
         if parts.is_empty():
             return
         keys = ["job_id", "attempt", "shard"]
@@ -621,15 +725,14 @@ class Processor:
         self.received = pl.concat([self.received, fresh])
 
     def _complete_attempts(self) -> None:
-        """Write the waiting attempts whose every shard has reported."""
-        assert self.shard is not None
+        """Write the waiting attempts whose every partition has reported."""
         if self.waiting.is_empty():
             return
         got: dict[tuple[str, int], set[int]] = {}
         for job, attempt, shard in self.received.select(
                 "job_id", "attempt", "shard").unique().iter_rows():
             got.setdefault((job, attempt), set()).add(shard)
-        ready = [self.shard.shards_of(nodes) <= got.get((job, attempt), set())
+        ready = [self.partitions_of(nodes) <= got.get((job, attempt), set())
                  for job, attempt, nodes in self.waiting.select(
                      "job_id", "attempt", "nodes").iter_rows()]
         mask = pl.Series(ready, dtype=pl.Boolean)
@@ -645,6 +748,17 @@ class Processor:
         for job, attempt, ended in done.select(*keys, "ended_at").iter_rows():
             self.completed[(job, attempt)] = ended
 
+    def _write_attempts(self, ended: pl.DataFrame, acc: pl.DataFrame) -> None:
+        """``job_attempts`` and ``recommendations`` rows of ended attempts."""
+        keys = ["job_id", "attempt"]
+        facts = self._attempt_facts(ended, acc)
+        self._buffer("job_attempts", facts, "ended_at", 0)
+        recs = recommendations.for_attempts(facts, self.config)
+        if not recs.is_empty():
+            recs = recs.join(ended.select(*keys, "ended_at"), on=keys).with_columns(
+                pl.col("ended_at").dt.date().alias("date"))
+            self._buffer("recommendations", recs, "ended_at", 0)
+
     def _forget_completed(self, closed_until: datetime) -> None:
         horizon = closed_until - timedelta(seconds=self.config.windows.ended_job_memory_s)
         self.completed = {k: t for k, t in self.completed.items() if t >= horizon}
@@ -655,9 +769,9 @@ class Processor:
         out = attempts.join(usage, on=["job_id", "attempt"], how="left").with_columns(
             pl.col("ended_at").dt.date().alias("date"),
             *[pl.col(c).fill_null(0.0) for c in (
-                "allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
-                "inefficient_gpu_hours", "observed_gpu_hours", "waste_gpu_hours",
-                "mismatch_gpu_hours")],
+                "allocated_gpu_hours", "job_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
+                "inefficient_gpu_hours", "observed_gpu_hours", "no_telemetry_gpu_hours",
+                "waste_gpu_hours", "mismatch_gpu_hours")],
         ).with_columns(
             pl.col("memory_oversized").fill_null(False),
             (pl.col("mem_peak_mib") / pl.col("gpu_mem_mib")).alias("mem_peak_of_requested"),
@@ -667,23 +781,27 @@ class Processor:
         return out.select(TABLE_SCHEMAS["job_attempts"].names())
 
     def _count_sequence(self, telem: pl.DataFrame) -> None:
-        self.counters.duplicate_samples += int(telem["duplicates"].sum())
-        for agent, lo, hi, n in sequence_gaps(telem).iter_rows():
-            last = self._seq_last.get(agent)
+        gaps = sequence_gaps(telem.with_columns(self.partition_expr(telem).alias("partition")))
+        for part, agent, lo, hi, n in gaps.iter_rows():
+            key = (part, agent)
+            last = self._seq_last.get(key)
             gap = hi - lo + 1 - n
             if last is not None and lo > last + 1:
                 gap += lo - last - 1
             self.counters.telemetry_lost_samples += max(gap, 0)
-            self._seq_last[agent] = max(hi, last if last is not None else hi)
+            self._seq_last[key] = max(hi, last if last is not None else hi)
 
     # -- buffering and writing -------------------------------------------------------
 
-    def _buffer(self, table: str, frame: pl.DataFrame) -> None:
+    def _buffer_split(self, table: str, frame: pl.DataFrame, time_col: str) -> None:
+        """Buffer a frame with a ``partition`` column, per partition."""
         if frame.is_empty():
             return
-        self._buffer_by_hour(table, frame, "minute")
+        for (part,), rows in frame.group_by("partition"):
+            assert isinstance(part, int)
+            self._buffer(table, rows, time_col, part)
 
-    def _buffer_by_hour(self, table: str, frame: pl.DataFrame, time_col: str) -> None:
+    def _buffer(self, table: str, frame: pl.DataFrame, time_col: str, partition: int) -> None:
         if frame.is_empty():
             return
         frame = self._shape(table, frame)
@@ -693,12 +811,12 @@ class Processor:
             pl.col(time_col).min().dt.truncate("1h").alias("first"),
             pl.col(time_col).max().dt.truncate("1h").alias("last"),
         ).row(0)
-        if first == last:  # the common case: a close step never crosses an hour
-            self.hour_parts.setdefault((table, first), []).append(frame)
+        if first == last:  # the common case: a close step within one hour
+            self.hour_parts.setdefault((table, first, partition), []).append(frame)
             return
         for (hour,), part in frame.group_by(pl.col(time_col).dt.truncate("1h").alias("_h")):
             assert isinstance(hour, datetime)
-            self.hour_parts.setdefault((table, hour), []).append(part)
+            self.hour_parts.setdefault((table, hour, partition), []).append(part)
 
     @staticmethod
     def _shape(table: str, frame: pl.DataFrame) -> pl.DataFrame:
@@ -706,70 +824,105 @@ class Processor:
         return frame.select(schema.names()).cast(dict(schema))  # type: ignore[arg-type]
 
     def _write_hours(self, final: bool) -> None:
-        assert self.closed_until is not None or not self.hour_parts
+        closed = self.closed_until
+        keys = {(hour, part) for (_, hour, part) in self.hour_parts} | set(self.rollup_parts)
         done = sorted(
-            {hour for (_, hour) in self.hour_parts
-             if final or (self.closed_until is not None
-                          and hour + timedelta(hours=1) <= self.closed_until)}
-        )
-        for hour in done:
-            self._write_hour(hour)
+            (hour, part) for hour, part in keys
+            if final or (closed is not None and hour + timedelta(hours=1) <= closed))
+        for hour, part in done:
+            self._write_hour(hour, part)
 
-    def _write_hour(self, hour: datetime) -> None:
+    def _write_hour(self, hour: datetime, partition: int) -> None:
         """Write the buffered parts of ``hour`` (partial ones stay buffered)."""
-        complete = self.closed_until is not None and hour + timedelta(hours=1) <= self.closed_until
-        gm = self.hour_parts.get(("gpu_minute", hour))
-        if gm:
-            self._write_rollups(hour, pl.concat(gm), complete)
+        closed = self.closed_until
+        complete = closed is not None and hour + timedelta(hours=1) <= closed
+        suffix = self.suffix(partition)
+        partials = self.rollup_parts.get((hour, partition))
+        if partials:
+            self._write_rollups(hour, partition, pl.concat(partials), complete)
         for table in HOURLY_TABLES:
-            parts = self.hour_parts.get((table, hour))
+            key = (table, hour, partition)
+            parts = self.hour_parts.get(key)
             if not parts:
                 continue
             frame = pl.concat(parts, how="vertical_relaxed")
             merge = table in MERGED_TABLES
-            self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge)
+            self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge,
+                                      suffix=suffix)
             self.counters.add_rows(table, frame.height)
             if complete or merge:
-                del self.hour_parts[(table, hour)]
+                del self.hour_parts[key]
             else:
-                self.hour_parts[(table, hour)] = [frame]
+                self.hour_parts[key] = [frame]
 
-    def _write_rollups(self, hour: datetime, minutes: pl.DataFrame, complete: bool) -> None:
-        hourly = self._shape("gpu_hourly", rollup.hourly(minutes))
-        self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"])
+    def _write_rollups(self, hour: datetime, partition: int, partials: pl.DataFrame,
+                       complete: bool) -> None:
+        suffix = self.suffix(partition)
+        hourly = self._shape("gpu_hourly", rollup.hourly(partials))
+        self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
+                                  suffix=suffix)
+        if complete:
+            del self.rollup_parts[(hour, partition)]
+        else:
+            self.rollup_parts[(hour, partition)] = [partials]
         day = hour.replace(hour=0)
-        kept = self.day_hourly.setdefault(day, {})
+        kept = self.day_hourly.setdefault((day, partition), {})
         kept[hour] = hourly
         daily = self._shape("gpu_daily", rollup.daily(pl.concat(list(kept.values()))))
-        self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"], hourly=False)
-        day_done = self.closed_until is not None and day + timedelta(days=1) <= self.closed_until
+        self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"],
+                                  hourly=False, suffix=suffix)
+        closed = self.closed_until
+        day_done = closed is not None and day + timedelta(days=1) <= closed
         if complete and day_done:
-            del self.day_hourly[day]
+            del self.day_hourly[(day, partition)]
 
     def _write_late(self) -> None:
-        for hour, parts in sorted(self.late_parts.items()):
+        for (hour, part), parts in sorted(self.late_parts.items()):
             frame = pl.concat(parts, how="vertical_relaxed").with_columns(
                 pl.col("minute").dt.date().alias("date"))
             self.warehouse.write_part("late_telemetry", hour, frame,
-                                      SORT_KEYS["late_telemetry"], merge=True)
+                                      SORT_KEYS["late_telemetry"], merge=True,
+                                      suffix=self.suffix(part))
         self.late_parts.clear()
+
+    def _write_rejects(self) -> None:
+        if not self.rejects:
+            return
+        rej = pl.concat(self.rejects, how="vertical_relaxed")
+        for (part,), rows in rej.group_by("partition"):
+            assert isinstance(part, int)
+            self.warehouse.write_snapshot("rejects", rows.drop("partition"),
+                                          ["source", "line", "reason"], suffix=self.suffix(part))
 
     def _write_snapshots(self) -> None:
         running = self.jobs.running_attempts()
         keys = ["job_id", "attempt"]
         acc = self.acc
-        if self.shard is not None and self.shard.exchanges:
-            if not self.shard.owner:  # the owner writes the snapshots, with our part
-                self.outbox.append(self._parts(running, self.acc, "running"))
+        if self.exchanges:
+            if not self.owner:  # the owner writes the snapshots, with our parts
+                for p in sorted(self.held):
+                    self.outbox.append(self._parts(
+                        running, acc.filter(pl.col("partition") == p), "running", p))
                 return
-            acc = pl.concat([acc, *[p.select(ACC_SCHEMA.names())
-                                    for p in self.running_parts.values()]])
+            remote = [rows.select(ACC_SCHEMA.names()) for p, rows in self.running_parts.items()
+                      if p not in self.held]
+            acc = pl.concat([acc, *remote])
         usage = job_usage.card_mismatch(
             job_usage.attempt_usage(acc, self.config), self.config)
         snap = running.join(usage, on=keys, how="left").with_columns(
             (pl.col("mem_peak_mib") / pl.col("gpu_mem_mib")).alias("mem_peak_of_requested"))
+        suffix = self.suffix(0)
         self.warehouse.write_snapshot("running_attempts", self._shape("running_attempts", snap),
-                                      keys)
+                                      keys, suffix=suffix)
         cands = recommendations.candidates(running, self.last_free_blocks, LOW_PRIORITY)
         self.warehouse.write_snapshot("candidates", self._shape("candidates", cands),
-                                      [*keys, "kind"])
+                                      [*keys, "kind"], suffix=suffix)
+
+    # -- what a listener or the exporter reads -------------------------------------------
+
+    def window_start(self) -> datetime | None:
+        """The oldest minute still open anywhere in this engine."""
+        return self.closed_until
+
+
+__all__ = ["HOUR_MS", "TIME_DTYPE", "FactListener", "Processor"]

@@ -72,10 +72,12 @@ def _one_line(exc: BaseException) -> str:
     return first
 
 
-def connect(warehouse: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+def connect(warehouse: Path, threads: int | None = None,
+            timezone: str | None = None) -> duckdb.DuckDBPyConnection:
     """A read-only, locked-down connection to the warehouse (see the module's doc).
 
-    ``threads``: DuckDB's worker threads (default: DuckDB's, one per core); fixed here
+    ``threads`` (DuckDB's worker threads; default one per core) and ``timezone`` (how
+    ``TIMESTAMPTZ`` values are shown and bucketed; default the machine's) are set here
     because the configuration cannot be changed afterwards.
     """
     facts = warehouse / FACTS
@@ -87,6 +89,8 @@ def connect(warehouse: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
                               "temp_directory": spill}
     if threads is not None:
         config["threads"] = threads
+    if timezone is not None:
+        config["TimeZone"] = timezone
     catalog = warehouse / CATALOG
     try:
         if catalog.exists():

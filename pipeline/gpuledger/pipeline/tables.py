@@ -25,7 +25,8 @@ def _cols(columns: dict[str, Any]) -> dict[str, pl.DataType]:
 
 GPU_MINUTE = pl.Schema(_cols({
     "minute": T, "date": D, "pool": S, "card_type": S, "node": S, "gpu_index": N,
-    "state": S, "allocated": B, "alloc_fraction": F, "jobs_on_gpu": N, "job_id": S,
+    "state": S, "allocated": B, "alloc_fraction": F, "occupied_share": F, "jobs_on_gpu": N,
+    "job_id": S,
     "attempt": N, "team": S, "queue": S, "job_type": S, "user": S, "priority": N,
     "activity": F, "telemetry_samples": N, "util_gpu": F, "sm_active": F,
     "sm_occupancy": F, "tensor_active": F, "dram_active": F, "mem_used_mib": F,
@@ -55,8 +56,9 @@ BLOCKED_MINUTE = pl.Schema(_cols({
 }))
 
 USAGE = {
-    "allocated_gpu_hours": F, "used_gpu_hours": F, "idle_gpu_hours": F,
-    "inefficient_gpu_hours": F, "observed_gpu_hours": F, "waste_gpu_hours": F,
+    "allocated_gpu_hours": F, "job_gpu_hours": F, "used_gpu_hours": F, "idle_gpu_hours": F,
+    "inefficient_gpu_hours": F, "observed_gpu_hours": F, "no_telemetry_gpu_hours": F,
+    "waste_gpu_hours": F,
     "utilisation_of_allocation": F, "mem_peak_mib": F, "mem_held_mib": F,
     "mem_peak_ratio": F, "mem_peak_of_requested": F, "memory_oversized": B,
     "held_card_type": S, "gpus_observed": N, "idle_gpus": N, "suggested_card_type": S,
@@ -71,7 +73,7 @@ JOB_ATTEMPTS = pl.Schema(_cols({
 JOB_GPU = pl.Schema(_cols({
     "job_id": S, "attempt": N, "node": S, "gpu_index": N, "card_type": S,
     "gpu_mem_total_mib": F, "fraction": F, "observed_min": F, "mem_peak_mib": F,
-    "allocated_gpu_hours": F, "used_gpu_hours": F, "idle_gpu_hours": F,
+    "allocated_gpu_hours": F, "job_gpu_hours": F, "used_gpu_hours": F, "idle_gpu_hours": F,
     "inefficient_gpu_hours": F, "mean_activity": F, "mem_held_mib": F, "ended_at": T,
     "date": D,
 }))

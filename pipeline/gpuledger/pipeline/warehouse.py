@@ -18,6 +18,7 @@ catalog file aside and renames it over the old one.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import datetime
 from importlib import resources
@@ -55,10 +56,16 @@ class Warehouse:
     def table_dir(self, table: str) -> Path:
         return self.root / FACTS / table
 
-    def part_path(self, table: str, when: datetime, hourly: bool = True) -> Path:
+    def _suffix(self, suffix: str | None) -> str:
+        return self.suffix if suffix is None else (f"-{suffix}" if suffix else "")
+
+    def part_path(self, table: str, when: datetime, hourly: bool = True,
+                  suffix: str | None = None) -> Path:
+        """``suffix``: a partition's mark (``partitions.py``); None: the warehouse's own."""
         date = when.strftime("%Y-%m-%d")
         stamp = when.strftime("%Y-%m-%dT%H") if hourly else date
-        return self.table_dir(table) / f"date={date}" / f"{table}-{stamp}{self.suffix}.parquet"
+        return (self.table_dir(table) / f"date={date}"
+                / f"{table}-{stamp}{self._suffix(suffix)}.parquet")
 
     def write(self, path: Path, frame: pl.DataFrame, sort_by: list[str] | None = None) -> None:
         """Write ``frame`` atomically to ``path`` (sorted for determinism)."""
@@ -76,7 +83,7 @@ class Warehouse:
 
     def write_part(
         self, table: str, when: datetime, frame: pl.DataFrame, sort_by: list[str],
-        hourly: bool = True, merge: bool = False,
+        hourly: bool = True, merge: bool = False, suffix: str | None = None,
     ) -> Path:
         """Write one time part.
 
@@ -84,7 +91,7 @@ class Warehouse:
         row with the same ``sort_by`` key (which then replaces it): rewriting the same
         input is idempotent and late rows are added.
         """
-        path = self.part_path(table, when, hourly)
+        path = self.part_path(table, when, hourly, suffix)
         if merge and path.exists():
             old = pl.read_parquet(path)
             frame = pl.concat([old, frame.cast(old.schema, strict=False)],
@@ -93,8 +100,10 @@ class Warehouse:
         self.write(path, frame, sort_by)
         return path
 
-    def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str]) -> None:
-        self.write(self.table_dir(table) / f"snapshot{self.suffix}.parquet", frame, sort_by)
+    def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str],
+                       suffix: str | None = None) -> None:
+        self.write(self.table_dir(table) / f"snapshot{self._suffix(suffix)}.parquet", frame,
+                   sort_by)
 
     def ensure_schema(self, table: str, schema: pl.Schema) -> None:
         """Write the table's empty schema file so its view exists before any rows do."""
@@ -103,18 +112,28 @@ class Warehouse:
             self.write(path, pl.DataFrame(schema=schema))
 
     def publish_catalog(self) -> Path:
-        """(Re)build ``catalog.duckdb`` with the views of ``sql/*.sql``; atomic."""
+        """(Re)build ``catalog.duckdb`` with the views of ``sql/*.sql``; atomic. The views
+        read the files by pattern, so a catalog built from the same SQL for the same
+        folder is kept as it is (its digest is kept beside it)."""
         target = self.root / CATALOG
+        statements = catalog_statements(self.root)
+        digest = hashlib.sha256("\n".join(statements).encode()).hexdigest()
+        stamp = self.root / f".{CATALOG}.sha256"
+        if target.exists() and stamp.exists() and stamp.read_text() == digest:
+            return target
         tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"  # several processors may publish
         if tmp.exists():
             tmp.unlink()
         con = duckdb.connect(str(tmp))
         try:
-            for statement in catalog_statements(self.root):
+            for statement in statements:
                 con.execute(statement)
         finally:
             con.close()
         os.replace(tmp, target)
+        stamp_tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
+        stamp_tmp.write_text(digest)
+        os.replace(stamp_tmp, stamp)
         wal = tmp.with_name(f"{tmp.name}.wal")
         if wal.exists():
             wal.unlink()

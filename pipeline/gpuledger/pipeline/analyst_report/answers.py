@@ -1,14 +1,70 @@
-"""Run every section's SQL on the warehouse (one read-only connection)."""
+"""Run every section's SQL on the warehouse (one read-only connection), and find the
+time span the data really covers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from gpuledger.pipeline import query
-from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, render_sql
+from gpuledger.pipeline.analyst_report.numbers import when
+from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, fill
+
+MAX_ROWS = 100
+"""The most rows a long table reads (the first ``top`` shown, the rest folded)."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """The data's span (first minute to the end of the last) and the requested window."""
+
+    data_start: datetime | None
+    data_end: datetime | None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @property
+    def start(self) -> datetime | None:
+        times = [t for t in (self.data_start, self.since) if t is not None]
+        return max(times) if times else None
+
+    @property
+    def end(self) -> datetime | None:
+        times = [t for t in (self.data_end, self.until) if t is not None]
+        return min(times) if times else None
+
+    @property
+    def bucket_hours(self) -> int:
+        """The charts' time bucket: an hour, or a day when the window is over 3 days."""
+        start, end = self.start, self.end
+        long = start is not None and end is not None and end - start > timedelta(days=3)
+        return 24 if long else 1
+
+    @property
+    def narrowed(self) -> bool:
+        return self.since is not None or self.until is not None
+
+    def asked(self) -> str | None:
+        """The --since/--until window, when one was asked for."""
+        if not self.narrowed:
+            return None
+        lo = when(self.since) if self.since else "the start"
+        hi = when(self.until) if self.until else "the end"
+        return f"Window asked: {lo} – {hi} UTC; borrowing and reclaim cover all the data."
+
+    def text(self) -> str:
+        """``2026-01-05 00:00 – 2026-01-06 00:00 UTC (24 h)``."""
+        start, end = self.start, self.end
+        if start is None or end is None or end <= start:
+            return "no data in this window"
+        hours = (end - start).total_seconds() / 3600
+        span = f"{hours:,.0f} h" if hours < 72 and hours == int(hours) else \
+            f"{hours:,.1f} h" if hours < 72 else f"{hours / 24:,.1f} days"
+        return f"{when(start)} – {when(end)} UTC ({span})"
 
 
 @dataclass(frozen=True)
@@ -16,18 +72,57 @@ class Answer:
     section: Section
     columns: list[str]
     rows: list[tuple[Any, ...]]
+    chart_columns: list[str]
+    chart_rows: list[tuple[Any, ...]]
+    """The rows the chart draws (the table's, unless the chart has its own SQL)."""
+
+    def column(self, name: str) -> list[Any]:
+        i = self.columns.index(name)
+        return [r[i] for r in self.rows]
+
+
+@dataclass(frozen=True)
+class Report:
+    window: Window
+    answers: list[Answer]
+
+
+def _utc(value: Any) -> datetime | None:
+    if not isinstance(value, datetime):
+        return None
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def data_span(con: duckdb.DuckDBPyConnection) -> tuple[datetime | None, datetime | None]:
+    """The first minute of the facts and the end of the last one: from the fragmentation
+    facts (one row per pool, card type and minute, small), else to the hour from the
+    hourly roll-up (a warehouse without inventory has no fragmentation)."""
+    first, last = con.execute(
+        "SELECT min(minute), max(minute) + INTERVAL 1 MINUTE FROM frag_minute").fetchall()[0]
+    if first is None:
+        first, last = con.execute(
+            "SELECT min(hour), max(hour) + INTERVAL 1 HOUR FROM gpu_hourly").fetchall()[0]
+    return _utc(first), _utc(last)
 
 
 def answer_all(warehouse: Path, since: datetime | None = None, until: datetime | None = None,
-               top: int = 10, sections: tuple[Section, ...] = SECTIONS,
-               timeout_s: float | None = query.DEFAULT_TIMEOUT_S) -> list[Answer]:
-    """Each section's rows, in order; ``timeout_s`` bounds each section's query."""
-    con = query.connect(warehouse)
+               sections: tuple[Section, ...] = SECTIONS,
+               timeout_s: float | None = query.DEFAULT_TIMEOUT_S) -> Report:
+    """Each section's rows, in order, and the window they cover; ``timeout_s`` bounds
+    each query (Ctrl-C interrupts it too)."""
+    con = query.connect(warehouse, timezone="UTC")  # time buckets and times in UTC
     try:
+        window = Window(*data_span(con), since, until)
         out = []
         for section in sections:
-            columns, rows = query.fetch(con, render_sql(section, since, until, top), timeout_s)
-            out.append(Answer(section, columns, rows))
-        return out
+            lo, hi = (since, until) if section.windowed else (None, None)
+            columns, rows = query.fetch(con, fill(section.sql, lo, hi, MAX_ROWS), timeout_s)
+            chart_columns, chart_rows = columns, rows
+            if section.chart is not None and section.chart.sql is not None:
+                chart_columns, chart_rows = query.fetch(
+                    con, fill(section.chart.sql, lo, hi, MAX_ROWS, window.bucket_hours),
+                    timeout_s)
+            out.append(Answer(section, columns, rows, chart_columns, chart_rows))
+        return Report(window, out)
     finally:
         con.close()

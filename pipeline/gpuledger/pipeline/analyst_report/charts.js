@@ -1,11 +1,19 @@
 /* gpuledger report: draws the charts from the JSON in #report-data as inline SVG.
-   No libraries, no network. Sets data-charts-drawn on <body> when done. */
+   No libraries, no network. Sets data-charts-drawn on <body> when done.
+
+   Bars are horizontal: one row per category, its label on the left, never rotated;
+   the margins are measured from the labels themselves, so nothing is clipped. Time
+   axes tick on whole hours or days (UTC) inside the window. Numbers use one format:
+   thousands separators and a fixed number of decimals. */
 (function () {
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
                  "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
-  var W = 760, H = 300, M = {top: 16, right: 16, bottom: 70, left: 64};
+  var W = 900;
+  var MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                "Nov", "Dec"];
+  var HOUR = 3600 * 1000;
 
   function el(name, attrs, parent, text) {
     var node = document.createElementNS(NS, name);
@@ -15,111 +23,185 @@
     return node;
   }
 
-  function niceMax(v) {
-    if (!(v > 0)) { return 1; }
-    var p = Math.pow(10, Math.floor(Math.log10(v)));
-    var steps = [1, 2, 2.5, 5, 10];
-    for (var i = 0; i < steps.length; i++) { if (steps[i] * p >= v) { return steps[i] * p; } }
-    return 10 * p;
+  function fmt(v, decimals) {
+    return v.toLocaleString("en-US", {minimumFractionDigits: decimals,
+                                      maximumFractionDigits: decimals});
   }
 
-  function fmt(v) {
-    if (Math.abs(v) >= 1000) { return Math.round(v).toLocaleString("en"); }
-    return String(Math.round(v * 100) / 100);
+  /* Ticks 0 .. max on a step of 1, 2, 2.5 or 5 × 10^k, about `count` of them. */
+  function niceTicks(max, count) {
+    if (!(max > 0)) { max = 1; }
+    var raw = max / count, p = Math.pow(10, Math.floor(Math.log10(raw)));
+    var step = [1, 2, 2.5, 5, 10].map(function (m) { return m * p; })
+      .filter(function (s) { return s >= raw; })[0];
+    var decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9)) +
+      (Math.abs(step / p - 2.5) < 1e-9 && step < 10 ? 1 : 0);
+    var ticks = [];
+    for (var v = 0; v <= max + step * 0.999; v += step) { ticks.push(v); }
+    return {ticks: ticks, max: ticks[ticks.length - 1], decimals: decimals};
   }
 
-  function frame(host, spec, yMax) {
-    var svg = el("svg", {viewBox: "0 0 " + W + " " + H, width: W, height: H,
-                         role: "img", "class": "chart-svg"}, host);
-    el("title", {}, svg, spec.title);
-    var plotH = H - M.top - M.bottom;
-    for (var i = 0; i <= 4; i++) {
-      var v = yMax * i / 4, y = M.top + plotH - plotH * i / 4;
-      el("line", {x1: M.left, x2: W - M.right, y1: y, y2: y, "class": "grid"}, svg);
-      el("text", {x: M.left - 6, y: y + 4, "text-anchor": "end", "class": "tick"}, svg, fmt(v));
-    }
-    el("text", {x: 12, y: M.top + plotH / 2, "class": "unit",
-                transform: "rotate(-90 12 " + (M.top + plotH / 2) + ")",
-                "text-anchor": "middle"}, svg, spec.unit);
-    return svg;
+  /* Width of a text in the class `cls`, measured in the SVG itself. */
+  function textWidth(svg, text, cls) {
+    var t = el("text", {"class": cls, x: 0, y: 0}, svg, text);
+    var w = t.getComputedTextLength();
+    svg.removeChild(t);
+    return w;
   }
 
-  function legend(host, names) {
+  function colour(series, i) { return series.colour || COLOURS[i % COLOURS.length]; }
+
+  function legend(host, series) {
+    if (series.length < 2) { return; }
     var box = document.createElement("div");
     box.className = "legend";
-    names.forEach(function (name, i) {
+    series.forEach(function (s, i) {
       var item = document.createElement("span");
       var swatch = document.createElement("i");
-      swatch.style.background = COLOURS[i % COLOURS.length];
+      swatch.style.background = colour(s, i);
       item.appendChild(swatch);
-      item.appendChild(document.createTextNode(name));
+      item.appendChild(document.createTextNode(s.name));
       box.appendChild(item);
     });
     host.appendChild(box);
   }
 
+  /* Keep a text inside the SVG: move it left (or right) if its box sticks out. */
+  function keepInside(svg, text) {
+    var box = text.getBBox();
+    if (box.x + box.width > W - 1) {
+      text.setAttribute("x", Number(text.getAttribute("x")) - (box.x + box.width - W + 1));
+    }
+    if (box.x < 1) {
+      text.setAttribute("x", Number(text.getAttribute("x")) + (1 - box.x));
+    }
+  }
+
   function bars(host, spec) {
     var cats = spec.categories, series = spec.series;
-    var totals = cats.map(function (_, c) {
-      return spec.stacked
-        ? series.reduce(function (s, ser) { return s + Math.max(ser.values[c] || 0, 0); }, 0)
-        : Math.max.apply(null, series.map(function (ser) { return ser.values[c] || 0; }));
-    });
-    var yMax = niceMax(Math.max.apply(null, totals.concat([0])));
-    var svg = frame(host, spec, yMax);
-    var plotW = W - M.left - M.right, plotH = H - M.top - M.bottom;
-    var band = plotW / Math.max(cats.length, 1);
     var per = spec.stacked ? 1 : series.length;
-    var bw = Math.max(band * 0.8 / per, 1);
+    var rowH = spec.stacked || per === 1 ? 24 : 8 + 12 * per;
+    var svg = el("svg", {width: W, height: 10, role: "img", "class": "chart-svg"}, host);
+    el("title", {}, svg, spec.title);
+    var labelW = Math.max.apply(null, cats.map(function (c) {
+      return textWidth(svg, c, "label"); }).concat([0]));
+    var M = {top: 8, right: 24, bottom: 40, left: Math.ceil(labelW) + 16};
+    var plotW = W - M.left - M.right, plotH = rowH * cats.length;
+    var H = M.top + plotH + M.bottom;
+    svg.setAttribute("height", H);
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    var totals = cats.map(function (_, c) {
+      var values = series.map(function (s) { return Math.max(s.values[c] || 0, 0); });
+      return spec.stacked ? values.reduce(function (a, b) { return a + b; }, 0)
+                          : Math.max.apply(null, values);
+    });
+    var scale = niceTicks(Math.max.apply(null, totals.concat([0])), 6);
+    function px(v) { return M.left + plotW * v / scale.max; }
+    scale.ticks.forEach(function (v) {
+      el("line", {x1: px(v), x2: px(v), y1: M.top, y2: M.top + plotH, "class": "grid"}, svg);
+      var t = el("text", {x: px(v), y: M.top + plotH + 14, "text-anchor": "middle",
+                          "class": "tick"}, svg, fmt(v, scale.decimals));
+      keepInside(svg, t);
+    });
+    el("text", {x: M.left + plotW / 2, y: H - 6, "text-anchor": "middle", "class": "unit"},
+       svg, spec.unit);
     cats.forEach(function (cat, c) {
-      var x0 = M.left + band * c + band * 0.1, base = 0;
-      series.forEach(function (ser, s) {
-        var v = Math.max(ser.values[c] || 0, 0), h = plotH * v / yMax;
-        var x = spec.stacked ? x0 : x0 + s * bw;
-        var y = M.top + plotH - h - (spec.stacked ? plotH * base / yMax : 0);
-        var r = el("rect", {x: x, y: y, width: spec.stacked ? band * 0.8 : bw, height: h,
-                            fill: COLOURS[s % COLOURS.length], "class": "bar"}, svg);
-        el("title", {}, r, cat + " — " + ser.name + ": " + fmt(v) + " " + spec.unit);
+      var y0 = M.top + rowH * c, base = 0;
+      el("text", {x: M.left - 8, y: y0 + rowH / 2 + 4, "text-anchor": "end",
+                  "class": "label"}, svg, cat);
+      series.forEach(function (s, k) {
+        var v = Math.max(s.values[c] || 0, 0);
+        var bh = spec.stacked || per === 1 ? rowH - 8 : 10;
+        var y = spec.stacked || per === 1 ? y0 + 4 : y0 + 4 + 12 * k;
+        var r = el("rect", {x: px(base), y: y, width: Math.max(px(base + v) - px(base), 0),
+                            height: bh, fill: colour(s, k), "class": "bar"}, svg);
+        el("title", {}, r, cat + " — " + s.name + ": " + fmt(v, spec.decimals) + " " +
+           spec.unit);
         if (spec.stacked) { base += v; }
       });
-      var lx = M.left + band * c + band / 2, ly = M.top + plotH + 12;
-      el("text", {x: lx, y: ly, "class": "tick", "text-anchor": "end",
-                  transform: "rotate(-35 " + lx + " " + ly + ")"}, svg, cat);
     });
-    legend(host, series.map(function (s) { return s.name; }));
+    el("line", {x1: M.left, x2: M.left, y1: M.top, y2: M.top + plotH, "class": "axis"}, svg);
+    legend(host, series);
   }
+
+  /* Ticks on whole hours or days (UTC) inside [x0, x1], at most `most` of them. */
+  function timeTicks(x0, x1, most) {
+    var steps = [1, 2, 3, 6, 12, 24, 48, 72, 168, 336, 720, 1440];
+    var step = steps[steps.length - 1] * HOUR;
+    for (var i = 0; i < steps.length; i++) {
+      if ((x1 - x0) / (steps[i] * HOUR) <= most) { step = steps[i] * HOUR; break; }
+    }
+    var ticks = [];
+    for (var t = Math.ceil(x0 / step) * step; t <= x1; t += step) { ticks.push(t); }
+    return {ticks: ticks, step: step};
+  }
+
+  function dayText(d) { return MONTHS[d.getUTCMonth()] + " " + d.getUTCDate(); }
 
   function lines(host, spec) {
     var all = [];
     spec.series.forEach(function (s) { s.points.forEach(function (p) { all.push(p); }); });
-    var t0 = Math.min.apply(null, all.map(function (p) { return p[0]; }));
-    var t1 = Math.max.apply(null, all.map(function (p) { return p[0]; }));
-    if (t1 === t0) { t1 = t0 + 1; }
-    var yMax = niceMax(Math.max.apply(null, all.map(function (p) { return p[1]; }).concat([0])));
-    var svg = frame(host, spec, yMax);
+    var scale = niceTicks(Math.max.apply(null, all.map(function (p) { return p[1]; })
+                                                  .concat([0])), 5);
+    var H = 300;
+    var svg = el("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img",
+                         "class": "chart-svg"}, host);
+    el("title", {}, svg, spec.title);
+    var tickW = Math.max.apply(null, scale.ticks.map(function (v) {
+      return textWidth(svg, fmt(v, scale.decimals), "tick"); }));
+    var M = {top: 12, right: 36, bottom: 58, left: Math.ceil(tickW) + 34};
     var plotW = W - M.left - M.right, plotH = H - M.top - M.bottom;
-    function px(t) { return M.left + plotW * (t - t0) / (t1 - t0); }
-    function py(v) { return M.top + plotH - plotH * v / yMax; }
-    for (var i = 0; i <= 4; i++) {
-      var t = t0 + (t1 - t0) * i / 4;
-      el("text", {x: px(t), y: M.top + plotH + 16, "text-anchor": "middle", "class": "tick"},
-         svg, new Date(t).toISOString().slice(5, 16).replace("T", " "));
-    }
+    var x0 = spec.x0, x1 = spec.x1;
+    function px(t) { return M.left + plotW * (t - x0) / (x1 - x0); }
+    function py(v) { return M.top + plotH - plotH * v / scale.max; }
+    scale.ticks.forEach(function (v) {
+      el("line", {x1: M.left, x2: W - M.right, y1: py(v), y2: py(v), "class": "grid"}, svg);
+      el("text", {x: M.left - 6, y: py(v) + 4, "text-anchor": "end", "class": "tick"}, svg,
+         fmt(v, scale.decimals));
+    });
+    var unitY = M.top + plotH / 2;
+    el("text", {x: 12, y: unitY, "class": "unit", "text-anchor": "middle",
+                transform: "rotate(-90 12 " + unitY + ")"}, svg, spec.unit);
+    var time = timeTicks(x0, x1, Math.floor(plotW / 80));
+    var lastDay = null;
+    time.ticks.forEach(function (t) {
+      var d = new Date(t), x = px(t);
+      el("line", {x1: x, x2: x, y1: M.top, y2: M.top + plotH, "class": "grid"}, svg);
+      var day = dayText(d);
+      var label = el("text", {x: x, y: M.top + plotH + 16, "text-anchor": "middle",
+                              "class": "tick"}, svg);
+      if (time.step < 24 * HOUR) {
+        el("tspan", {x: x}, label, ("0" + d.getUTCHours()).slice(-2) + ":00");
+        if (day !== lastDay) { el("tspan", {x: x, dy: 13}, label, day); }
+      } else {
+        el("tspan", {x: x}, label, day);
+      }
+      lastDay = day;
+      keepInside(svg, label);
+    });
+    el("text", {x: M.left + plotW / 2, y: H - 6, "text-anchor": "middle", "class": "unit"},
+       svg, "time (UTC)");
+    el("line", {x1: M.left, x2: W - M.right, y1: M.top + plotH, y2: M.top + plotH,
+                "class": "axis"}, svg);
     spec.series.forEach(function (s, k) {
-      var colour = COLOURS[k % COLOURS.length];
+      var c = colour(s, k);
       var d = s.points.map(function (p, j) {
         return (j ? "L" : "M") + px(p[0]).toFixed(1) + " " + py(p[1]).toFixed(1);
       }).join(" ");
-      var path = el("path", {d: d, fill: "none", stroke: colour, "stroke-width": 2,
+      var path = el("path", {d: d, fill: "none", stroke: c, "stroke-width": 2,
                              "class": "series"}, svg);
       el("title", {}, path, s.name);
       s.points.forEach(function (p) {
-        var dot = el("circle", {cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: colour}, svg);
-        el("title", {}, dot, s.name + " " + new Date(p[0]).toISOString().slice(0, 16) +
-           ": " + fmt(p[1]) + " " + spec.unit);
+        var dot = el("circle", {cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: c}, svg);
+        var from = new Date(Math.floor(p[0] / (spec.bucket_hours * HOUR)) *
+                            spec.bucket_hours * HOUR).toISOString();
+        var at = spec.bucket_hours < 24 ? "hour from " + from.slice(0, 13).replace("T", " ") +
+          ":00 UTC" : "day " + from.slice(0, 10);
+        el("title", {}, dot, s.name + ", " + at + ": " + fmt(p[1], spec.decimals) + " " +
+           spec.unit);
       });
     });
-    legend(host, spec.series.map(function (s) { return s.name; }));
+    legend(host, spec.series);
   }
 
   var payload = JSON.parse(document.getElementById("report-data").textContent);

@@ -31,30 +31,28 @@ def cmd_report(args: argparse.Namespace) -> int:
         ) from None
     from gpuledger.pipeline.analyst_report.answers import answer_all
     from gpuledger.pipeline.analyst_report.html import render_html
-    from gpuledger.pipeline.analyst_report.terminal import print_answers
+    from gpuledger.pipeline.analyst_report.terminal import print_report
     from gpuledger.pipeline.query import QueryError
 
     if args.since and args.until and args.since >= args.until:
         raise CliError("--since must be before --until")
     try:
-        answers = answer_all(args.warehouse, args.since, args.until, args.top,
-                             timeout_s=args.timeout)
+        report = answer_all(args.warehouse, args.since, args.until,
+                            timeout_s=args.timeout)
     except (QueryError, duckdb.Error) as exc:
         raise CliError(f"{args.warehouse}: {exc}") from None
     if args.html is not None:
-        window = (f"{args.since.isoformat() if args.since else 'start'} – "
-                  f"{args.until.isoformat() if args.until else 'end'}")
-        text = render_html(answers, str(args.warehouse), datetime.now(UTC).replace(
-            microsecond=0), window)
+        text = render_html(report, str(args.warehouse),
+                           datetime.now(UTC).replace(microsecond=0), args.top)
         try:
             args.html.write_text(text, encoding="utf-8")
         except OSError as exc:
             raise CliError(f"cannot write {args.html}: {exc.strerror}") from None
-        print(f"wrote {args.html} ({len(text.encode()):,} bytes, "
-              f"{sum(a.section.chart is not None and bool(a.rows) for a in answers)} charts)",
+        charts = text.count('<div class="chart"')
+        print(f"wrote {args.html} ({len(text.encode()):,} bytes, {charts} charts)",
               file=sys.stderr)
     if not args.quiet or args.html is None:
-        print_answers(answers, Console(width=args.width))
+        print_report(report, Console(width=args.width), args.top)
     return 0
 
 
@@ -62,22 +60,28 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
              common: Callable[..., None]) -> None:
     p = subparsers.add_parser(
         "report", help="answer the key questions from the warehouse (tables, or HTML)",
-        description="Answer the seed's questions from the warehouse: allocation vs use, "
-        "where idle and inefficient GPU-hours come from, top wasting jobs, memory "
-        "over-requests, jobs blocked by fragmentation, queue wait (and over time), "
-        "preemption lost work, borrowing and reclaim, recommendations. Prints rich tables; "
-        "--html FILE also writes one self-contained HTML file with charts (works offline). "
-        "The SQL behind each section is in sql/20_analyst.sql (docs/analyst-guide.md).")
+        description="Answer the seed's questions from the warehouse: where the GPUs go "
+        "(allocation vs use by pool and card type), who wastes (idle and inefficient "
+        "GPU-hours by team and job type, top wasting jobs), why big jobs wait "
+        "(fragmentation over time, queue wait by job size and queue, blocked demand and "
+        "blocked jobs), where memory is over-asked, what preemption cost (lost work, "
+        "borrowing and reclaim), and what to do (recommendations). Prints tables; "
+        "--html FILE also writes one self-contained HTML file with charts (works "
+        "offline). Times are UTC. The SQL behind each section is in "
+        "pipeline/gpuledger/pipeline/analyst_report/sections.py, over the views of "
+        "sql/20_analyst.sql (docs/analyst-guide.md).")
     p.add_argument("--warehouse", type=Path, default=Path("warehouse"),
                    help="warehouse folder (default ./warehouse)")
     p.add_argument("--html", type=Path, default=None, metavar="FILE",
                    help="also write the report as a self-contained HTML file with charts")
     p.add_argument("--since", type=_time, default=None,
-                   help="window start (ISO 8601) for the waste and preemption sections")
+                   help="window start (ISO 8601; UTC when no offset is given): every "
+                   "section but borrowing covers only [since, until)")
     p.add_argument("--until", type=_time, default=None,
-                   help="window end (ISO 8601, exclusive) for the same sections")
+                   help="window end (ISO 8601, exclusive)")
     p.add_argument("--top", type=positive(int, "--top"), default=10,
-                   help="rows in the top-N tables (default 10)")
+                   help="rows shown in long tables (default 10); in HTML the next ones "
+                   "are folded under the table")
     p.add_argument("--width", type=int, default=None,
                    help="terminal width for the tables (default: the terminal's)")
     p.add_argument("--quiet", action="store_true",

@@ -5,22 +5,32 @@ from __future__ import annotations
 
 import html
 import json
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from typing import Any
 
-from gpuledger.pipeline.analyst_report.answers import Answer
-from gpuledger.pipeline.analyst_report.terminal import cell
+from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report, Window
+from gpuledger.pipeline.analyst_report.numbers import cell, when
+from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 
 CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
-h1{font-size:1.6em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
-p.q{color:#555;margin:.2em 0 .8em} table{border-collapse:collapse;margin:.5em 0 1em}
-th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}
-td.n{text-align:right;font-variant-numeric:tabular-nums} th{background:#f5f5f5}
-.chart-svg .grid{stroke:#e6e6e6} .chart-svg .tick{font-size:11px;fill:#555}
-.chart-svg .unit{font-size:11px;fill:#333} .legend span{margin-right:1em;font-size:12px}
-.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;padding:0 16px;
+color:#222}
+h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.35em;margin-top:2.2em;
+border-bottom:2px solid #ccc} h3{font-size:1.1em;margin:1.6em 0 .2em}
+p.meta{color:#444;margin:.2em 0} p.q{color:#555;margin:.2em 0 .8em} p.note{color:#666;
+font-size:12.5px;margin:.3em 0} nav a{margin-right:1em;white-space:nowrap}
+table{border-collapse:collapse;margin:.5em 0 .6em;font-size:13px}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:bottom}
+th{background:#f5f5f5;font-weight:600} th.n{text-align:right} th .u{white-space:nowrap}
+td{white-space:nowrap} td.n{text-align:right;font-variant-numeric:tabular-nums}
+td.blank{color:#777;font-style:italic} details{margin:0 0 1em} summary{cursor:pointer;
+color:#335}
+.chart-svg{display:block;max-width:100%} .chart-svg .grid{stroke:#e6e6e6}
+.chart-svg .axis{stroke:#999} .chart-svg .tick{font-size:11px;fill:#555}
+.chart-svg .label{font-size:12px;fill:#333} .chart-svg .unit{font-size:11px;fill:#333}
+.legend{margin:.2em 0 .4em} .legend span{margin-right:1em;font-size:12px;
+white-space:nowrap} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 #script-errors{color:#b00020;white-space:pre-wrap}
 """
 
@@ -30,45 +40,104 @@ ERROR_HOOK = """window.addEventListener("error", function (e) {
   box.textContent += "script error: " + e.message + "\\n";
 });"""
 
+# Colours of the GPU states, the same in every chart; other series use the palette.
+STATE_COLOURS = {"busy": "#59a14f", "inefficient": "#f28e2b", "idle": "#e15759",
+                 "no_telemetry": "#bab0ac", "free": "#a0cbe8", "unaccounted": "#b07aa1",
+                 "unavailable": "#79706e"}
 
-def _chart_payload(a: Answer, chart_id: str) -> dict[str, Any] | None:
+
+def _ms(t: datetime | date) -> float:
+    stamp = t if isinstance(t, datetime) else datetime.combine(t, datetime.min.time())
+    stamp = stamp.astimezone(UTC) if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    return stamp.timestamp() * 1000.0
+
+
+def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[str, Any] | None:
+    """What ``charts.js`` needs to draw a section's chart (None: nothing to draw)."""
     chart = a.section.chart
-    if chart is None or not a.rows:
+    if chart is None or not a.chart_rows:
         return None
-    col = {name: i for i, name in enumerate(a.columns)}
+    col = {name: i for i, name in enumerate(a.chart_columns)}
+    decimals = next((c.decimals for c in a.section.columns
+                     if c.name in chart.series and c.decimals is not None), 1)
     base: dict[str, Any] = {"id": chart_id, "kind": chart.kind, "title": a.section.title,
-                            "unit": chart.unit}
+                            "unit": chart.unit, "decimals": decimals}
     if chart.kind == "line":
         assert chart.group is not None
+        if window.start is None or window.end is None:
+            return None
+        x0, x1 = _ms(window.start), _ms(window.end)
+        bucket = timedelta(hours=window.bucket_hours).total_seconds() * 1000
         groups: dict[str, list[list[float]]] = {}
-        for r in a.rows:
-            t, v = r[col[chart.x]], r[col[chart.series[0]]]
+        for r in a.chart_rows:
+            t, v = r[col[chart.category]], r[col[chart.series[0]]]
             if t is None or v is None:
                 continue
-            stamp = t if isinstance(t, datetime) else datetime.combine(t, datetime.min.time())
-            if stamp.tzinfo is None:
-                stamp = stamp.replace(tzinfo=UTC)
-            groups.setdefault(str(r[col[chart.group]]), []).append(
-                [stamp.timestamp() * 1000.0, float(v)])
-        return {**base, "series": [{"name": k, "points": p} for k, p in groups.items()]}
+            # at the middle of the part of the bucket inside the window
+            middle = (max(_ms(t), x0) + min(_ms(t) + bucket, x1)) / 2
+            groups.setdefault(str(r[col[chart.group]]), []).append([middle, float(v)])
+        if not groups:
+            return None
+        return {**base, "x0": x0, "x1": x1,
+                "bucket_hours": window.bucket_hours,
+                "series": [{"name": k, "points": p} for k, p in groups.items()]}
+    rows = a.chart_rows if chart.sql is not None else a.chart_rows[:top]
+    labels = chart.labels or chart.series
+    series = []
+    for name, label in zip(chart.series, labels, strict=True):
+        values = [float(r[col[name]] or 0.0) for r in rows]
+        if len(chart.series) > 1 and not any(values):
+            continue  # a state nobody was in: no empty legend entry
+        entry: dict[str, Any] = {"name": label, "values": values}
+        if name in STATE_COLOURS:  # a GPU state has one colour in every chart
+            entry["colour"] = STATE_COLOURS[name]
+        series.append(entry)
+    if not any(any(s["values"]) for s in series):
+        return None  # all zero (waste of scheduler-only history): no empty chart
     return {**base, "stacked": chart.stacked,
-            "categories": [str(r[col[chart.x]]) for r in a.rows],
-            "series": [{"name": s, "values": [float(r[col[s]] or 0.0) for r in a.rows]}
-                       for s in chart.series]}
+            "categories": [str(r[col[chart.category]]) for r in rows], "series": series}
 
 
-def _table(a: Answer) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in a.columns)
-    body = []
-    for r in a.rows:
+def _rows_html(a: Answer, rows: list[tuple[Any, ...]]) -> str:
+    columns = a.section.columns
+    index = [a.columns.index(c.name) for c in columns]
+    out = []
+    for r in rows:
         tds = []
-        for v in r:
-            numeric = isinstance(v, int | float) and not isinstance(v, bool)
-            tds.append(f'<td{" class=n" if numeric else ""}>{html.escape(cell(v))}</td>')
-        body.append(f"<tr>{''.join(tds)}</tr>")
+        named = dict(zip(a.columns, r, strict=True))
+        for i, c in zip(index, columns, strict=True):
+            classes = [k for k, on in (("n", c.numeric), ("blank", r[i] is None)) if on]
+            attr = f' class="{" ".join(classes)}"' if classes else ""
+            tds.append(f"<td{attr}>{html.escape(cell(r[i], c, named))}</td>")
+        out.append(f"<tr>{''.join(tds)}</tr>")
+    return "".join(out)
+
+
+def _header_cell(c: Column) -> str:
+    """The header; its unit never breaks across lines ("GPU-" / "h")."""
+    if not c.unit:
+        return html.escape(c.header)
+    return f'{html.escape(c.header)} <span class="u">({html.escape(c.unit)})</span>'
+
+
+def _table(a: Answer, top: int) -> str:
+    columns = a.section.columns
+    head = "".join(f'<th{" class=n" if c.numeric else ""}>{_header_cell(c)}</th>'
+                   for c in columns)
+    thead = f"<thead><tr>{head}</tr></thead>"
     if not a.rows:
-        body.append(f'<tr><td colspan="{len(a.columns)}">(none)</td></tr>')
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        return (f'<table>{thead}<tbody><tr><td colspan="{len(columns)}" class="blank">'
+                "no rows in this window</td></tr></tbody></table>")
+    text = f"<table>{thead}<tbody>{_rows_html(a, a.rows[:top])}</tbody></table>"
+    rest = a.rows[top:]
+    if rest:
+        more = f"{len(rest):,} more rows"
+        if len(a.rows) >= MAX_ROWS:
+            more += f" (the first {MAX_ROWS:,} in all; the views of sql/20_analyst.sql have " \
+                    "every one)"
+        text += (f"<details><summary>{html.escape(more)}</summary><table>{thead}<tbody>"
+                 f"{_rows_html(a, rest)}</tbody></table></details>")
+    return text
 
 
 def _script() -> str:
@@ -76,30 +145,47 @@ def _script() -> str:
         encoding="utf-8")
 
 
-def render_html(answers: list[Answer], warehouse: str, generated: datetime | date,
-                window: str) -> str:
+def _header(report: Report, warehouse: str, generated: datetime | date) -> str:
+    w = report.window
+    lines = [f"Data: {w.text()}."]
+    asked = w.asked()
+    if asked is not None:
+        lines.append(asked)
+    lines.append(f"Warehouse {warehouse}; generated {when(generated)} UTC. Times are UTC.")
+    meta = "".join(f'<p class="meta">{html.escape(x)}</p>' for x in lines)
+    nav = "".join(f'<a href="#part-{k}">{html.escape(v)}</a>' for k, v in PARTS.items())
+    return f"<h1>gpuledger report: where the GPUs go</h1>{meta}<nav>{nav}</nav>"
+
+
+def render_html(report: Report, warehouse: str, generated: datetime | date,
+                top: int = 10) -> str:
     """The whole report as one HTML document."""
     charts: list[dict[str, Any]] = []
     parts: list[str] = []
-    for i, a in enumerate(answers):
-        parts.append(f'<section id="{html.escape(a.section.key)}">'
-                     f"<h2>{html.escape(a.section.title)}</h2>"
-                     f'<p class="q">{html.escape(a.section.question)}</p>')
-        payload = _chart_payload(a, f"chart-{i}")
+    part = None
+    for i, a in enumerate(report.answers):
+        s = a.section
+        if s.part != part:
+            part = s.part
+            parts.append(f'<h2 id="part-{part}">{html.escape(PARTS[part])}</h2>')
+        parts.append(f'<section id="{html.escape(s.key)}"><h3>{html.escape(s.title)}</h3>'
+                     f'<p class="q">{html.escape(s.question)}</p>')
+        payload = chart_payload(a, f"chart-{i}", report.window, top)
         if payload is not None:
             charts.append(payload)
             parts.append(f'<div class="chart" id="chart-{i}"></div>')
-        parts.append(_table(a) + "</section>")
+        parts.append(_table(a, top))
+        parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in s.notes)
+        parts.append("</section>")
     data = json.dumps({"charts": charts}, separators=(",", ":")).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         "<title>gpuledger report</title>"
         f"<style>{CSS}</style><script>{ERROR_HOOK}</script></head>"
         f'<body data-charts-expected="{len(charts)}">'
-        "<h1>gpuledger report: where the GPUs go</h1>"
-        f'<p class="q">Warehouse {html.escape(warehouse)}; window {html.escape(window)}; '
-        f"generated {html.escape(generated.isoformat())}.</p>"
-        '<noscript><p>Charts need JavaScript; the tables below hold every number.</p>'
+        + _header(report, warehouse, generated)
+        + '<noscript><p>Charts need JavaScript; the tables below hold every number.</p>'
         "</noscript><div id=\"script-errors\"></div>"
         + "".join(parts)
         + f'<script type="application/json" id="report-data">{data}</script>'

@@ -1,46 +1,98 @@
-"""The report as rich tables in the terminal."""
+"""The report as tables in the terminal (rich), the same numbers as the HTML report.
+
+Tables show the first ``top`` rows and say how many more there are; the columns marked
+``terminal=False`` are left out so that a table fits 80 columns. Job ids are never cut:
+other cells wrap instead when the terminal is narrower still.
+"""
 
 from __future__ import annotations
 
-from datetime import date, datetime
-from typing import Any
-
+from rich import box
 from rich.console import Console
+from rich.rule import Rule
 from rich.table import Table
+from rich.text import Text
 
-from gpuledger.pipeline.analyst_report.answers import Answer
-
-
-def cell(value: Any) -> str:
-    """One value as text: empty for NULL, thousands separators, short times."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if abs(value) >= 100:
-            return f"{value:,.1f}"
-        return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M")
-    if isinstance(value, date):
-        return value.isoformat()
-    return str(value)
+from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report
+from gpuledger.pipeline.analyst_report.numbers import cell
+from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 
 
-def print_answers(answers: list[Answer], console: Console) -> None:
-    for a in answers:
-        table = Table(title=a.section.title, caption=a.section.question,
-                      title_justify="left", caption_justify="left")
-        for i, name in enumerate(a.columns):
-            numeric = any(isinstance(r[i], int | float) and not isinstance(r[i], bool)
-                          for r in a.rows)
-            table.add_column(name, justify="right" if numeric else "left")
-        for r in a.rows:
-            table.add_row(*[cell(v) for v in r])
-        if not a.rows:
-            table.add_row(*(["(none)"] + [""] * (len(a.columns) - 1)))
-        console.print(table)
+def _widths(titles: list[str], rows: list[list[str]], excess: int) -> list[int]:
+    """Column widths that fit: headers wrap at spaces, cells stay whole; the column
+    with the most room gives first, until ``excess`` is taken off."""
+    hi = [max([len(t), *(len(r[k]) for r in rows)]) for k, t in enumerate(titles)]
+    lo = [max([len(w) for w in t.split()] + [len(r[k]) for r in rows])
+          for k, t in enumerate(titles)]
+    widths = list(hi)
+    while excess > 0:
+        k = max(range(len(widths)), key=lambda i: widths[i] - lo[i])
+        if widths[k] <= lo[k]:
+            break
+        widths[k] -= 1
+        excess -= 1
+    return widths
+
+
+def _shown(a: Answer) -> list[Column]:
+    """The columns of the terminal table (sparse ones only when they hold something)."""
+    return [c for c in a.section.columns
+            if c.terminal and not (c.sparse and not any(a.column(c.name)))]
+
+
+def _table(a: Answer, top: int, console: Console) -> Table:
+    section = a.section
+    shown = _shown(a)
+    index = [a.columns.index(c.name) for c in shown]
+    rows = [[cell(r[i], c, dict(zip(a.columns, r, strict=True)))
+             for i, c in zip(index, shown, strict=True)] for r in a.rows[:top]]
+    if not rows:
+        rows = [["no rows in this window"] + [""] * (len(shown) - 1)]
+    titles = [c.title for c in shown]
+
+    def build(widths: list[int] | None) -> Table:
+        table = Table(title=section.title, title_justify="left", title_style="bold",
+                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for k, column in enumerate(shown):
+            table.add_column(titles[k], width=None if widths is None else widths[k],
+                             no_wrap=column.key, overflow="fold",
+                             justify="right" if column.numeric else "left")
+        for r in rows:
+            table.add_row(*r)
+        return table
+
+    full = build(None)
+    unbounded = console.options.update_width(100_000)
+    excess = console.measure(full, options=unbounded).maximum - console.width
+    if excess <= 0:
+        return full
+    return build(_widths(titles, rows, excess))
+
+
+def print_report(report: Report, console: Console, top: int) -> None:
+    """Every section: its part's question, the table, what is left out, the notes."""
+    console.print(Text("gpuledger report: where the GPUs go", style="bold"))
+    console.print(f"Data: {report.window.text()}")
+    asked = report.window.asked()
+    if asked is not None:
+        console.print(asked, overflow="fold")
+    part = None
+    for a in report.answers:
+        if a.section.part != part:
+            part = a.section.part
+            console.print()
+            console.print(Rule(PARTS[part], align="left"))
+        console.print(_table(a, top, console))
+        if len(a.rows) > top:
+            more = (f"… and {len(a.rows) - top:,} more rows: gpuledger report --html FILE "
+                    "folds them under the table" if len(a.rows) < MAX_ROWS else
+                    f"… and more rows: the HTML report folds up to {MAX_ROWS:,} in all, the "
+                    "views of sql/20_analyst.sql have every one")
+            console.print(more, style="dim", overflow="fold")
+        hidden = [c.title for c in a.section.columns if c not in _shown(a)]
+        if hidden and a.rows:
+            console.print(f"Also in the HTML report: {', '.join(hidden)}.", style="dim",
+                          overflow="fold")
+        for note in a.section.notes:
+            console.print(note, style="dim", overflow="fold")
         console.print()

@@ -15,12 +15,16 @@ from gpuledger.cli.errors import CliError
 
 
 def cmd_dashboards(args: argparse.Namespace) -> int:
-    from gpuledger.pipeline.dashboards.files import (
-        load_boards,
-        repo_dashboards_dir,
-        stale_boards,
-        write_boards,
-    )
+    try:
+        from gpuledger.pipeline.dashboards.files import (
+            load_boards,
+            repo_dashboards_dir,
+            stale_boards,
+            write_boards,
+        )
+    except ImportError:
+        raise CliError("dashboards needs the ops extra (grafana-foundation-sdk): "
+                       "pip install 'gpuledger[ops]'") from None
 
     folder: Path = args.dir or repo_dashboards_dir()
     if args.action == "generate":

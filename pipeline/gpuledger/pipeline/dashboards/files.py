@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gpuledger.pipeline.dashboards.boards import all_boards
-from gpuledger.pipeline.dashboards.model import Json
+from gpuledger.pipeline.dashboards.builders import Json
 
 
 def board_text(board: Json) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuledger.pipeline.dashboards.model import Json
+from gpuledger.pipeline.dashboards.builders import Json
 
 TOKEN_VARIABLES = ("GPULEDGER_GRAFANA_TOKEN", "GRAFANA_TOKEN")
 FOLDER_UID = "gpuledger"

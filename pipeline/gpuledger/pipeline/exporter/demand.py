@@ -1,4 +1,9 @@
-"""Fragmentation, pending and blocked demand, queue wait (cluster-wide facts)."""
+"""Fragmentation, pending and blocked demand, queue wait (cluster-wide facts).
+
+Fragmentation and free capacity are by ``pool`` and physical ``card_type``; the queue
+series describe jobs, so they carry ``requested_card_type`` (``any`` for a job that
+asked for no card type: it counts in every card type's demand of its pool).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,13 @@ from gpuledger.pipeline.exporter.snapshot import QUEUE_LABELS, Snapshot
 PC = ["pool", "card_type"]
 FRAG_K = {"1": "frag_1", "2": "frag_2", "4": "frag_4", "8": "frag_8", "node": "frag_node",
           "demand": "frag_demand"}
+
+
+def _requested(frame: pl.DataFrame) -> pl.DataFrame:
+    """A job-side frame's ``card_type`` (what the jobs asked for) as ``requested_card_type``."""
+    if "card_type" in frame.columns:
+        return frame.rename({"card_type": "requested_card_type"})
+    return frame
 
 
 class DemandCollector:
@@ -50,7 +62,7 @@ class DemandCollector:
                     frag, PC, "blocked_jobs")
         yield gauge("gpuledger_blocked_demand_gpus", "GPUs requested by blocked pending jobs.",
                     frag, PC, "blocked_gpus")
-        pend = snap.table("pending_minute")
+        pend = _requested(snap.table("pending_minute"))
         if pend.is_empty():
             pend = pl.DataFrame(schema={**{c: pl.String for c in QUEUE_LABELS},
                                         **{c: pl.Int64 for c in (
@@ -61,7 +73,7 @@ class DemandCollector:
                          ("blocked_jobs", "Pending jobs blocked by fragmentation."),
                          ("blocked_gpus", "GPUs requested by pending jobs blocked by "
                           "fragmentation.")):
-            yield gauge(f"gpuledger_queue_{col}", doc, pend, QUEUE_LABELS, col)
+            yield gauge(f"gpuledger_queue_{col}", doc, pend, QUEUE_LABELS, col, any_card=True)
         yield self._oldest_pending(snap)
         yield self._histogram()
 
@@ -71,13 +83,14 @@ class DemandCollector:
         if until is None or snap.pending.is_empty():
             return gauge("gpuledger_queue_oldest_pending_seconds", doc, pl.DataFrame(),
                          QUEUE_LABELS, "age")
-        ages = snap.pending.group_by(QUEUE_LABELS).agg(
+        ages = _requested(snap.pending).group_by(QUEUE_LABELS).agg(
             (pl.lit(until).cast(TIME_DTYPE) - pl.col("queued_at").min())
             .dt.total_milliseconds().alias("age_ms"))
         return gauge("gpuledger_queue_oldest_pending_seconds", doc, ages, QUEUE_LABELS,
-                     pl.col("age_ms") / 1000.0)
+                     pl.col("age_ms") / 1000.0, any_card=True)
 
     def _histogram(self) -> Metric:
+        """Observed with ``requested_card_type`` ``any`` for any-card jobs (snapshot)."""
         family = HistogramMetricFamily(
             "gpuledger_queue_wait_seconds",
             "Queue wait of each job attempt (start - submit or requeue), observed when it "

@@ -9,22 +9,33 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 MIB = 1_048_576.0
 UNKNOWN = "unknown"
+ANY_CARD = "any"
+"""``requested_card_type`` of a job that asked for no card type: any card of its pool."""
+REQUESTED_CARD = "requested_card_type"
 
 
-def label_exprs(labels: Sequence[str], empty: Sequence[str] = ()) -> list[pl.Expr]:
-    """Label columns as strings; nulls become ``unknown`` (or ``""`` for ``empty``)."""
-    return [pl.col(c).cast(pl.String).fill_null("" if c in empty else UNKNOWN)
-            for c in labels]
+def label_exprs(labels: Sequence[str], empty: Sequence[str] = (),
+                any_card: bool = False) -> list[pl.Expr]:
+    """Label columns as strings; nulls become ``unknown`` (or ``""`` for ``empty``, and
+    ``any`` for ``requested_card_type`` when ``any_card``)."""
+    def fill(c: str) -> str:
+        if c in empty:
+            return ""
+        return ANY_CARD if any_card and c == REQUESTED_CARD else UNKNOWN
+
+    return [pl.col(c).cast(pl.String).fill_null(fill(c)) for c in labels]
 
 
 def gauge(name: str, doc: str, frame: pl.DataFrame, labels: Sequence[str],
-          value: str | pl.Expr, empty: Sequence[str] = ()) -> GaugeMetricFamily:
+          value: str | pl.Expr, empty: Sequence[str] = (),
+          any_card: bool = False) -> GaugeMetricFamily:
     """A gauge with one sample per row of ``frame`` (rows whose value is null are left out)."""
     family = GaugeMetricFamily(name, doc, labels=list(labels))
     if frame.is_empty():
         return family
     expr = pl.col(value) if isinstance(value, str) else value
-    rows = frame.select(*label_exprs(labels, empty), expr.cast(pl.Float64).alias("_v")) \
+    rows = frame.select(*label_exprs(labels, empty, any_card),
+                        expr.cast(pl.Float64).alias("_v")) \
         .filter(pl.col("_v").is_not_null())
     n = len(labels)
     for row in rows.iter_rows():

@@ -1,5 +1,4 @@
-"""Follow a Kafka service's shards: each assigned telemetry partition runs a processor
-of its own, created and dropped as partitions are assigned and revoked."""
+"""Follow a Kafka service's engine: one per instance, whatever partitions it holds."""
 
 from __future__ import annotations
 
@@ -7,11 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def follow_shards(service: Any, attach: Callable[[Any], Any],
-                  detach: Callable[[Any], Any]) -> None:
-    """Call ``attach(processor)`` for every shard ``service`` runs now or will run, and
-    ``detach(processor)`` when it drops one (the service's shard hooks)."""
-    for run in list(service.shards.values()):
-        attach(run.processor)
-    service.on_shard_added.append(attach)
-    service.on_shard_dropped.append(detach)
+def follow_engine(service: Any, attach: Callable[[Any], Any]) -> None:
+    """Call ``attach(engine)`` for the engine ``service`` runs (once: partitions come and
+    go inside it)."""
+    service.follow(attach)

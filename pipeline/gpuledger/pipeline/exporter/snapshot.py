@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from gpuledger.pipeline.columns import TIME_DTYPE
+from gpuledger.pipeline.exporter.families import label_exprs
 from gpuledger.pipeline.exporter.histogram import Histogram
 from gpuledger.pipeline.facts.minutes import expand_to_minutes
 
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     from gpuledger.pipeline.processor import Processor
 
 KEPT_TABLES = ("gpu_minute", "frag_minute", "pending_minute", "blocked_minute")
-QUEUE_LABELS = ["queue", "pool", "card_type", "team"]
+QUEUE_LABELS = ["queue", "pool", "requested_card_type", "team"]
+"""Labels of the queue series: ``requested_card_type`` is the job's ``card_type`` column."""
 QUEUE_WAIT_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
                       14_400.0, 28_800.0, 86_400.0)
 NODE_SEEN_SCHEMA = {"node": pl.String(), "last_seen": TIME_DTYPE}
@@ -151,7 +153,8 @@ class FactSnapshots:
         observed while running is forgotten when its facts arrive, so the set of
         remembered attempts stays as small as the running set.
         """
-        cols = ["job_id", "attempt", "started_at", "queue_wait_s", *QUEUE_LABELS]
+        cols = ["job_id", "attempt", "started_at", "queue_wait_s", "queue", "pool", "card_type",
+                "team"]
         started = attempts.filter(pl.col("started_at").is_not_null()
                                   & (pl.col("started_at") < pl.lit(until).cast(TIME_DTYPE)))
         frames = [started.select(cols)]
@@ -168,7 +171,8 @@ class FactSnapshots:
             rows = rows.join(known, on=["job_id", "attempt"], how="anti")
         if not rows.is_empty():
             with self.lock:
-                self.queue_wait.observe(rows.with_columns(
-                    pl.col(c).fill_null("unknown") for c in QUEUE_LABELS), "queue_wait_s")
+                self.queue_wait.observe(rows.rename({"card_type": "requested_card_type"})
+                                        .with_columns(label_exprs(QUEUE_LABELS, any_card=True)),
+                                        "queue_wait_s")
             seen.update(rows.select("job_id", "attempt").iter_rows())
         seen.difference_update(done_keys)

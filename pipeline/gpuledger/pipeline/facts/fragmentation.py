@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from gpuledger.pipeline.facts.minutes import MINUTE_MS
+
 FRAG_KS = (1, 2, 4, 8)
 
 
@@ -37,16 +39,49 @@ def frag_ratio(usable_sum: pl.Expr, free_total: pl.Expr) -> pl.Expr:
     )
 
 
-def node_free_gpus(gpus: pl.DataFrame) -> pl.DataFrame:
-    """Free whole GPUs per (minute, pool, card_type, node) from the GPU grid.
+def free_per_node(node_runs: pl.DataFrame, busy: pl.DataFrame) -> pl.DataFrame:
+    """Free whole GPUs per (minute, pool, card_type, node).
 
-    ``gpus`` has one row per GPU-minute with ``cluster_free`` (healthy per inventory,
-    schedulable, no allocation at all) and ``gpu_count`` context.
+    ``node_runs``: inventory runs clipped to the step (``state/inventory.py``);
+    ``busy``: one row per (minute, node, gpu_index) with an allocation at the minute's
+    middle (any fraction). Free = the node's healthy GPUs with no allocation; columns
+    ``free``, ``node_gpus`` (the node's GPU count) and ``node_ok`` (schedulable, not down).
+    One row per node-minute, not per GPU-minute.
     """
-    return gpus.group_by(["minute", "pool", "card_type", "node"]).agg(
-        pl.col("cluster_free").sum().cast(pl.Int64).alias("free"),
-        pl.len().cast(pl.Int64).alias("node_gpus"),
-        (pl.col("node_ok").all()).alias("node_ok"),
+    grid = (
+        node_runs.lazy()
+        .with_columns(pl.int_ranges(pl.col("from_ms"), pl.col("to_ms"), MINUTE_MS)
+                      .alias("minute_ms"))
+        .explode("minute_ms")
+        .select(
+            "minute_ms", "node", "pool", "card_type",
+            pl.col("gpu_count").alias("node_gpus"),
+            (pl.col("schedulable") & (pl.col("health") != "down")).fill_null(False)
+            .alias("node_ok"),
+            pl.col("unhealthy_gpus").fill_null(pl.lit([], pl.List(pl.Int64()))).alias("_bad"),
+        )
+    )
+    taken = (
+        busy.lazy()
+        .select(pl.col("minute").cast(pl.Int64).alias("minute_ms"), "node", "gpu_index")
+        .unique()
+        .join(grid.select("minute_ms", "node", "node_gpus", "_bad"),
+              on=["minute_ms", "node"], how="inner")
+        .filter((pl.col("gpu_index") < pl.col("node_gpus"))
+                & ~pl.col("_bad").list.contains(pl.col("gpu_index")))
+        .group_by(["minute_ms", "node"])
+        .agg(pl.len().cast(pl.Int64).alias("_busy"))
+    )
+    healthy = pl.col("node_gpus") - pl.col("_bad").list.unique().list.len().cast(pl.Int64)
+    return (
+        grid.join(taken, on=["minute_ms", "node"], how="left")
+        .with_columns(
+            (healthy - pl.col("_busy").fill_null(0)).clip(0, None).alias("free"),
+            pl.col("minute_ms").cast(pl.Datetime("ms")).dt.replace_time_zone("UTC")
+            .alias("minute"),
+        )
+        .select("minute", "pool", "card_type", "node", "free", "node_gpus", "node_ok")
+        .collect()
     )
 
 

@@ -1,13 +1,18 @@
 """Per-job usage: allocation vs use, idle vs inefficient, memory, card mismatch.
 
-Each closed GPU-minute a job holds adds to the job's accumulators, per GPU, weighted by
-the fraction of the GPU it holds (1 for a whole GPU). When the attempt ends (and all its
-minutes are closed) the accumulators become one ``job_attempts`` row:
+Each closed GPU-minute (or span of minutes) a job holds adds to the job's accumulators,
+per GPU, weighted by its *share*: the fraction of the GPU it holds × the seconds it held
+it / 60 (docs/metrics.md). When the attempt ends (and all its minutes are closed) the
+accumulators become one ``job_attempts`` row:
 
-- ``allocated_gpu_hours`` = Σ fraction over held GPU-minutes / 60
-- ``used_gpu_hours``      = Σ fraction · activity / 60
-- ``idle_gpu_hours`` / ``inefficient_gpu_hours``: the held minutes whose activity was
-  below the idle / efficiency threshold; ``waste_gpu_hours`` = allocated − used
+- ``allocated_gpu_hours`` = Σ share / 60 (a 30 s attempt on 8 whole GPUs: 4 GPU-minutes)
+- ``job_gpu_hours`` = Σ seconds held / 3600 per GPU, whatever the fraction (pods × GPUs)
+- ``observed_gpu_hours`` = the allocated share of minutes with telemetry;
+  ``no_telemetry_gpu_hours`` = allocated − observed (activity unknown: neither idle nor
+  used, never waste)
+- ``used_gpu_hours``      = Σ share · activity / 60
+- ``idle_gpu_hours`` / ``inefficient_gpu_hours``: the observed share whose activity was
+  below the idle / efficiency threshold; ``waste_gpu_hours`` = observed − used
 - ``mem_peak_mib``: the highest memory used on any of its GPUs (a shared GPU charges
   the job only its own processes' memory); ``mem_held_mib`` = card memory · fraction of
   that GPU; *memory over-sized* when peak < ``memory_oversized_ratio`` · held
@@ -31,10 +36,12 @@ ACC_SCHEMA = pl.Schema(
         "attempt": pl.Int64,
         "node": pl.String,
         "gpu_index": pl.Int64,
+        "partition": pl.Int64,
         "card_type": pl.String,
         "gpu_mem_total_mib": pl.Float64,
         "fraction": pl.Float64,
         "alloc_min": pl.Float64,
+        "held_min": pl.Float64,
         "used_min": pl.Float64,
         "idle_min": pl.Float64,
         "inefficient_min": pl.Float64,
@@ -42,36 +49,32 @@ ACC_SCHEMA = pl.Schema(
         "mem_peak_mib": pl.Float64,
     }
 )
+SUMMED = ("alloc_min", "held_min", "used_min", "idle_min", "inefficient_min", "observed_min")
 
 
-def minute_usage(job_minutes: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
-    """Accumulator increments from (job, attempt, node, gpu, minute) rows.
-
-    ``job_minutes`` columns: ACC_KEYS, minute, fraction, activity (null = no
-    telemetry), card_type, gpu_mem_total_mib, job_mem_mib (null = not attributed),
-    mem_used_mib (GPU).
-    """
+def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFrame:
+    """Accumulator increments from job rows (``gpu_minutes.job_rows_with_context``, with
+    ``job_mem_mib``: the job's own processes' memory on a shared GPU, null if unknown)."""
     t = config.thresholds
     act = pl.col("activity")
-    seen = act.is_not_null()
+    seen = (pl.col("telemetry_samples") > 0) & act.is_not_null()
+    weight = pl.col("share") * pl.col("n_minutes")
     frac = pl.col("fraction")
-    mem = (
-        pl.when(frac >= 1.0).then(pl.col("mem_used_mib"))
-        .otherwise(pl.col("job_mem_mib"))
-    )
-    return job_minutes.group_by(ACC_KEYS).agg(
+    mem = pl.when(frac >= 1.0).then(pl.col("mem_used_mib")).otherwise(pl.col("job_mem_mib"))
+    return job_rows.group_by(ACC_KEYS).agg(
+        pl.col("partition").first(),
         pl.col("card_type").drop_nulls().first(),
         pl.col("gpu_mem_total_mib").max(),
         frac.max().alias("fraction"),
-        frac.sum().alias("alloc_min"),
-        (frac * act.fill_null(0.0)).sum().alias("used_min"),
-        (frac * below(act.fill_null(0.0), t.idle_activity).cast(pl.Float64)).sum()
-        .alias("idle_min"),
-        (frac * (~below(act, t.idle_activity) & below(act, t.efficient_activity))
-         .fill_null(False).cast(pl.Float64)).sum().alias("inefficient_min"),
-        (frac * seen.cast(pl.Float64)).sum().alias("observed_min"),
-        mem.max().alias("mem_peak_mib"),
-    ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA))  # type: ignore[arg-type]
+        weight.sum().alias("alloc_min"),
+        (pl.col("held") * pl.col("n_minutes")).sum().alias("held_min"),
+        (weight * act).filter(seen).sum().alias("used_min"),
+        weight.filter(seen & below(act, t.idle_activity)).sum().alias("idle_min"),
+        weight.filter(seen & ~below(act, t.idle_activity) & below(act, t.efficient_activity))
+        .sum().alias("inefficient_min"),
+        weight.filter(seen).sum().alias("observed_min"),
+        mem.filter(seen).max().alias("mem_peak_mib"),
+    ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)).collect()  # type: ignore[arg-type]
 
 
 def merge(acc: pl.DataFrame, inc: pl.DataFrame) -> pl.DataFrame:
@@ -80,11 +83,11 @@ def merge(acc: pl.DataFrame, inc: pl.DataFrame) -> pl.DataFrame:
         return acc
     both = pl.concat([acc, inc]) if not acc.is_empty() else inc
     return both.group_by(ACC_KEYS).agg(
+        pl.col("partition").first(),
         pl.col("card_type").drop_nulls().first(),
         pl.col("gpu_mem_total_mib").max(),
         pl.col("fraction").max(),
-        *[pl.col(c).sum() for c in ("alloc_min", "used_min", "idle_min",
-                                     "inefficient_min", "observed_min")],
+        *[pl.col(c).sum() for c in SUMMED],
         pl.col("mem_peak_mib").max(),
     ).select(ACC_SCHEMA.names())
 
@@ -93,23 +96,27 @@ def per_gpu(acc: pl.DataFrame) -> pl.DataFrame:
     """``job_gpu`` facts: one row per job attempt and GPU."""
     return acc.with_columns(
         (pl.col("alloc_min") / 60).alias("allocated_gpu_hours"),
+        (pl.col("held_min") / 60).alias("job_gpu_hours"),
         (pl.col("used_min") / 60).alias("used_gpu_hours"),
         (pl.col("idle_min") / 60).alias("idle_gpu_hours"),
         (pl.col("inefficient_min") / 60).alias("inefficient_gpu_hours"),
-        (pl.col("used_min") / pl.col("alloc_min")).alias("mean_activity"),
+        pl.when(pl.col("observed_min") > 0)
+        .then(pl.col("used_min") / pl.col("observed_min")).alias("mean_activity"),
         (pl.col("gpu_mem_total_mib") * pl.col("fraction")).alias("mem_held_mib"),
-    ).drop("alloc_min", "used_min", "idle_min", "inefficient_min")
+    ).drop("alloc_min", "held_min", "used_min", "idle_min", "inefficient_min")
 
 
 def attempt_usage(acc: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
     """Per (job, attempt) usage totals from the per-GPU accumulators."""
     t = config.thresholds
     per = acc.with_columns(
-        (pl.col("used_min") / pl.col("alloc_min")).alias("_gpu_act"),
+        pl.when(pl.col("observed_min") > 0)
+        .then(pl.col("used_min") / pl.col("observed_min")).alias("_gpu_act"),
         (pl.col("gpu_mem_total_mib") * pl.col("fraction")).alias("_held"),
     )
     out = per.group_by(["job_id", "attempt"]).agg(
         (pl.col("alloc_min").sum() / 60).alias("allocated_gpu_hours"),
+        (pl.col("held_min").sum() / 60).alias("job_gpu_hours"),
         (pl.col("used_min").sum() / 60).alias("used_gpu_hours"),
         (pl.col("idle_min").sum() / 60).alias("idle_gpu_hours"),
         (pl.col("inefficient_min").sum() / 60).alias("inefficient_gpu_hours"),
@@ -121,9 +128,11 @@ def attempt_usage(acc: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
         below(pl.col("_gpu_act"), t.idle_activity).sum().alias("idle_gpus"),
     )
     return out.with_columns(
-        (pl.col("allocated_gpu_hours") - pl.col("used_gpu_hours")).alias("waste_gpu_hours"),
-        pl.when(pl.col("allocated_gpu_hours") > 0)
-        .then(pl.col("used_gpu_hours") / pl.col("allocated_gpu_hours"))
+        (pl.col("observed_gpu_hours") - pl.col("used_gpu_hours")).alias("waste_gpu_hours"),
+        (pl.col("allocated_gpu_hours") - pl.col("observed_gpu_hours"))
+        .alias("no_telemetry_gpu_hours"),
+        pl.when(pl.col("observed_gpu_hours") > 0)
+        .then(pl.col("used_gpu_hours") / pl.col("observed_gpu_hours"))
         .alias("utilisation_of_allocation"),
         pl.when(pl.col("observed_gpu_hours") > 0)
         .then(pl.col("mem_peak_mib") / pl.col("mem_held_mib"))

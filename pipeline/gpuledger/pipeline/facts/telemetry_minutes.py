@@ -41,41 +41,33 @@ def prepare(telemetry: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def per_gpu_minute(samples: pl.DataFrame) -> pl.DataFrame:
-    """Aggregate prepared samples to (minute, node, gpu_index).
+def per_gpu_minute(samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Aggregate prepared samples to (minute, node, gpu_index); also the number of
+    samples dropped as repeats of another (same node, GPU, MIG instance and time).
 
-    Adds ``duplicates``: samples dropped as repeats of another (same node, GPU, MIG
-    instance and time). Duplicates are found in the same pass (a count of distinct
-    sample times per GPU-minute); only the GPU-minutes that have some are aggregated
-    again from de-duplicated samples, so the common case pays nothing extra.
+    Repeats are rare, so they are looked for with one cheap pass (the number of distinct
+    hashes of node, GPU, MIG instance and time: equal to the row count means none); only
+    when some may exist are the samples de-duplicated exactly.
     """
     keys = ["minute", "node", "gpu_index"]
+    repeats = 0
+    if _may_repeat(samples):
+        unique = samples.unique(subset=SAMPLE_KEY, keep="first", maintain_order=True)
+        repeats, samples = samples.height - unique.height, unique
     if samples.select(pl.col("mig_instance").is_not_null().any()).item():
-        samples = samples.unique(subset=["node", "gpu_index", "mig_instance", "time"],
-                                 keep="first", maintain_order=False)
         samples = _merge_mig(samples, keys)
-    out = _aggregate(samples, keys)
-    repeated = out.filter(pl.col("_samples") > pl.col("_distinct"))
-    if not repeated.is_empty():
-        affected = repeated.select(keys)
-        clean = samples.join(affected, on=keys, how="semi").unique(
-            subset=["node", "gpu_index", "time"], keep="first", maintain_order=False)
-        fixed = _aggregate(clean, keys).with_columns(
-            pl.lit(None, pl.UInt32).alias("_dups"))
-        fixed = fixed.drop("_dups").join(
-            repeated.select(*keys, (pl.col("_samples") - pl.col("_distinct")).alias("_dups")),
-            on=keys)
-        out = pl.concat([
-            out.join(affected, on=keys, how="anti").with_columns(
-                pl.lit(0, pl.UInt32).alias("_dups")),
-            fixed.select([*out.columns, "_dups"]),
-        ], how="vertical_relaxed")
-    else:
-        out = out.with_columns(pl.lit(0, pl.UInt32).alias("_dups"))
-    return out.with_columns(
-        pl.col("_distinct").cast(pl.Int64).alias("telemetry_samples"),
-        pl.col("_dups").cast(pl.Int64).alias("duplicates"),
-    ).drop("_samples", "_distinct", "_dups")
+    return _aggregate(samples, keys), repeats
+
+
+SAMPLE_KEY = ["node", "gpu_index", "mig_instance", "time"]
+
+
+def _may_repeat(samples: pl.DataFrame) -> bool:
+    """Whether two samples may share node, GPU, MIG instance and time (a hash collision
+    only costs the exact check)."""
+    key = (pl.col("node").hash(1) ^ (pl.col("gpu_index").cast(pl.UInt64) * 0x9E3779B97F4A7C15)
+           ^ pl.col("mig_instance").hash(2) ^ pl.col("time").cast(pl.Int64).hash(3))
+    return bool(samples.select(key.n_unique()).item() < samples.height)
 
 
 def _merge_mig(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -101,11 +93,10 @@ def _merge_mig(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 def _aggregate(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return samples.lazy().group_by(keys).agg(
-        pl.len().alias("_samples"),
-        pl.coalesce(pl.col("agent"), pl.col("node")).first().alias("agent"),
+        pl.len().cast(pl.Int64).alias("telemetry_samples"),
+        pl.col("agent").first(),
         pl.col("seq").min().alias("seq_min"),
         pl.col("seq").max().alias("seq_max"),
-        pl.col("time").n_unique().alias("_distinct"),
         pl.col("card_type").first().alias("telemetry_card_type"),
         pl.col("activity").mean(),
         *[pl.col(c).mean() for c in _MEANS],
@@ -118,7 +109,7 @@ def _aggregate(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         pl.col("unhealthy_sample").max().alias("telemetry_unhealthy"),
         pl.col("n_proc").max().alias("processes"),
         pl.col("n_unattributed").max().alias("unattributed_processes"),
-    ).collect()
+    ).with_columns(pl.col("agent").fill_null(pl.col("node"))).collect()
 
 
 def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
@@ -129,6 +120,7 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
     """
     procs = (
         samples.filter(pl.col("n_proc") > 0)
+        .unique(subset=SAMPLE_KEY, keep="first")  # a repeated sample counts once
         .select("minute", "node", "gpu_index", "time", "processes")
         .explode("processes")
         .unnest("processes")
@@ -148,7 +140,8 @@ def sequence_gaps(gpu_minutes: pl.DataFrame) -> pl.DataFrame:
     Reads the per-GPU-minute aggregates (``seq_min``, ``seq_max``, distinct
     ``telemetry_samples``), so repeated samples are not counted as received twice.
     """
-    return gpu_minutes.group_by("agent").agg(
+    keys = ["partition", "agent"] if "partition" in gpu_minutes.columns else ["agent"]
+    return gpu_minutes.group_by(keys).agg(
         pl.col("seq_min").min(),
         pl.col("seq_max").max(),
         pl.col("telemetry_samples").sum().alias("seq_count"),

@@ -93,6 +93,7 @@ CONSUMER_OPTIONS: dict[str, str | None] = {
     "fetch_max_wait_ms": "fetch.wait.max.ms",
     "check_crcs": "check.crcs",
     "max_poll_records": None,
+    "request_timeout_ms": None,  # librdkafka times requests out by its own socket settings
 }
 
 

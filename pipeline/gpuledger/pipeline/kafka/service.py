@@ -1,26 +1,34 @@
 """``gpuledger process --kafka``: the processor as a long-lived Kafka service.
 
-- Telemetry is consumed in a consumer group (partitions by node). Each telemetry
-  partition this instance is assigned gets a *shard* of its own (``shard.py``): a
-  processor with its own state, checkpoint and fact files, which writes the facts of the
-  partition's nodes. Which instance runs a shard does not change what it writes, so one
-  instance or several, and any rebalance in between, give the same facts.
-- Scheduler events and inventory are read in full, from the start, by every shard
-  (global tables); the owner shard (partition 0) writes the cluster-wide facts and
-  reads the other shards' parts of ended job attempts from the attempt-parts topic.
-- Each loop drains the global topics first, then polls telemetry, decodes the poll
-  batch per shard and topic in one columnar pass, sends bad records to the dead-letter
-  topic (with the reason and the original topic, partition and offset in headers and
-  the raw record as value) and feeds the rest to the shard's processor.
-- A shard's watermark is capped by its input partitions that still have unread data,
-  each at the oldest event time of the last message read from it, so one partition
-  read ahead of the others, or nodes not read yet, cannot make samples late.
-- Every ``checkpoint_interval_s`` each shard's state and the offsets it covers are saved
-  together (``checkpoint.py``) after what it sent (dead letters, attempt parts) is
+- Telemetry is consumed in a consumer group (partitions by node). The instance runs
+  **one engine** (``processor.py``) over every telemetry partition it is assigned: one
+  decode of each poll for all of them, one set of scheduler and inventory state, one
+  close pass per step. The partition is a column of the engine's state and a key of its
+  fact files (``partitions.py``), so one instance or several, and any rebalance in
+  between, give the same facts.
+- Scheduler events and inventory are read in full by every instance (global tables);
+  the instance that holds partition 0 (the *owner*) writes the cluster-wide facts and
+  reads the other instances' parts of ended job attempts from the attempt-parts topic.
+  Inside one instance no exchange is needed.
+- Each loop drains the global topics first (decoded once), then polls telemetry, decodes
+  the poll in one columnar pass, sends bad records to the dead-letter topic (with the
+  reason and the original topic, partition and offset in headers and the raw record as
+  value) and feeds the rest to the engine.
+- The watermark is capped by the input partitions that still have unread data, each at
+  the oldest event time of the last message read from it, so one partition read ahead of
+  the others, or nodes not read yet, cannot make samples late.
+- Every ``checkpoint_interval_s`` the engine's global state (with the global topics'
+  offsets) and each held partition's section (with its telemetry offset) are saved
+  (``checkpoint.py``) after what the instance sent (dead letters, attempt parts) is
   acknowledged; then the group offsets are committed: offsets are committed only after
   what they cover is durable, and a restart resumes exactly there.
-- A revoked partition's shard is checkpointed and dropped; an assigned one is loaded
-  from its checkpoint (the warehouse folder, with ``state/``, is shared storage).
+- A revoked partition's section is saved and its rows leave the engine; an assigned one
+  is loaded from its newest section, wherever it was written (the ``state/`` folder is
+  shared by the group's instances), with the history it needs from the books.
+- The group's session can expire (a long pause, a loaded machine): a commit refused
+  for it (``CommitFailedError``, ``UnknownMemberId``) does not stop the service; the
+  consumer rejoins, the rebalance hands partitions back from their sections, and work
+  goes on from the last checkpoint.
 - SIGTERM/SIGINT: finish the batch, write partial hours, checkpoint, commit, exit 0.
 """
 
@@ -28,7 +36,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +55,8 @@ from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode
+from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.shard import Shard
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -67,8 +77,14 @@ class ServiceOptions:
     exit_when_idle_s: float | None = None
     """Flush everything and exit once caught up with all input and idle this long."""
     instance_id: str | None = None
-    """Static group membership: a restarted instance takes its partitions back at once."""
+    """Static group membership: a restarted instance takes its partitions back at once.
+    Also names the instance's checkpoint of the global state."""
     session_timeout_ms: int = 10_000
+    """The group drops an instance silent this long (its partitions move elsewhere)."""
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    """The group drops an instance that does not poll for this long."""
+    request_timeout_ms: int = 305_000
     log_interval_s: float = 10.0
 
 
@@ -78,18 +94,9 @@ class ServiceStats:
     dead_letters: int = 0
     checkpoints: int = 0
     parts_sent: int = 0
+    rejoins: int = 0
+    """Commits refused because the group had dropped this instance (it rejoined)."""
     started: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class ShardRun:
-    """One assigned telemetry partition: its processor and the offsets it covers."""
-
-    shard: Shard
-    processor: Processor
-    offsets: checkpoint.Offsets
-    state_path: Path
-    partition_time: dict[Key, datetime] = field(default_factory=dict)
 
 
 def _messages(records: dict[Any, list[Any]]) -> dict[str, list[Message]]:
@@ -140,8 +147,19 @@ def encode_parts(frame: pl.DataFrame) -> bytes:
     return sink.getvalue()
 
 
+def _rejoin_error(exc: BaseException) -> bool:
+    """A commit refused because the group no longer counts this member (its session
+    expired, or a rebalance is under way): the consumer rejoins by itself."""
+    name = type(exc).__name__
+    text = str(exc)
+    return name in ("CommitFailedError", "UnknownMemberIdError", "IllegalGenerationError",
+                    "RebalanceInProgressError", "FencedInstanceIdError") or any(
+        s in text for s in ("UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS",
+                            "CommitFailed", "UnknownMemberId"))
+
+
 class KafkaProcessorService:
-    """Runs one :class:`Processor` shard per assigned telemetry partition."""
+    """Runs one :class:`Processor` engine over the telemetry partitions assigned here."""
 
     def __init__(self, settings: KafkaSettings, config: ProcessorConfig, warehouse: Path,
                  options: ServiceOptions | None = None,
@@ -153,22 +171,25 @@ class KafkaProcessorService:
         self.options = options or ServiceOptions()
         self.root = warehouse
         self.now = now
-        self.state_dir = warehouse / "state" / self.options.group_id
         self.stats = ServiceStats()
         self.stop = threading.Event()
         self.closing = False
         self._tp = TopicPartition
+        o = self.options
         t = settings.topics
         self.telemetry = open_consumer(
-            settings, group_id=self.options.group_id, enable_auto_commit=False,
-            group_instance_id=self.options.instance_id,
-            session_timeout_ms=self.options.session_timeout_ms,
-            auto_offset_reset="earliest", max_poll_records=self.options.max_records,
+            settings, group_id=o.group_id, enable_auto_commit=False,
+            group_instance_id=o.instance_id, session_timeout_ms=o.session_timeout_ms,
+            heartbeat_interval_ms=o.heartbeat_interval_ms,
+            max_poll_interval_ms=o.max_poll_interval_ms,
+            request_timeout_ms=o.request_timeout_ms,
+            auto_offset_reset="earliest", max_poll_records=o.max_records,
             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
         )
         self.globals = open_consumer(settings, enable_auto_commit=False,
                                      auto_offset_reset="earliest",
-                                     max_poll_records=self.options.max_records,
+                                     request_timeout_ms=o.request_timeout_ms,
+                                     max_poll_records=o.max_records,
                                      fetch_max_bytes=64 << 20,
                                      max_partition_fetch_bytes=16 << 20)
         self.partitions = len(self.globals.partitions_for_topic(t.telemetry) or ())
@@ -179,78 +200,107 @@ class KafkaProcessorService:
                              for topic in (t.jobs, t.inventory, t.attempt_parts)
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
         self.globals.assign(self.global_parts)
-        self.shards: dict[int, ShardRun] = {}
-        self.on_shard_added: list[Callable[[Processor], None]] = []
-        """Called with a shard's processor when the instance starts running it (before its
-        first input): the exporter and the alert engine follow shards this way."""
-        self.on_shard_dropped: list[Callable[[Processor], None]] = []
+        shared = Warehouse(warehouse)
+        for table, schema in TABLE_SCHEMAS.items():
+            shared.ensure_schema(table, schema)
+        shared.publish_catalog()
+        self.engine = Processor(config, shared, now=now, telemetry_clock=True,
+                                partitioning=Partitioning(self.partitions, set()))
+        instance = o.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.store = checkpoint.CheckpointStore(warehouse / "state" / o.group_id, instance)
+        self.offsets: dict[Key, int] = {}
+        """The next offset to read of every input partition (telemetry held, globals)."""
+        loaded = self.store.load_global(self.engine)
+        for tp in self.global_parts:
+            key = (tp.topic, tp.partition)
+            if loaded is not None and key in loaded:
+                self.offsets[key] = loaded[key]
+                self.globals.seek(tp, loaded[key])
+            else:
+                self.globals.seek_to_beginning(tp)
+        self.partition_time: dict[Key, datetime] = {}
+        self.on_engine: list[Callable[[Processor], None]] = []
+        """Called with the engine once (the exporter and the alert engine follow it)."""
         self.producer = open_producer(settings)
         self._ends: dict[Key, int] = {}
         self._ends_at = 0.0
         self._ends_stale = True
         """Set when telemetry was read after the end offsets were fetched."""
-        self._shared_times: dict[str, dict[Key, datetime]] = {}
-        """Per global topic, the partition times of the batch every shard is handed."""
         self._last_checkpoint = time.monotonic()
         self._last_log = time.monotonic()
         self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
-        shared = Warehouse(warehouse)
-        for table, schema in TABLE_SCHEMAS.items():
-            shared.ensure_schema(table, schema)
-        shared.publish_catalog()
 
-    # -- shards --------------------------------------------------------------------
-
-    def add_shard(self, partition: int) -> ShardRun:
-        shard = Shard(partition, self.partitions)
-        processor = Processor(self.config, Warehouse(self.root, shard.suffix), now=self.now,
-                              telemetry_clock=True, shard=shard)
-        path = self.state_dir / f"telemetry-{shard.suffix}.checkpoint"
-        offsets = checkpoint.load(processor, path) or {}
-        run = ShardRun(shard, processor, offsets, path)
-        self.shards[partition] = run
-        for call in self.on_shard_added:
-            call(processor)
-        log.info("shard %s: partition %d of %s, %s", shard.suffix, partition,
-                 self.settings.topics.telemetry,
-                 "from its checkpoint" if offsets else "from the start")
-        self._seek_globals()
-        return run
-
-    def drop_shard(self, partition: int) -> None:
-        """Checkpoint a revoked partition's shard and let it go. (No group commit: this
-        runs inside the consumer's rebalance, where it cannot block; the next owner
-        resumes from the checkpoint, which holds the offsets, and commits them.)"""
-        run = self.shards.pop(partition, None)
-        if run is None:
-            return
-        if run.processor.closed_until is not None or run.offsets:
-            self._checkpoint_shard(run)
-        for call in self.on_shard_dropped:
-            call(run.processor)
-
-    def _seek_globals(self) -> None:
-        """Position the global consumer at the oldest offset any shard still needs."""
-        for tp in self.global_parts:
-            key = (tp.topic, tp.partition)
-            needed = [run.offsets.get(key) for run in self.shards.values()]
-            if any(n is None for n in needed) or not needed:
-                self.globals.seek_to_beginning(tp)
-            else:
-                self.globals.seek(tp, min(n for n in needed if n is not None))
+    # -- what others read ------------------------------------------------------------
 
     @property
     def processor(self) -> Processor:
-        """The owner shard's processor if it runs here, else the first one."""
-        if 0 in self.shards:
-            return self.shards[0].processor
-        if self.shards:
-            return self.shards[min(self.shards)].processor
-        raise RuntimeError("no telemetry partition assigned to this instance")
+        """The engine."""
+        return self.engine
+
+    @property
+    def held(self) -> set[int]:
+        """The telemetry partitions this instance holds now."""
+        return self.engine.held
 
     def counters(self) -> Counters:
-        """The counters of every shard here, added up."""
-        return Counters.total([run.processor.counters for run in self.shards.values()])
+        return self.engine.counters
+
+    def follow(self, attach: Callable[[Processor], Any]) -> None:
+        """Call ``attach(engine)`` (the engine is the same for the service's whole life)."""
+        attach(self.engine)
+
+    # -- partitions ------------------------------------------------------------------
+
+    def add_partition(self, partition: int) -> None:
+        """Hold ``partition``: from its newest section (anyone's), or from the start."""
+        tele = (self.settings.topics.telemetry, partition)
+        sec = self.store.read_partition(partition)
+        if sec is None:
+            self.engine.start_partition(partition, None)
+            self.offsets.pop(tele, None)
+            log.info("partition %d of %s: from the start", partition,
+                     self.settings.topics.telemetry)
+            return
+        self._read_globals_to(sec.offsets)
+        checkpoint.merge_section(self.engine, sec)
+        if tele in sec.offsets:
+            self.offsets[tele] = sec.offsets[tele]
+        else:
+            self.offsets.pop(tele, None)
+        log.info("partition %d of %s: from its checkpoint (offset %s, closed until %s)",
+                 partition, self.settings.topics.telemetry, sec.offsets.get(tele),
+                 sec.closed)
+
+    def drop_partition(self, partition: int) -> None:
+        """Save a revoked partition's section and let it go. (No group commit: this runs
+        inside the consumer's rebalance, where it cannot block; the next holder resumes
+        from the section, which holds the offset, and commits it.)"""
+        if partition not in self.engine.held:
+            return
+        self._send_parts()
+        self.producer.flush()
+        tele = (self.settings.topics.telemetry, partition)
+        offsets = {k: v for k, v in self.offsets.items()
+                   if k == tele or k[0] != self.settings.topics.telemetry}
+        self.store.save_partition(self.engine, partition, offsets)
+        checkpoint.drop_partition(self.engine, partition)
+        self.offsets.pop(tele, None)
+        self.partition_time.pop(tele, None)
+
+    def _read_globals_to(self, wanted: dict[Key, int], timeout_s: float = 30.0) -> None:
+        """Read the global topics at least as far as a section's books had read them, so
+        that the engine's books hold every event the section's did."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(1000):
+            short = [k for k in wanted if k[0] != self.settings.topics.telemetry
+                     and k[0] != self.settings.topics.attempt_parts
+                     and self.offsets.get(k, 0) < wanted[k]]
+            if not short or time.monotonic() > deadline:
+                if short:
+                    log.warning("global topics not read as far as a handed-over section "
+                                "(%s); its history fills the gap", short)
+                return
+            self._drain_globals(force=True)
 
     # -- the loop ------------------------------------------------------------------
 
@@ -262,21 +312,16 @@ class KafkaProcessorService:
         signal.signal(signal.SIGINT, handler)
 
     def run(self) -> None:
+        for call in self.on_engine:
+            call(self.engine)
         idle_since: float | None = None
         flushed = False
         while not self.stop.is_set():
             got = self._drain_globals()
-            records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
-                                          max_records=self.options.max_records)
+            records = self._poll_telemetry()
             if records:
                 self._ends_stale = True  # the global ends must be as new as this poll
-            by_partition: dict[int, dict[Any, list[Any]]] = {}
-            for tp, recs in records.items():
-                by_partition.setdefault(tp.partition, {})[tp] = recs
-            for partition, part_records in by_partition.items():
-                run = self.shards.get(partition)
-                if run is not None:
-                    got += self._handle(run, _messages(part_records), telemetry=True)
+                got += self._handle(_messages(records), telemetry=True)
             self._close_pending()
             if got or not self._caught_up():
                 idle_since = None
@@ -286,14 +331,12 @@ class KafkaProcessorService:
                 if limit is not None and time.monotonic() - idle_since >= limit:
                     if not flushed:
                         log.info("no input for %.0f s: flushing", limit)
-                        for run in self.shards.values():
-                            run.processor.flush()
-                            self._send_parts(run)
+                        self.engine.flush()
+                        self._send_parts()
                         self._checkpoint()
                         flushed = True
                     if self._others_done(time.monotonic() - idle_since, limit):
-                        for run in self.shards.values():
-                            run.processor.flush()
+                        self.engine.flush()
                         self._checkpoint()
                         log.info("all input processed: exiting (%d telemetry "
                                  "message(s) read here)", self.stats.messages)
@@ -301,48 +344,50 @@ class KafkaProcessorService:
             if time.monotonic() - self._last_checkpoint >= self.options.checkpoint_interval_s:
                 self._checkpoint()
             self._log_progress()
-        for run in self.shards.values():
-            run.processor.write_partial()
-            self._send_parts(run)
+        self.engine.write_partial()
+        self._send_parts()
         self._checkpoint()
+
+    def _poll_telemetry(self) -> dict[Any, list[Any]]:
+        records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
+                                      max_records=self.options.max_records)
+        held = self.engine.held
+        return {tp: recs for tp, recs in records.items() if tp.partition in held}
 
     def _caught_up(self) -> bool:
         """Telemetry partitions assigned and every input read to its end."""
-        if not self.shards:
+        if not self.engine.held:
             return False
         self._refresh_ends(force=True)
-        for run in self.shards.values():
-            tele = (self.settings.topics.telemetry, run.shard.partition)
-            for key in (tele, *((tp.topic, tp.partition) for tp in self.global_parts)):
-                if run.offsets.get(key, 0) < self._ends.get(key, 0):
-                    return False
-        return True
+        return all(self.offsets.get(key, 0) >= end for key, end in self._ends.items())
 
     def _others_done(self, idle_s: float, limit: float) -> bool:
-        """Batch exit: the owner waits for the other shards' last attempt parts.
+        """Batch exit: the owner waits for the other instances' last attempt parts.
 
-        They are in once every other shard has sent its end-of-input marker (after its
-        last parts), every telemetry partition's committed group offset is at its end and
-        the parts topic is read to its end here; after ten idle periods the owner exits
-        anyway (its checkpoint keeps what waits, a later run finishes it)."""
-        owner = self.shards.get(0)
-        if owner is None or self.partitions == 1:
+        They are in once every partition held elsewhere has sent its end-of-input marker
+        (after its last parts), every telemetry partition's committed group offset is at
+        its end and the parts topic is read to its end here; after ten idle periods the
+        owner exits anyway (its checkpoint keeps what waits, a later run finishes it)."""
+        engine = self.engine
+        if not engine.owner or self.partitions == 1:
             return True
+        others = set(range(self.partitions)) - engine.held
+        if not others:
+            return engine.waiting.is_empty() or idle_s >= 10 * limit
         if idle_s >= 10 * limit:
-            log.warning("%d attempt(s) still wait for other shards' parts; exiting with "
-                        "them in the checkpoint", owner.processor.waiting.height)
+            log.warning("%d attempt(s) still wait for other instances' parts; exiting with "
+                        "them in the checkpoint", engine.waiting.height)
             return True
         if not self._group_at_end():
             return False
         self._refresh_ends(force=True)
         parts = [(tp.topic, tp.partition) for tp in self.global_parts
                  if tp.topic == self.settings.topics.attempt_parts]
-        if any(owner.offsets.get(k, 0) < self._ends.get(k, 0) for k in parts):
+        if any(self.offsets.get(k, 0) < self._ends.get(k, 0) for k in parts):
             return False  # parts sent before those commits are not read yet
-        others = set(range(1, self.partitions))
-        if not others <= owner.processor.flushed_shards:
-            return False  # a shard has not flushed (sent its last running parts) yet
-        return owner.processor.waiting.is_empty()
+        if not others <= engine.flushed_shards:
+            return False  # a partition has not flushed (sent its last running parts) yet
+        return engine.waiting.is_empty()
 
     def _group_at_end(self) -> bool:
         from kafka.admin import KafkaAdminClient
@@ -365,42 +410,40 @@ class KafkaProcessorService:
         self.producer.flush()
         self.producer.close()
 
-    def _drain_globals(self) -> int:
+    def _drain_globals(self, force: bool = False) -> int:
         """Read what the global topics hold now (up to ``max_records`` messages), decode
-        it once and hand it to every shard in one batch: a shard's batch has a fixed
-        cost, and a topic read in many small fetches would pay it for each."""
-        if not self.shards:
+        it once and hand it to the engine in one batch: a batch has a fixed cost, and a
+        topic read in many small fetches would pay it for each. Not before the instance
+        holds a partition (``force``: a partition is being taken over)."""
+        if not force and not self.engine.held:
             return 0
         by_topic: dict[str, list[Message]] = {}
         total = 0
         self._refresh_ends()
-        read = {(tp.topic, tp.partition): min(run.offsets.get((tp.topic, tp.partition), 0)
-                                              for run in self.shards.values())
-                for tp in self.global_parts}
         while total < self.options.max_records:
             # wait for the next fetch while the global topics hold more (a fetch may
             # bring only part of what is there)
-            unread = any(at < self._ends.get(key, 0) for key, at in read.items())
+            unread = any(self.offsets.get((tp.topic, tp.partition), 0)
+                         < self._ends.get((tp.topic, tp.partition), 0)
+                         for tp in self.global_parts)
             records = self.globals.poll(timeout_ms=50 if unread or not total else 0,
                                         max_records=self.options.max_records - total)
             fetched = _messages(records)
-            n = sum(len(v) for v in fetched.values())
-            if n == 0:
-                break
+            n = 0
             for topic, msgs in fetched.items():
-                by_topic.setdefault(topic, []).extend(msgs)
+                fresh = [m for m in msgs
+                         if m.offset >= self.offsets.get((m.topic, m.partition), 0)]
+                by_topic.setdefault(topic, []).extend(fresh)
+                n += len(msgs)
                 for m in msgs:
                     key = (m.topic, m.partition)
-                    read[key] = max(read.get(key, 0), m.offset + 1)
+                    self.offsets[key] = max(self.offsets.get(key, 0), m.offset + 1)
+            if n == 0:
+                break
             total += n
         if total == 0:
             return 0
-        shared = {topic: self._decode(topic, msgs) for topic, msgs in by_topic.items()
-                  if topic != self.settings.topics.attempt_parts}
-        self._shared_times.clear()
-        for run in list(self.shards.values()):
-            self._handle(run, by_topic, telemetry=False, shared=shared)
-        self._shared_times.clear()
+        self._handle(by_topic, telemetry=False)
         return total
 
     def _decode(self, topic: str, msgs: list[Message]) -> DecodedBatch | None:
@@ -410,120 +453,110 @@ class KafkaProcessorService:
         return decode(msgs, record_type,  # type: ignore[arg-type]
                       now=datetime.now(UTC), max_future_s=self.config.windows.max_future_s)
 
-    def _handle(self, run: ShardRun, by_topic: dict[str, list[Message]], telemetry: bool,
-                shared: dict[str, DecodedBatch | None] | None = None) -> int:
-        """Feed one shard the messages it has not seen yet (by its own offsets).
-        ``shared``: the global topics' messages decoded once for every shard that needs
-        all of them (the usual case: shards read the global topics in step)."""
+    def _handle(self, by_topic: dict[str, list[Message]], telemetry: bool) -> int:
+        """Decode what was read, send its bad records to dead letters and feed the rest
+        to the engine in one batch."""
         frames: dict[str, pl.DataFrame] = {}
         count = 0
         topics = self.settings.topics
-        for topic, all_msgs in by_topic.items():
-            msgs = all_msgs if telemetry else [
-                m for m in all_msgs if m.offset >= run.offsets.get((m.topic, m.partition), 0)]
+        engine = self.engine
+        for topic, msgs in by_topic.items():
             if not msgs:
                 continue
             if topic == topics.attempt_parts:
-                if run.shard.owner:
+                if engine.owner:
                     for m in msgs:
-                        run.processor.receive_parts(pl.read_ipc_stream(io.BytesIO(m.value)))
+                        engine.receive_parts(pl.read_ipc_stream(io.BytesIO(m.value)))
             else:
-                record_type = topics.record_type_of(topic)
-                if record_type is None:
-                    continue
-                whole = shared is not None and len(msgs) == len(all_msgs)
-                decoded = shared.get(topic) if shared is not None and whole else \
-                    self._decode(topic, msgs)
+                decoded = self._decode(topic, msgs)
                 if decoded is None:
                     continue
-                # a bad global record is every shard's; the owner reports it
-                if telemetry or run.shard.owner:
-                    self._dead_letters(run, decoded)
+                record_type = topics.record_type_of(topic)
+                # a bad global record is every instance's; the owner reports it
+                if telemetry or engine.owner:
+                    self._dead_letters(decoded)
                 frame = decoded.frames[record_type]  # type: ignore[index]
                 if frame.height:
-                    frames[record_type] = frame
-                    times = self._shared_times.get(topic) if whole else None
-                    if times is None:
-                        times = _last_message_times(msgs, frame)
-                        if whole:  # the same for every shard reading in step
-                            self._shared_times[topic] = times
-                    run.partition_time.update(times)
-            for m in msgs:
-                key = (m.topic, m.partition)
-                run.offsets[key] = max(run.offsets.get(key, 0), m.offset + 1)
+                    frames[str(record_type)] = frame
+                    self.partition_time.update(_last_message_times(msgs, frame))
+            if telemetry:
+                for m in msgs:
+                    key = (m.topic, m.partition)
+                    self.offsets[key] = max(self.offsets.get(key, 0), m.offset + 1)
             count += len(msgs)
         if telemetry:
             self.stats.messages += count
         if frames:
-            limit, behind = self._time_limit(run)
-            run.processor.process(frames, validated=True, event_time_limit=limit,
-                                  behind=behind)
-        self._send_parts(run)
+            limit, behind = self._time_limit()
+            engine.process(frames, validated=True, event_time_limit=limit, behind=behind)
+        self._send_parts()
         return count
 
-    def _send_parts(self, run: ShardRun) -> None:
-        """Send the shard's attempt parts to the owner (acknowledged before checkpoints)."""
-        outbox = run.processor.outbox
+    def _send_parts(self) -> None:
+        """Send the engine's attempt parts to the owner (acknowledged before checkpoints)."""
+        outbox = self.engine.outbox
         if not outbox:
             return
-        key = run.shard.suffix.encode()
         for frame in outbox:
-            self.producer.send(self.settings.topics.attempt_parts, key=key,
-                               value=encode_parts(frame))
+            shard = frame["shard"][0] if frame.height else 0
+            self.producer.send(self.settings.topics.attempt_parts,
+                               key=f"p{shard:03d}".encode(), value=encode_parts(frame))
             self.stats.parts_sent += 1
         outbox.clear()
 
     def _refresh_ends(self, force: bool = False) -> None:
-        """End offsets of the shards' inputs. They are fetched again after every
+        """End offsets of the engine's inputs. They are fetched again after every
         telemetry poll that returned records: a scheduler event produced before the
         telemetry just read is then known to be unread, and holds the watermark."""
         if not force and not self._ends_stale and time.monotonic() - self._ends_at <= 1.0:
             return
-        tele = [self._tp(self.settings.topics.telemetry, p) for p in self.shards]
-        ends = {**self.globals.end_offsets(tele), **self.globals.end_offsets(self.global_parts)}
+        tele = [self._tp(self.settings.topics.telemetry, p) for p in sorted(self.engine.held)]
+        ends = {**(self.globals.end_offsets(tele) if tele else {}),
+                **self.globals.end_offsets(self.global_parts)}
         self._ends = {(tp.topic, tp.partition): off for tp, off in ends.items()}
         self._ends_at = time.monotonic()
         self._ends_stale = False
 
-    def _time_limit(self, run: ShardRun) -> tuple[datetime | None, bool]:
-        """Oldest time among the shard's input partitions with unread data (each one's
-        by :func:`_last_message_times`), and whether any has unread data (the shard is
+    def _time_limit(self) -> tuple[datetime | None, bool]:
+        """Oldest time among the engine's input partitions with unread data (each one's
+        by :func:`_last_message_times`), and whether any has unread data (the engine is
         *behind*; ``Processor.advance`` decides whether it is catching up).
 
-        Its telemetry partition and every scheduler/inventory partition count: minutes
+        Its telemetry partitions and every scheduler/inventory partition count: minutes
         must not close while scheduler events for them may still be unread. A partition
         with unread data whose time is not known yet holds the watermark where it is; a
         partition read to its end holds nothing.
         """
         self._refresh_ends()
         topics = self.settings.topics
-        keys = [(topics.telemetry, run.shard.partition),
-                *((tp.topic, tp.partition) for tp in self.global_parts
-                  if tp.topic != topics.attempt_parts)]
         behind: list[datetime] = []
-        for key in keys:
-            if run.offsets.get(key, 0) >= self._ends.get(key, 0):
+        for key, end in self._ends.items():
+            if key[0] == topics.attempt_parts or self.offsets.get(key, 0) >= end:
                 continue
-            seen = run.partition_time.get(key)
+            if key[0] == topics.telemetry and key[1] not in self.engine.held:
+                continue
+            seen = self.partition_time.get(key)
             if seen is None:
-                return run.processor.closed_until or HOLD, True
+                return self.engine.closed_until or HOLD, True
             behind.append(seen)
         return (min(behind) if behind else None), bool(behind)
 
     def _close_pending(self) -> None:
-        """Close what shards held back while behind, once they have nothing to read."""
-        for run in self.shards.values():
-            if run.processor.close_pending:
-                limit, behind = self._time_limit(run)
-                run.processor.advance(limit, behind)
-                self._send_parts(run)
+        """Close what the engine held back while behind, once it has nothing to read."""
+        if self.engine.close_pending:
+            limit, behind = self._time_limit()
+            self.engine.advance(limit, behind)
+            self._send_parts()
 
-    def _dead_letters(self, run: ShardRun, decoded: DecodedBatch) -> None:
+    def _dead_letters(self, decoded: DecodedBatch) -> None:
         dead = decoded.dead_letters
         if dead.is_empty():
             return
         self.stats.dead_letters += dead.height
-        run.processor.add_rejects(dead.drop("topic", "partition", "offset"))
+        for (part,), rows in dead.group_by("partition"):
+            is_tele = rows["topic"][0] == self.settings.topics.telemetry
+            self.engine.add_rejects(rows.drop("topic", "partition", "offset"),
+                                    int(part) if is_tele and part is not None else 0)
         topic = self.settings.topics.dead_letters
         for row in dead.iter_rows(named=True):
             headers = [("reason", str(row["reason"]).encode()),
@@ -534,52 +567,54 @@ class KafkaProcessorService:
         log.warning("%d bad record(s) sent to %s (first: %s)", dead.height, topic,
                     dead["reason"][0])
 
-    def _checkpoint_shard(self, run: ShardRun) -> None:
-        self._send_parts(run)
+    def _checkpoint(self) -> None:
+        """Save the engine's state with its offsets, then commit the telemetry offsets."""
+        self._send_parts()
         self.producer.flush()  # dead letters and parts acknowledged before the offsets
-        checkpoint.save(run.processor, run.offsets, run.state_path)
+        telemetry = self.settings.topics.telemetry
+        global_offsets = {k: v for k, v in self.offsets.items() if k[0] != telemetry}
+        per_partition = {p: {k: v for k, v in self.offsets.items() if k == (telemetry, p)}
+                         for p in sorted(self.engine.held)}
+        self.store.save(self.engine, global_offsets, per_partition)
+        self._commit(per_partition)
+        self.stats.checkpoints += 1
+        self._last_checkpoint = time.monotonic()
 
-    def _commits(self, runs: list[ShardRun]) -> dict[Any, Any]:
+    def _commit(self, per_partition: dict[int, dict[Key, int]]) -> None:
         from kafka.structs import OffsetAndMetadata
 
         topic = self.settings.topics.telemetry
-        out = {}
-        for run in runs:
-            offset = run.offsets.get((topic, run.shard.partition))
-            if offset is not None:
-                out[self._tp(topic, run.shard.partition)] = OffsetAndMetadata(offset, "", -1)
-        return out
-
-    def _checkpoint(self) -> None:
-        runs = [run for run in self.shards.values() if run.processor.closed_until is not None
-                or run.offsets]
-        for run in runs:
-            self._checkpoint_shard(run)
-        owned = {tp.partition for tp in self.telemetry.assignment()}
-        commits = self._commits([run for run in runs if run.shard.partition in owned])
-        if commits:
-            self.telemetry.commit(commits)
-        self.stats.checkpoints += 1
-        self._last_checkpoint = time.monotonic()
+        try:
+            owned = {tp.partition for tp in self.telemetry.assignment()}
+            commits = {self._tp(topic, p): OffsetAndMetadata(offs[(topic, p)], "", -1)
+                       for p, offs in per_partition.items()
+                       if p in owned and (topic, p) in offs}
+            if commits:
+                self.telemetry.commit(commits)
+        except Exception as exc:  # the group dropped us: rejoin, the sections hold all
+            if not _rejoin_error(exc):
+                raise
+            self.stats.rejoins += 1
+            log.warning("offset commit refused (%s: %s): the group had dropped this "
+                        "instance; it rejoins and goes on from its checkpoint",
+                        type(exc).__name__, exc)
 
     def _log_progress(self) -> None:
         if time.monotonic() - self._last_log < self.options.log_interval_s:
             return
         self._last_log = time.monotonic()
         lag = 0
-        for tp in self.telemetry.assignment():
-            high = self.telemetry.highwater(tp)
-            run = self.shards.get(tp.partition)
-            if high is not None and run is not None:
-                lag += max(high - run.offsets.get((tp.topic, tp.partition), 0), 0)
+        telemetry = self.settings.topics.telemetry
+        for p in self.engine.held:
+            high = self._ends.get((telemetry, p))
+            if high is not None:
+                lag += max(high - self.offsets.get((telemetry, p), 0), 0)
         elapsed = time.monotonic() - self.stats.started
         c = self.counters()
-        closed = [r.processor.closed_until for r in self.shards.values()
-                  if r.processor.closed_until is not None]
-        log.info("shards=%s messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s "
-                 "dead_letters=%d late=%d", sorted(self.shards), self.stats.messages,
+        log.info("partitions=%s messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s "
+                 "dead_letters=%d late=%d", sorted(self.engine.held), self.stats.messages,
                  self.stats.messages / max(elapsed, 1e-9), c.records_in["telemetry"], lag,
-                 min(closed) if closed else None, self.stats.dead_letters, c.late_telemetry)
+                 self.engine.closed_until, self.stats.dead_letters, c.late_telemetry)
 
 
 def _rebalance_listener(service: KafkaProcessorService) -> Any:
@@ -597,7 +632,7 @@ def _rebalance_listener(service: KafkaProcessorService) -> Any:
 
 
 class _Rebalance:
-    """Checkpoint and drop revoked shards; load assigned ones and seek to their offsets."""
+    """Save and drop revoked partitions; load assigned ones and seek to their offsets."""
 
     def __init__(self, service: KafkaProcessorService) -> None:
         self.service = service
@@ -606,11 +641,15 @@ class _Rebalance:
         if self.service.closing:
             return
         for tp in revoked:
-            self.service.drop_shard(tp.partition)
+            self.service.drop_partition(tp.partition)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
+        service = self.service
         for tp in assigned:
-            run = self.service.shards.get(tp.partition) or self.service.add_shard(tp.partition)
-            offset = run.offsets.get((tp.topic, tp.partition))
+            if tp.partition not in service.engine.held:
+                service.add_partition(tp.partition)
+            offset = service.offsets.get((tp.topic, tp.partition))
             if offset is not None:
-                self.service.telemetry.seek(tp, offset)
+                service.telemetry.seek(tp, offset)
+            else:
+                service.telemetry.seek_to_beginning(tp)

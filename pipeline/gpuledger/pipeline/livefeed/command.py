@@ -6,7 +6,7 @@ import argparse
 import logging
 import signal
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ def cmd_feed(args: argparse.Namespace) -> int:
         from gpuledger.pipeline.kafka.producer import KafkaSink
         from gpuledger.pipeline.kafka.settings import KafkaSettingsError, load_settings
         from gpuledger.pipeline.kafka.topics import create_topics
-        from gpuledger.pipeline.simulate import SimConfig, load_cluster, simulate
+        from gpuledger.pipeline.simulate import SimConfig, load_cluster
     except ImportError:
         raise CliError(
             "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
         ) from None
+    from gpuledger.pipeline.livefeed.episodes import Minute, episodes
     from gpuledger.pipeline.livefeed.pacing import feed
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -39,8 +40,8 @@ def cmd_feed(args: argparse.Namespace) -> int:
         settings = load_settings(args.kafka, environ)
     except KafkaSettingsError as exc:
         raise CliError(f"kafka: {exc}") from None
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    kw: dict[str, Any] = {"start": now, "hours": args.hours, "seed": args.seed,
+    start = simulated_start(datetime.now(UTC), args.hours, args.speed)
+    kw: dict[str, Any] = {"start": start, "hours": args.hours, "seed": args.seed,
                           "sample_interval_s": args.interval, "chunk_minutes": 1}
     if args.cluster is not None:
         try:
@@ -59,11 +60,16 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     sink = KafkaSink(settings)
-    log.info("feeding %g simulated hours from %s at %gx real time to %s", sim.hours,
-             now.isoformat(), args.speed, settings.bootstrap)
+    log.info("feeding %g simulated hours%s from %s at %gx real time to %s", sim.hours,
+             " and on (--loop)" if args.loop else "", start.isoformat(), args.speed,
+             settings.bootstrap)
+
+    def publish(minute: Minute) -> None:
+        sink.publish_batch(minute.batch)
+
     try:
-        n = feed(simulate(sim), sink.publish_batch, chunk_s=60.0, speed=args.speed,
-                 stop=lambda: stopping[0])
+        n = feed(episodes(sim, loop=args.loop), publish, chunk_s=60.0, speed=args.speed,
+                 stop=lambda: stopping[0], not_before=lambda m: m.end.timestamp())
     except KeyboardInterrupt:
         n = -1
     finally:
@@ -73,23 +79,43 @@ def cmd_feed(args: argparse.Namespace) -> int:
     return 0
 
 
+def simulated_start(now: datetime, hours: float, speed: float) -> datetime:
+    """Where the simulated clock starts so that it never passes ``now``'s wall clock.
+
+    At ``speed`` > 1 it gains ``hours × (1 − 1/speed)`` over the span, so it starts that
+    far in the past (and ends at about the wall clock); one more minute back so that
+    the first minute is complete at once, on a whole minute."""
+    behind = timedelta(hours=hours) * max(0.0, 1.0 - 1.0 / speed)
+    return (now - behind).replace(second=0, microsecond=0) - timedelta(minutes=1)
+
+
 def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
              common: Callable[..., None]) -> None:
     p = subparsers.add_parser(
         "feed", help="publish a simulated cluster to Kafka in real time (demo stacks)",
         description="Simulated node agents and scheduler: publish telemetry, inventory and "
         "job events of the simulated cluster to Kafka minute by minute as the (scaled) "
-        "wall clock passes, starting now, so that a running processor, Prometheus and "
-        "Grafana show a live cluster. Topics are created when missing; security from "
-        "GPULEDGER_KAFKA_* variables (docs/kafka.md). SIGTERM stops after the current "
-        "minute.")
+        "wall clock passes, so that a running processor, Prometheus and Grafana show a "
+        "live cluster. The first minute goes out at once; the simulation is planned a "
+        "day at a time, each day a new episode of the cluster (docs/deployment.md). "
+        "No record is ever dated ahead of the wall clock: with --speed above 1 the "
+        "simulated clock starts in the past (by --hours × (1 − 1/speed)) and reaches "
+        "about now at the end; with --loop it then goes on in real time. Topics are "
+        "created when missing; security from GPULEDGER_KAFKA_* variables "
+        "(docs/kafka.md). SIGTERM stops after the current minute.")
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
                    help="HOST:PORT[,HOST:PORT] (default $GPULEDGER_KAFKA_BOOTSTRAP)")
     p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
     p.add_argument("--hours", type=positive(float, "--hours"), default=168.0,
-                   help="simulated span in hours (default 168, a week)")
+                   help="simulated span in hours (default 168, a week); with --loop, "
+                   "how far back a --speed above 1 starts")
     p.add_argument("--speed", type=positive(float, "--speed"), default=1.0,
-                   help="simulated seconds per wall-clock second (default 1: real time)")
+                   help="simulated seconds per wall-clock second (default 1: real time); "
+                   "never ahead of the wall clock: above 1 the simulated clock starts in "
+                   "the past")
+    p.add_argument("--loop", action="store_true",
+                   help="do not stop after --hours: go on with new episodes forever "
+                   "(in real time once the simulated clock has reached now)")
     p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                    help="telemetry sample interval in seconds (default 10)")
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")

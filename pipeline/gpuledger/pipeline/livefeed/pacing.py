@@ -1,9 +1,12 @@
 """Publish time-ordered batches when their time comes.
 
-Batch ``i`` covers simulated seconds ``[i·chunk_s, (i+1)·chunk_s)`` from the start; it is
-published once that span has passed on the wall clock, scaled by ``speed`` (2 = twice as
-fast as real time). Sleeping is done in short slices so that a stop request is honoured
-within a fraction of a second.
+The pacing clock starts at the first batch, once it is ready (planning comes before it,
+so a slow plan never turns into a burst): the first batch is published at once, batch
+``i`` ``i·chunk_s/speed`` seconds later (2 = twice as fast as real time). A batch is
+never published before ``not_before(batch)`` on the wall clock (Unix seconds): the
+simulated minutes it covers must have passed, so no record is ever ahead of the wall
+clock whatever the speed. Sleeping is done in short slices so that a stop request is
+honoured within a fraction of a second.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ T = TypeVar("T")
 def feed(batches: Iterable[T], publish: Callable[[T], None], chunk_s: float, speed: float,
          stop: Callable[[], bool] = lambda: False,
          clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> int:
+         sleep: Callable[[float], None] = time.sleep,
+         not_before: Callable[[T], float] | None = None,
+         wall: Callable[[], float] = time.time) -> int:
     """Publish each batch at its due time; return how many were published."""
     if chunk_s <= 0 or speed <= 0:
         raise ValueError("chunk_s and speed must be > 0")
-    start = clock()
+    first: float | None = None
     published = 0
     for i, batch in enumerate(batches):
-        due = start + (i + 1) * chunk_s / speed
-        while (left := due - clock()) > 0:
+        if first is None:
+            first = clock()
+        due = first + i * chunk_s / speed
+        earliest = not_before(batch) if not_before is not None else -float("inf")
+        while (left := max(due - clock(), earliest - wall())) > 0:
             if stop():
                 return published
             sleep(min(left, 0.25))

@@ -1,18 +1,19 @@
 """Node inventory over time: which GPUs exist, where, and whether they can be used.
 
-Inventory records are state, not deltas: the newest record of a node (by event time)
-describes it from that time on. :class:`InventoryBook` keeps each node's history back
-to the newest record at or before the oldest open minute, so any open minute can be
-looked up *as of* its time.
+Inventory records are state, not deltas: the newest record of a node describes it from
+then on. A record takes effect at the first minute whose middle is at or after its time
+(the snapshot rule of ``facts/minutes.py``), so a node's history is a sequence of
+minute-aligned *runs*, each with one record's attributes. :class:`InventoryBook` keeps
+each node's records back to the newest one in effect at the oldest minute any open
+window (or a partition handed over, see ``processor.py``) may still need.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import polars as pl
 
 from gpuledger.pipeline.columns import TIME_DTYPE
+from gpuledger.pipeline.facts.minutes import HALF_MINUTE_MS, ceil_minute_ms
 
 INVENTORY_STATE_SCHEMA = pl.Schema(
     {
@@ -27,6 +28,13 @@ INVENTORY_STATE_SCHEMA = pl.Schema(
         "unhealthy_gpus": pl.List(pl.Int64()),
     }
 )
+RUN_COLUMNS = ["node", "from_ms", "to_ms", "pool", "card_type", "gpu_count", "gpu_mem_mib",
+               "schedulable", "health", "unhealthy_gpus"]
+
+
+def _effective_ms() -> pl.Expr:
+    """The first minute (ms) whose middle is at or after the record's time."""
+    return ceil_minute_ms(pl.col("time").cast(pl.Int64) - HALF_MINUTE_MS)
 
 
 class InventoryBook:
@@ -34,6 +42,7 @@ class InventoryBook:
 
     def __init__(self) -> None:
         self.records = pl.DataFrame(schema=INVENTORY_STATE_SCHEMA)
+        self._runs: pl.DataFrame | None = None
 
     def apply(self, inventory: pl.DataFrame) -> None:
         """Add validated inventory records; a repeated (node, time) keeps the last."""
@@ -43,53 +52,53 @@ class InventoryBook:
         self.records = (
             pl.concat([self.records, new])
             .unique(subset=["node", "time"], keep="last", maintain_order=True)
-            .sort(["node", "time"])
+            .sort(["node", "time"], maintain_order=True)
         )
+        self._runs = None
 
-    def gpus_at(self, minutes: pl.Series) -> pl.DataFrame:
-        """One row per (minute, node, gpu_index) for the nodes known at each minute.
+    def all_runs(self) -> pl.DataFrame:
+        """Every node's runs ``[from_ms, to_ms)`` (the last one open: ``to_ms`` null).
 
-        A node is looked up as of the minute's middle (``minute + 30 s``), like
-        allocations. Columns: minute, node, gpu_index, pool, card_type, gpu_mem_mib,
-        schedulable, health, gpu_unhealthy.
-        """
-        if self.records.is_empty() or minutes.is_empty():
-            return pl.DataFrame(
-                schema={"minute": TIME_DTYPE, "node": pl.String(), "gpu_index": pl.Int64(),
-                        "pool": pl.String(), "card_type": pl.String(), "gpu_mem_mib": pl.Float64(),
-                        "schedulable": pl.Boolean(), "health": pl.String(),
-                        "gpu_unhealthy": pl.Boolean()}
+        Two records that take effect at the same minute: the later one wins."""
+        if self._runs is None:
+            self._runs = (
+                self.records.with_columns(_effective_ms().alias("from_ms"))
+                .unique(subset=["node", "from_ms"], keep="last", maintain_order=True)
+                .with_columns(pl.col("from_ms").shift(-1).over("node").alias("to_ms"))
+                .select(RUN_COLUMNS)
             )
-        nodes = self.records.select("node").unique()
-        grid = (
-            nodes.join(pl.DataFrame({"minute": minutes.cast(TIME_DTYPE)}), how="cross")
-            .with_columns((pl.col("minute") + pl.duration(seconds=30)).alias("_mid"))
-            .sort(["node", "_mid"])
-        )
-        asof = grid.join_asof(
-            self.records.rename({"time": "_mid"}).sort(["node", "_mid"]),
-            on="_mid", by="node", strategy="backward", check_sortedness=False,
-        ).filter(pl.col("gpu_count").is_not_null())
-        return (
-            asof.with_columns(pl.int_ranges(0, pl.col("gpu_count")).alias("gpu_index"))
-            .explode("gpu_index")
-            .filter(pl.col("gpu_index").is_not_null())
-            .with_columns(
-                pl.col("unhealthy_gpus").fill_null(pl.lit([], pl.List(pl.Int64())))
-                .list.contains(pl.col("gpu_index")).alias("gpu_unhealthy")
-            )
-            .select("minute", "node", "gpu_index", "pool", "card_type", "gpu_mem_mib",
-                    "schedulable", "health", "gpu_unhealthy")
+        return self._runs
+
+    def runs(self, lo_ms: int, hi_ms: int) -> pl.DataFrame:
+        """The runs overlapping ``[lo_ms, hi_ms)``, clipped to it."""
+        runs = self.all_runs()
+        if runs.is_empty():
+            return runs
+        return runs.filter(
+            (pl.col("from_ms") < hi_ms) & (pl.col("to_ms").is_null() | (pl.col("to_ms") > lo_ms))
+        ).with_columns(
+            pl.max_horizontal(pl.col("from_ms"), pl.lit(lo_ms)).alias("from_ms"),
+            pl.min_horizontal(pl.col("to_ms").fill_null(hi_ms), pl.lit(hi_ms)).alias("to_ms"),
         )
 
-    def prune(self, closed_until: datetime) -> None:
-        """Drop records superseded before ``closed_until`` (keep one per node)."""
+    def node_memory(self) -> pl.DataFrame:
+        """Each node's card memory per GPU (its newest record)."""
+        return self.records.group_by("node").agg(pl.col("gpu_mem_mib").last())
+
+    def prune(self, before_ms: int) -> None:
+        """Forget records whose run ended before ``before_ms`` (each node keeps the one in
+        effect then)."""
         if self.records.is_empty():
             return
-        cutoff = pl.lit(closed_until).cast(TIME_DTYPE)
-        older = self.records.filter(pl.col("time") <= cutoff)
-        newest_old = older.group_by("node", maintain_order=True).last()
-        self.records = pl.concat(
-            [newest_old.select(INVENTORY_STATE_SCHEMA.names()),
-             self.records.filter(pl.col("time") > cutoff)]
-        ).sort(["node", "time"])
+        runs = self.all_runs()
+        keep = runs.filter(pl.col("to_ms").is_null() | (pl.col("to_ms") > before_ms)).select(
+            "node", "from_ms")
+        if keep.height == runs.height:
+            return
+        self.records = self.records.with_columns(_effective_ms().alias("from_ms")).join(
+            keep, on=["node", "from_ms"], how="semi").drop("from_ms")
+        self._runs = None
+
+    def merge(self, records: pl.DataFrame) -> None:
+        """Add another book's records (a partition handed over with its history)."""
+        self.apply(records)

@@ -6,13 +6,23 @@ keeps, for the processor's open windows:
 
 - allocation intervals ``(job, attempt, node, gpu_index, fraction, start, end)``;
 - pending intervals ``(job, attempt, queued_at, end)``;
-- ended attempts and preemptions, waiting for the minutes they cover to close.
+- ended attempts and preemptions, until every partition has closed the minutes they
+  cover (``processor.py`` reads them by time range, once per partition).
 
 An *attempt* is one stay of a job in the queue followed (maybe) by one run. Attempt 0
 starts at ``submitted``; ``requeued`` starts the next attempt, whose queue wait counts
-from the requeue time. State is bounded: intervals and attempts leave the book once
-the processor has closed the minutes they cover; ended jobs are remembered for
-``ended_job_memory_s`` so that a duplicate event stays harmless.
+from the requeue time.
+
+Events that do not fit a job's life cycle are *rejected* with a reason (a second
+``started``, a ``started`` after the job ended, a ``finished`` for a job never seen, a
+``checkpointed`` of a job not running...): :meth:`JobBook.apply` returns them, and the
+processor reports them with the other rejects. A repeated event (same job, kind and
+time) is a duplicate and is ignored (counted).
+
+State is bounded: intervals, attempts and preemptions are forgotten once every partition
+has closed past them (plus the retention the processor asks for, so that a partition
+handed over from an instance that is behind can still be closed); ended jobs are
+remembered for ``ended_job_memory_s`` so that a duplicate event stays harmless.
 """
 
 from __future__ import annotations
@@ -96,6 +106,21 @@ PREEMPTION_SCHEMA = pl.Schema(
 )
 JOB_ATTR_FRAME_SCHEMA = pl.Schema({"job_id": pl.String(), "attempt": pl.Int64(), **ATTR_SCHEMA,
                                    "borrowed": pl.Boolean()})
+STARTS_SCHEMA = pl.Schema({"started_at": TIME_DTYPE, "pool": pl.String(),
+                           "card_type": pl.String(), "gpus": pl.Int64()})
+OWNER = -1
+"""Who takes ended attempts for the per-attempt totals (the owner), beside partitions."""
+REJECTED_EVENT_SCHEMA = pl.Schema({"job_id": pl.String(), "event": pl.String(),
+                                   "time": TIME_DTYPE, "reason": pl.String()})
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "submitted": ("new",), "started": ("new", "pending"), "checkpointed": ("running",),
+    "preempted": ("running",), "requeued": ("running", "pending", "preempted"),
+    "finished": ("pending", "running", "preempted"), "failed": ("pending", "running", "preempted"),
+    "cancelled": ("pending", "running", "preempted"),
+}
+"""The states a job may be in when each event arrives; any other is out of order."""
+EVENT_ORDER = {"submitted": 0, "started": 1, "checkpointed": 2, "preempted": 3,
+               "requeued": 4, "finished": 5, "failed": 5, "cancelled": 5}
 
 
 @dataclass
@@ -119,10 +144,15 @@ class Job:
 
 @dataclass
 class BookCounters:
-    """What the book saw that did not fit the job life cycle (counted, not fatal)."""
+    """What the book saw that did not fit the job life cycle."""
 
     duplicates: int = 0
     out_of_order: int = 0
+    """Events rejected because they do not fit the job's life cycle."""
+
+
+class OutOfOrder(Exception):
+    """An event that does not fit the job's life cycle (the message is the reason)."""
 
 
 class JobBook:
@@ -136,21 +166,36 @@ class JobBook:
         self.preemptions: list[dict[str, Any]] = []
         self.started_sizes: list[tuple[datetime, str | None, str | None, int]] = []
         self.counters = BookCounters()
+        self.taken: dict[tuple[str, int], set[int]] = {}
+        """Who took each ended attempt (partitions, and :data:`OWNER` for the totals)."""
+        self.preemptions_taken: set[tuple[str, int]] = set()
         self._memory = timedelta(seconds=ended_job_memory_s)
+        self._version = 0
+        self._cache: dict[str, tuple[int, pl.DataFrame]] = {}
 
     # -- applying events ---------------------------------------------------------
 
-    def apply(self, events: pl.DataFrame) -> None:
-        """Apply a frame of validated job events (any order; sorted here by time)."""
+    def apply(self, events: pl.DataFrame) -> pl.DataFrame:
+        """Apply a frame of validated job events (any order; sorted here by time).
+
+        Returns the events rejected as out of order (:data:`REJECTED_EVENT_SCHEMA`)."""
         if events.is_empty():
-            return
-        order = {"submitted": 0, "started": 1, "checkpointed": 2, "preempted": 3,
-                 "requeued": 4, "finished": 5, "failed": 5, "cancelled": 5}
+            return pl.DataFrame(schema=REJECTED_EVENT_SCHEMA)
         ranked = events.with_columns(
-            pl.col("event").replace_strict(order, default=9, return_dtype=pl.Int64()).alias("_rank")
+            pl.col("event").replace_strict(EVENT_ORDER, default=9, return_dtype=pl.Int64())
+            .alias("_rank")
         ).sort(["time", "_rank", "job_id"], maintain_order=True)
+        rejected: list[dict[str, Any]] = []
         for row in ranked.iter_rows(named=True):
-            self._apply_one(row)
+            try:
+                self._apply_one(row)
+            except OutOfOrder as exc:
+                self.counters.out_of_order += 1
+                rejected.append({"job_id": row["job_id"], "event": row["event"],
+                                 "time": row["time"], "reason": str(exc)})
+        self._version += 1
+        return pl.DataFrame(rejected, schema=REJECTED_EVENT_SCHEMA) if rejected else \
+            pl.DataFrame(schema=REJECTED_EVENT_SCHEMA)
 
     def _apply_one(self, ev: dict[str, Any]) -> None:
         job_id: str = ev["job_id"]
@@ -158,12 +203,19 @@ class JobBook:
         time: datetime = ev["time"]
         job = self.jobs.get(job_id)
         if job is None:
+            if kind not in ("submitted", "started"):
+                raise OutOfOrder(f"{kind} for job {job_id!r}, which was never submitted or "
+                                 "started")
             job = Job(job_id, {k: None for k in JOB_ATTRIBUTES})
             self.jobs[job_id] = job
         key = (kind, time)
         if key in job.seen:
             self.counters.duplicates += 1
             return
+        if job.status not in ALLOWED[kind]:
+            state = {"new": "not submitted yet", "pending": "pending", "running": "running",
+                     "preempted": "preempted", "ended": "already ended"}[job.status]
+            raise OutOfOrder(f"{kind} for job {job_id!r}, which is {state}")
         job.seen.add(key)
         for attr in JOB_ATTRIBUTES:
             if ev.get(attr) is not None:
@@ -172,20 +224,11 @@ class JobBook:
         handler(job, ev, time)
 
     def _on_submitted(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
-        if job.status != "new":
-            self.counters.out_of_order += 1
-            return
         job.submitted_at = time
         job.queued_at = time
         job.status = "pending"
 
     def _on_started(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
-        if job.status == "running":
-            self.counters.out_of_order += 1
-            return
-        if job.status == "ended":
-            self.counters.out_of_order += 1
-            return
         if job.status == "pending" and job.queued_at is not None:
             self.closed_pending.append(
                 {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
@@ -201,20 +244,14 @@ class JobBook:
         ]
         job.last_checkpoint = None
         job.checkpoints = 0
-        gpus = len(job.allocation)
-        self.started_sizes.append((time, job.attrs.get("pool"), job.attrs.get("card_type"), gpus))
+        self.started_sizes.append((time, job.attrs.get("pool"), job.attrs.get("card_type"),
+                                   len(job.allocation)))
 
     def _on_checkpointed(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
-        if job.status != "running":
-            self.counters.out_of_order += 1
-            return
         job.last_checkpoint = time
         job.checkpoints += 1
 
     def _on_preempted(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
-        if job.status != "running":
-            self.counters.out_of_order += 1
-            return
         lost = self._end_attempt(job, time, "preempted", ev.get("reason"))
         self.preemptions.append(
             {"time": time, "job_id": job.job_id, "attempt": job.attempt,
@@ -232,10 +269,11 @@ class JobBook:
     def _on_requeued(self, job: Job, ev: dict[str, Any], time: datetime) -> None:
         if job.status == "running":
             self._end_attempt(job, time, "requeued", ev.get("reason"))
-        elif job.status not in ("preempted",):
-            self.counters.out_of_order += 1
-            return
-        if job.status == "preempted":
+        elif job.status == "pending":
+            # an attempt that ran unseen (a bridge that missed it between two polls):
+            # it ends here, without a start, and the next one waits from the requeue
+            self._end_pending(job, time, "requeued", ev.get("reason"))
+        else:
             for p in reversed(self.preemptions):
                 if p["job_id"] == job.job_id and p["attempt"] == job.attempt:
                     p["requeued"] = True
@@ -260,17 +298,18 @@ class JobBook:
         if job.status == "running":
             self._end_attempt(job, time, kind, ev.get("reason"))
         elif job.status == "pending":
-            if job.queued_at is not None:
-                self.closed_pending.append(
-                    {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
-                     "end": time}
-                )
-            self.ended_attempts.append(self._attempt_row(job, time, kind, ev.get("reason"), 0.0))
-        elif job.status == "ended":
-            self.counters.out_of_order += 1
-            return
+            self._end_pending(job, time, kind, ev.get("reason"))
         job.status = "ended"
         job.ended_at = time
+
+    def _end_pending(self, job: Job, time: datetime, kind: str, reason: Any) -> None:
+        """End an attempt that never started."""
+        if job.queued_at is not None:
+            self.closed_pending.append(
+                {"job_id": job.job_id, "attempt": job.attempt, "queued_at": job.queued_at,
+                 "end": time}
+            )
+        self.ended_attempts.append(self._attempt_row(job, time, kind, reason, 0.0))
 
     def _end_attempt(self, job: Job, time: datetime, kind: str, reason: Any) -> float:
         assert job.started_at is not None
@@ -309,75 +348,148 @@ class JobBook:
 
     # -- tables for the processor ----------------------------------------------------
 
+    def _cached(self, name: str, build: Any) -> pl.DataFrame:
+        hit = self._cache.get(name)
+        if hit is not None and hit[0] == self._version:
+            return hit[1]
+        frame: pl.DataFrame = build()
+        self._cache[name] = (self._version, frame)
+        return frame
+
     def allocations(self) -> pl.DataFrame:
         """Every allocation interval still of interest; open ones have ``end`` null."""
-        rows = list(self.closed_allocs)
-        for job in self.jobs.values():
-            if job.status == "running" and job.started_at is not None:
-                rows.extend(
-                    {"job_id": job.job_id, "attempt": job.attempt, "node": a["node"],
-                     "gpu_index": a["gpu_index"], "fraction": a["fraction"],
-                     "start": job.started_at, "end": None}
-                    for a in job.allocation
-                )
-        return pl.DataFrame(rows, schema=ALLOC_SCHEMA, orient="row") if rows else \
-            pl.DataFrame(schema=ALLOC_SCHEMA)
+        def build() -> pl.DataFrame:
+            rows = list(self.closed_allocs)
+            for job in self.jobs.values():
+                if job.status == "running" and job.started_at is not None:
+                    rows.extend(
+                        {"job_id": job.job_id, "attempt": job.attempt, "node": a["node"],
+                         "gpu_index": a["gpu_index"], "fraction": a["fraction"],
+                         "start": job.started_at, "end": None}
+                        for a in job.allocation
+                    )
+            return pl.DataFrame(rows, schema=ALLOC_SCHEMA, orient="row") if rows else \
+                pl.DataFrame(schema=ALLOC_SCHEMA)
+        return self._cached("allocations", build)
 
     def pending(self) -> pl.DataFrame:
         """Every pending interval still of interest; open ones have ``end`` null."""
-        rows = list(self.closed_pending)
-        rows.extend(
-            {"job_id": j.job_id, "attempt": j.attempt, "queued_at": j.queued_at, "end": None}
-            for j in self.jobs.values()
-            if j.status == "pending" and j.queued_at is not None
-        )
-        return pl.DataFrame(rows, schema=PENDING_SCHEMA) if rows else \
-            pl.DataFrame(schema=PENDING_SCHEMA)
+        def build() -> pl.DataFrame:
+            rows = list(self.closed_pending)
+            rows.extend(
+                {"job_id": j.job_id, "attempt": j.attempt, "queued_at": j.queued_at,
+                 "end": None}
+                for j in self.jobs.values()
+                if j.status == "pending" and j.queued_at is not None
+            )
+            return pl.DataFrame(rows, schema=PENDING_SCHEMA) if rows else \
+                pl.DataFrame(schema=PENDING_SCHEMA)
+        return self._cached("pending", build)
 
     def attributes(self) -> pl.DataFrame:
         """Job attributes (current attempt) of every job in the book."""
-        rows = [{"job_id": j.job_id, "attempt": j.attempt, **j.attrs, "borrowed": j.borrowed}
-                for j in self.jobs.values()]
-        return pl.DataFrame(rows, schema=JOB_ATTR_FRAME_SCHEMA) if rows else \
-            pl.DataFrame(schema=JOB_ATTR_FRAME_SCHEMA)
+        def build() -> pl.DataFrame:
+            rows = [{"job_id": j.job_id, "attempt": j.attempt, **j.attrs,
+                     "borrowed": j.borrowed} for j in self.jobs.values()]
+            return pl.DataFrame(rows, schema=JOB_ATTR_FRAME_SCHEMA) if rows else \
+                pl.DataFrame(schema=JOB_ATTR_FRAME_SCHEMA)
+        return self._cached("attributes", build)
 
-    def take_ended_attempts(self, before: datetime) -> pl.DataFrame:
-        """Remove and return the attempts that ended before ``before``."""
-        done = [a for a in self.ended_attempts if a["ended_at"] <= before]
-        self.ended_attempts = [a for a in self.ended_attempts if a["ended_at"] > before]
+    def take_ended(self, hi: datetime, who: int) -> pl.DataFrame:
+        """Attempts that ended at or before ``hi`` that ``who`` (a partition, or
+        :data:`OWNER`) has not taken yet; they count as taken by ``who`` from now on.
+        An attempt whose end arrives late (after its minute closed) is taken at the next
+        close, like any other."""
+        taken = self.taken
+        done = [a for a in self.ended_attempts
+                if a["ended_at"] <= hi and who not in taken.get((a["job_id"], a["attempt"]), ())]
+        for a in done:
+            taken.setdefault((a["job_id"], a["attempt"]), set()).add(who)
         return pl.DataFrame(done, schema=ATTEMPT_SCHEMA) if done else \
             pl.DataFrame(schema=ATTEMPT_SCHEMA)
 
-    def running_attempts(self) -> pl.DataFrame:
-        """Attempts that have not ended (running or pending), as attempt rows."""
-        rows = [self._attempt_row(j, None, None, None, 0.0)
-                for j in self.jobs.values() if j.status in ("running", "pending")]
-        return pl.DataFrame(rows, schema=ATTEMPT_SCHEMA) if rows else \
-            pl.DataFrame(schema=ATTEMPT_SCHEMA)
+    def taken_by(self, who: int) -> set[tuple[str, int]]:
+        """The ended attempts ``who`` has taken (handed over with a partition)."""
+        return {k for k, whom in self.taken.items() if who in whom}
 
-    def take_preemptions(self, before: datetime) -> pl.DataFrame:
-        """Remove and return preemptions before ``before`` (requeue flag settled)."""
-        done = [p for p in self.preemptions if p["time"] <= before]
-        self.preemptions = [p for p in self.preemptions if p["time"] > before]
+    def mark_taken(self, keys: set[tuple[str, int]], who: int) -> None:
+        """Record attempts ``who`` took elsewhere (a partition handed over)."""
+        for key in keys:
+            self.taken.setdefault(key, set()).add(who)
+
+    def take_preemptions(self, hi: datetime) -> pl.DataFrame:
+        """Preemptions at or before ``hi`` not taken yet (requeue flag settled by then)."""
+        done = [p for p in self.preemptions
+                if p["time"] <= hi and (p["job_id"], p["attempt"]) not in self.preemptions_taken]
+        self.preemptions_taken.update((p["job_id"], p["attempt"]) for p in done)
         return pl.DataFrame(done, schema=PREEMPTION_SCHEMA) if done else \
             pl.DataFrame(schema=PREEMPTION_SCHEMA)
 
-    def started_size_weights(self, since: datetime, until: datetime) -> pl.DataFrame:
-        """Starts in ``[since, until)``: time, pool, card type, GPUs (older ones dropped)."""
-        self.started_sizes = [s for s in self.started_sizes if s[0] >= since]
+    def running_attempts(self) -> pl.DataFrame:
+        """Attempts that have not ended (running or pending), as attempt rows."""
+        def build() -> pl.DataFrame:
+            rows = [self._attempt_row(j, None, None, None, 0.0)
+                    for j in self.jobs.values() if j.status in ("running", "pending")]
+            return pl.DataFrame(rows, schema=ATTEMPT_SCHEMA) if rows else \
+                pl.DataFrame(schema=ATTEMPT_SCHEMA)
+        return self._cached("running", build)
+
+    def starts_between(self, since: datetime, until: datetime) -> pl.DataFrame:
+        """Starts in ``[since, until)``: time, pool, card type, GPUs."""
         return pl.DataFrame(
-            [s for s in self.started_sizes if s[0] < until],
-            schema={"started_at": TIME_DTYPE, "pool": pl.String(), "card_type": pl.String(),
-                    "gpus": pl.Int64()},
-            orient="row",
+            [s for s in self.started_sizes if since <= s[0] < until],
+            schema=STARTS_SCHEMA, orient="row",
         )
 
-    def prune(self, closed_until: datetime) -> None:
-        """Forget what no open minute can need any more."""
-        self.closed_allocs = [a for a in self.closed_allocs if a["end"] > closed_until]
-        self.closed_pending = [p for p in self.closed_pending if p["end"] > closed_until]
-        horizon = closed_until - self._memory
-        for job_id in [j.job_id for j in self.jobs.values()
-                       if j.status in ("ended", "preempted") and j.ended_at is not None
-                       and j.ended_at < horizon]:
+    def merge_history(self, history: dict[str, Any]) -> None:
+        """Add another book's history (a telemetry partition handed over, see
+        ``checkpoint.py``): intervals, attempts and preemptions this book may have
+        forgotten already. Whatever this book holds already is kept as it is."""
+        def alloc_key(a: dict[str, Any]) -> tuple[Any, ...]:
+            return (a["job_id"], a["attempt"], a["node"], a["gpu_index"])
+
+        have = {alloc_key(a) for a in self.closed_allocs}
+        self.closed_allocs.extend(a for a in history.get("closed_allocs", ())
+                                  if alloc_key(a) not in have)
+        have_pending = {(x["job_id"], x["attempt"]) for x in self.closed_pending}
+        self.closed_pending.extend(x for x in history.get("closed_pending", ())
+                                   if (x["job_id"], x["attempt"]) not in have_pending)
+        have_ended = {(a["job_id"], a["attempt"]) for a in self.ended_attempts}
+        for a in [*history.get("ended_attempts", ()), *history.get("owner_attempts", ())]:
+            key = (a["job_id"], a["attempt"])
+            if key not in have_ended:
+                self.ended_attempts.append(a)
+                have_ended.add(key)
+        have_pre = {(x["job_id"], x["attempt"]) for x in self.preemptions}
+        self.preemptions.extend(x for x in history.get("preemptions", ())
+                                if (x["job_id"], x["attempt"]) not in have_pre)
+        have_starts = set(self.started_sizes)
+        self.started_sizes.extend(x for x in history.get("started_sizes", ())
+                                  if x not in have_starts)
+        self.started_sizes.sort(key=lambda x: x[0])
+        for job_id, (attrs, attempt) in history.get("attrs", {}).items():
+            if job_id not in self.jobs:  # forgotten here: it ended long ago
+                self.jobs[job_id] = Job(job_id, dict(attrs), attempt=attempt, status="ended")
+        self._version += 1
+
+    def prune(self, horizon: datetime) -> None:
+        """Forget what no minute at or after ``horizon`` can need any more."""
+        before = (len(self.closed_allocs), len(self.closed_pending), len(self.ended_attempts))
+        self.closed_allocs = [a for a in self.closed_allocs if a["end"] > horizon]
+        self.closed_pending = [p for p in self.closed_pending if p["end"] > horizon]
+        self.ended_attempts = [a for a in self.ended_attempts if a["ended_at"] > horizon]
+        keep = {(a["job_id"], a["attempt"]) for a in self.ended_attempts}
+        self.taken = {k: v for k, v in self.taken.items() if k in keep}
+        self.preemptions = [p for p in self.preemptions if p["time"] > horizon]
+        self.preemptions_taken &= {(p["job_id"], p["attempt"]) for p in self.preemptions}
+        day = timedelta(days=1)
+        self.started_sizes = [s for s in self.started_sizes if s[0] >= horizon - day]
+        forget = horizon - self._memory
+        gone = [j.job_id for j in self.jobs.values()
+                if j.status in ("ended", "preempted") and j.ended_at is not None
+                and j.ended_at < forget]
+        for job_id in gone:
             del self.jobs[job_id]
+        after = (len(self.closed_allocs), len(self.closed_pending), len(self.ended_attempts))
+        if gone or before != after:
+            self._version += 1

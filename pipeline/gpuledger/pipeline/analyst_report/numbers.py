@@ -1,0 +1,55 @@
+"""One way to print a number in the report, in the terminal and in HTML alike.
+
+Thousands separators and a fixed number of decimals per column (the column's
+``decimals``): values come from SQL unrounded and are rounded once, here, so a column
+never mixes ``84.30`` and ``110.9``, and 1.667 prints as 1.7 (never "1.70"). A value
+that is not zero but rounds to zero prints as ``< 0.1``, not as a false 0.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from gpuledger.pipeline.analyst_report.sections import Column
+
+NOISE = 1e-9
+"""Below this a value is zero (sums of floats leave such crumbs)."""
+
+
+def number(value: float, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals and thousands separators."""
+    if abs(value) < NOISE:
+        value = 0.0
+    text = f"{value:,.{decimals}f}"
+    if value != 0 and float(text.replace(",", "")) == 0:
+        step = f"{10.0 ** -decimals:.{decimals}f}"
+        return f"< {step}" if value > 0 else f"> -{step}"
+    return text
+
+
+def when(value: datetime | date) -> str:
+    """A time in UTC, to the minute (the report says UTC in its header and axes)."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value.strftime("%Y-%m-%d %H:%M")
+    return value.isoformat()
+
+
+def cell(value: Any, column: Column, row: dict[str, Any] | None = None) -> str:
+    """One table cell as text; an empty value shows the column's explanation (the
+    ``blank_when`` one when the row's other column is zero or empty)."""
+    if value is None:
+        if column.blank_when is not None and row is not None:
+            other, text = column.blank_when
+            if not row.get(other):
+                return text
+        return column.blank
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if column.decimals is not None and isinstance(value, int | float):
+        return number(float(value), column.decimals)
+    if isinstance(value, datetime | date):
+        return when(value)
+    return str(value)
