@@ -89,8 +89,6 @@ def connect(warehouse: Path, threads: int | None = None,
                               "temp_directory": spill}
     if threads is not None:
         config["threads"] = threads
-    if timezone is not None:
-        config["TimeZone"] = timezone
     catalog = warehouse / CATALOG
     try:
         if catalog.exists():
@@ -108,6 +106,8 @@ def connect(warehouse: Path, threads: int | None = None,
     con.execute("SET enable_external_access = false")
     for statement in views:
         con.execute(statement)
+    if timezone is not None:
+        con.execute("SET TimeZone = ?", [timezone])
     con.execute("SET lock_configuration = true")
     return con
 
