@@ -355,8 +355,8 @@ def _processor(settings: KafkaSettings, samples: int, tmp: Path) -> dict[str, An
     handle = service._handle
     caught: list[tuple[float, float]] = []
 
-    def timed_handle(run: Any, by_topic: Any, telemetry: bool, shared: Any = None) -> int:
-        n = handle(run, by_topic, telemetry, shared)
+    def timed_handle(by_topic: Any, telemetry: bool) -> int:
+        n = handle(by_topic, telemetry)
         if n and service.counters().records_in["telemetry"] >= samples:
             caught.append((time.process_time(), time.perf_counter()))
         return n
@@ -576,24 +576,21 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
     service = _service(settings, tmp / f"wh-{prefix}", f"live-{prefix}", config, idle_s=None)
     closes: list[tuple[float, datetime]] = []
     files: list[tuple[float, datetime]] = []
-    shard_closed: dict[int, datetime] = {}
 
     def follow(proc: Processor) -> None:
-        """Time each shard's closes; a minute is closed when every shard closed it."""
+        """Time the engine's closes (one engine holds every partition of the instance)."""
         close_until = proc.close_until
         write_part = proc.warehouse.write_part
-        key = id(proc)
 
         def hooked_close(end: datetime) -> None:
             close_until(end)
             assert proc.closed_until is not None
-            shard_closed[key] = proc.closed_until
-            closes.append((time.time(), min(shard_closed.values())))
+            closes.append((time.time(), proc.closed_until))
 
         def hooked_write(table: str, when: datetime, frame: pl.DataFrame,
                          sort_by: list[str], hourly: bool = True,
-                         merge: bool = False) -> Path:
-            path = write_part(table, when, frame, sort_by, hourly, merge)
+                         merge: bool = False, suffix: str | None = None) -> Path:
+            path = write_part(table, when, frame, sort_by, hourly, merge, suffix)
             if table == "gpu_minute" and proc.closed_until is not None \
                     and when + timedelta(hours=1) <= proc.closed_until:
                 files.append((time.time(), when))
@@ -602,7 +599,7 @@ def _freshness(bootstrap: str, fmt: str, seconds: float, round_ms: float, latene
         proc.close_until = hooked_close  # type: ignore[method-assign]
         proc.warehouse.write_part = hooked_write  # type: ignore[method-assign]
 
-    service.on_shard_added.append(follow)
+    service.on_engine.append(follow)
     lag: list[tuple[float, int]] = []
 
     def conductor() -> None:

@@ -28,10 +28,21 @@ class Facts:
         self.processor = processor
 
     def table(self, name: str) -> pl.DataFrame:
+        """A table's rows from its files (``gpu_minute`` with its spans expanded, as the
+        catalog's view does)."""
         files = sorted((self.root / "facts" / name).glob("**/*.parquet"))
-        if not files:
-            return pl.DataFrame()
-        return pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed")
+        frame = pl.concat([pl.read_parquet(f) for f in files], how="vertical_relaxed") \
+            if files else pl.DataFrame()
+        if name != "gpu_minute":
+            return frame
+        spans = self.table("gpu_span")
+        if spans.is_empty():
+            return frame
+        minutes = spans.with_columns(pl.datetime_ranges(
+            pl.col("minute"), pl.col("minute") + pl.duration(minutes=pl.col("minutes") - 1),
+            "1m").alias("minute")).explode("minute").drop("minutes")
+        return pl.concat([frame, minutes], how="diagonal_relaxed") if not frame.is_empty() \
+            else minutes
 
 
 @pytest.fixture

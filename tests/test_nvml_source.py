@@ -21,7 +21,7 @@ from fake_nvml import MIB, Scenario, drive, processes_value
 
 from gpuledger.agent.sources.card_types import card_type_of
 from gpuledger.pipeline.decode import decode_jsonl
-from gpuledger.pipeline.facts.telemetry_minutes import per_gpu_minute, prepare
+from gpuledger.pipeline.facts.telemetry_minutes import finish, partials, prepare
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -162,8 +162,8 @@ def test_mig_partitioned_gpu_has_a_sample_per_instance(tmp_path: Path,
     # The processor folds the instances into one GPU-minute: memory and processes add up.
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     telemetry = decode_jsonl(data, now=START + timedelta(days=1)).frames["telemetry"]
-    minute = per_gpu_minute(prepare(telemetry))[0].filter(pl.col("gpu_index") == 1).row(
-        0, named=True)
+    prepared = prepare(telemetry).with_columns(partition=pl.lit(0, pl.Int64))
+    minute = finish(partials(prepared)).filter(pl.col("gpu_index") == 1).row(0, named=True)
     assert minute["mem_used_mib"] == sum(sc.number(0, f"g1.m{s}", "mem.used") / MIB
                                          for s, *_ in migs)
     assert minute["processes"] == sum(len(sc.processes(0, f"g1.m{s}")) for s, *_ in migs)

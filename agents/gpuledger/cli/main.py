@@ -255,7 +255,7 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     processor = Processor(_proc_config(args), Warehouse(args.warehouse))
     update, stop = _progress("importing openb", not args.quiet)
     try:
-        rejected = import_history(processor, imported.frames, update)
+        rejected = import_history(processor, imported.frames, update, imported.window_end)
     finally:
         stop()
     print(f"openb: {imported.pods_total:,} pods ({imported.pods_cpu_only:,} CPU-only skipped), "

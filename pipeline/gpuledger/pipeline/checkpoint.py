@@ -107,11 +107,12 @@ def section(processor: Processor, partition: int, offsets: Offsets) -> Section:
     """Partition ``partition``'s part of ``processor``'s state."""
     p = partition
     mine = pl.col("partition") == p
-    samples = [s.filter(mine) for s in processor.samples]
     jobs = processor.jobs
     closed = processor.part_closed.get(p)
     state: dict[str, Any] = {
-        "samples": [s for s in samples if not s.is_empty()],
+        "tel_parts": _rows_of(processor.tel_parts, mine),
+        "mem_parts": _rows_of(processor.mem_parts, mine),
+        "sample_keys": processor.sample_keys.of_partition(p, keep=True),
         "acc": processor.acc.filter(mine),
         "hour_parts": {(t, h): v for (t, h, q), v in processor.hour_parts.items() if q == p},
         "rollup_parts": {h: v for (h, q), v in processor.rollup_parts.items() if q == p},
@@ -129,6 +130,10 @@ def section(processor: Processor, partition: int, offsets: Offsets) -> Section:
         state["owner_taken"] = jobs.taken_by(OWNER)
         state["preemptions_taken"] = set(jobs.preemptions_taken)
     return Section(p, closed, dict(offsets), state)
+
+
+def _rows_of(frames: list[pl.DataFrame], which: pl.Expr) -> list[pl.DataFrame]:
+    return [x for x in (f.filter(which) for f in frames) if not x.is_empty()]
 
 
 def _history(processor: Processor, p: int, closed: datetime | None) -> dict[str, Any]:
@@ -170,8 +175,9 @@ def merge_section(processor: Processor, sec: Section) -> None:
         processor.start_partition(p, sec.closed)
     elif sec.closed is not None:
         processor.part_closed[p] = sec.closed
-    part = pl.lit(p, pl.Int64)
-    processor.samples.extend(x.with_columns(part.alias("partition")) for x in s["samples"])
+    processor.tel_parts.extend(s["tel_parts"])
+    processor.mem_parts.extend(s["mem_parts"])
+    processor.sample_keys.add(s["sample_keys"])
     acc = s["acc"].select(ACC_SCHEMA.names())
     if not acc.is_empty():
         processor.acc = pl.concat([processor.acc, acc])
@@ -204,8 +210,9 @@ def drop_partition(processor: Processor, partition: int) -> None:
     """Remove a partition's rows from ``processor`` (handed over elsewhere)."""
     p = partition
     other = pl.col("partition") != p
-    processor.samples = [x for x in (s.filter(other) for s in processor.samples)
-                         if not x.is_empty()]
+    processor.tel_parts = _rows_of(processor.tel_parts, other)
+    processor.mem_parts = _rows_of(processor.mem_parts, other)
+    processor.sample_keys = processor.sample_keys.of_partition(p, keep=False)
     processor.acc = processor.acc.filter(other)
     for key in [k for k in processor.hour_parts if k[2] == p]:
         del processor.hour_parts[key]

@@ -52,6 +52,15 @@ class Windows:
     this long no longer does."""
     max_future_s: int = 3600
     """Events further than this ahead of the wall clock are rejected."""
+    max_ahead_s: int = 600
+    """Telemetry further than this ahead of the fleet (the 90th percentile of the nodes'
+    newest sample times) is rejected while the processor is caught up with its input:
+    one node with a clock running ahead cannot fabricate minutes for everyone. (For
+    ``gpuledger ingest`` it bounds events after the input's own time range.)"""
+    max_behind_s: int = 86_400
+    """The first events a processor sees set where it starts; events further than this
+    behind the median of that first batch do not (they are late: kept and counted), so
+    one record from a wrong year cannot make a processor walk the years between."""
     ended_job_memory_s: int = 86_400
     """How long an ended job is remembered to make duplicate events harmless."""
     handover_retention_s: int = 3600
@@ -203,7 +212,8 @@ class ProcessorConfig:
             elif value < 0:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
-        for name in ("allowed_lateness_s", "node_stall_s", "max_future_s",
+        for name in ("allowed_lateness_s", "node_stall_s", "max_future_s", "max_ahead_s",
+                     "max_behind_s",
                      "ended_job_memory_s", "handover_retention_s", "catchup_close_minutes",
                      "catchup_close_interval_s"):
             if getattr(w, name) < 0:

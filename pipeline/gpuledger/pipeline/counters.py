@@ -24,6 +24,10 @@ class Counters:
     duplicate_job_events: int = 0
     out_of_order_job_events: int = 0
     telemetry_lost_samples: int = 0
+    ahead_telemetry: int = 0
+    """Samples further ahead of the fleet than ``windows.max_ahead_s`` (rejected)."""
+    implausible_telemetry: int = 0
+    """Samples using more memory than their card has (per the inventory): rejected."""
     unplaced_telemetry: int = 0
     """Samples of GPUs no inventory knows (an unknown node, a GPU index beyond its count):
     rejected."""

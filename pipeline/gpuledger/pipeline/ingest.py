@@ -2,9 +2,12 @@
 
 Files may hold any mix of record types, in any order. All files are decoded first
 (bad lines are collected with file, line and reason), then the events are fed to the
-processor in event-time order, ten minutes at a time, exactly as a live stream would
-arrive. The decoded input is held in memory while it is fed (about 150 bytes per
-telemetry sample): split very long histories by day.
+processor in event-time order, exactly as a live stream would arrive: ten minutes at a
+time while there is telemetry (its samples wait in memory until their minutes close),
+a day at a time for a history of scheduler and inventory events alone (the processor
+then closes a day per pass and keeps GPUs without telemetry as spans, so a year of
+history costs per event, not per GPU-minute). The decoded input is held in memory while
+it is fed (about 150 bytes per telemetry sample): split very long histories by day.
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ from pathlib import Path
 import polars as pl
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
-from gpuledger.pipeline.columns import empty_frame
+from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
-from gpuledger.pipeline.decode import decode_jsonl_files
+from gpuledger.pipeline.decode import decode_jsonl_files, encode_jsonl
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
 
 SLICE = timedelta(minutes=10)
+"""Event time fed per batch while there is telemetry."""
+HISTORY_SLICE = timedelta(days=1)
+"""Event time fed per batch of a history without telemetry."""
 
 
 @dataclass
@@ -41,9 +47,11 @@ def import_history(
     processor: Processor,
     frames: dict[str, pl.DataFrame],
     on_progress: Callable[[float], None] | None = None,
+    until: datetime | None = None,
 ) -> int:
     """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
-    the rest in event-time order and flush. The number of rejected records."""
+    the rest in event-time order and flush up to ``until`` (a window's end; default the
+    newest event). The number of rejected records."""
     good: dict[RecordType, pl.DataFrame] = {}
     rejected = 0
     for kind, frame in frames.items():
@@ -51,7 +59,7 @@ def import_history(
         processor.add_rejects(bad)
         rejected += bad.height
         good[kind] = ok  # type: ignore[index]
-    feed_in_time_order(processor, good, on_progress)
+    feed_in_time_order(processor, good, on_progress, until)
     return rejected
 
 
@@ -59,20 +67,23 @@ def feed_in_time_order(
     processor: Processor,
     frames: dict[RecordType, pl.DataFrame],
     on_progress: Callable[[float], None] | None = None,
+    until: datetime | None = None,
 ) -> None:
-    """Feed validated frames to ``processor`` in event-time slices, then flush."""
+    """Feed validated frames to ``processor`` in event-time slices, then flush (every
+    minute before ``until`` when given, else up to the newest event)."""
     ordered = {k: f.sort("time", maintain_order=True) for k, f in frames.items()
                if not f.is_empty()}
     if not ordered:
-        processor.flush()
+        processor.flush(until)
         return
+    step = SLICE if "telemetry" in ordered else HISTORY_SLICE
     first: datetime = min(f["time"][0] for f in ordered.values())
     last: datetime = max(f["time"][-1] for f in ordered.values())
     start = first.replace(second=0, microsecond=0)
     offsets = dict.fromkeys(ordered, 0)
     total = max((last - start).total_seconds(), 1.0)
     while start <= last:
-        end = start + SLICE
+        end = start + step
         batch: dict[str, pl.DataFrame] = {}
         for kind, frame in ordered.items():
             stop = int(frame["time"].search_sorted(end, side="left"))
@@ -83,7 +94,46 @@ def feed_in_time_order(
         start = end
         if on_progress is not None:
             on_progress(min((start - first).total_seconds() / total, 1.0))
-    processor.flush()
+    processor.flush(until)
+
+
+def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: ProcessorConfig
+                       ) -> tuple[dict[RecordType, pl.DataFrame], pl.DataFrame]:
+    """Events far outside the input's own time range are set aside as rejects, with their
+    reason: further before its 1st percentile of event times than ``windows.max_behind_s``
+    or after its 99th than ``windows.max_ahead_s``, and than the input's own span between
+    the two (a line from a wrong year, a clock months ahead). They would otherwise make
+    the processor walk the empty years between, or close minutes no other event reached."""
+    times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
+        if any(not f.is_empty() for f in frames.values()) else None
+    if times is None or times.height < 20:
+        return frames, pl.DataFrame(schema=REJECT_SCHEMA)
+    lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
+                          pl.col("time").quantile(0.99, "higher").alias("h")).row(0)
+    w = config.windows
+    span = hi - lo
+    early = lo - max(timedelta(seconds=w.max_behind_s), span)
+    late = hi + max(timedelta(seconds=w.max_ahead_s), span)
+    fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
+    kept: dict[RecordType, pl.DataFrame] = {}
+    out: list[pl.DataFrame] = []
+    for kind, frame in frames.items():
+        outside = (pl.col("time") < pl.lit(early).cast(TIME_DTYPE)) | (
+            pl.col("time") > pl.lit(late).cast(TIME_DTYPE))
+        bad = frame.filter(outside)
+        kept[kind] = frame.filter(~outside) if not bad.is_empty() else frame
+        if bad.is_empty():
+            continue
+        reason = (pl.lit("field 'time': ") + pl.col("time").dt.strftime(fmt)
+                  + pl.lit(f" is far outside the input's time range ({lo:%Y-%m-%dT%H:%MZ}"
+                           f" … {hi:%Y-%m-%dT%H:%MZ}, 1st to 99th percentile; "
+                           f"windows.max_behind_s {w.max_behind_s}, "
+                           f"windows.max_ahead_s {w.max_ahead_s})"))
+        out.append(bad.select(
+            pl.lit(kind).alias("record_type"), pl.lit("ingest").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+            pl.Series("raw", encode_jsonl(bad, kind).decode().splitlines(), pl.String)))
+    return kept, pl.concat(out) if out else pl.DataFrame(schema=REJECT_SCHEMA)
 
 
 def ingest(
@@ -107,6 +157,9 @@ def ingest(
         k: pl.concat(v) if v else empty_frame(k) for k, v in parts.items()
     }
     all_rejects = pl.concat(rejects) if rejects else pl.DataFrame(schema=REJECT_SCHEMA)
+    frames, outliers = set_aside_outliers(frames, config)
+    if not outliers.is_empty():
+        all_rejects = pl.concat([all_rejects, outliers])
     processor = Processor(config, Warehouse(warehouse))
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():

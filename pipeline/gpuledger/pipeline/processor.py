@@ -39,6 +39,7 @@ Windows, watermark and lateness (the documented policy, docs/kafka.md):
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -52,23 +53,22 @@ from gpuledger.pipeline.columns import TIME_DTYPE, conform
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, recommendations, rollup
+from gpuledger.pipeline.facts import telemetry_minutes as telemetry
 from gpuledger.pipeline.facts.cluster import cluster_facts, starts_window
 from gpuledger.pipeline.facts.gpu_minutes import (
+    GPU_KEYS,
     MINUTE_KEYS,
     allocation_per_gpu_minute,
     dense_gpu_rows,
+    finish_gpu_rows,
     gpu_runs,
     job_minute_rows,
     job_rows_with_context,
     merged_occupancy,
 )
 from gpuledger.pipeline.facts.minutes import HOUR_MS, MINUTE_MS, clip_ms, ms, to_time
-from gpuledger.pipeline.facts.telemetry_minutes import (
-    job_memory,
-    per_gpu_minute,
-    prepare,
-    sequence_gaps,
-)
+from gpuledger.pipeline.facts.spans import span_rows, split_runs
+from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys, prepare, sequence_gaps
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.state.inventory import InventoryBook
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER, JobBook
@@ -78,10 +78,10 @@ from gpuledger.pipeline.warehouse import Warehouse
 
 log = logging.getLogger("gpuledger.processor")
 
-PER_GPU_TABLES = ("gpu_minute", "job_gpu")
+PER_GPU_TABLES = ("gpu_minute", "gpu_span", "job_gpu")
 CLUSTER_TABLES = ("frag_minute", "pending_minute", "blocked_minute", "job_attempts",
                   "preemptions", "recommendations")
-HOURLY_TABLES = ("gpu_minute", "frag_minute", "pending_minute", "blocked_minute",
+HOURLY_TABLES = ("gpu_minute", "gpu_span", "frag_minute", "pending_minute", "blocked_minute",
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
 LOW_PRIORITY = 10
@@ -90,6 +90,9 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
+MEMORY_MARGIN = 1.05
+"""Memory used may exceed the card's inventory memory by this much (MiB rounding, the
+driver's reserve) before a sample is rejected."""
 DENSE_STEP = timedelta(hours=1)
 """The longest close step while telemetry is buffered (its samples are held in memory)."""
 SPARSE_STEP = timedelta(hours=24)
@@ -140,12 +143,17 @@ class Processor:
         now: Callable[[], datetime] | None = None,
         telemetry_clock: bool = False,
         partitioning: Partitioning | None = None,
+        spans: bool = True,
     ) -> None:
         """``telemetry_clock``: only telemetry moves the watermark (a live service, where
         scheduler events may be read ahead of telemetry); off, scheduler and inventory
         time moves it until telemetry is seen (history imports without telemetry).
         ``partitioning``: the telemetry partitions this engine holds (a Kafka service);
-        without it, the engine holds the whole cluster as one partition, 0."""
+        without it, the engine holds the whole cluster as one partition, 0.
+        ``spans``: GPUs without telemetry in a step are kept as spans of identical
+        minutes (``facts/spans.py``); off, every GPU-minute is a row (the same facts,
+        row by row: for tests and benchmarks)."""
+        self.spans = spans
         self.config = config
         self.partitioning = partitioning
         self.telemetry_clock = telemetry_clock
@@ -154,7 +162,11 @@ class Processor:
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
-        self.samples: list[pl.DataFrame] = []
+        self.tel_parts: list[pl.DataFrame] = []
+        """Telemetry of open minutes, folded per GPU-minute as batches arrived."""
+        self.mem_parts: list[pl.DataFrame] = []
+        """Job memory on GPUs of open minutes, per (minute, node, GPU, job)."""
+        self.sample_keys = SampleKeys()
         self.acc = pl.DataFrame(schema=ACC_SCHEMA)
         self.part_closed: dict[int, datetime] = {}
         """Each held partition's closed point: every minute before it is closed."""
@@ -281,7 +293,7 @@ class Processor:
             self.counters.records_in[record_type] += frame.height
             if not good.is_empty():
                 frames[record_type] = good
-        self._ingest(frames)
+        self._ingest(frames, behind)
         self.advance(event_time_limit, behind)
 
     def add_rejects(self, rejects: pl.DataFrame, partition: int = 0) -> None:
@@ -294,12 +306,13 @@ class Processor:
             kind = "unknown" if record_type is None else str(record_type)
             self.counters.add_rejects(kind, group.height)
 
-    def _ingest(self, frames: dict[RecordType, pl.DataFrame]) -> None:
+    def _ingest(self, frames: dict[RecordType, pl.DataFrame], behind: bool = False) -> None:
+        if "telemetry" in frames and not behind:
+            frames["telemetry"] = self._reject_ahead(frames["telemetry"])
         clocks = {k: f for k, f in frames.items()
-                  if k == "telemetry" or not self.telemetry_clock}
-        times = [f.select(pl.col("time").min()).item() for f in clocks.values()]
-        if self.started is None and times:
-            self.started = _floor_minute(min(times))
+                  if (k == "telemetry" or not self.telemetry_clock) and not f.is_empty()}
+        if self.started is None and clocks:
+            self.started = self._first_minute(list(clocks.values()))
             for p in self.held:
                 self.part_closed.setdefault(p, self.started)
         closed = self.closed_until
@@ -321,6 +334,65 @@ class Processor:
             self._bump_other(jobs)
         if "telemetry" in frames:
             self._ingest_telemetry(frames["telemetry"])
+
+    def _first_minute(self, frames: list[pl.DataFrame]) -> datetime:
+        """Where the processor starts: the first minute of its first events, leaving out
+        those more than ``windows.max_behind_s`` behind the batch's median (one record from
+        a wrong year would otherwise make it walk the years between; such records are
+        late: kept and counted)."""
+        times = pl.concat([f.select("time") for f in frames])["time"]
+        floor = times.median() - timedelta(seconds=self.config.windows.max_behind_s)  # type: ignore[operator]
+        first = times.filter(times >= floor).min()
+        assert isinstance(first, datetime)
+        return _floor_minute(first)
+
+    def _fleet_time(self) -> datetime | None:
+        """The fleet's progress: the 90th percentile (nearest rank) of the nodes' newest
+        sample times — where most of the fleet has reached, whatever one node's clock
+        says (fewer than one node in ten ahead cannot move it)."""
+        if not self.node_time:
+            return None
+        ordered = sorted(self.node_time.values())
+        return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+    def _reject_ahead(self, tel: pl.DataFrame) -> pl.DataFrame:
+        """Telemetry more than ``windows.max_ahead_s`` ahead of the fleet is rejected with
+        its reason (a node's clock running ahead must not fabricate minutes no other node
+        has reached). The fleet is the nodes seen so far, and this batch's own median when
+        it holds more than half of them (the first batch, a large batch). Not while the
+        transport is behind its input (a replay reads partitions at different paces)."""
+        fleet = self._fleet_time()
+        batch_median = tel["time"].median()
+        if fleet is None or (isinstance(batch_median, datetime) and batch_median > fleet
+                             and tel["node"].n_unique() * 2 > len(self.node_time)):
+            fleet = batch_median  # type: ignore[assignment]
+        if fleet is None:
+            return tel
+        assert isinstance(fleet, datetime)
+        limit = fleet + timedelta(seconds=self.config.windows.max_ahead_s)
+        ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
+        bad = tel.filter(ahead)
+        if bad.is_empty():
+            return tel
+        self.counters.ahead_telemetry += bad.height
+        fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
+        reason = (pl.lit("field 'time': ") + pl.col("time").dt.strftime(fmt)
+                  + pl.lit(f" is more than {self.config.windows.max_ahead_s} s ahead of the "
+                           f"fleet (its 90th percentile node at {fleet:%Y-%m-%dT%H:%M:%SZ}): "
+                           "a clock running ahead?"))
+        rows = bad.select(
+            pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+            pl.struct("node", "gpu_index", pl.col("time").dt.strftime(fmt))
+            .struct.json_encode().alias("raw"),
+            self.partition_expr(bad).alias("partition"))
+        for (part,), group in rows.group_by("partition"):
+            assert isinstance(part, int)
+            self.add_rejects(group.drop("partition"), part)
+        log.warning("%d telemetry sample(s) more than %d s ahead of the fleet rejected "
+                    "(first: node %s at %s)", bad.height, self.config.windows.max_ahead_s,
+                    bad["node"][0], bad["time"][0])
+        return tel.filter(~ahead)
 
     def _reject_job_events(self, refused: pl.DataFrame) -> None:
         rows = refused.select(
@@ -354,10 +426,11 @@ class Processor:
             old = self.node_time.get(node)
             if old is None or when > old:
                 self.node_time[node] = when
-        cutoff = pl.col("partition").replace_strict(
-            {p: ms(c) for p, c in self.part_closed.items()}, default=0,
-            return_dtype=pl.Int64)
-        is_late = pl.col("minute").cast(pl.Int64) < cutoff
+        closed = {ms(c) for c in self.part_closed.values()}
+        cutoff = pl.lit(min(closed, default=0), pl.Int64) if len(closed) <= 1 else pl.col(
+            "partition").replace_strict({p: ms(c) for p, c in self.part_closed.items()},
+                                        default=0, return_dtype=pl.Int64)
+        is_late = pl.col("minute_ms") < cutoff
         late = tel.filter(is_late)
         if not late.is_empty():
             self.counters.late_telemetry += late.height
@@ -365,10 +438,57 @@ class Processor:
                     pl.col("minute").dt.truncate("1h").alias("h"), "partition"):
                 assert isinstance(hour, datetime) and isinstance(part, int)
                 self.late_parts.setdefault((hour, part), []).append(
-                    rows.drop("activity", "n_proc", "n_unattributed", "partition"))
+                    rows.drop("activity", "n_proc", "n_unattributed", "partition",
+                              "minute_ms"))
             tel = tel.filter(~is_late)
-        if not tel.is_empty():
-            self.samples.append(tel)
+        if tel.is_empty():
+            return
+        tel = self._reject_beyond_card_memory(tel)
+        fresh, repeats = self.sample_keys.take_new(tel)
+        self.counters.duplicate_samples += repeats
+        if fresh.is_empty():
+            return
+        self.tel_parts.append(telemetry.partials(fresh))
+        memory = telemetry.job_memory(fresh, self._shared_gpus())
+        if not memory.is_empty():
+            self.mem_parts.append(memory)
+
+    def _reject_beyond_card_memory(self, tel: pl.DataFrame) -> pl.DataFrame:
+        """Samples using more memory than their node's card has (per its inventory), with
+        ``MEMORY_MARGIN``, are rejected with the reason: a 10 TB peak is a bad reading, not
+        a job's memory. (Samples of a node whose inventory is not known yet pass; the
+        record's own ``mem_total_mib`` bounds them, ``validate.py``.)"""
+        cards = self.inventory.node_memory().filter(pl.col("gpu_mem_mib").is_not_null())
+        if cards.is_empty():
+            return tel
+        top = tel.select(pl.col("mem_used_mib").max()).item()
+        if top is None or top <= cards["gpu_mem_mib"].min() * MEMORY_MARGIN:  # type: ignore[operator]
+            return tel
+        limit = pl.col("gpu_mem_mib") * MEMORY_MARGIN
+        checked = tel.join(cards, on="node", how="left")
+        over = (pl.col("mem_used_mib") > limit).fill_null(False)
+        bad = checked.filter(over)
+        if bad.is_empty():
+            return tel
+        fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
+        reason = (pl.lit("field 'mem_used_mib': ") + pl.col("mem_used_mib").cast(pl.String)
+                  + pl.lit(" MiB is more than the card's ") + pl.col("gpu_mem_mib").cast(pl.String)
+                  + pl.lit(f" MiB (node inventory) + {round((MEMORY_MARGIN - 1) * 100)} %"))
+        rows = bad.select(
+            pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
+            pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
+            pl.struct("node", "gpu_index", pl.col("time").dt.strftime(fmt), "mem_used_mib")
+            .struct.json_encode().alias("raw"), "partition")
+        for (part,), group in rows.group_by("partition"):
+            assert isinstance(part, int)
+            self.add_rejects(group.drop("partition"), part)
+        self.counters.implausible_telemetry += bad.height
+        return checked.filter(~over).drop("gpu_mem_mib")
+
+    def _shared_gpus(self) -> pl.DataFrame:
+        """The GPUs some job holds a fraction of (open or recent allocations)."""
+        return self.jobs.allocations().filter(pl.col("fraction") < 1.0).select(
+            "node", "gpu_index").unique()
 
     def _bump_other(self, frame: pl.DataFrame) -> None:
         newest = frame.select(pl.col("time").max()).item()
@@ -376,19 +496,21 @@ class Processor:
             self.max_other_time = newest
 
     def _watermark(self, catching_up: bool = False) -> datetime | None:
+        """The slowest node still reporting, minus the lateness. A node counts while its
+        newest sample is within ``node_stall_s`` (catching up: a close step) of the
+        fleet's progress (:meth:`_fleet_time`): a node that stopped reporting stops holding
+        the windows, and one node far ahead moves nothing."""
         w = self.config.windows
         lateness = timedelta(seconds=w.allowed_lateness_s)
-        newest = self.max_telemetry_time
-        if newest is not None and self.node_time:
-            # the slowest node still reporting holds the windows open; catching up, a
-            # node may be read up to a close step behind the others (messages spanning
-            # minutes) and still hold them
+        fleet = self._fleet_time()
+        newest: datetime | None = None
+        if fleet is not None:
             stall = timedelta(seconds=w.node_stall_s)
             if catching_up:
                 stall = max(stall, timedelta(minutes=w.catchup_close_minutes))
-            horizon = newest - stall
+            horizon = fleet - stall
             self.node_time = {n: t for n, t in self.node_time.items() if t >= horizon}
-            newest = min(self.node_time.values(), default=newest)
+            newest = min(self.node_time.values(), default=fleet)
         if newest is None and not self.telemetry_clock:
             newest = self.max_other_time
         return None if newest is None else newest - lateness
@@ -484,7 +606,7 @@ class Processor:
         closed = self.closed_until
         assert closed is not None
         while closed < end:
-            step = DENSE_STEP if self.samples else SPARSE_STEP
+            step = DENSE_STEP if self.tel_parts else SPARSE_STEP
             step_end = min(end, _floor_hour(closed) + step)
             self._close(closed, step_end)
             for p in self.held:
@@ -497,20 +619,38 @@ class Processor:
             self._write_hours(final=False)
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
+            self.sample_keys.forget_before(ms(closed))
             horizon = closed - timedelta(seconds=self.config.windows.handover_retention_s)
             self.jobs.prune(horizon)
             self._forget_completed(closed)
             self.inventory.prune(ms(horizon))
 
-    def _take_samples(self, b_ms: int) -> pl.DataFrame:
-        """Remove and return the buffered samples of minutes before ``b_ms``."""
-        if not self.samples:
-            return pl.DataFrame()
-        everything = pl.concat(self.samples, how="vertical_relaxed", rechunk=False)
-        before = pl.col("minute").cast(pl.Int64) < b_ms
-        rest = everything.filter(~before)
-        self.samples = [rest] if not rest.is_empty() else []
-        return everything.filter(before)
+    @staticmethod
+    def _take(parts: list[pl.DataFrame], b_ms: int) -> tuple[list[pl.DataFrame],
+                                                               list[pl.DataFrame]]:
+        """Split chunks into the rows of minutes before ``b_ms`` and the rest (a chunk
+        wholly on one side is not copied)."""
+        taken: list[pl.DataFrame] = []
+        kept: list[pl.DataFrame] = []
+        before = pl.col("minute_ms") < b_ms
+        for chunk in parts:
+            lo, hi = chunk.select(pl.col("minute_ms").min().alias("lo"),
+                                  pl.col("minute_ms").max().alias("hi")).row(0)
+            if hi < b_ms:
+                taken.append(chunk)
+            elif lo >= b_ms:
+                kept.append(chunk)
+            else:
+                taken.append(chunk.filter(before))
+                kept.append(chunk.filter(~before))
+        return [t for t in taken if not t.is_empty()], kept
+
+    def _take_telemetry(self, b_ms: int) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+        """The telemetry and job memory of the open minutes before ``b_ms`` (removed)."""
+        taken, self.tel_parts = self._take(self.tel_parts, b_ms)
+        mem, self.mem_parts = self._take(self.mem_parts, b_ms)
+        telem = telemetry.finish(telemetry.merge(taken)) if taken else None
+        return telem, telemetry.merge_memory(mem) if mem else None
 
     def _close(self, a: datetime, b: datetime) -> None:
         """Close ``[a, b)``: each partition from its own closed point (if before ``b``)."""
@@ -518,12 +658,12 @@ class Processor:
         bounds = {p: ms(c) for p, c in self.part_closed.items() if p in self.held and c < b}
         self.counters.minutes_closed += (b_ms - a_ms) // MINUTE_MS
         self.counters.close_passes += 1
-        window = self._take_samples(b_ms)
+        telem, memory = self._take_telemetry(b_ms)
         attrs = self.jobs.attributes()
         node_runs = self.inventory.runs(a_ms, b_ms)
         allocations = self.jobs.allocations()
         if bounds:
-            self._close_gpus(window, node_runs, allocations, attrs, bounds, b_ms)
+            self._close_gpus(telem, memory, node_runs, allocations, attrs, bounds, b_ms)
         cluster_from = self.part_closed.get(0) if self.cluster else None
         if cluster_from is not None and cluster_from < b:
             self._close_cluster(node_runs, allocations, attrs, cluster_from, b)
@@ -532,35 +672,69 @@ class Processor:
     def _with_partition(self, frame: pl.DataFrame) -> pl.DataFrame:
         return frame.with_columns(self.partition_expr(frame).alias("partition"))
 
-    def _close_gpus(self, window: pl.DataFrame, node_runs: pl.DataFrame,
+    def _close_gpus(self, agg: pl.DataFrame | None, memory: pl.DataFrame | None,
+                    node_runs: pl.DataFrame,
                     allocations: pl.DataFrame, attrs: pl.DataFrame,
                     bounds: dict[int, int], b_ms: int) -> None:
-        """The per-GPU facts of the partitions in ``bounds`` (partition → closed point)."""
+        """The per-GPU facts of the partitions in ``bounds`` (partition → closed point).
+
+        GPUs with telemetry in the step get a row per minute; the others get spans of
+        identical minutes, and a row per minute only where an allocation starts or ends
+        inside a minute (``facts/spans.py``)."""
         lo = pl.col("partition").replace_strict(bounds, default=None, return_dtype=pl.Int64)
-        runs = self._with_partition(node_runs).lazy().filter(
+        own_nodes = self._with_partition(node_runs).filter(
             pl.col("partition").is_in(list(bounds))).with_columns(
             pl.max_horizontal(pl.col("from_ms"), lo).alias("from_ms")).filter(
             pl.col("from_ms") < pl.col("to_ms"))
+        runs = gpu_runs(own_nodes).collect()
         pieces = clip_ms(self._with_partition(allocations).filter(
-            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms)
-        job_minutes = job_minute_rows(pieces)
-        alloc = allocation_per_gpu_minute(job_minutes, merged_occupancy(pieces))
+            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms).collect()
         telem = None
-        if not window.is_empty():
-            agg, repeats = per_gpu_minute(window)
-            self.counters.duplicate_samples += repeats
+        exact_runs, exact_pieces = runs.clear(), pieces.clear()
+        sparse_runs, sparse_pieces = runs, pieces
+        if agg is not None:
             self._count_sequence(agg)
-            telem = agg.lazy().with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))\
-                .drop("minute")
-        gpu_lazy = dense_gpu_rows(gpu_runs(runs.collect()), alloc, telem,
-                                  self.config.thresholds)
+            telem = agg.lazy().drop("partition")
+            seen = agg.select(GPU_KEYS).unique()
+            exact_runs = runs.join(seen, on=GPU_KEYS, how="semi")
+            exact_pieces = pieces.join(seen, on=GPU_KEYS, how="semi")
+            sparse_runs = runs.join(seen, on=GPU_KEYS, how="anti")
+            sparse_pieces = pieces.join(seen, on=GPU_KEYS, how="anti")
+        if not self.spans:
+            exact_runs, exact_pieces = runs, pieces
+            sparse_runs, sparse_pieces = runs.clear(), pieces.clear()
+        span_gpu = span_jobs = None
+        if not sparse_runs.is_empty():
+            edges, spans = split_runs(sparse_runs.lazy(), sparse_pieces.lazy())
+            edges_df = edges.collect()
+            edge_pieces = sparse_pieces.join(
+                edges_df.select(*GPU_KEYS, pl.col("from_ms").alias("_u"),
+                                pl.col("to_ms").alias("_v")), on=GPU_KEYS, how="inner"
+            ).filter((pl.col("s_ms") < pl.col("_v")) & (pl.col("e_ms") > pl.col("_u"))
+                     ).with_columns(pl.max_horizontal("s_ms", "_u").alias("s_ms"),
+                                    pl.min_horizontal("e_ms", "_v").alias("e_ms")
+                                    ).drop("_u", "_v")
+            exact_runs = pl.concat([exact_runs, edges_df.select(exact_runs.columns)])
+            exact_pieces = pl.concat([exact_pieces, edge_pieces.select(exact_pieces.columns)])
+            span_gpu, span_jobs = span_rows(spans, sparse_pieces.lazy())
+        job_minutes = job_minute_rows(exact_pieces.lazy())
+        alloc = allocation_per_gpu_minute(job_minutes, merged_occupancy(exact_pieces.lazy()))
+        t = self.config.thresholds
+        parts = [dense_gpu_rows(exact_runs.lazy(), alloc, telem, t).with_columns(
+            pl.lit(False).alias("span"))]
+        job_parts = [job_minutes]
+        if span_gpu is not None and span_jobs is not None:
+            parts.append(finish_gpu_rows(span_gpu, t).with_columns(pl.lit(True).alias("span")))
+            job_parts.append(span_jobs)
         main = attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority")
-        gpu = gpu_lazy.join(main, on="job_id", how="left").collect()
-        if telem is not None:
-            self._reject_unplaced_telemetry(window, gpu, telem)
+        gpu = pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left")\
+            .collect()
+        if agg is not None:
+            self._reject_unplaced_telemetry(gpu, agg)
         job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
-        jobs = self._with_job_memory(job_rows_with_context(job_minutes, gpu.lazy()).join(
-            job_attrs, on="job_id", how="left"), window).collect()
+        jobs = self._with_job_memory(job_rows_with_context(
+            pl.concat(job_parts, how="diagonal_relaxed"), gpu.lazy()).join(
+            job_attrs, on="job_id", how="left").collect(), memory)
         self._emit_gpu_minutes(gpu)
         self._emit_job_minutes(jobs)
         partial = rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())).collect()
@@ -570,55 +744,61 @@ class Processor:
         inc = job_usage.minute_usage(jobs.lazy(), self.config)
         self.acc = job_usage.merge(self.acc, inc)
 
-    def _with_job_memory(self, jobs: pl.LazyFrame, window: pl.DataFrame) -> pl.LazyFrame:
+    @staticmethod
+    def _with_job_memory(jobs: pl.DataFrame, memory: pl.DataFrame | None) -> pl.DataFrame:
         """``job_mem_mib``: each job's own processes' memory on the GPUs it shares."""
-        shared = jobs.filter(pl.col("fraction") < 1.0).select(MINUTE_KEYS).unique().collect()
-        if shared.is_empty() or window.is_empty():
+        if memory is None or jobs.filter(pl.col("fraction") < 1.0).is_empty():
             return jobs.with_columns(pl.lit(None, pl.Float64).alias("job_mem_mib"))
-        keyed = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms"))
-        mem = job_memory(keyed.join(shared, on=MINUTE_KEYS, how="semi")).with_columns(
-            pl.col("minute").cast(pl.Int64).alias("minute_ms")).drop("minute")
-        return jobs.join(mem.lazy(), on=[*MINUTE_KEYS, "job_id"], how="left")
+        return jobs.join(memory.drop("partition"), on=[*MINUTE_KEYS, "job_id"], how="left")
 
-    def _reject_unplaced_telemetry(self, window: pl.DataFrame, gpu: pl.DataFrame,
-                                   telem: pl.LazyFrame) -> None:
-        """Samples of GPUs no inventory knows (an unknown node, GPU 99 of 8) are rejected:
-        nothing unknown adds to capacity."""
+    def _reject_unplaced_telemetry(self, gpu: pl.DataFrame, agg: pl.DataFrame) -> None:
+        """Samples of GPUs no inventory knows (an unknown node, GPU 99 of 8) are rejected,
+        a reject row per GPU-minute: nothing unknown adds to capacity."""
         placed = gpu.filter(pl.col("telemetry_samples") > 0).height
-        stray = telem.select(MINUTE_KEYS).collect()
-        if stray.height == placed:
+        if agg.height == placed:
             return
-        missing = stray.join(gpu.select(MINUTE_KEYS), on=MINUTE_KEYS, how="anti")
+        missing = agg.join(gpu.select(MINUTE_KEYS), on=MINUTE_KEYS, how="anti")
         known = self.inventory.records.group_by("node").agg(pl.col("gpu_count").last())
-        rows = window.with_columns(pl.col("minute").cast(pl.Int64).alias("minute_ms")).join(
-            missing, on=MINUTE_KEYS, how="semi").join(known, on="node", how="left")
+        rows = missing.join(known, on="node", how="left")
+        minute = to_time(pl.col("minute_ms")).dt.strftime("%Y-%m-%dT%H:%MZ")
         reason = (pl.when(pl.col("gpu_count").is_null())
                   .then(pl.lit("no inventory for node '") + pl.col("node") + pl.lit("'"))
                   .otherwise(pl.lit("GPU ") + pl.col("gpu_index").cast(pl.String)
                              + pl.lit(" of node '") + pl.col("node") + pl.lit("', which has ")
-                             + pl.col("gpu_count").cast(pl.String) + pl.lit(" GPUs")))
-        self.counters.unplaced_telemetry += rows.height
+                             + pl.col("gpu_count").cast(pl.String) + pl.lit(" GPUs"))
+                  + pl.lit(": ") + pl.col("telemetry_samples").cast(pl.String)
+                  + pl.lit(" sample(s) in minute ") + minute)
+        self.counters.unplaced_telemetry += int(rows["telemetry_samples"].sum())
         for (part,), group in rows.group_by("partition"):
             assert isinstance(part, int)
             self.add_rejects(group.select(
                 pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
                 pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
-                pl.struct("node", "gpu_index", pl.col("time").dt.strftime(
-                    "%Y-%m-%dT%H:%M:%S%.3fZ")).struct.json_encode().alias("raw")), part)
+                pl.struct("node", "gpu_index", to_time(pl.col("minute_ms")).dt.strftime(
+                    "%Y-%m-%dT%H:%MZ").alias("minute"), pl.col("telemetry_samples")
+                          .alias("samples")).struct.json_encode().alias("raw")), part)
 
     def _emit_gpu_minutes(self, gpu: pl.DataFrame) -> None:
+        """``gpu_minute`` rows, and ``gpu_span`` rows for spans of identical minutes."""
         t = self.config.thresholds
         out = gpu.with_columns(
             to_time(pl.col("minute_ms")).alias("minute"),
+            pl.col("n_minutes").alias("minutes"),
             pl.lit(t.idle_activity).alias("idle_threshold"),
             pl.lit(t.efficient_activity).alias("efficient_threshold"),
         ).with_columns(pl.col("minute").dt.date().alias("date"))
-        self._buffer_split("gpu_minute", out, "minute")
+        self._buffer_split("gpu_minute", out.filter(~pl.col("span")), "minute")
+        self._buffer_split("gpu_span", out.filter(pl.col("span")), "minute")
 
     def _emit_job_minutes(self, jobs: pl.DataFrame) -> None:
+        """Per job attempt, GPU and minute, for listeners (spans expanded to minutes)."""
         if not self.listeners or jobs.is_empty():
             return
-        frame = jobs.with_columns(to_time(pl.col("minute_ms")).alias("minute"))
+        frame = jobs.with_columns(
+            pl.int_ranges(pl.col("minute_ms"),
+                          pl.col("minute_ms") + pl.col("n_minutes") * MINUTE_MS, MINUTE_MS)
+            .alias("minute_ms")).explode("minute_ms").with_columns(
+            to_time(pl.col("minute_ms")).alias("minute"), pl.lit(1, pl.Int64).alias("n_minutes"))
         for listener in self.listeners:
             listener.facts("job_gpu_minute", frame)
 
@@ -781,7 +961,7 @@ class Processor:
         return out.select(TABLE_SCHEMAS["job_attempts"].names())
 
     def _count_sequence(self, telem: pl.DataFrame) -> None:
-        gaps = sequence_gaps(telem.with_columns(self.partition_expr(telem).alias("partition")))
+        gaps = sequence_gaps(telem)
         for part, agent, lo, hi, n in gaps.iter_rows():
             key = (part, agent)
             last = self._seq_last.get(key)
@@ -794,29 +974,28 @@ class Processor:
     # -- buffering and writing -------------------------------------------------------
 
     def _buffer_split(self, table: str, frame: pl.DataFrame, time_col: str) -> None:
-        """Buffer a frame with a ``partition`` column, per partition."""
+        """Buffer a frame with a ``partition`` column, per partition and hour."""
         if frame.is_empty():
             return
-        for (part,), rows in frame.group_by("partition"):
-            assert isinstance(part, int)
-            self._buffer(table, rows, time_col, part)
+        self._buffer(table, frame, time_col, None)
 
-    def _buffer(self, table: str, frame: pl.DataFrame, time_col: str, partition: int) -> None:
+    def _buffer(self, table: str, frame: pl.DataFrame, time_col: str,
+                partition: int | None) -> None:
+        """Buffer ``frame``'s rows per hour of ``time_col``, as ``partition``'s (None: each
+        row's own ``partition``)."""
         if frame.is_empty():
             return
-        frame = self._shape(table, frame)
+        parts = frame if partition is None else frame.with_columns(
+            pl.lit(partition, pl.Int64).alias("partition"))
+        shaped = self._shape(table, parts).with_columns(parts["partition"])
         for listener in self.listeners:
-            listener.facts(table, frame)
-        first, last = frame.select(
-            pl.col(time_col).min().dt.truncate("1h").alias("first"),
-            pl.col(time_col).max().dt.truncate("1h").alias("last"),
-        ).row(0)
-        if first == last:  # the common case: a close step within one hour
-            self.hour_parts.setdefault((table, first, partition), []).append(frame)
-            return
-        for (hour,), part in frame.group_by(pl.col(time_col).dt.truncate("1h").alias("_h")):
-            assert isinstance(hour, datetime)
-            self.hour_parts.setdefault((table, hour, partition), []).append(part)
+            listener.facts(table, shaped.drop("partition"))
+        hour = pl.col(time_col).dt.truncate("1h").alias("_h")
+        for (part, when), rows in shaped.with_columns(hour).partition_by(
+                ["partition", "_h"], as_dict=True, maintain_order=False).items():
+            assert isinstance(part, int) and isinstance(when, datetime)
+            self.hour_parts.setdefault((table, when, part), []).append(
+                rows.drop("partition", "_h"))
 
     @staticmethod
     def _shape(table: str, frame: pl.DataFrame) -> pl.DataFrame:
@@ -829,8 +1008,13 @@ class Processor:
         done = sorted(
             (hour, part) for hour, part in keys
             if final or (closed is not None and hour + timedelta(hours=1) <= closed))
+        days: set[tuple[datetime, int]] = set()
         for hour, part in done:
             self._write_hour(hour, part)
+            if (hour.replace(hour=0), part) in self.day_hourly:
+                days.add((hour.replace(hour=0), part))
+        for day, part in sorted(days):  # once per day, however many of its hours closed
+            self._write_daily(day, part)
 
     def _write_hour(self, hour: datetime, partition: int) -> None:
         """Write the buffered parts of ``hour`` (partial ones stay buffered)."""
@@ -839,7 +1023,14 @@ class Processor:
         suffix = self.suffix(partition)
         partials = self.rollup_parts.get((hour, partition))
         if partials:
-            self._write_rollups(hour, partition, pl.concat(partials), complete)
+            hourly = self._shape("gpu_hourly", rollup.hourly(pl.concat(partials)))
+            self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
+                                      suffix=suffix)
+            self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
+            if complete:
+                del self.rollup_parts[(hour, partition)]
+            else:
+                self.rollup_parts[(hour, partition)] = [pl.concat(partials)]
         for table in HOURLY_TABLES:
             key = (table, hour, partition)
             parts = self.hour_parts.get(key)
@@ -855,25 +1046,14 @@ class Processor:
             else:
                 self.hour_parts[key] = [frame]
 
-    def _write_rollups(self, hour: datetime, partition: int, partials: pl.DataFrame,
-                       complete: bool) -> None:
-        suffix = self.suffix(partition)
-        hourly = self._shape("gpu_hourly", rollup.hourly(partials))
-        self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
-                                  suffix=suffix)
-        if complete:
-            del self.rollup_parts[(hour, partition)]
-        else:
-            self.rollup_parts[(hour, partition)] = [partials]
-        day = hour.replace(hour=0)
-        kept = self.day_hourly.setdefault((day, partition), {})
-        kept[hour] = hourly
+    def _write_daily(self, day: datetime, partition: int) -> None:
+        kept = self.day_hourly[(day, partition)]
         daily = self._shape("gpu_daily", rollup.daily(pl.concat(list(kept.values()))))
         self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"],
-                                  hourly=False, suffix=suffix)
+                                  hourly=False, suffix=self.suffix(partition))
         closed = self.closed_until
-        day_done = closed is not None and day + timedelta(days=1) <= closed
-        if complete and day_done:
+        if closed is not None and day + timedelta(days=1) <= closed and not any(
+                (h, p) in self.rollup_parts for h in kept for p in (partition,)):
             del self.day_hourly[(day, partition)]
 
     def _write_late(self) -> None:

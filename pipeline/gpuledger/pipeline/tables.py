@@ -37,6 +37,10 @@ GPU_MINUTE = pl.Schema(_cols({
     "efficient_threshold": F,
 }))
 
+GPU_SPAN = pl.Schema({**dict(GPU_MINUTE), "minutes": pl.Int64()})
+"""``minutes`` identical GPU-minutes from ``minute`` on, of a GPU without telemetry
+(``facts/spans.py``); the ``gpu_minute`` view expands them."""
+
 FRAG_MINUTE = pl.Schema(_cols({
     "minute": T, "date": D, "pool": S, "card_type": S, "node_size": N, "healthy_nodes": N,
     "free_gpus": N, "largest_free_block": N, "whole_node_free_gpus": N, "frag_1": F,
@@ -93,6 +97,7 @@ REJECTS = pl.Schema(_cols({"record_type": S, "source": S, "line": N, "reason": S
 
 TABLE_SCHEMAS: dict[str, pl.Schema] = {
     "gpu_minute": GPU_MINUTE,
+    "gpu_span": GPU_SPAN,
     "frag_minute": FRAG_MINUTE,
     "pending_minute": PENDING_MINUTE,
     "blocked_minute": BLOCKED_MINUTE,
@@ -109,6 +114,7 @@ TABLE_SCHEMAS: dict[str, pl.Schema] = {
 
 SORT_KEYS: dict[str, list[str]] = {
     "gpu_minute": ["minute", "node", "gpu_index"],
+    "gpu_span": ["minute", "node", "gpu_index"],
     "frag_minute": ["minute", "pool", "card_type"],
     "pending_minute": ["minute", "queue", "pool", "card_type", "team"],
     "blocked_minute": ["minute", "job_id", "attempt"],

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import polars as pl
 
-from gpuledger.pipeline.facts.minutes import MINUTE_MS
-
 FRAG_KS = (1, 2, 4, 8)
 
 
@@ -39,69 +37,27 @@ def frag_ratio(usable_sum: pl.Expr, free_total: pl.Expr) -> pl.Expr:
     )
 
 
-def free_per_node(node_runs: pl.DataFrame, busy: pl.DataFrame) -> pl.DataFrame:
-    """Free whole GPUs per (minute, pool, card_type, node).
-
-    ``node_runs``: inventory runs clipped to the step (``state/inventory.py``);
-    ``busy``: one row per (minute, node, gpu_index) with an allocation at the minute's
-    middle (any fraction). Free = the node's healthy GPUs with no allocation; columns
-    ``free``, ``node_gpus`` (the node's GPU count) and ``node_ok`` (schedulable, not down).
-    One row per node-minute, not per GPU-minute.
-    """
-    grid = (
-        node_runs.lazy()
-        .with_columns(pl.int_ranges(pl.col("from_ms"), pl.col("to_ms"), MINUTE_MS)
-                      .alias("minute_ms"))
-        .explode("minute_ms")
-        .select(
-            "minute_ms", "node", "pool", "card_type",
-            pl.col("gpu_count").alias("node_gpus"),
-            (pl.col("schedulable") & (pl.col("health") != "down")).fill_null(False)
-            .alias("node_ok"),
-            pl.col("unhealthy_gpus").fill_null(pl.lit([], pl.List(pl.Int64()))).alias("_bad"),
-        )
-    )
-    taken = (
-        busy.lazy()
-        .select(pl.col("minute").cast(pl.Int64).alias("minute_ms"), "node", "gpu_index")
-        .unique()
-        .join(grid.select("minute_ms", "node", "node_gpus", "_bad"),
-              on=["minute_ms", "node"], how="inner")
-        .filter((pl.col("gpu_index") < pl.col("node_gpus"))
-                & ~pl.col("_bad").list.contains(pl.col("gpu_index")))
-        .group_by(["minute_ms", "node"])
-        .agg(pl.len().cast(pl.Int64).alias("_busy"))
-    )
-    healthy = pl.col("node_gpus") - pl.col("_bad").list.unique().list.len().cast(pl.Int64)
-    return (
-        grid.join(taken, on=["minute_ms", "node"], how="left")
-        .with_columns(
-            (healthy - pl.col("_busy").fill_null(0)).clip(0, None).alias("free"),
-            pl.col("minute_ms").cast(pl.Datetime("ms")).dt.replace_time_zone("UTC")
-            .alias("minute"),
-        )
-        .select("minute", "pool", "card_type", "node", "free", "node_gpus", "node_ok")
-        .collect()
-    )
-
-
-def fragmentation(nodes: pl.DataFrame) -> pl.DataFrame:
+def fragmentation(hist: pl.DataFrame) -> pl.DataFrame:
     """frag(k) for k = 1, 2, 4, 8 and the node size, per minute, pool and card type.
 
-    ``nodes``: output of :func:`node_free_gpus`. Also reports capacity, free GPUs,
-    the largest free block, and the GPUs usable by whole-node jobs.
+    ``hist``: per minute, pool, card type, node size (``node_gpus``) and free GPUs
+    (``free``), the number of schedulable, healthy ``nodes`` (``cluster.histogram``).
+    Also reports the free GPUs, the largest free block, the healthy nodes, the node size
+    (the largest node's GPU count) and the GPUs usable by whole-node jobs.
+
+    ``frag_node`` uses each node's own size: a pool of 1-, 4- and 8-GPU nodes counts a
+    node's free GPUs as usable by whole-node jobs only when all its GPUs are free.
     """
-    ok = nodes.filter(pl.col("node_ok"))
-    free = pl.col("free")
+    free, n = pl.col("free"), pl.col("nodes")
     aggs = [
-        free.sum().alias("free_gpus"),
+        (free * n).sum().alias("free_gpus"),
         pl.col("node_gpus").max().alias("node_size"),
         free.max().alias("largest_free_block"),
-        pl.len().alias("healthy_nodes"),
+        n.sum().alias("healthy_nodes"),
     ]
-    aggs += [usable(k, free).sum().alias(f"_u{k}") for k in FRAG_KS]
-    aggs.append(usable(pl.col("node_gpus"), free).sum().alias("_unode"))
-    out = ok.group_by(["minute", "pool", "card_type"]).agg(aggs)
+    aggs += [(usable(k, free) * n).sum().alias(f"_u{k}") for k in FRAG_KS]
+    aggs.append((usable(pl.col("node_gpus"), free) * n).sum().alias("_unode"))
+    out = hist.group_by(["minute", "pool", "card_type"]).agg(aggs)
     f_total = pl.col("free_gpus")
     return out.with_columns(
         *[frag_ratio(pl.col(f"_u{k}"), f_total).alias(f"frag_{k}") for k in FRAG_KS],

@@ -1,11 +1,30 @@
-"""Telemetry samples → one row per GPU-minute (columnar, whole batches).
+"""Telemetry samples → one row per GPU-minute, folded in as batches arrive.
 
-Duplicated samples (same node, GPU, MIG instance and time) count once. MIG instances of
-one GPU are first summed (memory, processes) and averaged (activity) per sample time,
-so a MIG-partitioned GPU is still one GPU-minute.
+Samples are not kept until their minute closes: each batch is folded at once into
+*partials* per (minute, node, GPU) — sums and counts for the means, maxima, minima
+(:func:`partials`) — that add up across batches (:func:`merge`) and become the
+GPU-minute's telemetry when the minute closes (:func:`finish`). Memory follows the open
+GPU-minutes, not the samples: an hour of a 9,216-GPU fleet at 1 s is 33 M samples but
+553 k partial rows.
+
+- **Duplicates** (same node, GPU, MIG instance and time) count once, within a batch and
+  across batches: each open minute keeps the keys of the samples it has taken
+  (:class:`SampleKeys`: the sample's time and a 64-bit hash of node, GPU and MIG
+  instance); a sample whose key is there already is a repeat (counted, not folded in).
+  Two distinct GPUs would have to hash alike (a chance of about 10⁻¹⁹ per pair) and
+  report at the same millisecond for a sample to be taken for a repeat.
+- **MIG instances** of one GPU are first summed (memory, processes) and averaged
+  (activity) per sample time, so a MIG-partitioned GPU is still one GPU-minute (the
+  instances of one time must come in one batch: an agent sends them in one message).
+- **Job memory** on shared GPUs: the memory of each attributed job's processes, per
+  sample time, maximum per minute (:func:`job_memory`), from the samples with two or
+  more processes and those of GPUs a fraction of which the job book holds when the
+  samples arrive; a job holding a whole GPU is charged the GPU's memory used instead.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -19,14 +38,19 @@ TELEMETRY_KEEP = [
     "pcie_rx_bytes_s", "pcie_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_bytes_s",
     "xid_errors", "ecc_sbe", "ecc_dbe", "healthy", "processes",
 ]
-
-_MEANS = ["util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+_MEANS = ["activity", "util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
           "power_w", "sm_clock_mhz", "pcie_rx_bytes_s", "pcie_tx_bytes_s",
           "nvlink_rx_bytes_s", "nvlink_tx_bytes_s"]
+_MAX = ["mem_used_mib", "mem_total_mib", "temp_c", "unhealthy_sample", "n_proc",
+        "n_unattributed"]
+_SUM = ["xid_errors", "ecc_sbe", "ecc_dbe"]
+KEYS = ["minute_ms", "node", "gpu_index"]
+SAMPLE_KEY = ["node", "gpu_index", "mig_instance", "time"]
 
 
 def prepare(telemetry: pl.DataFrame) -> pl.DataFrame:
-    """Keep the columns facts need and add ``minute`` and per-sample ``activity``."""
+    """Keep the columns facts need and add ``minute``, ``minute_ms`` and per-sample
+    ``activity``, process counts and health."""
     return telemetry.select(TELEMETRY_KEEP).with_columns(
         minute_of(pl.col("time")).alias("minute"),
         sample_activity().alias("activity"),
@@ -38,45 +62,77 @@ def prepare(telemetry: pl.DataFrame) -> pl.DataFrame:
             | (pl.col("xid_errors") > 0)
             | (pl.col("ecc_dbe") > 0)
         ).fill_null(False).alias("unhealthy_sample"),
-    )
+    ).with_columns((pl.col("minute").cast(pl.Int64)).alias("minute_ms"))
 
 
-def per_gpu_minute(samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Aggregate prepared samples to (minute, node, gpu_index); also the number of
-    samples dropped as repeats of another (same node, GPU, MIG instance and time).
-
-    Repeats are rare, so they are looked for with one cheap pass (the number of distinct
-    hashes of node, GPU, MIG instance and time: equal to the row count means none); only
-    when some may exist are the samples de-duplicated exactly.
-    """
-    keys = ["minute", "node", "gpu_index"]
-    repeats = 0
-    if _may_repeat(samples):
-        unique = samples.unique(subset=SAMPLE_KEY, keep="first", maintain_order=True)
-        repeats, samples = samples.height - unique.height, unique
-    if samples.select(pl.col("mig_instance").is_not_null().any()).item():
-        samples = _merge_mig(samples, keys)
-    return _aggregate(samples, keys), repeats
+def _gpu_key() -> pl.Expr:
+    """64 bits naming (node, GPU, MIG instance); with the sample's time (exact) it names
+    the sample."""
+    return (pl.col("node").hash(11) ^ pl.col("mig_instance").hash(13)
+            ^ (pl.col("gpu_index").cast(pl.UInt64) * 0x9E3779B97F4A7C15))
 
 
-SAMPLE_KEY = ["node", "gpu_index", "mig_instance", "time"]
+@dataclass
+class SampleKeys:
+    """The keys of the samples taken into each open minute (to drop repeats)."""
+
+    by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
+
+    def take_new(self, samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+        """``samples`` less repeats of each other and of samples taken before; the
+        number dropped. The new ones' keys are remembered. (Only the keys are joined: the
+        samples are copied only when some are dropped.)"""
+        keys = samples.select("minute_ms", "partition", _gpu_key().alias("_g"),
+                              pl.col("time").cast(pl.Int64).alias("_t"))
+        keep: pl.Series | None = None
+        # one 64-bit mix of the pair: no repeat among them means no repeat of the pair
+        if keys.select((pl.col("_g") ^ pl.col("_t").hash(5)).n_unique()).item() < keys.height:
+            keep = keys.select(pl.struct("_g", "_t").is_first_distinct()).to_series()
+        seen = [f for m in keys["minute_ms"].unique().to_list()
+                for f in self.by_minute.get(m, ())]
+        if seen:
+            old = pl.concat(seen).select("_g", "_t")
+            fresh = keys.with_row_index("_i").join(old, on=["_g", "_t"], how="anti")["_i"]
+            if fresh.len() < keys.height:
+                mask = pl.Series(values=[False] * keys.height, dtype=pl.Boolean).scatter(
+                    fresh, True)
+                keep = mask if keep is None else (keep & mask)
+        if keep is not None and not keep.all():
+            keys = keys.filter(keep)
+            taken = samples.filter(keep)
+        else:
+            taken = samples
+        for (minute,), rows in keys.partition_by("minute_ms", as_dict=True).items():
+            assert isinstance(minute, int)
+            self.by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
+        return taken, samples.height - taken.height
+
+    def forget_before(self, minute_ms: int) -> None:
+        self.by_minute = {m: v for m, v in self.by_minute.items() if m >= minute_ms}
+
+    def of_partition(self, partition: int, keep: bool) -> SampleKeys:
+        """This set's keys of one partition (``keep``), or of all the others."""
+        sel = pl.col("partition") == partition
+        out: dict[int, list[pl.DataFrame]] = {}
+        for minute, frames in self.by_minute.items():
+            rows = [f.filter(sel if keep else ~sel) for f in frames]
+            rows = [r for r in rows if not r.is_empty()]
+            if rows:
+                out[minute] = rows
+        return SampleKeys(out)
+
+    def add(self, other: SampleKeys) -> None:
+        for minute, frames in other.by_minute.items():
+            self.by_minute.setdefault(minute, []).extend(frames)
 
 
-def _may_repeat(samples: pl.DataFrame) -> bool:
-    """Whether two samples may share node, GPU, MIG instance and time (a hash collision
-    only costs the exact check)."""
-    key = (pl.col("node").hash(1) ^ (pl.col("gpu_index").cast(pl.UInt64) * 0x9E3779B97F4A7C15)
-           ^ pl.col("mig_instance").hash(2) ^ pl.col("time").cast(pl.Int64).hash(3))
-    return bool(samples.select(key.n_unique()).item() < samples.height)
-
-
-def _merge_mig(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+def _merge_mig(samples: pl.DataFrame) -> pl.DataFrame:
     """One row per GPU and sample time from the rows of its MIG instances."""
-    return samples.group_by([*keys, "time"]).agg(
+    return samples.group_by(["minute_ms", "minute", "node", "gpu_index", "partition", "time"]
+                            ).agg(
         pl.col("card_type").first(),
         pl.col("seq").max(),
         pl.col("agent").first(),
-        pl.col("activity").mean(),
         *[pl.col(c).mean() for c in _MEANS],
         pl.col("mem_used_mib").sum(),
         pl.col("mem_total_mib").max(),
@@ -84,64 +140,107 @@ def _merge_mig(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         pl.col("xid_errors").sum(),
         pl.col("ecc_sbe").sum(),
         pl.col("ecc_dbe").sum(),
-        pl.col("healthy").min(),
         pl.col("unhealthy_sample").max(),
         pl.col("n_proc").sum(),
         pl.col("n_unattributed").sum(),
     ).with_columns(pl.lit(None, pl.String).alias("mig_instance"))
 
 
-def _aggregate(samples: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    return samples.lazy().group_by(keys).agg(
-        pl.len().cast(pl.Int64).alias("telemetry_samples"),
+def partials(samples: pl.DataFrame) -> pl.DataFrame:
+    """A batch of (de-duplicated, prepared) samples folded per GPU-minute."""
+    if samples.select(pl.col("mig_instance").is_not_null().any()).item():
+        samples = _merge_mig(samples)
+    return samples.lazy().group_by(KEYS).agg(
+        pl.col("partition").first(),
+        pl.len().cast(pl.Int64).alias("n"),
         pl.col("agent").first(),
+        pl.col("card_type").first(),
         pl.col("seq").min().alias("seq_min"),
         pl.col("seq").max().alias("seq_max"),
-        pl.col("card_type").first().alias("telemetry_card_type"),
-        pl.col("activity").mean(),
-        *[pl.col(c).mean() for c in _MEANS],
-        pl.col("mem_used_mib").max(),
-        pl.col("mem_total_mib").max(),
-        pl.col("temp_c").max(),
-        pl.col("xid_errors").sum(),
-        pl.col("ecc_sbe").sum(),
-        pl.col("ecc_dbe").sum(),
-        pl.col("unhealthy_sample").max().alias("telemetry_unhealthy"),
-        pl.col("n_proc").max().alias("processes"),
-        pl.col("n_unattributed").max().alias("unattributed_processes"),
-    ).with_columns(pl.col("agent").fill_null(pl.col("node"))).collect()
+        *[pl.col(c).sum().alias(f"s_{c}") for c in _MEANS],
+        *[pl.col(c).count().cast(pl.Int64).alias(f"c_{c}") for c in _MEANS],
+        *[pl.col(c).max() for c in _MAX],
+        *[pl.col(c).sum() for c in _SUM],
+    ).collect()
 
 
-def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
-    """Peak memory of each attributed job's processes per (minute, node, gpu, job).
+def merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Partials of the same GPU-minutes added up."""
+    if len(parts) == 1:
+        return parts[0]
+    both = pl.concat(parts, how="vertical_relaxed", rechunk=False)
+    return both.lazy().group_by(KEYS).agg(
+        pl.col("partition").first(),
+        pl.col("n").sum(),
+        pl.col("agent").drop_nulls().first(),
+        pl.col("card_type").drop_nulls().first(),
+        pl.col("seq_min").min(),
+        pl.col("seq_max").max(),
+        *[pl.col(f"s_{c}").sum() for c in _MEANS],
+        *[pl.col(f"c_{c}").sum() for c in _MEANS],
+        *[pl.col(c).max() for c in _MAX],
+        *[pl.col(c).sum() for c in _SUM],
+    ).collect()
 
-    Used for GPUs shared by several jobs; a job holding a whole GPU is charged the
-    GPU's memory used instead (which also counts memory outside its processes).
-    """
-    procs = (
-        samples.filter(pl.col("n_proc") > 0)
-        .unique(subset=SAMPLE_KEY, keep="first")  # a repeated sample counts once
-        .select("minute", "node", "gpu_index", "time", "processes")
+
+def finish(merged: pl.DataFrame) -> pl.DataFrame:
+    """Each GPU-minute's telemetry: means over its samples, maxima, sums, sample count."""
+    return merged.select(
+        *KEYS, "partition",
+        pl.col("n").alias("telemetry_samples"),
+        pl.col("agent").fill_null(pl.col("node")).alias("agent"),
+        "seq_min", "seq_max",
+        pl.col("card_type").alias("telemetry_card_type"),
+        *[pl.when(pl.col(f"c_{c}") > 0).then(pl.col(f"s_{c}") / pl.col(f"c_{c}")).alias(c)
+          for c in _MEANS],
+        "mem_used_mib", "mem_total_mib", "temp_c", *_SUM,
+        pl.col("unhealthy_sample").alias("telemetry_unhealthy"),
+        pl.col("n_proc").alias("processes"),
+        pl.col("n_unattributed").alias("unattributed_processes"),
+    )
+
+
+def job_memory(samples: pl.DataFrame, shared: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Peak memory of each attributed job's processes per (minute, node, GPU, job):
+    per sample time the job's processes add up, then the highest over the minute.
+    Partials of the same key merge by their maximum.
+
+    Only needed where a GPU is shared: samples with two or more processes, and samples
+    of the GPUs in ``shared`` (node, gpu_index: held by a fraction now, per the job book;
+    None: every sample)."""
+    cand = samples.select(*KEYS, "partition", "time", "n_proc", "processes").filter(
+        pl.col("n_proc") > 0)
+    if shared is not None:
+        single = cand.filter(pl.col("n_proc") == 1).join(shared, on=["node", "gpu_index"],
+                                                          how="semi")
+        cand = pl.concat([cand.filter(pl.col("n_proc") > 1), single])
+    if cand.is_empty():
+        return pl.DataFrame(schema={**dict.fromkeys(KEYS), "job_id": pl.String,
+                                    "partition": pl.Int64, "job_mem_mib": pl.Float64})
+    per_time = (
+        cand.select(*KEYS, "partition", "time", "processes")
         .explode("processes")
         .unnest("processes")
         .filter(pl.col("job_id").is_not_null())
-    )
-    return (
-        procs.group_by(["minute", "node", "gpu_index", "time", "job_id"])
+        .group_by([*KEYS, "partition", "time", "job_id"])
         .agg(pl.col("used_mib").sum())
-        .group_by(["minute", "node", "gpu_index", "job_id"])
-        .agg(pl.col("used_mib").max().alias("job_mem_mib"))
     )
+    return per_time.group_by([*KEYS, "job_id"]).agg(
+        pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib"))
+
+
+def merge_memory(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    both = pl.concat(parts, how="vertical_relaxed", rechunk=False)
+    if len(parts) == 1:
+        return both
+    return both.group_by([*KEYS, "job_id"]).agg(pl.col("partition").first(),
+                                                 pl.col("job_mem_mib").max())
 
 
 def sequence_gaps(gpu_minutes: pl.DataFrame) -> pl.DataFrame:
-    """Per agent: lowest and highest sequence number and samples received.
-
-    Reads the per-GPU-minute aggregates (``seq_min``, ``seq_max``, distinct
-    ``telemetry_samples``), so repeated samples are not counted as received twice.
-    """
-    keys = ["partition", "agent"] if "partition" in gpu_minutes.columns else ["agent"]
-    return gpu_minutes.group_by(keys).agg(
+    """Per partition and agent: lowest and highest sequence number and samples received
+    (distinct: repeats were dropped before)."""
+    return gpu_minutes.group_by(["partition", "agent"]).agg(
         pl.col("seq_min").min(),
         pl.col("seq_max").max(),
         pl.col("telemetry_samples").sum().alias("seq_count"),

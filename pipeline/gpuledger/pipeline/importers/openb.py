@@ -57,6 +57,9 @@ class OpenbImport:
     """The events of an import and what could not be imported."""
 
     frames: dict[str, pl.DataFrame]
+    window_end: datetime | None = None
+    """The window's end, when a window was asked for: every minute before it is closed
+    (pods still running then stay running)."""
     pods_total: int = 0
     pods_cpu_only: int = 0
     pods_imported: int = 0
@@ -145,7 +148,9 @@ def load_openb(
     hi = float(window_to_s) if window_to_s is not None else float("inf")
     gpu_pods = pods.filter(pl.col("num_gpu") > 0)
     result = OpenbImport({}, pods_total=pods.height,
-                         pods_cpu_only=pods.height - gpu_pods.height)
+                         pods_cpu_only=pods.height - gpu_pods.height,
+                         window_end=None if window_to_s is None else start + timedelta(
+                             seconds=float(window_to_s)))
 
     def at(seconds: float) -> datetime:
         return start + timedelta(seconds=seconds)

@@ -3,7 +3,10 @@
 Inventory records are state, not deltas: the newest record of a node describes it from
 then on. A record takes effect at the first minute whose middle is at or after its time
 (the snapshot rule of ``facts/minutes.py``), so a node's history is a sequence of
-minute-aligned *runs*, each with one record's attributes. :class:`InventoryBook` keeps
+minute-aligned *runs*, each with one record's attributes. A node's first record also
+covers the minute it was sent in (an agent sends its inventory as it starts, with its
+first samples): telemetry of a node from before any record of it has no GPU to land on
+and is rejected (``no inventory``). :class:`InventoryBook` keeps
 each node's records back to the newest one in effect at the oldest minute any open
 window (or a partition handed over, see ``processor.py``) may still need.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from gpuledger.pipeline.columns import TIME_DTYPE
-from gpuledger.pipeline.facts.minutes import HALF_MINUTE_MS, ceil_minute_ms
+from gpuledger.pipeline.facts.minutes import HALF_MINUTE_MS, ceil_minute_ms, floor_minute_ms
 
 INVENTORY_STATE_SCHEMA = pl.Schema(
     {
@@ -33,8 +36,11 @@ RUN_COLUMNS = ["node", "from_ms", "to_ms", "pool", "card_type", "gpu_count", "gp
 
 
 def _effective_ms() -> pl.Expr:
-    """The first minute (ms) whose middle is at or after the record's time."""
-    return ceil_minute_ms(pl.col("time").cast(pl.Int64) - HALF_MINUTE_MS)
+    """The first minute (ms) a record describes: the first whose middle is at or after
+    its time, or for a node's first record the minute it was sent in."""
+    t = pl.col("time").cast(pl.Int64)
+    return pl.when(t == t.min().over("node")).then(floor_minute_ms(t)).otherwise(
+        ceil_minute_ms(t - HALF_MINUTE_MS))
 
 
 class InventoryBook:

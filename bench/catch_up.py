@@ -1,0 +1,170 @@
+"""Catching up through Kafka: a backlog of a large fleet, processed by one instance.
+
+Produces HOURS of the default cluster scaled by SCALE (``--scale 16``: 9,216 GPUs on
+1,536 nodes) at INTERVAL-second samples to fresh topics (12 telemetry partitions;
+``arrow-v1``, zstd, 10-minute ``KafkaSink`` batches: one message per node and batch),
+simulated and published batch by batch so the backlog never sits in memory. Then, with
+the topic complete (the service starts behind it, as after an outage), one
+``gpuledger process`` instance runs in a child process until it has read everything:
+
+- wall seconds from start to caught up (every sample read and its minutes closed), and
+  to exit (flush, checkpoint);
+- the child's CPU seconds and peak RSS;
+- the consume ceiling: the same topic read by the same client with the service's fetch
+  settings and nothing else, in the same run.
+
+Against a broker the script starts (``tests/kafka_broker.py``) or ``--bootstrap``.
+Target (issue 11): a 1-hour backlog of the ``--scale 16`` fleet at 1 s sampling in ≤ 60 s
+wall on the 2-core machine. Usage:
+
+    python bench/catch_up.py [--hours 1] [--scale 16] [--interval 1]
+        [--client confluent] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cluster_scale import scaled_cluster
+from kafka_throughput import FETCH, TELEMETRY_PARTITIONS, _broker, _code, _settings
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.kafka.client import open_consumer
+from gpuledger.pipeline.kafka.producer import KafkaSink
+from gpuledger.pipeline.kafka.topics import create_topics
+from gpuledger.pipeline.kafka.wire import ARROW
+from gpuledger.pipeline.simulate import SimConfig, simulate
+
+
+def _produce(bootstrap: str, prefix: str, sim: SimConfig) -> dict[str, Any]:
+    settings = _settings(bootstrap, prefix)
+    create_topics(settings, telemetry_partitions=TELEMETRY_PARTITIONS)
+    sink = KafkaSink(settings, ARROW, compression_type="zstd")
+    samples, t0, sim_s = 0, time.perf_counter(), 0.0
+    for batch in simulate(sim):
+        sim_s += time.perf_counter() - t0
+        samples += batch["telemetry"].height
+        sink.publish_batch(batch)
+        t0 = time.perf_counter()
+    sink.close()
+    return {"gpu_samples": samples, "simulate_s": round(sim_s, 1),
+            "telemetry_messages": sink.messages}
+
+
+def _ceiling(bootstrap: str, prefix: str, client: str, messages_hint: int) -> dict[str, Any]:
+    settings = _settings(bootstrap, prefix, client)
+    consumer = open_consumer(settings, group_id=f"ceiling-{uuid.uuid4().hex}",
+                             enable_auto_commit=False, auto_offset_reset="earliest", **FETCH)
+    topic = settings.topics.telemetry
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in range(TELEMETRY_PARTITIONS)]
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek_to_beginning(tp)
+    ends = consumer.end_offsets(tps)
+    read = dict.fromkeys(tps, 0)
+    c0, w0, n = time.process_time(), time.perf_counter(), 0
+    while any(read[tp] < ends[tp] for tp in tps):
+        for tp, recs in consumer.poll(timeout_ms=500, max_records=20_000).items():
+            n += len(recs)
+            read[tp] = max(read[tp], recs[-1].offset + 1)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    consumer.close()
+    return {"messages": n, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}
+
+
+def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
+             out: Any) -> None:
+    """The child: run the service until it has read and closed everything."""
+    from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
+
+    settings = _settings(bootstrap, prefix, client)
+    service = KafkaProcessorService(settings, ProcessorConfig(), Path(root),
+                                    ServiceOptions(group_id=f"catchup-{uuid.uuid4().hex}",
+                                                   exit_when_idle_s=2.0))
+    handle = service._handle
+    caught: list[float] = []
+
+    def timed(by_topic: Any, telemetry: bool) -> int:
+        n = handle(by_topic, telemetry)
+        if n and not caught and service.counters().records_in["telemetry"] >= samples:
+            caught.append(time.perf_counter())
+        return n
+
+    service._handle = timed  # type: ignore[method-assign]
+    c0, w0 = time.process_time(), time.perf_counter()
+    try:
+        service.run()
+    finally:
+        service.close()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    c = service.counters()
+    out.send({
+        "wall_to_caught_up_s": round(caught[0] - w0, 1) if caught else None,
+        "wall_to_exit_s": round(wall, 1), "cpu_s": round(cpu, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "samples": c.records_in["telemetry"], "late_samples": c.late_telemetry,
+        "close_passes": c.close_passes, "minutes_closed": c.minutes_closed,
+        "gpu_minute_rows": c.fact_rows.get("gpu_minute", 0),
+    })
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hours", type=float, default=1.0)
+    parser.add_argument("--scale", type=float, default=16.0)
+    parser.add_argument("--interval", type=int, default=1, help="sample interval, s")
+    parser.add_argument("--client", choices=["kafka-python", "confluent"], default="confluent")
+    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    sim = SimConfig(hours=args.hours, chunk_minutes=10, sample_interval_s=args.interval,
+                    cluster=scaled_cluster(args.scale))
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "hours": args.hours,
+                              "scale": args.scale, "interval_s": args.interval,
+                              "client": args.client, "code": _code(),
+                              "loadavg_at_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="catch-up-") as tmp_name:
+        tmp = Path(tmp_name)
+        with _broker(args.bootstrap, tmp) as (bootstrap, _log_dir, _pid):
+            prefix = f"c{uuid.uuid4().hex[:8]}."
+            t0 = time.perf_counter()
+            result["produce"] = _produce(bootstrap, prefix, sim)
+            result["produce"]["wall_s"] = round(time.perf_counter() - t0, 1)
+            print("produced", result["produce"], file=sys.stderr, flush=True)
+            result["ceiling"] = _ceiling(bootstrap, prefix, args.client, 0)
+            print("ceiling", result["ceiling"], file=sys.stderr, flush=True)
+            ctx = mp.get_context("spawn")
+            here, there = ctx.Pipe()
+            child = ctx.Process(target=_service, args=(
+                bootstrap, prefix, args.client, result["produce"]["gpu_samples"],
+                str(tmp / "wh"), there))
+            child.start()
+            result["service"] = here.recv()
+            child.join()
+    s, c = result["service"], result["ceiling"]
+    samples = result["produce"]["gpu_samples"]
+    result["service"]["samples_per_cpu_s"] = round(samples / s["cpu_s"])
+    result["ceiling"]["samples_per_cpu_s"] = round(samples / max(c["cpu_s"], 1e-9))
+    result["target"] = {"wall_to_caught_up_s": 60}
+    result["loadavg_at_end"] = os.getloadavg()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()

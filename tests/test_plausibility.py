@@ -1,0 +1,177 @@
+"""Input that cannot fabricate facts (issue 12): a clock running ahead, a line from a wrong
+year, telemetry of GPUs no inventory knows, impossible memory, job events out of order.
+Each is set aside with its reason and counted; the good facts stay as they are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from conftest import Facts
+from events import alloc, at, frames, inventory, job, jsonl, series, telemetry
+from fact_views import assert_same_facts
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.ingest import ingest
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
+
+SPARSE = ("blocked_minute", "preemptions", "pending_minute", "candidates", "recommendations",
+          "running_attempts")
+
+
+def _fleet(minutes: int = 20) -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = []
+    for n in range(12):
+        recs.append(inventory(f"n{n}", at(0), gpus=2))
+        for g in range(2):
+            recs += series(f"n{n}", g, at(0), minutes, sm=0.4, seq0=1000 * g)
+    recs += [job("submitted", "j", at(0), gpus=2),
+             job("started", "j", at(1), allocation=alloc("n0", 0, 1)),
+             job("finished", "j", at(15))]
+    return recs
+
+
+def _live(root: Path, batches: list[list[dict[str, Any]]]) -> Processor:
+    proc = Processor(ProcessorConfig(), Warehouse(root), telemetry_clock=True)
+    for batch in batches:
+        proc.process(frames(batch), validated=True)
+    proc.flush()
+    return proc
+
+
+def _minutes_by_time(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """One batch per minute of event time, in order (as a live stream arrives)."""
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for r in sorted(recs, key=lambda r: r["time"]):
+        out.setdefault(r["time"].replace(second=0), []).append(r)
+    return [out[k] for k in sorted(out)]
+
+
+def test_a_node_clock_ahead_neither_moves_the_windows_nor_makes_facts(tmp_path: Path) -> None:
+    good = _fleet()
+    _live(tmp_path / "good", _minutes_by_time(good))
+    skewed = [dict(r) for r in good]
+    # node n5's clock runs 50 minutes ahead from minute 5 on
+    for r in skewed:
+        if r["type"] == "telemetry" and r["node"] == "n5" and r["time"] >= at(5):
+            r["time"] = r["time"] + timedelta(minutes=50)
+    batches = _minutes_by_time([r for r in skewed if not (r.get("node") == "n5"
+                                                         and r["time"] >= at(50))])
+    ahead = [r for r in skewed if r.get("node") == "n5" and r["time"] >= at(50)]
+    for i, batch in enumerate(batches[5:], 5):  # n5's skewed samples arrive with minute i
+        batch += [r for r in ahead if r["time"] - timedelta(minutes=50) < at(i + 1)
+                  and r["time"] - timedelta(minutes=50) >= at(i)]
+    proc = _live(tmp_path / "skewed", batches)
+    assert proc.counters.ahead_telemetry == len(ahead)
+    assert proc.counters.late_telemetry == 0           # nobody's minute closed early
+    rejects = pl.read_parquet(tmp_path / "skewed" / "facts" / "rejects" / "snapshot.parquet")
+    assert rejects.height == len(ahead)
+    assert rejects["reason"].str.contains("ahead of the fleet").all()
+    gm = Facts(tmp_path / "skewed", proc).table("gpu_minute")
+    assert gm["minute"].max() < at(21)                 # no minute fabricated up to 10:70
+    # n5's minutes from 10:05 have no telemetry (its samples were rejected), the rest is
+    # exactly the good run's
+    assert gm.filter((pl.col("node") == "n5") & (pl.col("minute") >= at(5)))[
+        "telemetry_samples"].max() == 0
+    good_gm = Facts(tmp_path / "good", proc).table("gpu_minute")
+    others = ~((pl.col("node") == "n5") & (pl.col("minute") >= at(5)))
+    assert gm.filter(others).sort(["minute", "node", "gpu_index"])["activity"].to_list() == \
+        good_gm.filter(others).sort(["minute", "node", "gpu_index"])["activity"].to_list()
+
+
+@pytest.mark.parametrize("stray", ["2000-01-01T00:00:00Z", "2026-12-01T10:00:00Z"])
+def test_ingest_sets_aside_a_line_far_outside_the_input(tmp_path: Path, stray: str) -> None:
+    recs = _fleet()
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(jsonl(recs))
+    ingest([clean], tmp_path / "wh-clean", ProcessorConfig())
+    bad = dict(telemetry("n3", 0, at(0), sm=0.9, seq=999))
+    bad["time"] = stray
+    dirty = tmp_path / "dirty.jsonl"
+    dirty.write_bytes(jsonl(recs) + jsonl([bad]))
+    result = ingest([dirty], tmp_path / "wh-dirty", ProcessorConfig())
+    assert result.rejects.height == 1
+    assert "far outside the input's time range" in result.rejects["reason"][0]
+    assert_same_facts(tmp_path / "wh-dirty", tmp_path / "wh-clean", SPARSE)
+    files = list((tmp_path / "wh-dirty" / "facts").rglob("*.parquet"))
+    assert len(files) < 60, len(files)   # no walk over the years between
+
+
+def test_telemetry_of_unknown_gpus_is_rejected_not_capacity(
+    process: Callable[..., Facts],
+) -> None:
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=8)]
+    recs += series("n1", 0, at(0), 5, sm=0.5)
+    recs += series("n1", 99, at(0), 5, sm=0.5, seq0=500)        # GPU 99 of an 8-GPU node
+    recs += series("ghost", 0, at(0), 5, sm=0.5, seq0=900)      # a node no inventory knows
+    facts = process(recs)
+    gm = facts.table("gpu_minute")
+    assert set(gm["node"].unique()) == {"n1"} and gm["gpu_index"].max() == 7
+    assert gm.group_by("minute").len()["len"].unique().to_list() == [8]
+    rejects = facts.table("rejects")
+    reasons = " | ".join(rejects["reason"].to_list())
+    assert "GPU 99 of node 'n1', which has 8 GPUs" in reasons
+    assert "no inventory for node 'ghost'" in reasons
+    assert facts.processor.counters.unplaced_telemetry == 2 * 5 * 6
+    hourly = facts.table("gpu_hourly")
+    assert hourly["gpu_hours"].sum() * 60 == pytest.approx(8 * 5)
+
+
+def test_memory_beyond_the_card_is_rejected(process: Callable[..., Facts]) -> None:
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=1, mem=81_559.0),
+                                  job("submitted", "j", at(0)),
+                                  job("started", "j", at(0), allocation=alloc("n1", 0)),
+                                  job("finished", "j", at(3))]
+    recs += series("n1", 0, at(0), 3, sm=0.5, mem=30_000.0, total=None)
+    huge = telemetry("n1", 0, at(1, 5), sm=0.5, mem=1e7, total=None, seq=99)
+    facts = process([*recs, huge])
+    att = facts.table("job_attempts").row(0, named=True)
+    assert att["mem_peak_mib"] == 30_000.0          # not 10 TB
+    rejects = facts.table("rejects")
+    assert rejects.height == 1 and "more than the card's 81559.0 MiB" in rejects["reason"][0]
+    assert facts.processor.counters.implausible_telemetry == 1
+
+
+def test_job_events_out_of_order_are_rejected_with_reasons(
+    process: Callable[..., Facts],
+) -> None:
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "a", at(0)),
+            job("started", "a", at(1), allocation=alloc("n1", 0)),
+            job("started", "a", at(2), allocation=alloc("n1", 1)),      # a second start
+            job("finished", "a", at(5)),
+            job("started", "a", at(6), allocation=alloc("n1", 0)),      # after it ended
+            job("finished", "never-seen", at(3)),                       # unknown job
+            job("checkpointed", "b", at(4)),                            # unknown job
+            job("submitted", "end", at(8))]
+    facts = process(recs)
+    rejects = facts.table("rejects").filter(pl.col("record_type") == "job")
+    reasons = sorted(rejects["reason"].to_list())
+    assert len(reasons) == 4
+    assert any("started for job 'a', which is running" in r for r in reasons)
+    assert any("started for job 'a', which is already ended" in r for r in reasons)
+    assert any("finished for job 'never-seen', which was never submitted" in r
+               for r in reasons)
+    assert any("checkpointed for job 'b', which was never submitted" in r for r in reasons)
+    att = facts.table("job_attempts").filter(pl.col("job_id") == "a").row(0, named=True)
+    assert att["allocated_gpu_hours"] == pytest.approx(4 / 60)   # the first start held
+
+
+def test_an_allocation_of_a_gpu_no_inventory_knows_adds_no_capacity(
+    process: Callable[..., Facts],
+) -> None:
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "j", at(0), gpus=1),
+            job("started", "j", at(0), allocation=alloc("n1", 7)),
+            job("finished", "j", at(4))]
+    recs += series("n1", 0, at(0), 5, sm=0.0)
+    facts = process(recs)
+    gm = facts.table("gpu_minute")
+    assert gm["gpu_index"].max() == 1
+    assert not gm["allocated"].any()
+    assert facts.table("gpu_hourly")["gpu_hours"].sum() * 60 == pytest.approx(2 * 5)
