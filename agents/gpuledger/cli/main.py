@@ -125,6 +125,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
             result = run_demo(sim, config, args.warehouse, update,
                               on_processor=ops.follow if ops is not None else None)
+        if not args.kafka:  # the why of idle/inefficient GPU-time (docs/diagnosis.md)
+            from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
+
+            diagnose_warehouse(args.warehouse)
     finally:
         stop()
     elapsed = time.monotonic() - started
