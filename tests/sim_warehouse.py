@@ -18,11 +18,12 @@ from gpuledger.pipeline.simulate import SimConfig
 SIM_HOURS = 3.0
 
 
-def build(root: Path) -> Path:
-    """Simulate and process into ``root``, and diagnose it as ``gpuledger demo`` does;
-    return it."""
+def build(root: Path, diagnose: bool = True) -> Path:
+    """Simulate and process into ``root``, and diagnose it as ``gpuledger demo`` does
+    (``diagnose``); return it."""
     run_demo(SimConfig(hours=SIM_HOURS, seed=7, sample_interval_s=30), ProcessorConfig(), root)
-    diagnose_warehouse(root)
+    if diagnose:
+        diagnose_warehouse(root)
     return root
 
 
