@@ -14,7 +14,11 @@ CREATE OR REPLACE VIEW blocked_minute AS SELECT * FROM read_parquet('{facts}/blo
 CREATE OR REPLACE VIEW job_attempts AS SELECT * FROM read_parquet('{facts}/job_attempts/**/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW job_gpu AS SELECT * FROM read_parquet('{facts}/job_gpu/**/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW preemptions AS SELECT * FROM read_parquet('{facts}/preemptions/**/*.parquet', union_by_name = true, hive_partitioning = false);
-CREATE OR REPLACE VIEW recommendations AS SELECT * FROM read_parquet('{facts}/recommendations/**/*.parquet', union_by_name = true, hive_partitioning = false);
+CREATE OR REPLACE VIEW job_diagnosis AS SELECT * FROM read_parquet('{facts}/job_diagnosis/**/*.parquet', union_by_name = true, hive_partitioning = false);
+-- Recommendations carry the attempt's likely cause of idle/inefficient GPU-time where
+-- `gpuledger diagnose` has diagnosed it (docs/diagnosis.md): the pattern holding most of
+-- those GPU-hours, a known one winning over 'unknown' when it holds a quarter or more.
+CREATE OR REPLACE VIEW recommendations AS SELECT r.*, d.pattern AS diagnosis, d.remedy AS diagnosis_remedy FROM read_parquet('{facts}/recommendations/**/*.parquet', union_by_name = true, hive_partitioning = false) r LEFT JOIN (SELECT job_id, attempt, arg_max(pattern, (pattern <> 'unknown' AND share >= 0.25, gpu_hours)) AS pattern, arg_max(remedy, (pattern <> 'unknown' AND share >= 0.25, gpu_hours)) AS remedy FROM job_diagnosis GROUP BY job_id, attempt) d USING (job_id, attempt);
 CREATE OR REPLACE VIEW running_attempts AS SELECT * FROM read_parquet('{facts}/running_attempts/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW candidates AS SELECT * FROM read_parquet('{facts}/candidates/*.parquet', union_by_name = true, hive_partitioning = false);
 CREATE OR REPLACE VIEW rejects AS SELECT * FROM read_parquet('{facts}/rejects/*.parquet', union_by_name = true, hive_partitioning = false);

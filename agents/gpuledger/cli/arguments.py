@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -31,3 +32,13 @@ def time_limit(name: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}")
         return value
     return parse
+
+
+def iso_time(text: str) -> datetime:
+    """An argparse ``type`` for an ISO 8601 time (UTC when no offset is given)."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

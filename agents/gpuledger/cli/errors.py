@@ -25,3 +25,14 @@ def check_input_files(*paths: Path | None) -> None:
             path.open("rb").close()
         except OSError as exc:
             raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def need_pipeline() -> None:
+    """Fail with the install hint when the pipeline extra (Polars, DuckDB) is missing."""
+    try:
+        import duckdb  # noqa: F401
+        import polars  # noqa: F401
+    except ImportError:
+        raise CliError(
+            "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
+        ) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -17,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.cli.arguments import positive, time_limit
-from gpuledger.cli.errors import CliError, check_input_files
+from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
 
 DEFAULT_WAREHOUSE = Path("warehouse")
 
 
-def _need_pipeline() -> None:
-    try:
-        import duckdb  # noqa: F401
-        import polars  # noqa: F401
-    except ImportError:
-        raise CliError(
-            "this command needs the pipeline extra: pip install 'gpuledger[pipeline]'"
-        ) from None
+_need_pipeline = need_pipeline
 
 
 def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Callable[[], None]]:
@@ -131,6 +125,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
             result = run_demo(sim, config, args.warehouse, update,
                               on_processor=ops.follow if ops is not None else None)
+        if not args.kafka:  # the why of idle/inefficient GPU-time (docs/diagnosis.md)
+            from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
+
+            diagnose_warehouse(args.warehouse)
     finally:
         stop()
     elapsed = time.monotonic() - started
@@ -280,6 +278,21 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVICE_TIMEOUTS = (
+    ("--session-timeout-ms", "GPULEDGER_KAFKA_SESSION_TIMEOUT_MS", 10_000,
+     "the group drops an instance it has not heard from for this long; its partitions "
+     "move to the others"),
+    ("--heartbeat-interval-ms", "GPULEDGER_KAFKA_HEARTBEAT_INTERVAL_MS", 3_000,
+     "how often the instance tells the group it is alive (at most a third of the session "
+     "timeout)"),
+    ("--max-poll-interval-ms", "GPULEDGER_KAFKA_MAX_POLL_INTERVAL_MS", 300_000,
+     "the group drops an instance that does not poll for this long"),
+    ("--request-timeout-ms", "GPULEDGER_KAFKA_REQUEST_TIMEOUT_MS", 305_000,
+     "how long a request to the broker may take (kafka-python)"),
+)
+"""The Kafka service's group and client timeouts: flag, environment variable, default."""
+
+
 def cmd_process(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
@@ -288,7 +301,14 @@ def cmd_process(args: argparse.Namespace) -> int:
     settings = _kafka_settings(args)
     options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
                              exit_when_idle_s=args.exit_when_idle,
-                             instance_id=args.instance_id)
+                             instance_id=args.instance_id,
+                             session_timeout_ms=args.session_timeout_ms,
+                             heartbeat_interval_ms=args.heartbeat_interval_ms,
+                             max_poll_interval_ms=args.max_poll_interval_ms,
+                             request_timeout_ms=args.request_timeout_ms)
+    if options.heartbeat_interval_ms * 3 > options.session_timeout_ms:
+        raise CliError(f"--heartbeat-interval-ms ({options.heartbeat_interval_ms}) must be at "
+                       f"most a third of --session-timeout-ms ({options.session_timeout_ms})")
     config = _proc_config(args)
     service = KafkaProcessorService(settings, config, args.warehouse, options)
     ops = _ops(args, config, None if args.no_alerts else settings)
@@ -326,7 +346,8 @@ COMMAND_MODULES: tuple[str, ...] = ("gpuledger.pipeline.analyst_report.command",
                                     "gpuledger.pipeline.livefeed.command",
                                     "gpuledger.cli.bridge_command",
                                     "gpuledger.cli.agent_command",
-                                    "gpuledger.pipeline.alerts.command")
+                                    "gpuledger.pipeline.alerts.command",
+                                    "gpuledger.pipeline.advisor.command")
 # Formats of ``gpuledger import`` kept in modules of their own (same ``register``).
 IMPORT_MODULES: tuple[str, ...] = ("gpuledger.cli.import_pods",
                                    "gpuledger.cli.import_slurm_sacct")
@@ -417,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-idle", type=positive(float, "--exit-when-idle"), default=None,
                    metavar="SECONDS", help="flush everything and exit after this long without "
                    "input (for batch runs); default: run until SIGTERM")
+    for flag, env, default, what in SERVICE_TIMEOUTS:
+        p.add_argument(flag, type=positive(int, flag), metavar="MS",
+                       default=os.environ.get(env, str(default)),
+                       help=f"{what} (default {default}; environment {env})")
     _ops_args(p)
     p.add_argument("--no-alerts", action="store_true",
                    help="do not run the alert engine (default: alerts go to the "

@@ -202,6 +202,14 @@ class Processor:
         for table, schema in TABLE_SCHEMAS.items():
             warehouse.ensure_schema(table, schema)
 
+    def reset(self) -> None:
+        """Forget every piece of state (the transport reloads it from a checkpoint); the
+        configuration, the partitions held and the listeners stay."""
+        listeners = self.listeners
+        self.__init__(self.config, self.warehouse, self._now,  # type: ignore[misc]
+                      self.telemetry_clock, self.partitioning, self.spans)
+        self.listeners = listeners
+
     # -- partitions ------------------------------------------------------------------
 
     @property
@@ -449,7 +457,7 @@ class Processor:
         if fresh.is_empty():
             return
         self.tel_parts.append(telemetry.partials(fresh))
-        memory = telemetry.job_memory(fresh, self._shared_gpus())
+        memory = telemetry.job_memory(fresh)
         if not memory.is_empty():
             self.mem_parts.append(memory)
 
@@ -484,11 +492,6 @@ class Processor:
             self.add_rejects(group.drop("partition"), part)
         self.counters.implausible_telemetry += bad.height
         return checked.filter(~over).drop("gpu_mem_mib")
-
-    def _shared_gpus(self) -> pl.DataFrame:
-        """The GPUs some job holds a fraction of (open or recent allocations)."""
-        return self.jobs.allocations().filter(pl.col("fraction") < 1.0).select(
-            "node", "gpu_index").unique()
 
     def _bump_other(self, frame: pl.DataFrame) -> None:
         newest = frame.select(pl.col("time").max()).item()

@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from gpuledger.pipeline.advisor.diagnosis import JOB_DIAGNOSIS
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.facts.recommendations import REC_SCHEMA
 from gpuledger.pipeline.facts.rollup import DIMENSIONS, MEASURES
@@ -105,6 +106,7 @@ TABLE_SCHEMAS: dict[str, pl.Schema] = {
     "job_gpu": JOB_GPU,
     "preemptions": PREEMPTIONS,
     "recommendations": RECOMMENDATIONS,
+    "job_diagnosis": JOB_DIAGNOSIS,
     "gpu_hourly": GPU_HOURLY,
     "gpu_daily": GPU_DAILY,
     "running_attempts": RUNNING_ATTEMPTS,
@@ -122,6 +124,7 @@ SORT_KEYS: dict[str, list[str]] = {
     "job_gpu": ["job_id", "attempt", "node", "gpu_index"],
     "preemptions": ["time", "job_id", "attempt"],
     "recommendations": ["job_id", "attempt", "kind"],
+    "job_diagnosis": ["job_id", "attempt", "pattern"],
     "gpu_hourly": ["hour", *DIMENSIONS],
     "gpu_daily": ["date", *DIMENSIONS],
     "late_telemetry": ["time", "node", "gpu_index", "mig_instance"],

@@ -35,6 +35,9 @@ def low_util(config: ProcessorConfig, job: str, ev: dict[str, Any]) -> tuple[str
         f"{ev['runtime_s'] / 60:.0f} min of runtime; {ev['wasted_gpu_hours']:.2f} GPU-hours "
         f"wasted so far (fires below {a.low_util_activity:.0%}, resolves above "
         f"{a.low_util_resolve_activity:.0%}, {a.low_util_grace_s / 60:g} min grace period).")
+    if ev.get("likely_cause"):
+        description += (f" Likely cause: {ev['likely_cause'].replace('_', '-')} "
+                        f"({ev['likely_cause_evidence']}); {ev['likely_cause_remedy']}.")
     recommendation = (
         "Check the input pipeline (data loading, storage, network) and the batch size; if "
         "the job does not need its GPUs, release them or resubmit with fewer.")

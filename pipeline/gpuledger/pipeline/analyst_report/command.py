@@ -39,6 +39,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         report = answer_all(args.warehouse, args.since, args.until,
                             timeout_s=args.timeout)
+        if args.whatif:
+            from gpuledger.pipeline.advisor.history import HistoryError
+            from gpuledger.pipeline.advisor.wiring import whatif_answer
+
+            try:
+                report.answers.append(whatif_answer(args.warehouse, args.since, args.until))
+            except HistoryError as exc:
+                raise CliError(f"--whatif: {exc}") from None
     except (QueryError, duckdb.Error) as exc:
         raise CliError(f"{args.warehouse}: {exc}") from None
     if args.html is not None:
@@ -79,6 +87,10 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    "section but borrowing covers only [since, until)")
     p.add_argument("--until", type=_time, default=None,
                    help="window end (ISO 8601, exclusive)")
+    p.add_argument("--whatif", action="store_true",
+                   help="add the what-if section: the history replayed under the built-in "
+                   "policies beside what was observed (docs/whatif.md; replays, seconds "
+                   "per simulated day)")
     p.add_argument("--top", type=positive(int, "--top"), default=10,
                    help="rows shown in long tables (default 10); in HTML the next ones "
                    "are folded under the table")

@@ -17,9 +17,8 @@ GPU-minutes, not the samples: an hour of a 9,216-GPU fleet at 1 s is 33 M sample
   (activity) per sample time, so a MIG-partitioned GPU is still one GPU-minute (the
   instances of one time must come in one batch: an agent sends them in one message).
 - **Job memory** on shared GPUs: the memory of each attributed job's processes, per
-  sample time, maximum per minute (:func:`job_memory`), from the samples with two or
-  more processes and those of GPUs a fraction of which the job book holds when the
-  samples arrive; a job holding a whole GPU is charged the GPU's memory used instead.
+  sample time, maximum per minute (:func:`job_memory`); a job holding a whole GPU is
+  charged the GPU's memory used instead.
 """
 
 from __future__ import annotations
@@ -200,32 +199,31 @@ def finish(merged: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def job_memory(samples: pl.DataFrame, shared: pl.DataFrame | None = None) -> pl.DataFrame:
+def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
     """Peak memory of each attributed job's processes per (minute, node, GPU, job):
     per sample time the job's processes add up, then the highest over the minute.
-    Partials of the same key merge by their maximum.
-
-    Only needed where a GPU is shared: samples with two or more processes, and samples
-    of the GPUs in ``shared`` (node, gpu_index: held by a fraction now, per the job book;
-    None: every sample)."""
-    cand = samples.select(*KEYS, "partition", "time", "n_proc", "processes").filter(
-        pl.col("n_proc") > 0)
-    if shared is not None:
-        single = cand.filter(pl.col("n_proc") == 1).join(shared, on=["node", "gpu_index"],
-                                                          how="semi")
-        cand = pl.concat([cand.filter(pl.col("n_proc") > 1), single])
+    Partials of the same key merge by their maximum. (Read from every sample with an
+    attributed process, whatever the job book knows when it arrives: a job's start may
+    be read after its samples.)"""
+    cand = samples.select(*KEYS, "partition", "time", "n_proc", "n_unattributed",
+                          "processes").filter(pl.col("n_proc") > pl.col("n_unattributed"))
     if cand.is_empty():
         return pl.DataFrame(schema={**dict.fromkeys(KEYS), "job_id": pl.String,
                                     "partition": pl.Int64, "job_mem_mib": pl.Float64})
-    per_time = (
-        cand.select(*KEYS, "partition", "time", "processes")
+    single = cand.filter(pl.col("n_proc") == 1).select(
+        *KEYS, "partition", pl.col("processes").list.first().struct.field("job_id"),
+        pl.col("processes").list.first().struct.field("used_mib"))
+    several = (
+        cand.filter(pl.col("n_proc") > 1)
+        .select(*KEYS, "partition", "time", "processes")
         .explode("processes")
         .unnest("processes")
         .filter(pl.col("job_id").is_not_null())
         .group_by([*KEYS, "partition", "time", "job_id"])
         .agg(pl.col("used_mib").sum())
+        .select(single.columns)
     )
-    return per_time.group_by([*KEYS, "job_id"]).agg(
+    return pl.concat([single, several]).group_by([*KEYS, "job_id"]).agg(
         pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib"))
 
 

@@ -96,6 +96,8 @@ class ServiceStats:
     parts_sent: int = 0
     rejoins: int = 0
     """Commits refused because the group had dropped this instance (it rejoined)."""
+    recoveries: int = 0
+    """Times Kafka was unreachable and the service went back to its last checkpoint."""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -145,6 +147,16 @@ def encode_parts(frame: pl.DataFrame) -> bytes:
     sink = io.BytesIO()
     frame.write_ipc_stream(sink, compression="zstd")
     return sink.getvalue()
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error of the connection to Kafka (a broker restarting, a network cut), after
+    which the service goes back to its last checkpoint and on, rather than stopping."""
+    from kafka.errors import KafkaError
+
+    if isinstance(exc, KafkaError | TimeoutError | ConnectionError):
+        return True
+    return type(exc).__name__ == "KafkaException"  # confluent-kafka's
 
 
 def _rejoin_error(exc: BaseException) -> bool:
@@ -314,39 +326,85 @@ class KafkaProcessorService:
     def run(self) -> None:
         for call in self.on_engine:
             call(self.engine)
-        idle_since: float | None = None
-        flushed = False
+        self._idle_since: float | None = None
+        self._flushed = False
+        backoff = 1.0
         while not self.stop.is_set():
-            got = self._drain_globals()
-            records = self._poll_telemetry()
-            if records:
-                self._ends_stale = True  # the global ends must be as new as this poll
-                got += self._handle(_messages(records), telemetry=True)
-            self._close_pending()
-            if got or not self._caught_up():
-                idle_since = None
-            else:
-                idle_since = idle_since or time.monotonic()
-                limit = self.options.exit_when_idle_s
-                if limit is not None and time.monotonic() - idle_since >= limit:
-                    if not flushed:
-                        log.info("no input for %.0f s: flushing", limit)
-                        self.engine.flush()
-                        self._send_parts()
-                        self._checkpoint()
-                        flushed = True
-                    if self._others_done(time.monotonic() - idle_since, limit):
-                        self.engine.flush()
-                        self._checkpoint()
-                        log.info("all input processed: exiting (%d telemetry "
-                                 "message(s) read here)", self.stats.messages)
-                        return
-            if time.monotonic() - self._last_checkpoint >= self.options.checkpoint_interval_s:
-                self._checkpoint()
-            self._log_progress()
+            try:
+                if self._step():
+                    return
+                backoff = 1.0
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
+                self.stats.recoveries += 1
+                log.warning("Kafka unavailable (%s: %s): back to the last checkpoint in "
+                            "%.0f s, then on", type(exc).__name__, str(exc)[:200], backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                self._reload()
         self.engine.write_partial()
         self._send_parts()
         self._checkpoint()
+
+    def _step(self) -> bool:
+        """One turn of the loop; True once a batch run is done."""
+        got = self._drain_globals()
+        records = self._poll_telemetry()
+        if records:
+            self._ends_stale = True  # the global ends must be as new as this poll
+            got += self._handle(_messages(records), telemetry=True)
+        self._close_pending()
+        if got or not self._caught_up():
+            self._idle_since = None
+        else:
+            self._idle_since = self._idle_since or time.monotonic()
+            limit = self.options.exit_when_idle_s
+            idle = time.monotonic() - self._idle_since
+            if limit is not None and idle >= limit:
+                if not self._flushed:
+                    log.info("no input for %.0f s: flushing", limit)
+                    self.engine.flush()
+                    self._send_parts()
+                    self._checkpoint()
+                    self._flushed = True
+                if self._others_done(idle, limit):
+                    self.engine.flush()
+                    self._checkpoint()
+                    log.info("all input processed: exiting (%d telemetry "
+                             "message(s) read here)", self.stats.messages)
+                    return True
+        if time.monotonic() - self._last_checkpoint >= self.options.checkpoint_interval_s:
+            self._checkpoint()
+        self._log_progress()
+        return False
+
+    def _reload(self) -> None:
+        """Forget what was done since the last checkpoint and go back to it: the engine's
+        state, the offsets of every input (the facts written since are written again, the
+        same bytes)."""
+        held = sorted(self.engine.held)
+        self.engine.reset()
+        self.offsets = {}
+        self.partition_time = {}
+        self._ends_stale = True
+        self._flushed = False
+        loaded = self.store.load_global(self.engine)
+        for tp in self.global_parts:
+            key = (tp.topic, tp.partition)
+            if loaded is not None and key in loaded:
+                self.offsets[key] = loaded[key]
+                self.globals.seek(tp, loaded[key])
+            else:
+                self.globals.seek_to_beginning(tp)
+        for p in held:
+            self.add_partition(p)
+            tp = self._tp(self.settings.topics.telemetry, p)
+            offset = self.offsets.get((tp.topic, tp.partition))
+            if offset is not None:
+                self.telemetry.seek(tp, offset)
+            else:
+                self.telemetry.seek_to_beginning(tp)
 
     def _poll_telemetry(self) -> dict[Any, list[Any]]:
         records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,

@@ -37,6 +37,8 @@ PROFILES = (
     "evaluation",  # evaluation: bursts of work separated by loading gaps
     "inference",  # serving: daily load curve with reserved headroom
     "oversized",  # requests much memory and uses under a quarter of it
+    "memory_bound",  # DRAM busy, SMs mostly waiting (small batches)
+    "comm_bound",  # multi-GPU job waiting on NVLink/PCIe transfers
 )
 TOPOLOGIES = ("nvlink", "pcie")
 FRACTION_STEP = 0.25  # fractional GPUs are allocated in quarters

@@ -46,6 +46,11 @@ the drain time), a GPU hit by *XID 79* (its attempts fail; the GPU is unhealthy 
 repaired; the node is ``degraded``) and a node going *down* (its attempts fail; the node
 sends no telemetry until it is back).
 
+Rules: every step above that a replay may change (placement, borrowing, reclaim,
+priority preemption, back-fill) is switched by :class:`Rules`; the defaults are the
+policy described here. ``gpuledger whatif`` (``pipeline/advisor``) replays history
+through this model under other rules.
+
 Warm-up: the model runs from the origin, ``warmup_hours`` before the emitted span
 starts, so the cluster is loaded from the first emitted minute. Only events at or after
 the span start are emitted. Every job that is pending at the span start gets a
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -142,6 +148,29 @@ class Schedule:
     stats: dict[str, int] = field(default_factory=dict)
 
 
+class Placement(Protocol):
+    """Where a job goes: GPU indices for ``job`` given free quarters per GPU, or None.
+
+    ``blocked`` marks nodes reserved for a starving job during this pass. Implementations
+    read the scheduler's state (layout, compatibility masks) but never change it."""
+
+    def place(
+        self, sched: Scheduler, job: Job, free: np.ndarray, blocked: np.ndarray
+    ) -> list[int] | None: ...
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The switchable parts of the policy (module docstring); defaults: as described."""
+
+    placement: Placement | None = None  # None: best fit (step 4)
+    borrow: bool = True  # start over-quota jobs on idle capacity (step 5); off: fixed quota
+    reclaim: bool = True  # preempt other teams' borrowed attempts (step 6)
+    preempt_priority: bool = True  # preempt lower-priority preemptible attempts (step 6)
+    checkpointable_victims_only: bool = False  # spare victims that cannot resume
+    backfill: bool = True  # off: a pass stops at the first job that cannot start
+
+
 class Scheduler:
     """Runs the event loop; see the module docstring for the policy."""
 
@@ -154,8 +183,14 @@ class Scheduler:
         seed: int,
         start_s: int,
         end_s: int,
+        rules: Rules | None = None,
+        pinned: dict[int, list[int]] | None = None,
     ) -> None:
+        """``pinned``: jobs already running at ``start_s`` on these GPUs (a replay's
+        initial state); they start there at ``start_s`` instead of arriving."""
         self.spec = spec
+        self.rules = rules if rules is not None else Rules()
+        self.pinned = dict(pinned or {})
         self.layout = layout
         self.jobs = jobs
         self.start_s = start_s
@@ -237,9 +272,19 @@ class Scheduler:
 
     # --- main loop --------------------------------------------------------------------
 
+    def add_fault(self, t: int, kind: int, target: int) -> None:
+        """Schedule an incident (``DRAIN``/``UNDRAIN``/``DOWN``/``UP`` of a node,
+        ``GPU_FAIL``/``REPAIR`` of a global GPU index) at ``t``, e.g. one a replay saw."""
+        self._push(t, FAULT, kind, target)
+
     def run(self) -> Schedule:
         """Simulate from the origin to the end of the span."""
+        for j, gpus in sorted(self.pinned.items()):
+            self.status[j] = PENDING
+            self._start(j, gpus, self.jobs[j].submit_s)
         for job in self.jobs:
+            if job.index in self.pinned:
+                continue
             self._push(job.submit_s, ARRIVE, job.index)
             if job.patience_s is not None:
                 self._push(job.submit_s + job.patience_s, CANCEL, job.index)
@@ -431,12 +476,16 @@ class Scheduler:
             if self.status[j] != PENDING:
                 continue
             job = jobs[j]
+            if not self.rules.borrow and not self._within_quota(job):
+                continue  # fixed quota: waits until its team's usage allows it
             gpus = self._place(job, self.free, blocked) if self._may_fit(job, blocked) else None
             if gpus is None and self._within_quota(job):
                 gpus = self._preempt_for(j, blocked, t)
             if gpus is None:
                 if t - self.queued[j] >= self.reserve_after_s:
                     self._reserve(job, blocked)
+                if not self.rules.backfill:
+                    break
                 continue
             self._start(j, gpus, t)
 
@@ -485,6 +534,12 @@ class Scheduler:
         return self._compat_node[(pool, card)]
 
     def _place(self, job: Job, free: np.ndarray, blocked: np.ndarray) -> list[int] | None:
+        """Placement of ``job`` given free quarters per GPU (the rules' policy), or None."""
+        if self.rules.placement is not None:
+            return self.rules.placement.place(self, job, free, blocked)
+        return self.best_fit(job, free, blocked)
+
+    def best_fit(self, job: Job, free: np.ndarray, blocked: np.ndarray) -> list[int] | None:
         """Best-fit placement of ``job`` given free quarters per GPU, or None."""
         lay = self.layout
         key = (job.pool, job.card_type)
@@ -560,8 +615,12 @@ class Scheduler:
             other = self.jobs[a.job]
             if other.pool != job.pool:
                 continue
-            reclaim = a.borrowed and other.team != job.team
-            if not (reclaim or (other.preemptible and other.priority < job.priority)):
+            rules = self.rules
+            reclaim = rules.reclaim and a.borrowed and other.team != job.team
+            lower = rules.preempt_priority and other.preemptible and other.priority < job.priority
+            if not (reclaim or lower):
+                continue
+            if rules.checkpointable_victims_only and not other.checkpoint_s:
                 continue
             if not compat[a.gpus].any():
                 continue

@@ -23,6 +23,11 @@ Profiles (``tau`` = seconds since the attempt started):
 - ``inference``: follows a daily load curve (low at 04:00 UTC, peak at 16:00 UTC) up
   to ``base`` (0.45–0.65), the rest being reserved headroom; memory grows with load.
 - ``oversized``: moderate activity, memory use 5–18 % of the card.
+- ``memory_bound``: steady low SM activity (0.15–0.25) with DRAM 4 × as busy (capped
+  at 1): small kernels waiting on memory.
+- ``comm_bound``: steady low SM activity (0.15–0.25); a multi-GPU attempt moves about
+  1.2 TB/s × activity over NVLink (or 140 GB/s × activity over PCIe): GPUs waiting on
+  each other.
 - outside-the-scheduler processes: constant activity, ``job_id`` null.
 
 Free GPUs report ~0 activity and 4 MiB of memory; unhealthy GPUs report
@@ -51,15 +56,18 @@ DIP_S = 60.0
 BURST_BLOCK_S = 300.0
 IDLE_MEM_MIB = 4.0
 
-# Per kind (order of KINDS): DCGM ratios relative to sm_active, and traffic at full load.
-SM_OCCUPANCY = np.array([0.55, 0.50, 0.45, 0.30, 0.50, 0.35, 0.40, 0.30])
-TENSOR = np.array([0.65, 0.55, 0.45, 0.20, 0.40, 0.45, 0.35, 0.10])
-DRAM = np.array([0.45, 0.40, 0.30, 0.15, 0.50, 0.60, 0.30, 0.30])
-PCIE_RX = np.array([1.5e9, 1.0e9, 0.5e9, 0.05e9, 3.0e9, 0.4e9, 1.0e9, 0.5e9])
-PCIE_TX = np.array([0.3e9, 0.2e9, 0.2e9, 0.02e9, 0.3e9, 0.4e9, 0.2e9, 0.1e9])
-NVLINK = np.array([60e9, 30e9, 20e9, 0.0, 5e9, 2e9, 10e9, 0.0])
+# Per kind (order of KINDS): DCGM ratios relative to sm_active, and traffic at full load
+# (PCIe on multi-GPU attempts only for comm_bound, whose GPUs talk over it).
+SM_OCCUPANCY = np.array([0.55, 0.50, 0.45, 0.30, 0.50, 0.35, 0.40, 0.20, 0.30, 0.30])
+TENSOR = np.array([0.65, 0.55, 0.45, 0.20, 0.40, 0.45, 0.35, 0.15, 0.30, 0.10])
+DRAM = np.array([0.45, 0.40, 0.30, 0.15, 0.50, 0.60, 0.30, 4.00, 0.30, 0.30])
+PCIE_RX = np.array([1.5e9, 1.0e9, 0.5e9, 0.05e9, 3.0e9, 0.4e9, 1.0e9, 0.5e9, 1.0e9, 0.5e9])
+PCIE_TX = np.array([0.3e9, 0.2e9, 0.2e9, 0.02e9, 0.3e9, 0.4e9, 0.2e9, 0.1e9, 0.2e9, 0.1e9])
+NVLINK = np.array([60e9, 30e9, 20e9, 0.0, 5e9, 2e9, 10e9, 10e9, 1.2e12, 0.0])
+PCIE_PEER = np.array([0.0] * 8 + [1.4e11, 0.0])
 STARTUP_KINDS = np.array(
-    [k in ("training", "finetune", "dataloader_bound", "evaluation", "oversized") for k in KINDS]
+    [k in ("training", "finetune", "dataloader_bound", "evaluation", "oversized",
+           "memory_bound", "comm_bound") for k in KINDS]
 )
 
 
@@ -214,6 +222,10 @@ class TelemetrySynth:
         rx = np.where(loader, 0.5e9 + 5.0e9 * (1.0 - act), PCIE_RX[kind] * act)
         tx = PCIE_TX[kind] * act
         nvl = np.where(self.multi[occ], NVLINK[kind] * act, 0.0)
+        # GPUs without NVLink talk over PCIe (only comm_bound has peer traffic)
+        peer = np.where(self.multi[occ] & ~lay.gpu_nvlink[seg.gpu[occ]],
+                        PCIE_PEER[kind] * act, 0.0)
+        rx, tx = rx + peer / 2, tx + peer / 2
 
         # 3. cells
         size = n_k * n_gpu

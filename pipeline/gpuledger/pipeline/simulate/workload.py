@@ -89,6 +89,8 @@ PROFILE_PARAMS: dict[str, tuple[tuple[float, float], tuple[float, float], tuple[
     "evaluation": ((0.70, 0.90), (0.30, 0.70), (300.0, 900.0)),
     "inference": ((0.45, 0.65), (0.45, 0.70), (0.0, 0.0)),
     "oversized": ((0.35, 0.60), (0.05, 0.18), (0.0, 0.0)),
+    "memory_bound": ((0.15, 0.25), (0.50, 0.90), (0.0, 0.0)),
+    "comm_bound": ((0.15, 0.25), (0.50, 0.90), (0.0, 0.0)),
 }
 
 

@@ -1,0 +1,112 @@
+"""``gpuledger whatif`` and ``gpuledger diagnose``: registered through ``COMMAND_MODULES``
+(imports nothing heavy at module level)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuledger.cli.arguments import iso_time, positive
+from gpuledger.cli.errors import CliError, need_pipeline
+
+
+def _say(quiet: bool, command: str) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        if not quiet:
+            print(f"{command}: {message} …", file=sys.stderr, flush=True)
+    return say
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    need_pipeline()
+    from rich.console import Console
+
+    from gpuledger.pipeline.advisor.history import HistoryError
+    from gpuledger.pipeline.advisor.output import print_whatif, to_json
+    from gpuledger.pipeline.advisor.policy import PolicyError, load_policies
+    from gpuledger.pipeline.advisor.whatif import run_whatif
+
+    if args.since and args.until and args.since >= args.until:
+        raise CliError("--since must be before --until")
+    try:
+        policies = load_policies(args.policies)
+        result = run_whatif(args.warehouse, policies, args.policy or None, args.since,
+                            args.until, args.step, _say(args.quiet, "whatif"))
+    except (PolicyError, HistoryError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        sys.stdout.write(to_json(result))
+    else:
+        print_whatif(result, Console(width=args.width))
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    need_pipeline()
+    from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse, summary_text
+    from gpuledger.pipeline.advisor.history import HistoryError
+
+    say = _say(args.quiet, "diagnose")
+    try:
+        result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
+                                    progress=lambda f: say(f"diagnosing {f:.0%}"))
+    except HistoryError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        sys.stdout.write(result.rows.write_ndjson())
+    else:
+        print(summary_text(result, args.top))
+    return 0
+
+
+def register(subparsers: Any, common: Callable[..., None]) -> None:
+    p = subparsers.add_parser(
+        "whatif", help="replay the warehouse's history under other scheduling policies",
+        description="Replay a window of the warehouse's history (every attempt with its "
+        "request, queue, team, priority, times and preemptibility; the nodes; the outages) "
+        "through the scheduler model under named policies — placement (best-fit, worst-fit, "
+        "fgd, topology), card pools by job type, quota fixed or with borrowing, back-fill, "
+        "preemption and reclaim — and print each answer (queue wait p50/p90/p99 by queue "
+        "and size, blocked demand, frag(k), allocated and used GPU-hours, preemption lost "
+        "work, per team) beside what was observed, with the calibration error of the "
+        "baseline replay beside every answer (docs/whatif.md). Without --policies, a "
+        "built-in set of policies runs.")
+    p.add_argument("--warehouse", type=Path, default=Path("warehouse"),
+                   help="warehouse folder (default ./warehouse)")
+    p.add_argument("--policies", type=Path, default=None, metavar="FILE",
+                   help="policy file (YAML, docs/whatif.md); default: the built-in set")
+    p.add_argument("--policy", action="append", default=None, metavar="NAME",
+                   help="replay only this policy (repeatable; the baseline always runs)")
+    p.add_argument("--since", type=iso_time, default=None,
+                   help="window start (ISO 8601; default: the first GPU-minute)")
+    p.add_argument("--until", type=iso_time, default=None,
+                   help="window end (ISO 8601, exclusive; default: after the last one)")
+    p.add_argument("--step", type=positive(int, "--step"), default=None, metavar="MINUTES",
+                   help="sample frag(k) and blocked demand every MINUTES (default: 1, more "
+                   "for long windows)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    p.add_argument("--width", type=int, default=None,
+                   help="terminal width for the tables (default: the terminal's)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_whatif)
+
+    d = subparsers.add_parser(
+        "diagnose", help="say why allocated GPUs sat idle or inefficient, per job attempt",
+        description="Classify every idle or inefficient GPU-minute of each job attempt in "
+        "the warehouse into a documented pattern (input-bound, communication-bound, "
+        "memory-bound, checkpoint stall, under-filled inference, held with no process, "
+        "unknown) with its evidence and remedy, and write the job_diagnosis fact "
+        "(docs/diagnosis.md). Re-running rewrites the same files.")
+    d.add_argument("--warehouse", type=Path, default=Path("warehouse"),
+                   help="warehouse folder (default ./warehouse)")
+    d.add_argument("--dry-run", action="store_true",
+                   help="compute and print, but do not write job_diagnosis")
+    d.add_argument("--json", action="store_true",
+                   help="print the job_diagnosis rows as JSON lines instead of a summary")
+    d.add_argument("--top", type=positive(int, "--top"), default=10,
+                   help="attempts shown in the summary (default 10)")
+    d.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    d.set_defaults(func=cmd_diagnose)

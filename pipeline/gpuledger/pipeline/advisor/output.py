@@ -1,0 +1,189 @@
+"""What-if results: one comparison frame, shown as terminal tables, JSON, or a report section.
+
+The comparison has one row per answer and key (:func:`.calibration.long_form`): the
+observed value (the schedule as run), the baseline replay, the baseline's calibration
+error (baseline − observed, and whether it is within tolerance), then each other policy.
+Read a policy's effect as its difference from the *baseline*, give or take the error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from gpuledger.pipeline.advisor.answers import Answers
+from gpuledger.pipeline.advisor.calibration import long_form
+from gpuledger.pipeline.advisor.policy import PolicySet
+
+ORDER = ("queue wait p50 (min)", "queue wait p90 (min)", "queue wait p99 (min)",
+         "queue wait p90 by size (min)", "blocked GPU-hours", "allocated GPU-hours",
+         "used GPU-hours", "lost GPU-hours", "mean frag(1)", "mean frag(2)", "mean frag(4)",
+         "mean frag(8)", "team mean queue wait (min)", "team allocated GPU-hours",
+         "team blocked GPU-hours", "team lost GPU-hours")
+
+
+@dataclass
+class WhatIf:
+    """Everything ``gpuledger whatif`` reports."""
+
+    warehouse: str
+    start: datetime
+    end: datetime
+    step_minutes: int
+    policies: PolicySet
+    observed: Answers
+    replays: list[Answers]
+    calibration: pl.DataFrame
+    notes: list[str] = field(default_factory=list)
+    weakened: list[str] = field(default_factory=list)
+
+    def comparison(self) -> pl.DataFrame:
+        """One row per answer and key: observed, baseline, error, within, each policy."""
+        out = self.calibration.select("answer", "key", "observed", "baseline", "error",
+                                      "within")
+        for a in self.replays:
+            if a.policy == self.policies.baseline:
+                continue
+            out = out.join(long_form(a).rename({"value": a.policy}), on=["answer", "key"],
+                           how="left").with_columns(
+                pl.when(pl.col("answer").str.contains("GPU-hours"))
+                .then(pl.col(a.policy).fill_null(0.0)).otherwise(pl.col(a.policy))
+                .alias(a.policy))
+        rank = {name: i for i, name in enumerate(ORDER)}
+        return out.with_columns(
+            pl.col("answer").replace_strict(rank, default=len(ORDER)).alias("_rank")
+        ).sort("_rank", "key").drop("_rank")
+
+
+def _num(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return ""
+    return f"{v:,.{digits}f}"
+
+
+def print_whatif(w: WhatIf, console: Console) -> None:
+    """The comparison as one rich table per answer, with the notes first."""
+    hours = (w.end - w.start).total_seconds() / 3600
+    base = w.policies.baseline
+    cal = w.calibration
+    console.print(f"[bold]What if[/bold] — {w.warehouse}, {w.start:%Y-%m-%d %H:%M} – "
+                  f"{w.end:%Y-%m-%d %H:%M} UTC ({hours:.1f} h, grid every "
+                  f"{w.step_minutes} min). Baseline: [bold]{base}[/bold].")
+    console.print(f"Calibration: the baseline replay is within tolerance for "
+                  f"{int(cal['within'].sum())} of {cal.height} answers "
+                  f"(error = {base} − observed, shown beside every answer).")
+    for line in w.notes:
+        console.print(f"  note: {line}")
+    for line in w.weakened:
+        console.print(f"  [yellow]weakened[/yellow]: {line}")
+    comp = w.comparison()
+    others = [a.policy for a in w.replays if a.policy != base]
+    for (answer,), rows in comp.group_by("answer", maintain_order=True):
+        digits = 3 if str(answer).startswith("mean frag") else 1
+        table = Table(title=str(answer), title_justify="left")
+        table.add_column("key")
+        for name in ("observed", base, "calib. error", *others):
+            table.add_column(name, justify="right")
+        for r in rows.iter_rows(named=True):
+            mark = "✓" if r["within"] else "✗"
+            cells = [_num(r["observed"], digits), _num(r["baseline"], digits),
+                     f"{r['error']:+,.{digits}f} {mark}"]
+            for name in others:
+                v = r[name]
+                cells.append("" if v is None else
+                             f"{_num(v, digits)} ({v - r['baseline']:+,.{digits}f})")
+            table.add_row(str(r["key"]), *cells)
+        console.print(table)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    return v
+
+
+def to_json(w: WhatIf) -> str:
+    """The whole result as one JSON document."""
+    def rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
+        return [{k: _plain(v) for k, v in r.items()} for r in frame.iter_rows(named=True)]
+
+    doc = {
+        "warehouse": w.warehouse,
+        "window": {"start": w.start.isoformat(), "end": w.end.isoformat(),
+                   "step_minutes": w.step_minutes},
+        "baseline": w.policies.baseline,
+        "policies": [{"name": p.name, "description": p.description, "placement": p.placement,
+                      "quota": p.quota, "backfill": p.backfill,
+                      "preemption": {"priority": p.preempt_priority, "reclaim": p.reclaim,
+                                     "checkpointable_only": p.checkpointable_only},
+                      "card_pools": {k: {"pool": v.pool, "card_type": v.card_type}
+                                     for k, v in p.card_pools.items()}}
+                     for p in w.policies.policies],
+        "notes": w.notes,
+        "weakened": w.weakened,
+        "calibration": rows(w.calibration),
+        "answers": rows(w.comparison()),
+        "frag_hourly": {a.policy: rows(a.frag_hourly) for a in [w.observed, *w.replays]},
+        "teams": {a.policy: rows(a.teams) for a in [w.observed, *w.replays]},
+    }
+    return json.dumps(doc, indent=1, default=str) + "\n"
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """The what-if section of ``gpuledger report``: one row per schedule."""
+
+    key: str
+    title: str
+    question: str
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def report_section(w: WhatIf) -> ReportSection:
+    """Headline numbers per policy (and the observed row, and the calibration error)."""
+    def headline(label: str, a: Answers) -> tuple[Any, ...]:
+        use = a.usage.filter(pl.col("pool") == "all")
+        wait = a.wait.filter(pl.col("by") == "all")
+        return (label,
+                round(float(use["allocated_gpu_hours"].sum()), 1),
+                round(float(use["used_gpu_hours"].sum()), 1),
+                round(float(wait["p90_min"].sum()), 1) if wait.height else None,
+                round(float(a.blocked["blocked_gpu_hours"].sum()), 1),
+                round(float(a.lost["lost_gpu_hours"].sum()), 2))
+
+    base = w.policies.baseline
+    err = {r["answer"] + "|" + r["key"]: r["error"] for r in w.calibration.iter_rows(named=True)}
+    rows = [headline("observed", w.observed)]
+    rows += [headline(a.policy, a) for a in w.replays]
+    rows.append((f"calibration error ({base} − observed)",
+                 round(err.get("allocated GPU-hours|all", 0.0), 1),
+                 round(err.get("used GPU-hours|all", 0.0), 1),
+                 round(err.get("queue wait p90 (min)|all", 0.0), 1),
+                 round(sum(v for k, v in err.items() if k.startswith("blocked GPU-hours|")), 1),
+                 round(err.get("lost GPU-hours|all", 0.0), 2)))
+    return ReportSection(
+        "whatif", "What if: the same history under other policies",
+        "Replaying the cluster's own jobs through the scheduler model: what would each "
+        "policy have allocated, made wait, blocked and lost? Read each policy against "
+        f"the baseline ({base}), give or take its calibration error.",
+        ["policy", "allocated_gpu_h", "used_gpu_h", "wait_p90_min", "blocked_gpu_h",
+         "lost_gpu_h"], rows)
+
+
+def print_section(section: ReportSection, console: Console) -> None:
+    """The report section as one rich table (``gpuledger report``'s terminal style)."""
+    table = Table(title=section.title, caption=section.question, title_justify="left",
+                  caption_justify="left")
+    for i, name in enumerate(section.columns):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for r in section.rows:
+        table.add_row(*["" if v is None else (f"{v:,}" if isinstance(v, float) else str(v))
+                        for v in r])
+    console.print(table)

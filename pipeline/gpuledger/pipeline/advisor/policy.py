@@ -1,0 +1,280 @@
+"""The what-if policy file: named policies to replay, team quotas, calibration tolerance.
+
+Example (``docs/whatif.md`` documents every key)::
+
+    baseline: as-run            # the policy closest to what the cluster ran
+    quotas:                     # whole GPUs per team and pool (default: inferred)
+      llm-core: {train: 176, infer: 32}
+    policies:
+      - name: as-run            # best fit, borrowing, reclaim, preemption, back-fill
+      - name: fgd
+        placement: fgd
+      - name: fixed-quota
+        quota: fixed
+      - name: no-backfill
+        backfill: false
+      - name: no-preemption
+        preemption: {priority: false, reclaim: false}
+      - name: notebooks-on-a10
+        card_pools: {interactive: {pool: dev}}
+
+Errors name the key and, for a file, its line: ``policies.yaml:7: policies[1].placement:
+must be one of best-fit, worst-fit, fgd, topology``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PLACEMENTS = ("best-fit", "worst-fit", "fgd", "topology")
+QUOTA_MODES = ("borrow", "fixed")
+BASELINE = "as-run"
+
+
+class PolicyError(ValueError):
+    """The policy file is invalid; the message names the key (and line)."""
+
+
+@dataclass(frozen=True)
+class CardPool:
+    """Where the jobs of one job type go: a pool, and optionally one card type in it."""
+
+    pool: str
+    card_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One named policy; the defaults are the scheduler model's (best fit, borrowing,
+    reclaim, priority preemption, back-fill)."""
+
+    name: str
+    placement: str = "best-fit"
+    quota: str = "borrow"
+    backfill: bool = True
+    preempt_priority: bool = True
+    reclaim: bool = True
+    checkpointable_only: bool = False
+    card_pools: Mapping[str, CardPool] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close the baseline replay must come to the observed history."""
+
+    queue_wait_relative: float = 0.25
+    queue_wait_minutes: float = 5.0
+    gpu_hours_relative: float = 0.05
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """The policies to replay, the baseline among them, quotas and tolerance."""
+
+    policies: tuple[Policy, ...]
+    baseline: str = BASELINE
+    quotas: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    tolerance: Tolerance = Tolerance()
+    schedule_interval_s: int = 15
+    reserve_after_minutes: float = 120.0
+    checkpoint_minutes: float = 30.0
+
+    def get(self, name: str) -> Policy:
+        """The policy called ``name``."""
+        return next(p for p in self.policies if p.name == name)
+
+
+DEFAULT = PolicySet(policies=(
+    Policy(BASELINE, description="best fit, borrowing with reclaim, preemption, back-fill"),
+    Policy("worst-fit", placement="worst-fit", description="spread jobs over nodes"),
+    Policy("fgd", placement="fgd", description="fragmentation gradient descent (ATC '23)"),
+    Policy("fixed-quota", quota="fixed", description="no borrowing above quota"),
+    Policy("no-backfill", backfill=False, description="strict priority order"),
+    Policy("no-preemption", preempt_priority=False, reclaim=False,
+           description="no preemption, no reclaim"),
+))
+
+
+class _Lines:
+    """Line numbers of the keys of a YAML document, by dotted path."""
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[str, int] = {}
+        try:
+            node = yaml.compose(text)
+        except yaml.YAMLError:
+            return
+        if node is not None:
+            self._walk(node, "")
+
+    def _walk(self, node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = f"{path}.{key.value}" if path else str(key.value)
+                self.lines[sub] = key.start_mark.line + 1
+                self._walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                sub = f"{path}[{i}]"
+                self.lines[sub] = item.start_mark.line + 1
+                self._walk(item, sub)
+
+    def line(self, path: str) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            cut = max(path.rfind("."), path.rfind("["))
+            path = path[:cut] if cut > 0 else ""
+        return None
+
+
+def load_policies(path: Path | None) -> PolicySet:
+    """Read and validate a policy file; ``None`` gives the built-in set (:data:`DEFAULT`)."""
+    if path is None:
+        return DEFAULT
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise PolicyError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    try:
+        return parse_policies(raw)
+    except PolicyError as exc:
+        key = str(exc).split(":", 1)[0]
+        line = _Lines(text).line(key)
+        raise PolicyError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None
+
+
+def _fail(where: str, message: str) -> PolicyError:
+    return PolicyError(f"{where}: {message}")
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _fail(where, "must be a mapping")
+    return value
+
+
+def _keys(obj: Mapping[str, Any], where: str, allowed: set[str]) -> None:
+    for key in obj:
+        if key not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise _fail(f"{where}.{key}" if where else str(key), f"unknown key (known: {known})")
+
+
+def _bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):
+        raise _fail(f"{where}.{key}", "must be true or false")
+    return value
+
+
+def _number(obj: Mapping[str, Any], key: str, where: str, default: float,
+            minimum: float = 0.0) -> float:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(f"{where}.{key}" if where else key, "must be a number")
+    if value < minimum:
+        raise _fail(f"{where}.{key}" if where else key, f"must be >= {minimum:g}")
+    return float(value)
+
+
+def _choice(obj: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...],
+            default: str) -> str:
+    value = obj.get(key, default)
+    if value not in choices:
+        raise _fail(f"{where}.{key}", f"must be one of {', '.join(choices)}")
+    return str(value)
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, "must be a non-empty string")
+    return value
+
+
+def parse_policies(raw: object) -> PolicySet:
+    """Validate a decoded policy document."""
+    doc = _mapping(raw if raw is not None else {}, "policy file")
+    _keys(doc, "", {"policies", "baseline", "quotas", "tolerance", "scheduler"})
+    items = doc.get("policies")
+    if not isinstance(items, list) or not items:
+        raise _fail("policies", "must be a non-empty list")
+    policies = [_policy(item, f"policies[{i}]") for i, item in enumerate(items)]
+    seen: set[str] = set()
+    for i, p in enumerate(policies):
+        if p.name in seen:
+            raise _fail(f"policies[{i}].name", f"duplicate policy {p.name!r}")
+        seen.add(p.name)
+    baseline = doc.get("baseline", BASELINE)
+    if baseline == BASELINE and BASELINE not in seen:
+        policies.insert(0, Policy(BASELINE, description="the scheduler model's defaults"))
+    elif not isinstance(baseline, str) or baseline not in seen:
+        raise _fail("baseline", f"must name one of the policies ({', '.join(sorted(seen))})")
+    quotas: dict[str, dict[str, int]] = {}
+    for team, pools in _mapping(doc.get("quotas") or {}, "quotas").items():
+        where = f"quotas.{team}"
+        quotas[str(team)] = {}
+        for pool, gpus in _mapping(pools, where).items():
+            if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+                raise _fail(f"{where}.{pool}", "must be a whole number of GPUs >= 0")
+            quotas[str(team)][str(pool)] = gpus
+    tol = _mapping(doc.get("tolerance") or {}, "tolerance")
+    _keys(tol, "tolerance", {"queue_wait_relative", "queue_wait_minutes", "gpu_hours_relative"})
+    d = Tolerance()
+    tolerance = Tolerance(
+        _number(tol, "queue_wait_relative", "tolerance", d.queue_wait_relative),
+        _number(tol, "queue_wait_minutes", "tolerance", d.queue_wait_minutes),
+        _number(tol, "gpu_hours_relative", "tolerance", d.gpu_hours_relative),
+    )
+    sched = _mapping(doc.get("scheduler") or {}, "scheduler")
+    _keys(sched, "scheduler", {"interval_s", "reserve_after_minutes", "checkpoint_minutes"})
+    interval = _number(sched, "interval_s", "scheduler", 15, minimum=1)
+    if interval != int(interval):
+        raise _fail("scheduler.interval_s", "must be a whole number of seconds")
+    return PolicySet(
+        policies=tuple(policies), baseline=str(baseline), quotas=quotas, tolerance=tolerance,
+        schedule_interval_s=int(interval),
+        reserve_after_minutes=_number(sched, "reserve_after_minutes", "scheduler", 120.0),
+        checkpoint_minutes=_number(sched, "checkpoint_minutes", "scheduler", 30.0,
+                                   minimum=1.0),
+    )
+
+
+def _policy(raw: object, where: str) -> Policy:
+    obj = _mapping(raw, where)
+    _keys(obj, where, {"name", "placement", "quota", "backfill", "preemption", "card_pools",
+                       "description"})
+    name = _text(obj.get("name"), f"{where}.name")
+    pre = _mapping(obj.get("preemption") or {}, f"{where}.preemption")
+    _keys(pre, f"{where}.preemption", {"priority", "reclaim", "checkpointable_only"})
+    pools: dict[str, CardPool] = {}
+    for job_type, target in _mapping(obj.get("card_pools") or {}, f"{where}.card_pools").items():
+        at = f"{where}.card_pools.{job_type}"
+        t = _mapping(target, at)
+        _keys(t, at, {"pool", "card_type"})
+        card = t.get("card_type")
+        pools[str(job_type)] = CardPool(_text(t.get("pool"), f"{at}.pool"),
+                                        None if card is None else _text(card, f"{at}.card_type"))
+    return Policy(
+        name=name,
+        placement=_choice(obj, "placement", where, PLACEMENTS, "best-fit"),
+        quota=_choice(obj, "quota", where, QUOTA_MODES, "borrow"),
+        backfill=_bool(obj, "backfill", where, True),
+        preempt_priority=_bool(pre, "priority", f"{where}.preemption", True),
+        reclaim=_bool(pre, "reclaim", f"{where}.preemption", True),
+        checkpointable_only=_bool(pre, "checkpointable_only", f"{where}.preemption", False),
+        card_pools=pools,
+        description=str(obj.get("description") or ""),
+    )

@@ -1,0 +1,166 @@
+"""``gpuledger whatif`` on a simulated day: the schedule as run equals the facts, the
+baseline replay is calibrated within tolerance, and the command's outputs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import Facts
+from events import alloc, at, inventory, job
+from sim_warehouse import table
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+from gpuledger.pipeline.advisor.answers import FRAGS, answers
+from gpuledger.pipeline.advisor.history import load_history
+from gpuledger.pipeline.advisor.policy import PolicySet, parse_policies
+from gpuledger.pipeline.advisor.replay import as_run
+from gpuledger.pipeline.advisor.whatif import run_whatif
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.demo import run_demo
+from gpuledger.pipeline.simulate import SimConfig, load_cluster
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 simulated hours of the built-in cluster (2-minute samples) in a warehouse."""
+    root = tmp_path_factory.mktemp("day")
+    run_demo(SimConfig(hours=24, seed=7, sample_interval_s=120), ProcessorConfig(), root)
+    return root
+
+
+def _quotas() -> dict[str, dict[str, int]]:
+    """The quotas the simulator ran with (an operator knows its own)."""
+    return {t.name: dict(t.quota) for t in load_cluster(None).teams}
+
+
+def test_the_schedule_as_run_equals_the_facts(day: Path) -> None:
+    h = load_history(day)
+    a = answers(as_run(h), h)
+    # queue wait: the queue_wait view's percentiles (DuckDB quantile_cont)
+    _, rows = query.run(day, "SELECT queue, p50_s / 60, p90_s / 60, p99_s / 60 FROM queue_wait")
+    qw = {q: {"p50": p50, "p90": p90, "p99": p99} for q, p50, p90, p99 in rows}
+    mine = a.wait.filter(pl.col("by") == "queue")
+    assert mine.height == len(qw)
+    for r in mine.iter_rows(named=True):
+        for p in ("p50", "p90", "p99"):
+            assert r[f"{p}_min"] == pytest.approx(qw[r["key"]][p], abs=1e-6), (r["key"], p)
+    # blocked demand: blocked_minute, one row per blocked job-minute
+    blocked = table(day, "blocked_minute").group_by("pool").agg(pl.col("gpus").sum() / 60)
+    assert dict(a.blocked.rows()) == pytest.approx(dict(blocked.rows()))
+    assert a.blocked["blocked_gpu_hours"].sum() > 1
+    # frag(k): frag_minute, averaged per pool and card type
+    frag = table(day, "frag_minute").group_by("pool", "card_type").agg(pl.col(FRAGS).mean())
+    joined = a.frag.join(frag, on=["pool", "card_type"], suffix="_f")
+    assert joined.height == frag.height == 4
+    for k in FRAGS:
+        assert joined[k].to_list() == pytest.approx(joined[f"{k}_f"].to_list(), abs=1e-9)
+    # available, allocated (GPU shares, to the second) and used GPU-hours: the roll-up
+    _, rows = query.run(day, "SELECT pool, sum(gpu_hours - unavailable_gpu_hours), "
+                             "sum(allocated_gpu_hours), sum(used_gpu_hours) FROM gpu_daily "
+                             "GROUP BY pool ORDER BY pool")
+    usage = a.usage.filter(pl.col("pool") != "all").sort("pool").select(
+        "pool", "available_gpu_hours", "allocated_gpu_hours", "used_gpu_hours").rows()
+    assert [u[0] for u in usage] == [r[0] for r in rows]
+    for mine, fact in zip(usage, rows, strict=True):
+        assert mine[1:] == pytest.approx(fact[1:], rel=1e-5), mine[0]
+    # lost work: the preemptions fact
+    lost = table(day, "preemptions").group_by("team").agg(pl.col("lost_gpu_hours").sum())
+    assert dict(a.lost.select("team", "lost_gpu_hours").rows()) == pytest.approx(
+        dict(lost.rows()))
+
+
+def test_baseline_replay_is_calibrated_within_tolerance(day: Path) -> None:
+    """The documented tolerance (docs/whatif.md): allocated GPU-hours per pool within 5 %,
+    queue wait percentiles within max(5 min, 25 %), for most answers."""
+    ps = parse_policies({"quotas": _quotas(), "policies": [{"name": "as-run"}]})
+    w = run_whatif(day, ps)
+    cal = w.calibration
+    alloc = cal.filter(pl.col("answer") == "allocated GPU-hours")
+    assert alloc["within"].all(), alloc
+    assert (alloc["error"].abs() / alloc["observed"]).max() < 0.02
+    waits = cal.filter(pl.col("answer").str.starts_with("queue wait p90"))
+    assert waits.filter(pl.col("key") == "all")["within"].all()
+    assert waits["within"].mean() >= 0.85  # type: ignore[operator]
+    assert cal["within"].mean() >= 0.85  # type: ignore[operator]
+
+
+def test_whatif_command_json_and_table(day: Path, capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    policies = tmp_path / "p.yaml"
+    policies.write_text("policies:\n  - name: fgd\n    placement: fgd\n"
+                        "  - name: strict\n    backfill: false\n")
+    assert main(["whatif", "--warehouse", str(day), "--policies", str(policies),
+                 "--json", "--quiet", "--since", "2026-01-05T06:00Z",
+                 "--until", "2026-01-05T18:00Z"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline"] == "as-run"
+    assert [p["name"] for p in doc["policies"]] == ["as-run", "fgd", "strict"]
+    assert doc["window"]["start"].startswith("2026-01-05T06:00")
+    rows = {(r["answer"], r["key"]): r for r in doc["answers"]}
+    overall = rows[("queue wait p90 (min)", "all")]
+    assert {"observed", "baseline", "error", "within", "fgd", "strict"} <= set(overall)
+    assert overall["error"] == pytest.approx(overall["baseline"] - overall["observed"])
+    assert set(doc["frag_hourly"]) == {"observed", "as-run", "fgd", "strict"}
+    assert len(doc["frag_hourly"]["fgd"]) == 12 * 4  # 12 hours × 4 pool/card types
+    # the terminal tables carry the calibration error beside each answer
+    assert main(["whatif", "--warehouse", str(day), "--policy", "fgd", "--quiet",
+                 "--width", "200", "--until", "2026-01-05T03:00Z"]) == 0
+    out = capsys.readouterr().out
+    assert "calib. error" in out and "queue wait p90 (min)" in out and "fgd" in out
+
+
+def test_whatif_command_reports_bad_input_in_one_line(
+        day: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policies:\n  - name: a\n    placement: random\n")
+    assert main(["whatif", "--warehouse", str(day), "--policies", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"gpuledger: error: {bad}:3: policies[0].placement: must be one of "
+                   "best-fit, worst-fit, fgd, topology")
+    assert main(["whatif", "--warehouse", str(day), "--policy", "nope", "--quiet"]) == 2
+    assert "unknown policy nope" in capsys.readouterr().err
+    assert main(["whatif", "--warehouse", str(tmp_path / "none")]) == 2
+    assert "not a gpuledger warehouse" in capsys.readouterr().err
+    moved = tmp_path / "moved.yaml"
+    moved.write_text("policies:\n  - name: m\n    card_pools: {inference: {pool: nowhere}}\n")
+    assert main(["whatif", "--warehouse", str(day), "--policies", str(moved), "--quiet",
+                 "--until", "2026-01-05T01:00Z"]) == 2
+    assert "card_pools.inference: no GPU nodes in pool 'nowhere'" in capsys.readouterr().err
+
+
+def test_card_pools_move_job_types(day: Path) -> None:
+    """Evaluation jobs of the train pool moved to the L40S pool: none left on train."""
+    ps = parse_policies({"quotas": _quotas(), "policies": [
+        {"name": "as-run"}, {"name": "eval-on-l40s", "card_pools": {
+            "evaluation": {"pool": "infer", "card_type": "L40S-48GB"}}}]})
+    w = run_whatif(day, ps, step_minutes=5)
+    moved = next(a for a in w.replays if a.policy == "eval-on-l40s")
+    base = next(a for a in w.replays if a.policy == "as-run")
+    infer = pl.col("pool") == "infer"
+    assert (moved.usage.filter(infer)["allocated_gpu_hours"].item()
+            > base.usage.filter(infer)["allocated_gpu_hours"].item())
+    assert w.step_minutes == 5
+
+
+def test_what_a_history_lacks_is_said(process: Callable[..., Facts]) -> None:
+    """No priorities, preemptible or checkpoint flags, no telemetry: the answers they weaken
+    are named."""
+    none = {"priority": None, "preemptible": None, "checkpointable": None, "gpus": 2,
+            "card_type": None}
+    facts = process([inventory("a", at(0)), job("submitted", "j", at(0), **none),
+                     job("started", "j", at(1), allocation=alloc("a", 0, 1)),
+                     job("finished", "j", at(30)), inventory("a", at(40))])
+    gaps = load_history(facts.root).gaps
+    text = " | ".join(gaps)
+    assert "no priorities" in text and "queue wait by queue" in text
+    assert "no checkpoint flags" in text and "preemption lost work" in text
+    assert "no preemptible flags" in text
+    assert "no GPU activity" in text
+    w = run_whatif(facts.root, PolicySet(policies=parse_policies(
+        {"policies": [{"name": "as-run"}]}).policies))
+    assert w.weakened == gaps

@@ -1,0 +1,156 @@
+"""The diagnosis on a real warehouse (``gpuledger diagnose``, the ``job_diagnosis`` view),
+and the advisor's plug-in points: the recommendation column, the Job board panel, the
+report section and the alert evidence line."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+import sim_warehouse
+from events import alloc, at, frames, inventory, job, series
+from rich.console import Console
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+from gpuledger.pipeline.advisor.diagnosis import JOB_DIAGNOSIS
+from gpuledger.pipeline.advisor.output import print_section
+from gpuledger.pipeline.advisor.patterns import PATTERNS
+from gpuledger.pipeline.advisor.wiring import (
+    JOB_PANEL_SQL,
+    job_board_panel,
+    whatif_answer,
+    whatif_section,
+    with_cause,
+)
+from gpuledger.pipeline.alerts.engine import AlertEngine
+from gpuledger.pipeline.alerts.sinks import ListSink
+from gpuledger.pipeline.analyst_report.answers import answer_all
+from gpuledger.pipeline.analyst_report.html import render_html
+from gpuledger.pipeline.analyst_report.terminal import print_report
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.dashboards.builders import Board
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
+
+
+@pytest.fixture(scope="module")
+def wh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sim_warehouse.build(tmp_path_factory.mktemp("sim") / "wh", diagnose=False)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    folder = root / "facts" / "job_diagnosis"
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*.parquet"))}
+
+
+def test_diagnose_writes_the_job_diagnosis_fact(wh: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # the processor made the (empty) view before any diagnosis
+    _, rows = query.run(wh, "SELECT count(*) FROM job_diagnosis")
+    assert rows == [(0,)]
+    assert main(["diagnose", "--warehouse", str(wh), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "Idle and inefficient GPU-hours by pattern" in out and "wrote" in out
+    _, rows = query.run(wh, "SELECT pattern, sum(gpu_hours), count(DISTINCT job_id) "
+                               "FROM job_diagnosis GROUP BY ALL")
+    got = {p: h for p, h, _ in rows}
+    assert set(got) <= set(PATTERNS) and len(got) >= 4
+    # every attempt's shares add up to 1, and the GPU-hours to its idle + inefficient ones
+    d = sim_warehouse.table(wh, "job_diagnosis")
+    assert d.schema == JOB_DIAGNOSIS
+    sums = d.group_by("job_id", "attempt").agg(pl.col("share").sum(), pl.col("gpu_hours").sum())
+    assert sums["share"].to_list() == pytest.approx([1.0] * sums.height)
+    gm = sim_warehouse.table(wh, "gpu_minute").filter(
+        pl.col("job_id").is_not_null()
+        & pl.col("state").cast(pl.String).is_in(["allocated_idle", "allocated_inefficient"]))
+    assert sums["gpu_hours"].sum() == pytest.approx(
+        (gm["alloc_fraction"] / gm["jobs_on_gpu"]).sum() / 60)
+    # a re-run writes the same bytes; --dry-run writes nothing; --json prints the rows
+    before = _files(wh)
+    assert main(["diagnose", "--warehouse", str(wh), "--quiet"]) == 0
+    assert _files(wh) == before
+    capsys.readouterr()
+    assert main(["diagnose", "--warehouse", str(wh), "--quiet", "--json", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == d.height and json.loads(lines[0])["pattern"] in PATTERNS
+
+
+def test_diagnose_reports_a_missing_warehouse(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", "--warehouse", str(tmp_path / "nope"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gpuledger: error: {tmp_path / 'nope'}: not a gpuledger warehouse (no facts/ folder)")
+
+
+def test_job_board_panel_and_recommendation_column(wh: Path) -> None:
+    main(["diagnose", "--warehouse", str(wh), "--quiet"])
+    board = Board("j", "t", "d")
+    job_board_panel(board)
+    panel = board.json([])["panels"][-1]
+    assert panel["title"] == "Why idle or inefficient (diagnosis)"
+    assert "FROM job_diagnosis" in panel["targets"][0]["rawSql"]
+    # the panel's SQL runs on the warehouse for a job that has a diagnosis
+    d = sim_warehouse.table(wh, "job_diagnosis")
+    job_id = d.sort("gpu_hours", descending=True)["job_id"][0]
+    cols, rows = query.run(wh, JOB_PANEL_SQL.replace("${job:sqlstring}", f"'{job_id}'"))
+    assert cols[:3] == ["attempt", "pattern", "gpu_hours"] and rows
+    recs = sim_warehouse.table(wh, "recommendations").filter(pl.col("job_id").is_not_null())
+    both = with_cause(recs, d)
+    assert both.height == recs.height
+    assert both["diagnosis"].drop_nulls().is_in(list(PATTERNS)).all()
+    assert both["diagnosis"].null_count() < both.height
+
+
+def test_report_section(wh: Path) -> None:
+    # as one of the report's answers, drawn by its own renderers
+    report = answer_all(wh)
+    report.answers.append(whatif_answer(wh))
+    console = Console(width=120, record=True)
+    print_report(report, console, 10)
+    text = console.export_text()
+    assert "What if: the same history under other policies" in text and "fgd" in text
+    page = render_html(report, str(wh), datetime(2026, 1, 6, tzinfo=UTC), 10)
+    assert 'id="whatif"' in page or "What if: the same history" in page
+    # and on its own
+    section = whatif_section(wh)
+    labels = [r[0] for r in section.rows]
+    assert labels[0] == "observed" and labels[1] == "as-run" and "fgd" in labels
+    assert labels[-1].startswith("calibration error (as-run")
+    assert section.columns[0] == "policy" and len(section.rows[0]) == len(section.columns)
+    console = Console(width=150, record=True)
+    print_section(section, console)
+    assert "What if" in console.export_text()
+
+
+def _telemetry(node: str, gpu: int, job_id: str, minutes: int, sm: float) -> list[dict[str, Any]]:
+    return series(node, gpu, at(0), minutes, sm=sm, jobs=[job_id], seq0=gpu * 10_000,
+                  pcie_rx_bytes_s=0.8e9, pcie_tx_bytes_s=0.2e9, dram_active=0.05)
+
+
+def test_low_utilisation_alert_names_its_likely_cause(tmp_path: Path) -> None:
+    """A job starved at 6 % with quiet PCIe: the alert's evidence says input-bound."""
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "slow", at(0)), job("started", "slow", at(0),
+                                                 allocation=alloc("n1", 0)),
+            job("finished", "slow", at(40)),
+            *_telemetry("n1", 0, "slow", 45, 0.06), *series("n1", 1, at(0), 45, sm=0.0)]
+    config = ProcessorConfig()
+    proc = Processor(config, Warehouse(tmp_path / "wh"))
+    sink = ListSink()
+    engine = AlertEngine(config, [sink])
+    engine.attach(proc)
+    t = at(0)
+    while t <= at(45):
+        proc.process(frames([r for r in recs if t <= r["time"] < t + timedelta(minutes=5)]))
+        t += timedelta(minutes=5)
+    proc.flush()
+    fire = next(e for e in sink.events if e.name == "GpuJobLowUtilisation")
+    assert fire.evidence["likely_cause"] == "input_bound"
+    assert "PCIe 1.0 GB/s" in fire.evidence["likely_cause_evidence"]
+    assert "Likely cause: input-bound (activity 6 %" in fire.description
+    assert "DataLoader workers" in fire.description

@@ -1,0 +1,92 @@
+"""The Kafka service survives its faults (issue 12, item 5), against the real broker.
+
+Each test runs `gpuledger process` as a subprocess over topics that already hold the
+whole simulation, disturbs it, lets it finish (`--exit-when-idle`), and compares its facts
+with the same simulation on the embedded bus: identical, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from fact_views import assert_same_facts
+from kafka_broker import Broker
+from test_kafka_pipeline import SPARSE, _process_cmd, _publish, _settings, reference  # noqa: F401
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+
+
+def _wait_for(log: Path, text: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in the log after {timeout_s} s:\n"
+                         + log.read_text(errors="replace")[-3000:])
+
+
+def test_a_pause_past_the_session_timeout_rejoins_and_goes_on(
+    kafka: Broker, reference: Path, tmp_path: Path,  # noqa: F811
+) -> None:
+    """SIGSTOP longer than the session timeout: the group drops the instance; after
+    SIGCONT it rejoins, takes its partitions back from their checkpoints and finishes."""
+    settings = _settings(kafka)
+    _publish(settings)
+    root, log = tmp_path / "wh", tmp_path / "service.log"
+    cmd = _process_cmd(kafka, settings, root, "paused", "--session-timeout-ms", "6000",
+                       "--heartbeat-interval-ms", "1000", "--checkpoint-interval", "0.3",
+                       "--exit-when-idle", "8")
+    proc = _start(cmd, log)
+    try:
+        _wait_for(log, "partition 3 of")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(10)  # > session timeout: the broker drops the member
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    # it was dropped and came back: the partitions were handed back to it
+    assert text.count("partition 0 of") >= 2, text[-3000:]
+    assert_same_facts(root, reference, SPARSE)
+
+
+def test_a_broker_restart_mid_run_changes_nothing(
+    kafka: Broker, reference: Path, tmp_path: Path,  # noqa: F811
+) -> None:
+    if not kafka.managed:
+        pytest.skip("broker from GPULEDGER_TEST_KAFKA_BOOTSTRAP: not ours to restart")
+    settings = _settings(kafka)
+    _publish(settings)
+    root, log = tmp_path / "wh", tmp_path / "service.log"
+    cmd = _process_cmd(kafka, settings, root, "restarted", "--checkpoint-interval", "0.3",
+                       "--exit-when-idle", "8", "--request-timeout-ms", "10000")
+    env = {**os.environ}
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            env=env)
+    try:
+        _wait_for(log, "partition 3 of")
+        time.sleep(0.5)
+        kafka.stop_process()
+        try:
+            time.sleep(5)
+        finally:
+            kafka.start_again(timeout_s=90)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_same_facts(root, reference, SPARSE)
