@@ -354,29 +354,29 @@ class Processor:
         assert isinstance(first, datetime)
         return _floor_minute(first)
 
-    def _fleet_time(self) -> datetime | None:
+    def _fleet_time(self, node_time: dict[str, datetime] | None = None) -> datetime | None:
         """The fleet's progress: the 90th percentile (nearest rank) of the nodes' newest
         sample times — where most of the fleet has reached, whatever one node's clock
         says (fewer than one node in ten ahead cannot move it)."""
-        if not self.node_time:
+        times = self.node_time if node_time is None else node_time
+        if not times:
             return None
-        ordered = sorted(self.node_time.values())
+        ordered = sorted(times.values())
         return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
 
     def _reject_ahead(self, tel: pl.DataFrame) -> pl.DataFrame:
         """Telemetry more than ``windows.max_ahead_s`` ahead of the fleet is rejected with
         its reason (a node's clock running ahead must not fabricate minutes no other node
-        has reached). The fleet is the nodes seen so far, and this batch's own median when
-        it holds more than half of them (the first batch, a large batch). Not while the
-        transport is behind its input (a replay reads partitions at different paces)."""
-        fleet = self._fleet_time()
-        batch_median = tel["time"].median()
-        if fleet is None or (isinstance(batch_median, datetime) and batch_median > fleet
-                             and tel["node"].n_unique() * 2 > len(self.node_time)):
-            fleet = batch_median  # type: ignore[assignment]
+        has reached). The fleet's progress counts this batch's samples too, node by node.
+        Not while the transport is behind its input (a replay reads partitions at
+        different paces)."""
+        newest = dict(self.node_time)
+        for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
+            if node not in newest or when > newest[node]:
+                newest[node] = when
+        fleet = self._fleet_time(newest)
         if fleet is None:
             return tel
-        assert isinstance(fleet, datetime)
         limit = fleet + timedelta(seconds=self.config.windows.max_ahead_s)
         ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
         bad = tel.filter(ahead)
