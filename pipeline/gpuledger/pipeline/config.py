@@ -136,7 +136,7 @@ class Limits:
     wider than any shipping card; a site with unusual hardware may widen them."""
 
     power_max_w: float = 2000.0
-    """``power_w`` above this (a whole superchip module draws less)."""
+    """``power_w`` above this (the largest GPUs draw about 1,200 W)."""
     temp_min_c: float = -40.0
     """``temp_c`` below this ..."""
     temp_max_c: float = 150.0
