@@ -90,9 +90,6 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
-MEMORY_MARGIN = 1.05
-"""Memory used may exceed the card's inventory memory by this much (MiB rounding, the
-driver's reserve) before a sample is rejected."""
 DENSE_STEP = timedelta(hours=1)
 """The longest close step while telemetry is buffered (its samples are held in memory)."""
 SPARSE_STEP = timedelta(hours=24)
@@ -463,16 +460,17 @@ class Processor:
 
     def _reject_beyond_card_memory(self, tel: pl.DataFrame) -> pl.DataFrame:
         """Samples using more memory than their node's card has (per its inventory), with
-        ``MEMORY_MARGIN``, are rejected with the reason: a 10 TB peak is a bad reading, not
-        a job's memory. (Samples of a node whose inventory is not known yet pass; the
-        record's own ``mem_total_mib`` bounds them, ``validate.py``.)"""
+        ``limits.memory_margin``, are rejected with the reason: a 10 TB peak is a bad
+        reading, not a job's memory. (Samples of a node whose inventory is not known yet
+        pass; the record's own ``mem_total_mib`` bounds them, ``validate.py``.)"""
+        margin = 1.0 + self.config.limits.memory_margin
         cards = self.inventory.node_memory().filter(pl.col("gpu_mem_mib").is_not_null())
         if cards.is_empty():
             return tel
         top = tel.select(pl.col("mem_used_mib").max()).item()
-        if top is None or top <= cards["gpu_mem_mib"].min() * MEMORY_MARGIN:  # type: ignore[operator]
+        if top is None or top <= cards["gpu_mem_mib"].min() * margin:  # type: ignore[operator]
             return tel
-        limit = pl.col("gpu_mem_mib") * MEMORY_MARGIN
+        limit = pl.col("gpu_mem_mib") * margin
         checked = tel.join(cards, on="node", how="left")
         over = (pl.col("mem_used_mib") > limit).fill_null(False)
         bad = checked.filter(over)
@@ -481,7 +479,7 @@ class Processor:
         fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
         reason = (pl.lit("field 'mem_used_mib': ") + pl.col("mem_used_mib").cast(pl.String)
                   + pl.lit(" MiB is more than the card's ") + pl.col("gpu_mem_mib").cast(pl.String)
-                  + pl.lit(f" MiB (node inventory) + {round((MEMORY_MARGIN - 1) * 100)} %"))
+                  + pl.lit(f" MiB (node inventory) + {round((margin - 1) * 100)} %"))
         rows = bad.select(
             pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
             pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
