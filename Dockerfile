@@ -13,10 +13,10 @@ COPY pipeline ./pipeline
 COPY sql ./sql
 RUN pip install ".[pipeline,ops]" \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin gpuledger \
-    && mkdir -p /warehouse && chown gpuledger /warehouse
+    && mkdir -p /warehouse /rules && chown gpuledger /warehouse /rules
 
 USER gpuledger
-VOLUME ["/warehouse"]
+VOLUME ["/warehouse", "/rules"]
 # Prometheus /metrics of `gpuledger process --metrics-address 0.0.0.0:9108`
 EXPOSE 9108
 ENTRYPOINT ["gpuledger"]

@@ -187,10 +187,9 @@ def main() -> None:
         print(f"replicated to {args.days} days: {rows:,} fact rows in "
               f"{time.monotonic() - t:.0f} s", file=sys.stderr)
     t = time.monotonic()
-    con = query.connect(target)
+    con = query.connect(target, threads=2)  # read-only, locked down, as gpuledger query opens it
     print(f"reader connection (newest generation, views) in {time.monotonic() - t:.2f} s",
           file=sys.stderr)
-    con.execute("SET threads = 2")
     facts: Any = con.execute("SELECT count(*), count(DISTINCT node || gpu_index) FROM "
                              "gpu_minute").fetchall()[0]
     print(f"gpu_minute: {facts[0]:,} rows, {facts[1]:,} GPUs", file=sys.stderr)

@@ -17,7 +17,10 @@ CREATE OR REPLACE VIEW job_attempts AS SELECT * FROM read_parquet({files:job_att
 CREATE OR REPLACE VIEW job_gpu AS SELECT * FROM read_parquet({files:job_gpu}, hive_partitioning = false);
 CREATE OR REPLACE VIEW preemptions AS SELECT * FROM read_parquet({files:preemptions}, hive_partitioning = false);
 CREATE OR REPLACE VIEW job_diagnosis AS SELECT * FROM read_parquet({files:job_diagnosis}, hive_partitioning = false);
-CREATE OR REPLACE VIEW recommendations AS SELECT * FROM read_parquet({files:recommendations}, hive_partitioning = false);
+-- Recommendations carry the attempt's likely cause of idle/inefficient GPU-time where
+-- `gpuledger diagnose` has diagnosed it (docs/diagnosis.md): the pattern holding most of
+-- those GPU-hours, a known one winning over 'unknown' when it holds a quarter or more.
+CREATE OR REPLACE VIEW recommendations AS SELECT r.*, d.pattern AS diagnosis, d.remedy AS diagnosis_remedy FROM read_parquet({files:recommendations}, hive_partitioning = false) r LEFT JOIN (SELECT job_id, attempt, arg_max(pattern, (pattern <> 'unknown' AND share >= 0.25, gpu_hours)) AS pattern, arg_max(remedy, (pattern <> 'unknown' AND share >= 0.25, gpu_hours)) AS remedy FROM job_diagnosis GROUP BY job_id, attempt) d USING (job_id, attempt);
 -- Snapshots are written when the processor stops or reaches the end of its input, ended
 -- attempts as their minutes close: an attempt whose end is published is no longer
 -- running, even if the newest snapshot is older than that end (a later run, or a

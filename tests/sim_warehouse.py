@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
 from gpuledger.pipeline.simulate import SimConfig
@@ -18,9 +19,12 @@ from gpuledger.pipeline.warehouse import read_table
 SIM_HOURS = 3.0
 
 
-def build(root: Path) -> Path:
-    """Simulate and process into ``root``; return it."""
+def build(root: Path, diagnose: bool = True) -> Path:
+    """Simulate and process into ``root``, and diagnose it as ``gpuledger demo`` does
+    (``diagnose``); return it."""
     run_demo(SimConfig(hours=SIM_HOURS, seed=7, sample_interval_s=30), ProcessorConfig(), root)
+    if diagnose:
+        diagnose_warehouse(root)
     return root
 
 

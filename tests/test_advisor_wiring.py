@@ -40,7 +40,7 @@ from gpuledger.pipeline.warehouse import Warehouse, published_files
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sim_warehouse.build(tmp_path_factory.mktemp("sim") / "wh")
+    return sim_warehouse.build(tmp_path_factory.mktemp("sim") / "wh", diagnose=False)
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_nvml import MIB, Scenario, fake_nvml_lib, nvml_env  # noqa: F401 (a fixture)
+from http_client import metric as read_metric
 from kafka import KafkaConsumer
 from kafka_broker import Broker
 from proctree import add_process
@@ -148,17 +148,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _metric(port: int, name: str) -> float:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return -1.0
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return -1.0
-
 
 def _run_agent(config: Path, env: dict[str, str], port: int, min_sent: int,
                metric: str = "gpuledger_agent_sent_messages_total") -> None:
@@ -167,7 +156,7 @@ def _run_agent(config: Path, env: dict[str, str], port: int, min_sent: int,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while _metric(port, metric) < min_sent:
+        while read_metric(port, metric) < min_sent:
             assert proc.poll() is None, proc.communicate()[1]
             assert time.monotonic() < deadline, "the agent sent too little in 60 s"
             time.sleep(0.2)
@@ -285,7 +274,7 @@ def _start_agent(config: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 def _wait_metric(proc: subprocess.Popen[str], port: int, name: str,
                  ok: Callable[[float], bool], timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
-    while not ok(_metric(port, name)):
+    while not ok(read_metric(port, name)):
         assert proc.poll() is None, proc.communicate()[1]
         assert time.monotonic() < deadline, f"{name} never got there"
         time.sleep(0.2)
@@ -327,7 +316,7 @@ def test_outage_with_a_restart_loses_nothing(tmp_path: Path, fake_nvml_lib: Path
 
         agent = _start_agent(config, env)
         _wait_metric(agent, port, samples, lambda v: v >= 8 * GPUS)
-        assert _metric(port, sent) == 0                        # nothing got through
+        assert read_metric(port, sent) == 0                        # nothing got through
         broker.start_again()
         _wait_metric(agent, port, backlog, lambda v: v == 0)
         _stop_agent(agent)

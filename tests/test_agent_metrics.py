@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from agent_sources import TinySource
+from http_client import get
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.agent.attribution import Chain
@@ -19,13 +18,6 @@ from gpuledger.agent.sender import Sender
 
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def _values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -49,9 +41,9 @@ def test_metrics_reflect_the_agent(agent: Agent) -> None:
     agent.cycle(T0 + timedelta(seconds=130))
     server = MetricsServer("127.0.0.1", 0, registry_for(agent), agent.health)
     try:
-        status, text = _get(server.port, "/metrics")
-        health_code, health_text = _get(server.port, "/healthz")
-        missing, _ = _get(server.port, "/nope")
+        status, text = get(server.port, "/metrics")
+        health_code, health_text = get(server.port, "/healthz")
+        missing, _ = get(server.port, "/nope")
     finally:
         server.close()
     assert status == 200 and missing == 404
@@ -77,9 +69,9 @@ def test_metrics_reflect_the_agent(agent: Agent) -> None:
 def test_healthz_before_and_after_a_good_collection(agent: Agent) -> None:
     server = MetricsServer("127.0.0.1", 0, registry_for(agent), agent.health)
     try:
-        before = _get(server.port, "/healthz")
+        before = get(server.port, "/healthz")
         agent.cycle(T0)
-        after = _get(server.port, "/healthz")
+        after = get(server.port, "/healthz")
     finally:
         server.close()
     assert before[0] == 503 and "no collection" in before[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import select
 import socket
@@ -95,7 +96,7 @@ def test_every_mounted_path_exists() -> None:
 
 def test_health_checks_and_dependencies() -> None:
     for name, svc in SERVICES.items():
-        if name in ("topics", "feed"):
+        if name in ("topics", "rules", "feed"):
             continue  # one-shot / client: nothing to probe
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
         for dep, cond in svc.get("depends_on", {}).items():
@@ -104,9 +105,11 @@ def test_health_checks_and_dependencies() -> None:
                 assert "healthcheck" in SERVICES[dep], (name, dep)
     assert SERVICES["processor"]["depends_on"]["topics"]["condition"] == \
         "service_completed_successfully"
+    assert SERVICES["prometheus"]["depends_on"]["rules"]["condition"] == \
+        "service_completed_successfully"
 
 
-@pytest.mark.parametrize("name", ["topics", "processor", "feed"])
+@pytest.mark.parametrize("name", ["topics", "rules", "processor", "feed"])
 def test_commands_parse_with_the_real_cli(name: str) -> None:
     argv = SERVICES[name]["command"]
     args = build_parser().parse_args(argv)
@@ -129,7 +132,7 @@ def test_the_dockerfile_default_command_parses() -> None:
 
 def test_environment_variables_are_read_by_the_code_and_valid() -> None:
     code = _code_text()
-    for name in ("processor", "feed", "topics"):
+    for name in ("processor", "feed", "topics", "rules"):
         env = {k: str(v) for k, v in SERVICES[name].get("environment", {}).items()}
         for var in env:
             assert var.startswith("GPULEDGER_"), var
@@ -140,7 +143,13 @@ def test_environment_variables_are_read_by_the_code_and_valid() -> None:
         for var, value in env.items():
             if "__" in var:
                 section, key = var.removeprefix("GPULEDGER_").lower().split("__")
-                assert getattr(getattr(config, section), key) == pytest.approx(float(value))
+                got = getattr(getattr(config, section), key)
+                assert got == (pytest.approx(float(value)) if isinstance(got, float) else value)
+    # the rules Prometheus evaluates use the processor's thresholds
+    rules_env = SERVICES["rules"]["environment"]
+    for var, value in SERVICES["processor"]["environment"].items():
+        if var.startswith("GPULEDGER_THRESHOLDS__") or var.startswith("GPULEDGER_ALERTS__"):
+            assert rules_env.get(var) == value, var
 
 
 def test_ports_agree() -> None:
@@ -160,17 +169,35 @@ def test_ports_agree() -> None:
     assert "127.0.0.1:9090:9090" in SERVICES["prometheus"]["ports"]
 
 
+def _generated_rules(tmp_path: Path) -> Path:
+    """What the one-shot `rules` service writes into the volume Prometheus reads: its
+    command run with its environment."""
+    rules = SERVICES["rules"]
+    prom_mount = dict((t, s) for s, t in _mounts(SERVICES["prometheus"]))
+    volume = prom_mount["/etc/prometheus/rules"]
+    assert volume in COMPOSE["volumes"] and (volume, "/rules") in _mounts(rules)
+    argv = list(rules["command"])
+    out = tmp_path / "rules"
+    argv[argv.index("--out") + 1] = str(out)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update({k: str(v) for k, v in rules["environment"].items()})
+    proc = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", *argv], env=env,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     svc = SERVICES["prometheus"]
     config_target = svc["configs"][0]["target"]
     assert svc["configs"][0]["source"] in COMPOSE["configs"]
     assert f"--config.file={config_target}" in svc["command"]
     prom = yaml.safe_load(COMPOSE["configs"]["prometheus"]["content"])
-    rules_mount = dict((t, s) for s, t in _mounts(svc))["/etc/prometheus/rules"]
+    rules_dir = _generated_rules(tmp_path)
     local_rules = []
     for pattern in prom["rule_files"]:
         assert pattern.startswith("/etc/prometheus/rules/")
-        local = str((REPO / rules_mount).resolve() / pattern.rsplit("/", 1)[1])
+        local = str(rules_dir / pattern.rsplit("/", 1)[1])
         local_rules.append(local)
     prom["rule_files"] = local_rules
     path = tmp_path / "prometheus.yml"
@@ -179,7 +206,21 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
                           text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = re.findall(r"SUCCESS: (\d+) rules found", proc.stdout)
-    assert found and sum(map(int, found)) > 0, proc.stdout  # the alerts/ rules were loaded
+    assert found and sum(map(int, found)) > 0, proc.stdout  # the generated rules were loaded
+
+
+def test_no_death_rule_watches_an_unscraped_job(tmp_path: Path) -> None:
+    """A down/absent rule on a job Prometheus never scrapes would fire for ever: in the
+    stack, only the processor is scraped (agents and bridge are simulated by the feed)."""
+    prom = yaml.safe_load(COMPOSE["configs"]["prometheus"]["content"])
+    scraped = {sc["job_name"] for sc in prom["scrape_configs"]}
+    text = (_generated_rules(tmp_path) / "gpuledger-alerts.yml").read_text()
+    watched = set(re.findall(r'up\{job="([^"]+)"\}', text))
+    assert watched == {"gpuledger"} and watched <= scraped
+    # the repository's alerts/ (production defaults) do watch agents and bridges
+    repo_watched = set(re.findall(r'up\{job="([^"]+)"\}',
+                                  (REPO / "alerts/gpuledger-alerts.yml").read_text()))
+    assert {"gpuledger-agent", "gpuledger-bridge"} <= repo_watched
 
 
 def test_grafana_provisioning_points_at_the_boards_and_the_warehouse() -> None:

@@ -16,6 +16,15 @@ def test_defaults_match_design() -> None:
     assert c.thresholds.memory_oversized_ratio == 0.25
 
 
+def test_limits_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("limits:\n  power_max_w: 3000\n  temp_max_c: 120\n")
+    c = load_config(f, environ={"GPULEDGER_LIMITS__MEMORY_MARGIN": "0.1"})
+    assert (c.limits.power_max_w, c.limits.temp_max_c, c.limits.memory_margin) == (
+        3000.0, 120.0, 0.1)
+    assert c.limits.clock_max_mhz == load_config(None, environ={}).limits.clock_max_mhz == 5000
+
+
 def test_file_then_environment_override(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("thresholds:\n  idle_activity: 0.02\nwindows:\n  allowed_lateness_s: 60\n")
@@ -35,6 +44,11 @@ def test_file_then_environment_override(tmp_path: Path) -> None:
     ("", {"GPULEDGER_THRESHOLDS__EFFICIENT_ACTIVITY": "2"},
      "thresholds.efficient_activity: 2.0 must be between 0 and 1"),
     ("- a\n", {}, "expected a mapping at the top level"),
+    ("limits:\n  power_max_w: 0\n", {}, "limits.power_max_w: must be > 0"),
+    ("limits:\n  temp_min_c: 90\n  temp_max_c: 80\n", {}, "limits.temp_min_c: must be below"),
+    ("", {"GPULEDGER_LIMITS__MEMORY_MARGIN": "3"}, "limits.memory_margin: 3.0 must be between"),
+    ("", {"GPULEDGER_LIMITS__CLOCK_MAX_MHZ": "nan"}, "limits.clock_max_mhz: must be > 0"),
+    ("limits:\n  watts: 5\n", {}, "limits.watts: unknown key"),
 ])
 def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
                                  message: str) -> None:

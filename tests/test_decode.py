@@ -437,7 +437,7 @@ def random_telemetry(rng: random.Random, seq: int) -> dict[str, Any]:
     for name in ("sm_active", "sm_occupancy"):
         rec[name] = float(f"{rng.random():.17g}")
     rec["processes"] = [
-        {"pid": rng.randrange(1, 1 << 30), "used_mib": rng.random() * 80000, "job_id": None}
+        {"pid": rng.randrange(1, 1 << 30), "used_mib": rng.random() * 40000, "job_id": None}
         for _ in range(rng.randrange(0, 3))
     ]
     rec["node"] = rng.choice(["a", "b", "é-node", "节点", 'quo"te'])

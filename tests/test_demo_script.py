@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import duckdb
+from gpuledger.pipeline.query import connect
 
 REPO = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("apt-get", "sudo", "java", "mvn", "curl", "wget")
@@ -73,7 +73,7 @@ def test_demo_script_runs_without_root_apt_java_or_maven(tmp_path: Path) -> None
     catalog = repo / "warehouse/catalog.duckdb"
     assert catalog.is_file()
     assert list((repo / "warehouse/facts/gpu_minute").rglob("*.parquet"))
-    con = duckdb.connect(str(catalog), read_only=True)
+    con = connect(repo / "warehouse")          # read-only, locked down
     try:
         gpus = con.execute("SELECT count(DISTINCT (node, gpu_index)) FROM gpu_minute").fetchone()
     finally:

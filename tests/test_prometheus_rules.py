@@ -17,7 +17,7 @@ from gpuledger.pipeline.alerts.prometheus_rules import (
     duration,
     generate,
 )
-from gpuledger.pipeline.config import ProcessorConfig, load_config
+from gpuledger.pipeline.config import ConfigError, ProcessorConfig, load_config
 
 ALERTS = Path(__file__).parent.parent / "alerts"
 DESIGN_ALERTS = {"GpuJobLowUtilisation", "GpuAllocatedIdle", "GpuJobMemoryOversized",
@@ -97,3 +97,23 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     shutil.copy(ALERTS / "tests" / "low-utilisation.test.yml", tmp_path / "tests")
     done = promtool("test", "rules", str(tmp_path / "tests" / "low-utilisation.test.yml"))
     assert done.returncode != 0
+
+
+DEATH_ALERTS = {f"Gpuledger{c}{k}" for c in ("Processor", "Agent", "Bridge")
+                for k in ("Down", "Absent", "Vanished")}
+
+
+def test_death_rules_follow_the_configured_jobs(tmp_path: Path) -> None:
+    rules = yaml.safe_load((ALERTS / ALERTS_FILE).read_text())["groups"][0]["rules"]
+    assert {r["alert"] for r in rules} >= DEATH_ALERTS
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("alerts:\n  processor_job: gl-proc\n  bridge_job: ''\n  absent_s: 1200\n")
+    config = load_config(cfg, environ={"GPULEDGER_ALERTS__AGENT_JOB": "node-agents"})
+    by = {r["alert"]: r for r in yaml.safe_load(generate(config)[ALERTS_FILE])["groups"][0]
+          ["rules"]}
+    assert by["GpuledgerProcessorDown"]["expr"] == 'up{job="gl-proc"} == 0\n'
+    assert by["GpuledgerAgentAbsent"]["expr"] == 'absent(up{job="node-agents"})\n'
+    assert by["GpuledgerAgentVanished"]["for"] == "20m"
+    assert not any(name.startswith("GpuledgerBridge") for name in by)   # not deployed
+    with pytest.raises(ConfigError, match=r"alerts\.agent_job"):
+        load_config(cfg, environ={"GPULEDGER_ALERTS__AGENT_JOB": 'x"} or vector(1)'})

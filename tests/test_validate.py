@@ -11,6 +11,7 @@ import pytest
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
 from gpuledger.pipeline.columns import conform, schema_of
+from gpuledger.pipeline.config import Limits
 from gpuledger.pipeline.validate import (
     REJECT_SCHEMA,
     check,
@@ -230,6 +231,88 @@ def test_job_rules(row: dict[str, Any], reason: str) -> None:
 )
 def test_inventory_rules(row: dict[str, Any], reason: str) -> None:
     assert one_reason("inventory", row) == reason
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        (tel(power_w=1e308),
+         "field 'power_w': 1e+308 is above the physical limit 2000 W (limits.power_max_w)"),
+        (tel(power_w=2000.5),
+         "field 'power_w': 2000.5 is above the physical limit 2000 W (limits.power_max_w)"),
+        (tel(temp_c=151.0),
+         "field 'temp_c': 151.0 is above the physical limit 150 °C (limits.temp_max_c)"),
+        (tel(temp_c=-41.0),
+         "field 'temp_c': -41.0 is below the physical limit -40 °C (limits.temp_min_c)"),
+        (tel(sm_clock_mhz=6000.0), "field 'sm_clock_mhz': 6000.0 is above the physical "
+                                   "limit 5000 MHz (limits.clock_max_mhz)"),
+        (tel(mem_used_mib=1e7, processes=None), "field 'mem_used_mib': 10000000.0 is above "
+                                                "the physical limit 1048576 MiB "
+                                                "(limits.memory_max_mib)"),
+        (tel(mem_total_mib=2e6), "field 'mem_total_mib': 2000000.0 is above the physical "
+                                 "limit 1048576 MiB (limits.memory_max_mib)"),
+        (tel(mem_used_mib=86000.0, mem_total_mib=81559.0, processes=None),
+         "field 'mem_used_mib': 86000.0 is more than mem_total_mib 81559.0 (+5 %, "
+         "limits.memory_margin)"),
+        (tel(mem_total_mib=40000.0, processes=[
+            {"pid": 1, "used_mib": 30000.0, "job_id": None},
+            {"pid": 2, "used_mib": 20000.0, "job_id": None}]),
+         "field 'processes': used_mib adds up to 50000.0, more than mem_total_mib 40000.0 "
+         "(+5 %, limits.memory_margin)"),
+        (tel(processes=[{"pid": 1, "used_mib": 2e6, "job_id": None}]),
+         "field 'processes': used_mib 2000000.0 is above the physical limit 1048576 MiB "
+         "(limits.memory_max_mib)"),
+        (tel(pcie_rx_bytes_s=2e13), "field 'pcie_rx_bytes_s': 20000000000000.0 is above the "
+                                    "physical limit 10000000000000 bytes/s "
+                                    "(limits.byte_rate_max)"),
+        (tel(nvlink_tx_bytes_s=1e300), "field 'nvlink_tx_bytes_s': 1e+300 is above the "
+                                       "physical limit 10000000000000 bytes/s "
+                                       "(limits.byte_rate_max)"),
+        # out of the contract's range: only the contract's reason
+        (tel(temp_c=250.0), "field 'temp_c': 250.0 is above the maximum 200"),
+    ],
+)
+def test_physical_limits(row: dict[str, Any], reason: str) -> None:
+    assert one_reason("telemetry", row) == reason
+
+
+def test_physical_limits_on_inventory_and_job_memory() -> None:
+    assert one_reason("inventory", inv(gpu_mem_mib=1e9)) == (
+        "field 'gpu_mem_mib': 1000000000.0 is above the physical limit 1048576 MiB "
+        "(limits.memory_max_mib)")
+    assert one_reason("job", jb("submitted", gpu_mem_mib=1e308)) == (
+        "field 'gpu_mem_mib': 1e+308 is above the physical limit 1048576 MiB "
+        "(limits.memory_max_mib)")
+
+
+def test_limits_at_their_bounds_pass_and_are_configurable() -> None:
+    edge = tel(power_w=2000.0, temp_c=150.0, sm_clock_mhz=5000.0, mem_total_mib=80000.0,
+               mem_used_mib=84000.0, pcie_tx_bytes_s=1e13,
+               processes=[{"pid": 1, "used_mib": 84000.0, "job_id": None}])
+    assert reasons("telemetry", edge) == []
+    hot = tel(power_w=2500.0, temp_c=-45.0)
+    assert len(reasons("telemetry", hot)) == 1
+    site = Limits(power_max_w=3000.0, temp_min_c=-50.0)
+    assert reasons("telemetry", hot, limits=site) == []
+    tight = Limits(memory_margin=0.0)
+    assert reasons("telemetry", edge, limits=tight) == [
+        "field 'mem_used_mib': 84000.0 is more than mem_total_mib 80000.0 (+0 %, "
+        "limits.memory_margin); field 'processes': used_mib adds up to 84000.0, more than "
+        "mem_total_mib 80000.0 (+0 %, limits.memory_margin)"]
+
+
+def test_limits_on_a_large_frame_take_the_screened_path() -> None:
+    rows = [tel(seq=i, power_w=300.0, mem_total_mib=81559.0) for i in range(5000)]
+    rows[4321] = tel(seq=4321, power_w=1e308)
+    rows[17] = tel(seq=17, mem_total_mib=1000.0, mem_used_mib=900.0, processes=[
+        {"pid": 1, "used_mib": 800.0, "job_id": None},
+        {"pid": 2, "used_mib": 800.0, "job_id": None}])
+    valid, rejects = validate(frame("telemetry", rows), "telemetry", now=NOW)
+    assert valid.height == 4998
+    assert rejects["reason"].to_list() == [
+        "field 'processes': used_mib adds up to 1600.0, more than mem_total_mib 1000.0 "
+        "(+5 %, limits.memory_margin)",
+        "field 'power_w': 1e+308 is above the physical limit 2000 W (limits.power_max_w)"]
 
 
 def test_several_problems_in_one_reason_in_field_order() -> None:

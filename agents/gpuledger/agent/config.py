@@ -131,8 +131,9 @@ class SpoolConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    listen: str | None = "0.0.0.0:9466"
-    """``host:port`` of /metrics and /healthz; empty or null: no endpoint."""
+    listen: str | None = "127.0.0.1:9466"
+    """``host:port`` of /metrics and /healthz (loopback unless configured otherwise;
+    ``0.0.0.0:9466`` for Prometheus on another host); empty or null: no endpoint."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ registry, metrics about the exporter itself):
 | ``gpuledger_agent_collector_success{collector}`` | gauge | 1 when the last collection worked |
 | ``gpuledger_agent_collector_errors_total{collector}`` | counter | failed collections |
 | ``gpuledger_agent_samples_total`` | counter | telemetry samples spooled |
+| ``gpuledger_agent_source_series_skipped_total{reason}`` | counter | untrusted series skipped |
 | ``gpuledger_agent_attribution_errors_total{method}`` | counter | failed attribution look-ups |
 | ``gpuledger_agent_inventory_published_total`` | counter | inventory records spooled |
 | ``gpuledger_agent_spool_bytes`` | gauge | bytes in the spool |
@@ -27,20 +28,17 @@ outage alone does not make the agent unhealthy: the spool is there for that.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuledger.agent.http_server import BoundedHTTPServer
+
 if TYPE_CHECKING:
     from gpuledger.agent.run import Agent
-
-log = logging.getLogger("gpuledger.agent.metrics")
 
 
 class AgentCollector(Collector):
@@ -68,6 +66,12 @@ class AgentCollector(Collector):
         yield from (duration, success, errors)
         yield CounterMetricFamily("gpuledger_agent_samples", "Telemetry samples spooled.",
                                   value=a.samples)
+        skipped = CounterMetricFamily("gpuledger_agent_source_series_skipped",
+                                      "Series of the source skipped as untrustworthy, by "
+                                      "reason (never turned into GPUs).", labels=["reason"])
+        for reason, count in sorted(getattr(a.source, "skipped", {}).items()):
+            skipped.add_metric([reason], count)
+        yield skipped
         attribution = CounterMetricFamily("gpuledger_agent_attribution_errors",
                                           "Failed attribution look-ups.", labels=["method"])
         for method in a.chain.methods:
@@ -108,39 +112,21 @@ def registry_for(agent: Agent) -> CollectorRegistry:
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on a background thread."""
+    """``/metrics`` and ``/healthz`` on a background thread (a bounded server:
+    :mod:`gpuledger.agent.http_server`)."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  health: Callable[[], tuple[bool, str]]) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    ok, text = health()
-                    self._reply(200 if ok else 503, text.encode() + b"\n", "text/plain")
-                else:
-                    self._reply(404, b"try /metrics or /healthz\n", "text/plain")
+        def metrics() -> tuple[int, bytes, str]:
+            return 200, generate_latest(registry), CONTENT_TYPE_LATEST
 
-            def _reply(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def healthz() -> tuple[int, bytes, str]:
+            ok, text = health()
+            return (200 if ok else 503), text.encode() + b"\n", "text/plain; charset=utf-8"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("%s " + format, self.address_string(), *args)
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
-        self.port = int(self.httpd.server_address[1])
-        self._thread = threading.Thread(target=self.httpd.serve_forever,
-                                        kwargs={"poll_interval": 2.0},
-                                        name="gpuledger-agent-metrics", daemon=True)
-        self._thread.start()
+        self.httpd = BoundedHTTPServer((host, port), {"/metrics": metrics,
+                                                      "/healthz": healthz}).start()
+        self.port = self.httpd.port
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.close()

@@ -28,11 +28,14 @@ def kafka_settings(config: AgentConfig, environ: dict[str, str] | None = None
 
 
 def producer_options(settings: KafkaSettings, send_timeout_s: float) -> dict[str, Any]:
-    budget_ms = max(2000, int(send_timeout_s * 1000))
+    """Every wait of the producer bounded by ``send_timeout_s``: connecting to the
+    bootstrap servers (kafka-python waits 30 s by default), metadata, requests,
+    delivery."""
+    budget_ms = max(1000, int(send_timeout_s * 1000))
     return settings.producer_config(
         request_timeout_ms=budget_ms // 2, delivery_timeout_ms=budget_ms,
-        max_block_ms=budget_ms // 2, reconnect_backoff_max_ms=1000,
-        client_id="gpuledger-agent")
+        max_block_ms=budget_ms // 2, bootstrap_timeout_ms=budget_ms // 2,
+        reconnect_backoff_max_ms=1000, client_id="gpuledger-agent")
 
 
 def producer_factory(settings: KafkaSettings, send_timeout_s: float) -> Callable[[], Any]:

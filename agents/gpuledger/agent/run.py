@@ -42,6 +42,8 @@ from gpuledger.agent.spool import Message, Spool, _read_frames
 log = logging.getLogger("gpuledger.agent")
 
 SEQ_FILE = "agent.seq"
+STOP_MARGIN_S = 2.0
+"""After the grace period, how long the agent still waits for a blocked Kafka call."""
 SEQ_SAVE_S = 60.0
 """How often the seq file is rewritten (the spool's newest sample is the main record)."""
 
@@ -149,6 +151,7 @@ class Agent:
         self.last_error = ""
         self._inventory_checked = float("-inf")
         self._wake = threading.Event()
+        self._stop_deadline: float | None = None
 
     # -- sequence numbers ----------------------------------------------------------
 
@@ -278,7 +281,13 @@ class Agent:
         return True, f"ok: collecting from {self.source_name}; {backlog} messages spooled"
 
     def run(self, stop: threading.Event) -> None:
-        """Collect every ``interval_s`` until ``stop``; the sender runs beside it."""
+        """Collect every ``interval_s`` until ``stop``; the sender runs beside it.
+
+        After ``stop`` the sender has ``kafka.send_timeout_s`` (the grace period) to
+        deliver what is spooled, counted from the stop, and this returns at most
+        :data:`STOP_MARGIN_S` later even if Kafka is unreachable and a client call is
+        still blocked (the sender is a daemon thread; what it did not deliver stays in
+        the spool)."""
         sending = threading.Thread(target=self._send_loop, args=(stop,),
                                    name="gpuledger-agent-sender", daemon=True)
         if self.sender is not None:
@@ -295,9 +304,14 @@ class Agent:
                     delay = 0
                 stop.wait(delay)
         finally:
+            self._stop_deadline = time.monotonic() + self.config.kafka.send_timeout_s
             self._wake.set()                # let the sender see the stop at once
             if self.sender is not None:
-                sending.join()
+                sending.join(self._stop_deadline + STOP_MARGIN_S - time.monotonic())
+                if sending.is_alive():
+                    log.warning("Kafka did not answer within the grace period; %d messages "
+                                "stay in the spool for the next start",
+                                self.spool.backlog if self.spool is not None else 0)
 
     def _send_loop(self, stop: threading.Event) -> None:
         assert self.sender is not None and self.spool is not None
@@ -308,7 +322,7 @@ class Agent:
                 # woken by the next collection; retry sooner while a backlog waits
                 self._wake.wait(1.0 if spool.backlog else 30.0)
                 self._wake.clear()
-        deadline = time.monotonic() + self.config.kafka.send_timeout_s
+        deadline = self._stop_deadline or time.monotonic() + self.config.kafka.send_timeout_s
         while spool.backlog and time.monotonic() < deadline:
             if sender.drain() == 0:
                 time.sleep(0.2)
@@ -316,7 +330,7 @@ class Agent:
             log.warning("stopping with %d messages in the spool; they are sent at the "
                         "next start", spool.backlog)
         try:
-            sender.close()
+            sender.close(max(deadline - time.monotonic(), 0.0))
         except Exception as exc:
             log.warning("closing the Kafka producer failed: %s", exc)
 

@@ -74,7 +74,10 @@ class Sender:
             except Exception:
                 log.debug("closing the producer failed", exc_info=True)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Close the producer, waiting at most ``timeout_s`` (default ``send_timeout_s``)
+        for what it still holds."""
         if self._producer is not None:
-            self._producer.close(timeout=self.send_timeout_s)
+            self._producer.close(timeout=self.send_timeout_s if timeout_s is None
+                                 else timeout_s)
             self._producer = None

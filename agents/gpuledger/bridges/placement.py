@@ -17,6 +17,9 @@ Pure Python, no dependencies: the bridges are as lean as the node agent.
 from __future__ import annotations
 
 EPS = 1e-9
+MAX_GPUS_PER_NODE = 1024
+"""The contract's GPU indices are 0…1023: no node has more GPUs (a guard against
+absurd input, which would otherwise make the capacity lists huge)."""
 
 Slot = tuple[str, int, float]
 """(node, gpu_index, fraction) of one placed GPU share."""
@@ -26,11 +29,14 @@ class Placer:
     """Free capacity (1.0 per free GPU) of each node's GPUs."""
 
     def __init__(self, gpus_per_node: dict[str, int] | None = None) -> None:
+        for node, count in (gpus_per_node or {}).items():
+            _check_count(node, count)
         self.free: dict[str, list[float]] = {
             node: [1.0] * count for node, count in (gpus_per_node or {}).items()}
 
     def add_node(self, node: str, gpus: int) -> None:
         """Declare (or resize) a node; GPUs already in use stay in use."""
+        _check_count(node, gpus)
         cap = self.free.setdefault(node, [])
         if gpus > len(cap):
             cap.extend([1.0] * (gpus - len(cap)))
@@ -59,13 +65,13 @@ class Placer:
         cap = self.free.setdefault(node, [])
         if fraction < 1.0 - EPS:
             got = self._fraction(fraction, [node])
-            if got is None and grow:
+            if got is None and grow and len(cap) < MAX_GPUS_PER_NODE:
                 cap.append(1.0)
                 got = self._fraction(fraction, [node])
             return got
         whole = sum(1 for c in cap if c >= 1.0 - EPS)
         if whole < gpus:
-            if not grow:
+            if not grow or len(cap) + gpus - whole > MAX_GPUS_PER_NODE:
                 return None
             cap.extend([1.0] * (gpus - whole))
         return self._take_whole(node, gpus)
@@ -73,6 +79,9 @@ class Placer:
     def take(self, slots: list[Slot]) -> None:
         """Mark given shares as used (placements the scheduler reported)."""
         for node, index, frac in slots:
+            if not 0 <= index < MAX_GPUS_PER_NODE:
+                raise ValueError(f"node {node}: GPU index {index} is not in "
+                                 f"0-{MAX_GPUS_PER_NODE - 1}")
             cap = self.free.setdefault(node, [])
             if index >= len(cap):
                 cap.extend([1.0] * (index + 1 - len(cap)))
@@ -107,3 +116,8 @@ class Placer:
         _, node, i = best
         self.free[node][i] -= need
         return [(node, i, need)]
+
+
+def _check_count(node: str, count: int) -> None:
+    if not 0 <= count <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"node {node}: {count} GPUs is not in 0-{MAX_GPUS_PER_NODE}")

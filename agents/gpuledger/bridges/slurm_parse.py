@@ -97,17 +97,46 @@ _GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(=,]+))?[:=](?P<count
                         r"(?:\((?:S:[^)]*?)?(?:IDX:(?P<idx>[^)]*))?\))?$")
 
 
+MAX_GPU_INDEX = 1023
+"""The contract's largest GPU index: a range beyond it is not a real node's."""
+MAX_JOB_GPUS = 100_000
+"""The contract's largest GPU request of a job."""
+MAX_HOSTS = 100_000
+"""A hostlist naming more nodes than this is not a real cluster's."""
+
+
+def _range(part: str, what: str, largest: int) -> range:
+    """``lo-hi`` as a range; :class:`SlurmParseError` when it is not one, runs backwards or
+    goes beyond ``largest``."""
+    lo, hi = part.split("-", 1)
+    try:
+        first, last = int(lo), int(hi)
+    except ValueError:
+        raise SlurmParseError(f"{what}: {part!r} is not a range of numbers") from None
+    if first < 0 or last < first:
+        raise SlurmParseError(f"{what}: {part!r} is not an ascending range")
+    if last > largest:
+        raise SlurmParseError(f"{what}: {part!r} goes beyond {largest}")
+    return range(first, last + 1)
+
+
 def expand_indices(text: str) -> list[int]:
-    """``0-2,5`` → [0, 1, 2, 5]; ``N/A`` or empty → []."""
+    """``0-2,5`` → [0, 1, 2, 5]; ``N/A`` or empty → []. Indices are 0…1023
+    (:class:`SlurmParseError` otherwise)."""
     out: list[int] = []
     if not text or text.upper() == "N/A":
         return out
     for part in text.split(","):
         if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
+            out.extend(_range(part, "GPU indices", MAX_GPU_INDEX))
         elif part:
-            out.append(int(part))
+            try:
+                index = int(part)
+            except ValueError:
+                raise SlurmParseError(f"GPU indices: {part!r} is not a number") from None
+            if not 0 <= index <= MAX_GPU_INDEX:
+                raise SlurmParseError(f"GPU indices: {index} is not in 0-{MAX_GPU_INDEX}")
+            out.append(index)
     return out
 
 
@@ -130,6 +159,9 @@ def parse_gres(text: str | None) -> tuple[str | None, int, list[int]]:
         count += int(m.group("count"))
         if m.group("idx"):
             indices.extend(expand_indices(m.group("idx")))
+    if count > MAX_JOB_GPUS:
+        raise SlurmParseError(f"GRES {text[:80]!r}: {count} GPUs is more than "
+                              f"{MAX_JOB_GPUS:,}")
     return gpu_type, count, indices
 
 
@@ -174,7 +206,11 @@ def parse_tres_gpus(text: str | None) -> tuple[str | None, int]:
         elif key.startswith("gres/gpu:") and value.isdigit():
             gpu_type = gpu_type or key.split(":", 1)[1]
             typed += int(value)
-    return gpu_type, total if total is not None else typed
+    count = total if total is not None else typed
+    if count > MAX_JOB_GPUS:
+        raise SlurmParseError(f"TRES {text[:80]!r}: {count} GPUs is more than "
+                              f"{MAX_JOB_GPUS:,}")
+    return gpu_type, count
 
 
 def expand_hostlist(text: str | None) -> list[str]:
@@ -190,11 +226,16 @@ def expand_hostlist(text: str | None) -> list[str]:
         prefix, ranges, suffix = m.groups()
         for part in ranges.split(","):
             if "-" in part:
-                lo, hi = part.split("-", 1)
-                for n in range(int(lo), int(hi) + 1):
-                    out.append(f"{prefix}{str(n).zfill(len(lo))}{suffix}")
+                numbers = _range(part, f"hostlist {text[:80]!r}", 10**9)
+                if len(out) + len(numbers) > MAX_HOSTS:
+                    raise SlurmParseError(f"hostlist {text[:80]!r}: more than "
+                                          f"{MAX_HOSTS:,} nodes")
+                width = len(part.split("-", 1)[0])
+                out.extend(f"{prefix}{str(n).zfill(width)}{suffix}" for n in numbers)
             else:
                 out.append(f"{prefix}{part}{suffix}")
+        if len(out) > MAX_HOSTS:
+            raise SlurmParseError(f"hostlist {text[:80]!r}: more than {MAX_HOSTS:,} nodes")
     return out
 
 

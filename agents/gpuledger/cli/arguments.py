@@ -41,6 +41,18 @@ def warehouse_location(text: str | None, config: Path | None = None) -> str | Pa
     return check_location(text)
 
 
+def time_limit(name: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a time limit in seconds: > 0, ``inf`` for none."""
+    number = positive(float, name)
+
+    def parse(text: str) -> float:
+        value: float = number(text)
+        if value != value:  # NaN
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}")
+        return value
+    return parse
+
+
 def iso_time(text: str) -> datetime:
     """An argparse ``type`` for an ISO 8601 time (UTC when no offset is given)."""
     try:

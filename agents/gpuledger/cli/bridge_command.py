@@ -15,6 +15,7 @@ import importlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -48,6 +49,25 @@ def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
                    metavar="SECONDS", help="seconds between polls (default 10)")
     p.add_argument("--once", action="store_true", help="poll once, hand over, and exit")
     p.add_argument("--quiet", action="store_true", help="log only warnings")
+    p.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
+                   help="serve the bridge's /metrics and /healthz here (e.g. "
+                   "0.0.0.0:9467), so that Prometheus sees it down or gone "
+                   "(docs/alerts.md); default: none")
+
+
+def serve_metrics(args: argparse.Namespace, scheduler: str,
+                  counters: Callable[[], dict[str, float]]) -> Any:
+    """The bridge's metrics server for ``--metrics-address``, or None."""
+    if not args.metrics_address:
+        return None
+    from gpuledger.bridges.metrics import serve
+
+    try:
+        server = serve(args.metrics_address, scheduler, counters)
+    except (ValueError, OSError) as exc:
+        raise CliError(f"--metrics-address: {exc}") from None
+    print(f"serving http://{args.metrics_address}/metrics", file=sys.stderr, flush=True)
+    return server
 
 
 def mapping_of(args: argparse.Namespace) -> Any:
@@ -117,8 +137,14 @@ def cmd_bridge_slurm(args: argparse.Namespace) -> int:
         bridge = SlurmBridge(SlurmSource(fmt=args.format), tracker, sink, args.state)
     except StateError as exc:
         raise CliError(f"state: {exc}") from None
-    bridge.run(args.interval, stop_on_signals(), once=args.once)
     t = bridge.totals
+    server = serve_metrics(args, "slurm", lambda: {
+        "polls": t.polls, "failed_polls": t.failed_polls, "records": t.events + t.inventory})
+    try:
+        bridge.run(args.interval, stop_on_signals(), once=args.once)
+    finally:
+        if server is not None:
+            server.close()
     if t.polls and t.failed_polls == t.polls:
         raise CliError("could not read Slurm (see the warnings above); is SLURM_CONF right "
                        "and the controller up?")

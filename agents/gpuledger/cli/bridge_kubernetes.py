@@ -27,6 +27,10 @@ def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
         bridge = Bridge(config, client, sink)
     except (StateError, ValueError) as exc:
         raise CliError(f"state: {exc}") from None
+    s = bridge.stats
+    server = helpers.serve_metrics(args, "kubernetes", lambda: {
+        "lists": sum(s.lists.values()), "relists": sum(s.relists.values()),
+        "watch_events": sum(s.events.values()), "records": s.records})
     try:
         if args.once:
             bridge.sync()
@@ -37,7 +41,8 @@ def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
                        f"{exc}") from None
     finally:
         sink.close()
-    s = bridge.stats
+        if server is not None:
+            server.close()
     print(f"kubernetes bridge: {s.records} records; lists {s.lists}, relists after 410 "
           f"{s.relists}, resumed watches {s.resumes}, watch events {s.events}",
           file=sys.stderr)

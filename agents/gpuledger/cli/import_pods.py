@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.errors import CliError
+from gpuledger.cli.errors import CliError, check_input_files
 
 FILE_KEYS = ("columns", "mapping")
 
@@ -56,9 +56,7 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
-    for path in (args.file, args.nodes):
-        if path is not None and not path.is_file():
-            raise CliError(f"{path}: no such file")
+    check_input_files(args.file, args.nodes)
     base, mapping = _mapping_file(args.mapping)
     try:
         columns = parse_columns(args.columns, base)

@@ -10,7 +10,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.errors import CliError
+from gpuledger.cli.errors import CliError, check_input_files
 
 
 def _timezone(text: str) -> Any:
@@ -33,9 +33,7 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
-    for path in (args.file, args.nodes):
-        if path is not None and not path.is_file():
-            raise CliError(f"{path}: no such file")
+    check_input_files(args.file, args.nodes)
     try:
         mapping = load_mapping(args.mapping)
     except MappingError as exc:

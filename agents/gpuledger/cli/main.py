@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import positive, warehouse_location
-from gpuledger.cli.errors import CliError, need_pipeline
+from gpuledger.cli.arguments import positive, time_limit, warehouse_location
+from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
 
 DEFAULT_WAREHOUSE = Path("warehouse")
 WAREHOUSE_HELP = ("warehouse: a folder or s3://bucket/prefix (S3 settings and credentials from "
@@ -128,6 +128,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
             result = run_demo(sim, config, args.warehouse, update,
                               on_processor=ops.follow if ops is not None else None)
+        if not args.kafka:  # the why of idle/inefficient GPU-time (docs/diagnosis.md)
+            from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
+
+            diagnose_warehouse(args.warehouse)
     finally:
         stop()
     elapsed = time.monotonic() - started
@@ -208,9 +212,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.ingest import ingest
 
-    for path in args.files:
-        if not path.is_file():
-            raise CliError(f"{path}: no such file")
+    check_input_files(*args.files)
     config = _proc_config(args)
     update, stop = _progress("ingesting", not args.quiet)
     try:
@@ -236,20 +238,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_import_openb(args: argparse.Namespace) -> int:
     _need_pipeline()
-    from gpuledger.pipeline.importers.openb import load_openb
+    from gpuledger.pipeline.importers.openb import OpenbImportError, load_openb
     from gpuledger.pipeline.ingest import import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
-    for path in (args.nodes, args.pods):
-        if not path.is_file():
-            raise CliError(f"{path}: no such file")
+    check_input_files(args.nodes, args.pods)
     lo = args.from_hours * 3600.0
     hi = lo + args.hours * 3600.0 if args.hours is not None else None
     kw: dict[str, Any] = {"window_from_s": lo, "window_to_s": hi}
     if args.start is not None:
         kw["start"] = args.start
-    imported = load_openb(args.nodes, args.pods, **kw)
+    try:
+        imported = load_openb(args.nodes, args.pods, **kw)
+    except OpenbImportError as exc:
+        raise CliError(str(exc)) from None
     config = _proc_config(args)
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing openb", not args.quiet)
@@ -331,7 +334,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     sql = args.sql if args.sql != "-" else sys.stdin.read()
     try:
-        columns, rows = query.run(args.warehouse, sql)
+        columns, rows = query.run(args.warehouse, sql, args.timeout)
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
     sys.stdout.write(query.render(columns, rows, args.format))
@@ -497,12 +500,19 @@ def build_parser() -> argparse.ArgumentParser:
                        "views: gpu_minute, gpu_hourly, gpu_daily, frag_minute, pending_minute, "
                        "blocked_minute, job_attempts, attempts, job_gpu, preemptions, "
                        "recommendations, utilisation_by_pool, utilisation_by_team, queue_wait, "
-                       "fragmentation, borrowing, ... Anything that would write is refused.")
+                       "fragmentation, borrowing, ... The connection is read-only and can "
+                       "read nothing but the warehouse's facts (no other file, no network, no "
+                       "extensions); anything that would write or change a setting is refused "
+                       "with one line (docs/analyst-guide.md). Ctrl-C stops the query "
+                       "(exit status 130).")
     p.add_argument("sql", help="the query ('-' reads it from standard input)")
     p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
                    help=WAREHOUSE_HELP)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (default table)")
+    p.add_argument("--timeout", type=time_limit("--timeout"), default=300.0,
+                   metavar="SECONDS", help="stop the query after this long (default 300; "
+                   "'inf': no limit)")
     p.set_defaults(func=cmd_query)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub, common)

@@ -1,4 +1,4 @@
-"""Processor configuration: thresholds, windows and card tiers.
+"""Processor configuration: thresholds, windows, alerts, physical limits and card tiers.
 
 Configuration is data: a YAML file (all keys optional) overridden by environment
 variables ``GPULEDGER_<SECTION>__<KEY>`` (for example
@@ -9,6 +9,7 @@ error names the bad key. The thresholds are recorded in the facts they produce.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,40 @@ class AlertThresholds:
     queue wait, processor lag) must hold this long before firing (``for``)."""
     keep_firing_s: int = 300
     """Prometheus rules keep firing this long after the condition clears (``keep_firing_for``)."""
+    absent_s: int = 600
+    """A component Prometheus has no target for at all (``absent(up{job=…})``), or one
+    whose target went away, this long."""
+    processor_job: str = "gpuledger"
+    """Prometheus ``job`` of the processor's ``/metrics`` (``--metrics-address``) ..."""
+    agent_job: str = "gpuledger-agent"
+    """... of the node agents' (``metrics.listen``) ..."""
+    bridge_job: str = "gpuledger-bridge"
+    """... and of the scheduler bridges' (``--metrics-address``). Empty: that component
+    is not scraped, and has no down/absent rules."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Physical bounds of a record (``validate``): a value outside them is impossible on a
+    real GPU, so the record is rejected with a reason and counted, never kept. They are
+    wider than any shipping card; a site with unusual hardware may widen them."""
+
+    power_max_w: float = 2000.0
+    """``power_w`` above this (the largest GPUs draw about 1,200 W)."""
+    temp_min_c: float = -40.0
+    """``temp_c`` below this ..."""
+    temp_max_c: float = 150.0
+    """... or above this."""
+    clock_max_mhz: float = 5000.0
+    """``sm_clock_mhz`` above this."""
+    memory_max_mib: float = 1_048_576.0
+    """Memory of one GPU above this (1 TiB): ``mem_used_mib``, ``mem_total_mib``, a
+    process's ``used_mib``, an inventory's or a job's ``gpu_mem_mib``."""
+    memory_margin: float = 0.05
+    """``mem_used_mib`` (and the sum of the processes' ``used_mib``) may exceed
+    ``mem_total_mib`` of the same sample by this share, no more."""
+    byte_rate_max: float = 1e13
+    """PCIe/NVLink ``*_bytes_s`` above this (10 TB/s)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +199,7 @@ class ProcessorConfig:
     windows: Windows = field(default_factory=Windows)
     card_tiers: dict[str, CardTier] = field(default_factory=lambda: dict(DEFAULT_CARD_TIERS))
     alerts: AlertThresholds = field(default_factory=AlertThresholds)
+    limits: Limits = field(default_factory=Limits)
     warehouse: WarehouseOptions = field(default_factory=WarehouseOptions)
     cluster_facts: bool = True
     """Compute cluster-wide facts (fragmentation, pending, queue wait). Exactly one
@@ -191,7 +227,12 @@ class ProcessorConfig:
             raise ConfigError("alerts.low_util_activity: must not exceed "
                               "alerts.low_util_resolve_activity")
         for f in fields(a):
-            if getattr(a, f.name) < 0:
+            value = getattr(a, f.name)
+            if isinstance(value, str):
+                if not re.fullmatch(r"[A-Za-z0-9_.:-]*", value):
+                    raise ConfigError(f"alerts.{f.name}: {value!r} is not a Prometheus job "
+                                      "name (letters, digits, _ . : -)")
+            elif value < 0:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
         w = self.windows
         for name in ("allowed_lateness_s", "node_stall_s", "max_future_s", "max_ahead_s",
@@ -214,6 +255,17 @@ class ProcessorConfig:
                     raise ConfigError(f"warehouse.{name}: {exc}") from None
         if w.catchup_close_minutes > 1440:
             raise ConfigError("windows.catchup_close_minutes: must be <= 1440 (a day)")
+        lim = self.limits
+        for f in fields(lim):
+            value = getattr(lim, f.name)
+            if f.name not in ("temp_min_c", "memory_margin") and not value > 0:
+                raise ConfigError(f"limits.{f.name}: must be > 0")
+        if not 0 <= lim.memory_margin <= 1:
+            raise ConfigError(f"limits.memory_margin: {lim.memory_margin} must be between "
+                              "0 and 1")
+        if not lim.temp_min_c < lim.temp_max_c:
+            raise ConfigError("limits.temp_min_c: must be below limits.temp_max_c "
+                              f"({lim.temp_min_c} >= {lim.temp_max_c})")
         for card, tier in self.card_tiers.items():
             if tier.memory_mib <= 0:
                 raise ConfigError(f"card_tiers.{card}.memory_mib: must be > 0")
@@ -224,6 +276,10 @@ class ProcessorConfig:
 
 def _coerce(path: str, value: Any, default: Any) -> Any:
     """Convert ``value`` to the type of ``default`` or raise naming ``path``."""
+    if isinstance(default, str):
+        if value is None or isinstance(value, dict | list):
+            return "" if value is None else _fail_text(path, value)
+        return str(value)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -241,6 +297,10 @@ def _coerce(path: str, value: Any, default: Any) -> Any:
     if isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"{path}: expected text, got {value!r}")
     return value
+
+
+def _fail_text(path: str, value: Any) -> str:
+    raise ConfigError(f"{path}: expected text, got {value!r}")
 
 
 def _section(name: str, cls: Any, raw: Any) -> Any:
@@ -291,7 +351,7 @@ def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, An
         if not var.startswith(ENV_PREFIX) or "__" not in var:
             continue
         section, _, key = var[len(ENV_PREFIX):].lower().partition("__")
-        if section not in ("thresholds", "windows", "alerts", "warehouse"):
+        if section not in ("thresholds", "windows", "alerts", "limits", "warehouse"):
             continue
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
@@ -313,10 +373,10 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     for key in raw:
-        if key not in ("thresholds", "windows", "alerts", "warehouse", "card_tiers",
+        if key not in ("thresholds", "windows", "alerts", "limits", "warehouse", "card_tiers",
                        "cluster_facts"):
             raise ConfigError(
-                f"{key}: unknown key (known: thresholds, windows, alerts, warehouse, "
+                f"{key}: unknown key (known: thresholds, windows, alerts, limits, warehouse, "
                 "card_tiers, cluster_facts)"
             )
     raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)
@@ -324,6 +384,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         thresholds=_section("thresholds", Thresholds, raw.get("thresholds")),
         windows=_section("windows", Windows, raw.get("windows")),
         alerts=_section("alerts", AlertThresholds, raw.get("alerts")),
+        limits=_section("limits", Limits, raw.get("limits")),
         warehouse=_section("warehouse", WarehouseOptions, raw.get("warehouse")),
         card_tiers=_card_tiers(raw.get("card_tiers")),
         cluster_facts=_coerce("cluster_facts", raw.get("cluster_facts", True), True),

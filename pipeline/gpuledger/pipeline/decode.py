@@ -61,6 +61,7 @@ import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ from polars.datatypes import DataTypeClass
 
 from gpuledger.contract.schema import FIELDS, RECORD_TYPES, RecordType
 from gpuledger.pipeline.columns import TIME_DTYPE, conform, empty_frame, schema_of
+from gpuledger.pipeline.config import Limits
 from gpuledger.pipeline.validate import (
     MIN_TIME,
     REJECT_SCHEMA,
@@ -107,6 +109,10 @@ _MIN_FAST_LINES = 64  # ...until it has at most this many lines: then the line p
 _WORKERS = max(1, min(4, os.cpu_count() or 1))  # parallel Arrow reads (GIL released)
 _LINE_COLUMN = "__line"
 _BLANK = b" \t\r"
+MAX_LINE_BYTES = 1 << 20
+"""Longer lines are rejected unread (a contract record is a few KiB at most)."""
+_RAW_BYTES = 4096  # of an over-long or damaged line, this much is kept as the reject's raw
+_FAST_MAX_BRACKETS = 1000  # lines with more '[' and '{' take the line path (nesting depth)
 
 
 # --------------------------------------------------------------------------- schemas
@@ -647,13 +653,14 @@ def decode_jsonl(
     now: datetime | None = None,
     max_future_s: float = 3600,
     min_time: datetime = MIN_TIME,
+    limits: Limits | None = None,
 ) -> Decoded:
     """Decode contract JSON lines (record types may be mixed).
 
     ``first_line`` is the line number of the buffer's first line (for chunks of a file);
-    ``now``, ``max_future_s`` and ``min_time`` are passed to validation (``now`` defaults
-    to the wall clock). Valid rows keep their input order within each record type;
-    rejects are ordered by line.
+    ``now``, ``max_future_s``, ``min_time`` and ``limits`` are passed to validation
+    (``now`` defaults to the wall clock). Valid rows keep their input order within each
+    record type; rejects are ordered by line.
     """
     return _decode(
         data,
@@ -662,6 +669,7 @@ def decode_jsonl(
         now=now,
         max_future_s=max_future_s,
         min_time=min_time,
+        limits=limits,
     )[0]
 
 
@@ -673,6 +681,7 @@ def _decode(
     now: datetime | None,
     max_future_s: float,
     min_time: datetime,
+    limits: Limits | None = None,
 ) -> tuple[Decoded, int]:
     """:func:`decode_jsonl`, also returning the number of lines (newlines) it read."""
     view = memoryview(data).cast("B")
@@ -697,7 +706,20 @@ def _decode(
     nonempty = lengths > 0
     first_byte[nonempty] = arr[starts[nonempty]]
     fast = first_byte == ord("{")
+    for i in np.flatnonzero(lengths > MAX_LINE_BYTES).tolist():
+        fast[i] = False
+        nonempty[i] = False  # rejected here, unread
+        reject_rows.append((None, i, _too_long(int(lengths[i])),
+                            _raw_text(chunk.line(i)[:_RAW_BYTES])))
+    for i in np.flatnonzero(fast & (lengths > _FAST_MAX_BRACKETS)).tolist():
+        # Arrow reads any nesting; the line path (the authority) refuses more than
+        # orjson's depth limit: lines that may nest that deep are left to it
+        line = chunk.line(i)
+        if line.count(b"[") + line.count(b"{") > _FAST_MAX_BRACKETS:
+            fast[i] = False
     for i in _bad_utf8_lines(view, arr, starts, ends):
+        if not nonempty[i]:
+            continue
         fast[i] = False
         nonempty[i] = False  # neither parsed nor skipped: rejected here
         reject_rows.append((None, i, "line is not valid UTF-8", _raw_text(chunk.line(i))))
@@ -760,6 +782,7 @@ def _decode(
             now=now,
             max_future_s=max_future_s,
             min_time=min_time,
+            limits=limits,
         )
         frames[record_type] = result.valid
         if result.rejected_index.len():
@@ -788,6 +811,96 @@ def _open(path: Path) -> BinaryIO:
     return path.open("rb")
 
 
+_DAMAGE_ERRORS = (EOFError, OSError, zlib.error)
+"""What reading a damaged file raises: a truncated gzip stream (``EOFError``), data that
+is not gzip or fails its CRC (``gzip.BadGzipFile``, an ``OSError``), corrupt deflate
+data (``zlib.error``), an I/O error."""
+
+
+def _too_long(size: int) -> str:
+    return (f"line is {size:,} bytes long, more than the limit of {MAX_LINE_BYTES:,}: "
+            "not read")
+
+
+def _damage_reason(exc: BaseException, lines_kept: int) -> str:
+    """The reject reason for a file that could not be read to its end."""
+    if isinstance(exc, EOFError):
+        what = "the compressed data ends early (a truncated .gz file)"
+    elif isinstance(exc, gzip.BadGzipFile) and "Not a gzipped file" in str(exc):
+        what = ("what follows the compressed data is not gzip" if lines_kept else
+                "not gzip data although the name ends in .gz")
+    elif isinstance(exc, gzip.BadGzipFile | zlib.error):
+        what = f"the compressed data is damaged ({exc})"
+    else:
+        what = f"read error ({getattr(exc, 'strerror', None) or exc})"
+    if lines_kept:
+        return (f"cannot read the file past this line: {what}; the {lines_kept:,} "
+                "line(s) before it were read as usual")
+    return f"cannot read the file: {what}; nothing was read from it"
+
+
+@dataclass
+class _Block:
+    """A piece of a file as :func:`_blocks` reads it, one of:
+
+    * ``lines``: whole lines, each ending in a newline;
+    * ``tail``: the last line of the file, which has no newline;
+    * ``overlong``: one line longer than :data:`MAX_LINE_BYTES` (``size``), skipped;
+      ``data`` holds its start;
+    * ``damage``: the file could not be read further (``error``); ``data`` holds the
+      start of the line where reading stopped.
+    """
+
+    kind: str
+    data: bytes | memoryview = b""
+    size: int = 0
+    error: BaseException | None = None
+
+
+def _blocks(handle: BinaryIO, chunk_bytes: int) -> Iterator[_Block]:
+    """Read ``handle`` in blocks of whole lines of about ``chunk_bytes``; a line longer
+    than :data:`MAX_LINE_BYTES` is skipped as it is read (memory stays bounded)."""
+    carry = b""  # the start of a line that continues in the next block
+    skipped = 0  # bytes of an over-long line read so far (0: none being skipped)
+    head = b""  # its start
+    while True:
+        # A fresh buffer per block: the frames yielded before may still use the
+        # previous one (Arrow reads without copying).
+        buffer = bytearray(len(carry) + chunk_bytes)
+        buffer[: len(carry)] = carry
+        got, damage = _fill(handle, memoryview(buffer)[len(carry) :])
+        size = len(carry) + got
+        start = 0
+        if skipped:
+            newline = buffer.find(b"\n", 0, size)
+            if newline >= 0:
+                yield _Block("overlong", head, skipped + newline)
+                skipped, start = 0, newline + 1
+            else:
+                skipped += size
+        if not skipped:
+            cut = buffer.rfind(b"\n", start, size)
+            if cut >= 0:
+                yield _Block("lines", memoryview(buffer)[start : cut + 1])
+                start = cut + 1
+            if size - start > MAX_LINE_BYTES:
+                head, skipped = bytes(buffer[start : start + _RAW_BYTES]), size - start
+                carry = b""
+            else:
+                carry = bytes(buffer[start:size])
+        else:
+            carry = b""
+        if damage is not None:
+            yield _Block("damage", head if skipped else carry, error=damage)
+            return
+        if got == 0:
+            if skipped:
+                yield _Block("overlong", head, skipped)
+            elif carry:
+                yield _Block("tail", carry)
+            return
+
+
 def decode_jsonl_files(
     paths: Sequence[Path | str],
     *,
@@ -795,63 +908,77 @@ def decode_jsonl_files(
     now: datetime | None = None,
     max_future_s: float = 3600,
     min_time: datetime = MIN_TIME,
+    limits: Limits | None = None,
 ) -> Iterator[Decoded]:
     """Decode JSON-lines files chunk by chunk, one :class:`Decoded` per chunk.
 
-    Chunks end at a line boundary after about ``chunk_bytes`` bytes (a longer line makes
-    a longer chunk), so memory stays bounded; line numbers count from 1 in each file and
-    stay right across chunks; the rejects' ``source`` is the file path. ``.gz`` files
-    are read through gzip. ``now`` is taken once per chunk when not given.
+    Chunks end at a line boundary after about ``chunk_bytes`` bytes, so memory stays
+    bounded; line numbers count from 1 in each file and stay right across chunks; the
+    rejects' ``source`` is the file path. ``.gz`` files are read through gzip. ``now``
+    is taken once per chunk when not given.
+
+    A line longer than :data:`MAX_LINE_BYTES` is rejected without being held in memory.
+    A file that cannot be read to its end (a truncated or corrupt ``.gz``, a plain file
+    named ``.gz``, an I/O error) keeps the whole lines read before the damage; the
+    damage becomes one reject at the line where reading stopped (its raw text: the
+    part of that line that was read, at most 4 KiB), and the next file is read as usual.
     """
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
+    options: dict[str, Any] = {"now": now, "max_future_s": max_future_s,
+                               "min_time": min_time, "limits": limits}
     for path in map(Path, paths):
+        source = str(path)
         next_line = 1
-        carry = b""  # the start of a line that continues in the next block
-        with _open(path) as handle:
-            while True:
-                # A fresh buffer per chunk: the frames yielded before may still use the
-                # previous one (Arrow reads without copying).
-                buffer = bytearray(len(carry) + chunk_bytes)
-                buffer[: len(carry)] = carry
-                size = len(carry) + _fill(handle, memoryview(buffer)[len(carry) :])
-                if size == len(carry):
-                    break
-                cut = buffer.rfind(b"\n", 0, size)
-                if cut < 0:
-                    carry = bytes(buffer[:size])
-                    continue
-                carry = bytes(buffer[cut + 1 : size])
-                decoded, n_lines = _decode(
-                    memoryview(buffer)[: cut + 1],
-                    source=str(path),
-                    first_line=next_line,
-                    now=now,
-                    max_future_s=max_future_s,
-                    min_time=min_time,
-                )
-                yield decoded
-                next_line += n_lines
-        if carry:
-            yield decode_jsonl(
-                carry,
-                source=str(path),
-                first_line=next_line,
-                now=now,
-                max_future_s=max_future_s,
-                min_time=min_time,
-            )
+        try:
+            handle = _open(path)
+        except OSError as exc:  # gone or unreadable since the caller looked
+            yield _file_reject(source, 1, _damage_reason(exc, 0), b"")
+            continue
+        with handle:
+            for block in _blocks(handle, chunk_bytes):
+                if block.kind == "lines":
+                    decoded, n_lines = _decode(block.data, source=source,
+                                               first_line=next_line, **options)
+                    yield decoded
+                    next_line += n_lines
+                elif block.kind == "tail":
+                    yield decode_jsonl(block.data, source=source, first_line=next_line,
+                                       **options)
+                elif block.kind == "overlong":
+                    yield _file_reject(source, next_line, _too_long(block.size), block.data)
+                    next_line += 1
+                else:
+                    assert block.error is not None
+                    yield _file_reject(source, next_line,
+                                       _damage_reason(block.error, next_line - 1),
+                                       block.data[:_RAW_BYTES])
 
 
-def _fill(handle: BinaryIO, target: memoryview) -> int:
-    """Read into ``target`` until it is full or the file ends; the bytes read."""
+def _file_reject(source: str, line: int, reason: str, raw: bytes | memoryview) -> Decoded:
+    """A :class:`Decoded` holding one reject of a line the file reader refused."""
+    reject = pl.DataFrame(
+        {"record_type": [None], "source": [source], "line": [line], "reason": [reason],
+         "raw": [_raw_text(bytes(raw))]},
+        schema=REJECT_SCHEMA,
+    )
+    return Decoded({t: empty_frame(t) for t in RECORD_TYPES}, reject)
+
+
+def _fill(handle: BinaryIO, target: memoryview) -> tuple[int, BaseException | None]:
+    """Read into ``target`` until it is full or the file ends; the bytes read, and the
+    error that stopped the reading early (a damaged file), if any. One underlying read
+    at a time (``readinto1``), so that an error loses none of the bytes read before."""
     done = 0
     while done < len(target):
-        got = handle.readinto(target[done:])  # type: ignore[attr-defined]
+        try:
+            got = handle.readinto1(target[done:])  # type: ignore[attr-defined]
+        except _DAMAGE_ERRORS as exc:
+            return done, exc
         if not got:
             break
         done += got
-    return done
+    return done, None
 
 
 # --------------------------------------------------------------------------- encode

@@ -55,7 +55,7 @@ def import_history(
     good: dict[RecordType, pl.DataFrame] = {}
     rejected = 0
     for kind, frame in frames.items():
-        ok, bad = validate(frame, kind)  # type: ignore[arg-type]
+        ok, bad = validate(frame, kind, limits=processor.config.limits)  # type: ignore[arg-type]
         processor.add_rejects(bad)
         rejected += bad.height
         good[kind] = ok  # type: ignore[index]
@@ -145,7 +145,8 @@ def ingest(
     """Decode ``paths`` and process them into ``warehouse``."""
     parts: dict[RecordType, list[pl.DataFrame]] = {k: [] for k in RECORD_TYPES}
     rejects: list[pl.DataFrame] = []
-    for decoded in decode_jsonl_files(list(paths), max_future_s=config.windows.max_future_s):
+    for decoded in decode_jsonl_files(list(paths), max_future_s=config.windows.max_future_s,
+                                      limits=config.limits):
         for kind in RECORD_TYPES:
             frame = decoded.frames[kind]
             if not frame.is_empty():

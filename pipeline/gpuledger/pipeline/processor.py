@@ -90,9 +90,6 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
-MEMORY_MARGIN = 1.05
-"""Memory used may exceed the card's inventory memory by this much (MiB rounding, the
-driver's reserve) before a sample is rejected."""
 DENSE_STEP = timedelta(hours=1)
 """The longest close step while telemetry is buffered (its samples are held in memory)."""
 SPARSE_STEP = timedelta(hours=24)
@@ -295,7 +292,8 @@ class Processor:
                 good = conform(frame, record_type)
             else:
                 good, bad = validate(frame, record_type, now=self._now(),
-                                     max_future_s=self.config.windows.max_future_s)
+                                     max_future_s=self.config.windows.max_future_s,
+                                     limits=self.config.limits)
                 self.add_rejects(bad)
             self.counters.records_in[record_type] += frame.height
             if not good.is_empty():
@@ -353,29 +351,29 @@ class Processor:
         assert isinstance(first, datetime)
         return _floor_minute(first)
 
-    def _fleet_time(self) -> datetime | None:
+    def _fleet_time(self, node_time: dict[str, datetime] | None = None) -> datetime | None:
         """The fleet's progress: the 90th percentile (nearest rank) of the nodes' newest
         sample times — where most of the fleet has reached, whatever one node's clock
         says (fewer than one node in ten ahead cannot move it)."""
-        if not self.node_time:
+        times = self.node_time if node_time is None else node_time
+        if not times:
             return None
-        ordered = sorted(self.node_time.values())
+        ordered = sorted(times.values())
         return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
 
     def _reject_ahead(self, tel: pl.DataFrame) -> pl.DataFrame:
         """Telemetry more than ``windows.max_ahead_s`` ahead of the fleet is rejected with
         its reason (a node's clock running ahead must not fabricate minutes no other node
-        has reached). The fleet is the nodes seen so far, and this batch's own median when
-        it holds more than half of them (the first batch, a large batch). Not while the
-        transport is behind its input (a replay reads partitions at different paces)."""
-        fleet = self._fleet_time()
-        batch_median = tel["time"].median()
-        if fleet is None or (isinstance(batch_median, datetime) and batch_median > fleet
-                             and tel["node"].n_unique() * 2 > len(self.node_time)):
-            fleet = batch_median  # type: ignore[assignment]
+        has reached). The fleet's progress counts this batch's samples too, node by node.
+        Not while the transport is behind its input (a replay reads partitions at
+        different paces)."""
+        newest = dict(self.node_time)
+        for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
+            if node not in newest or when > newest[node]:
+                newest[node] = when
+        fleet = self._fleet_time(newest)
         if fleet is None:
             return tel
-        assert isinstance(fleet, datetime)
         limit = fleet + timedelta(seconds=self.config.windows.max_ahead_s)
         ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
         bad = tel.filter(ahead)
@@ -462,16 +460,17 @@ class Processor:
 
     def _reject_beyond_card_memory(self, tel: pl.DataFrame) -> pl.DataFrame:
         """Samples using more memory than their node's card has (per its inventory), with
-        ``MEMORY_MARGIN``, are rejected with the reason: a 10 TB peak is a bad reading, not
-        a job's memory. (Samples of a node whose inventory is not known yet pass; the
-        record's own ``mem_total_mib`` bounds them, ``validate.py``.)"""
+        ``limits.memory_margin``, are rejected with the reason: a 10 TB peak is a bad
+        reading, not a job's memory. (Samples of a node whose inventory is not known yet
+        pass; the record's own ``mem_total_mib`` bounds them, ``validate.py``.)"""
+        margin = 1.0 + self.config.limits.memory_margin
         cards = self.inventory.node_memory().filter(pl.col("gpu_mem_mib").is_not_null())
         if cards.is_empty():
             return tel
         top = tel.select(pl.col("mem_used_mib").max()).item()
-        if top is None or top <= cards["gpu_mem_mib"].min() * MEMORY_MARGIN:  # type: ignore[operator]
+        if top is None or top <= cards["gpu_mem_mib"].min() * margin:  # type: ignore[operator]
             return tel
-        limit = pl.col("gpu_mem_mib") * MEMORY_MARGIN
+        limit = pl.col("gpu_mem_mib") * margin
         checked = tel.join(cards, on="node", how="left")
         over = (pl.col("mem_used_mib") > limit).fill_null(False)
         bad = checked.filter(over)
@@ -480,7 +479,7 @@ class Processor:
         fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
         reason = (pl.lit("field 'mem_used_mib': ") + pl.col("mem_used_mib").cast(pl.String)
                   + pl.lit(" MiB is more than the card's ") + pl.col("gpu_mem_mib").cast(pl.String)
-                  + pl.lit(f" MiB (node inventory) + {round((MEMORY_MARGIN - 1) * 100)} %"))
+                  + pl.lit(f" MiB (node inventory) + {round((margin - 1) * 100)} %"))
         rows = bad.select(
             pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
             pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),

@@ -1,13 +1,31 @@
 """Read-only SQL over the warehouse.
 
-Queries run on an in-memory database holding the views of ``sql/*.sql`` over the
-files of the newest published generation (``generations.py``): one query sees every
-table as of one commit, on a local folder or an ``s3://`` warehouse alike (the bucket is
-read through the same PyArrow filesystem as the processor writes it, ``store.py``).
-External access is limited to the warehouse's ``facts/``. Only ``SELECT`` (incl.
-``WITH``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``) and ``EXPLAIN`` statements are
-accepted: ``COPY``, ``ATTACH``, ``INSTALL``, ``SET`` and every DDL/DML are refused
-before anything runs, so a query cannot modify the warehouse or write files.
+Every reader of the warehouse (``gpuledger query``, ``gpuledger report``, the boards'
+tests, the benchmarks) opens it through :func:`connect`, which makes the connection
+read-only **by construction**:
+
+1. an in-memory database holds the views of ``sql/*.sql`` over the files of the
+   newest published generation (``generations.py``): one query sees every table as of
+   one commit, on a folder or an ``s3://`` warehouse alike (a bucket is read through the
+   same PyArrow filesystem as the processor writes it, ``store.py``); nothing of the
+   database is written anywhere;
+2. external access is off except for the warehouse's ``facts/`` (folder or bucket
+   prefix), which the views read (``enable_external_access = false``,
+   ``allowed_directories``): no other file, no URL, no ``ATTACH``, no
+   ``INSTALL``/``LOAD``;
+3. extensions are neither installed nor loaded automatically;
+4. spilling goes to a private temporary folder, not next to the catalog;
+5. the configuration is locked (``lock_configuration``): no statement can undo 2-4.
+
+DuckDB may still write inside ``facts/`` through ``COPY … TO`` (its allowed folders are
+allowed for writing too), so :func:`check_read_only` is a second wall, checked before
+anything runs: only reads are accepted (``SELECT``, ``WITH``, ``FROM``, ``VALUES``,
+``TABLE``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``, ``PIVOT``/``UNPIVOT``), and
+``EXPLAIN [ANALYZE]`` of a read. Everything else is refused with one line.
+
+:func:`fetch` runs a statement under a time limit: at the limit, or on Ctrl-C, the query
+is interrupted (DuckDB's ``interrupt``) and the caller gets a :class:`QueryError` or the
+``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -15,6 +33,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -31,16 +56,43 @@ from gpuledger.pipeline.warehouse import (
     open_snapshot,
 )
 
-ALLOWED = {"SELECT", "EXPLAIN"}
+DEFAULT_TIMEOUT_S = 300.0
+"""``gpuledger query --timeout`` and ``gpuledger report --timeout`` default."""
+
+READ_HEADS = frozenset({"SELECT", "WITH", "FROM", "VALUES", "TABLE", "PIVOT", "UNPIVOT",
+                        "PIVOT_WIDER", "PIVOT_LONGER", "DESCRIBE", "SHOW", "SUMMARIZE"})
+"""Words a read may start with (or an opening parenthesis)."""
+
+WRITE_WORDS = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "COPY", "CREATE", "DROP",
+                         "ALTER", "ATTACH", "DETACH", "INSTALL", "LOAD", "EXPORT", "IMPORT",
+                         "SET", "RESET", "PRAGMA", "CALL", "TRUNCATE", "VACUUM", "CHECKPOINT",
+                         "USE", "EXPLAIN", "PREPARE", "EXECUTE", "BEGIN", "COMMIT"})
+"""Words that must not appear outside parentheses in a statement DuckDB expands into
+several (a ``PIVOT`` without an ``IN`` list is one): the read must be the whole of it."""
+
+_EXPLAIN_OPTIONS = frozenset({"ANALYZE", "ANALYSE", "VERBOSE"})
 
 
 class QueryError(ValueError):
-    """The query was refused or failed."""
+    """The query was refused or failed (a one-line message)."""
 
 
-def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
-    """A connection to the warehouse's views over its newest published generation; it
-    reads nothing outside the warehouse's ``facts/``."""
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (DuckDB adds a ``LINE 1: …`` caret block)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip() if text else type(exc).__name__
+    return first
+
+
+def connect(warehouse: str | Path, threads: int | None = None,
+            timezone: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-only, locked-down connection to the warehouse's newest published generation
+    (see the module's doc); a folder or an ``s3://`` warehouse.
+
+    ``threads`` (DuckDB's worker threads; default one per core) and ``timezone`` (how
+    ``TIMESTAMPTZ`` values are shown and bucketed; default the machine's) are set here
+    because the configuration cannot be changed afterwards.
+    """
     try:
         store, snapshot = open_snapshot(warehouse)
     except StoreError as exc:
@@ -48,10 +100,19 @@ def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
     if not snapshot.generations and not all(
             store.exists(f"{FACTS}/{t}/{SCHEMA_FILE}") for t in TABLE_SCHEMAS):
         raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published yet)")
-    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
-                                             "autoload_known_extensions": False})
-    # files never change once written (generations.py): their Parquet footers may be
-    # kept for the connection's life
+    spill = tempfile.mkdtemp(prefix="gpuledger-query-")
+    config: dict[str, Any] = {"autoinstall_known_extensions": False,
+                              "autoload_known_extensions": False,
+                              "temp_directory": spill}
+    if threads is not None:
+        config["threads"] = threads
+    try:
+        con = duckdb.connect(":memory:", config=config)
+    except duckdb.Error as exc:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise QueryError(f"cannot open DuckDB: {_one_line(exc)}") from None
+    weakref.finalize(con, shutil.rmtree, spill, True)
+    # files never change once written (generations.py): their footers may be kept
     con.execute("SET parquet_metadata_cache = true")
     attach_store(con, store, snapshot.sizes)
     for statement in catalog_statements(store, snapshot):
@@ -59,39 +120,200 @@ def connect(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
     facts = store.url_of(FACTS).replace("'", "''")
     con.execute(f"SET allowed_directories = ['{facts}/']")
     con.execute("SET enable_external_access = false")
+    if timezone is not None:
+        con.execute("SET TimeZone = ?", [timezone])
+    con.execute("SET lock_configuration = true")
     return con
 
 
-def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Refuse anything but SELECT / EXPLAIN statements."""
+# --------------------------------------------------------------------------- the wall
+
+
+@dataclass(frozen=True)
+class _Token:
+    start: int
+    text: str
+    kind: str  # keyword, identifier, operator, numeric_const, string_const
+
+
+def _tokens(sql: str) -> list[_Token]:
+    """DuckDB's tokens of ``sql`` without comments (text upper-cased for keywords)."""
+    raw = duckdb.tokenize(sql)
+    out: list[_Token] = []
+    for i, (start, kind) in enumerate(raw):
+        name = str(kind).rsplit(".", 1)[-1]
+        if name == "comment":
+            continue
+        end = raw[i + 1][0] if i + 1 < len(raw) else len(sql)
+        text = sql[start:end].strip()
+        out.append(_Token(start, text.upper() if name == "keyword" else text, name))
+    return out
+
+
+def _explained(con: duckdb.DuckDBPyConnection, sql: str) -> str | None:
+    """The statement an ``EXPLAIN [ANALYZE] [(options)]`` explains; None if ``sql`` is not
+    an EXPLAIN."""
+    tokens = _tokens(sql)
+    if not tokens or tokens[0].text != "EXPLAIN":
+        return None
+    i = 1
+    while i < len(tokens) and tokens[i].kind == "keyword" and tokens[i].text in _EXPLAIN_OPTIONS:
+        i += 1
+    if i < len(tokens) and tokens[i].kind == "operator" and tokens[i].text.startswith("("):
+        rest = sql[tokens[i].start:]
+        try:  # EXPLAIN (SELECT …): the parenthesis opens the statement
+            if len(con.extract_statements(rest)) == 1:
+                return rest
+        except (duckdb.Error, ValueError):
+            pass
+        depth = 0
+        while i < len(tokens):  # EXPLAIN (FORMAT json) …: skip the options
+            if tokens[i].kind == "operator":
+                depth += tokens[i].text.count("(") - tokens[i].text.count(")")
+            i += 1
+            if depth <= 0:
+                break
+    return sql[tokens[i].start:] if i < len(tokens) else ""
+
+
+def _whole_read(sql: str) -> bool:
+    """Whether a statement DuckDB expands into several is one read as a whole."""
+    tokens = _tokens(sql)
+    if not tokens:
+        return False
+    head = tokens[0]
+    if not (head.text in READ_HEADS or (head.kind == "operator" and head.text[0] == "(")):
+        return False
+    depth = 0
+    for token in tokens:
+        if token.kind == "operator":
+            depth += token.text.count("(") - token.text.count(")")
+        elif depth == 0 and token.kind == "keyword" and token.text in WRITE_WORDS:
+            return False
+    return True
+
+
+def _statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[str, str]]:
+    """(kind, text) of each statement of ``sql``; the kind is DuckDB's statement type."""
     try:
-        statements = con.extract_statements(sql)
+        statements = list(con.extract_statements(sql))
     except duckdb.Error as exc:
-        raise QueryError(f"cannot parse the query: {exc}") from None
+        raise QueryError(f"cannot parse the query: {_one_line(exc)}") from None
+    out = []
+    for statement in statements:
+        try:
+            kind = str(statement.type).rsplit(".", 1)[-1]
+        except ValueError:  # a type the Python binding has no name for (UPDATE EXTENSIONS)
+            head = next((t.text for t in _tokens(statement.query)), "?")
+            kind = f"{head} (a statement of another kind)"
+        out.append((kind, statement.query))
+    return out
+
+
+def _refuse(kind: str) -> QueryError:
+    return QueryError(f"only read-only queries are allowed (SELECT, EXPLAIN of a SELECT); "
+                      f"got {kind}")
+
+
+def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> None:
+    statements = _statements(con, sql)
     if not statements:
         raise QueryError("empty query")
-    for statement in statements:
-        kind = str(statement.type).rsplit(".", 1)[-1]
-        if kind not in ALLOWED:
-            raise QueryError(
-                f"only read-only queries are allowed (SELECT, EXPLAIN); got {kind}"
-            )
+    for kind, text in statements:
+        if kind == "SELECT":
+            continue
+        if kind not in ("EXPLAIN", "MULTI"):
+            raise _refuse(kind if depth == 0 else f"EXPLAIN of {kind}")
+        inner = _explained(con, text)
+        if inner is not None:
+            if not inner.strip():
+                raise QueryError("EXPLAIN of nothing")
+            if len(_statements(con, inner)) != 1:
+                raise QueryError("EXPLAIN of more than one statement")
+            _check(con, inner, depth + 1)
+        elif not _whole_read(text):
+            head = next((t.text for t in _tokens(text)), "?")
+            raise _refuse(f"{'EXPLAIN of ' if depth else ''}{head} (a statement with "
+                          "more than a read in it)")
 
 
-def run(warehouse: str | Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run a read-only query; return column names and rows."""
+def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Refuse anything but reads and EXPLAIN of reads (:class:`QueryError`, one line)."""
+    _check(con, sql)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def fetch(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+          ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` on ``con``; column names and rows.
+
+    The statement runs on a worker thread while this one waits, so that the time limit
+    and Ctrl-C (``KeyboardInterrupt``, re-raised once the query has stopped) can interrupt
+    it. Errors become a one-line :class:`QueryError`.
+    """
+    if timeout_s is not None and (math.isnan(timeout_s) or timeout_s <= 0):
+        raise QueryError(f"the time limit must be > 0 s, got {timeout_s}")
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            rel = con.execute(sql)
+            outcome["columns"] = [d[0] for d in rel.description or []]
+            outcome["rows"] = rel.fetchall()
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="gpuledger-query", daemon=True)
+    deadline = None if timeout_s is None or math.isinf(timeout_s) else (
+        time.monotonic() + timeout_s)
+    worker.start()
+    try:
+        while not done.wait(0.1 if deadline is None else
+                            max(min(deadline - time.monotonic(), 0.1), 0.0)):
+            if deadline is not None and time.monotonic() >= deadline:
+                _stop(con, done)
+                raise QueryError(f"the query ran longer than {timeout_s:g} s and was "
+                                 "stopped (raise the limit with --timeout SECONDS)")
+    except KeyboardInterrupt:
+        _stop(con, done)
+        raise
+    error = outcome.get("error")
+    if error is not None:
+        if isinstance(error, duckdb.Error):
+            raise QueryError(_one_line(error))
+        raise QueryError(f"{type(error).__name__}: {_one_line(error)}")
+    return outcome["columns"], outcome["rows"]
+
+
+def _stop(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
+    """Interrupt the running query and wait until it has stopped (Ctrl-C again only
+    interrupts again)."""
+    while True:
+        con.interrupt()
+        try:
+            if done.wait(1.0):
+                return
+        except KeyboardInterrupt:
+            continue
+
+
+def run(warehouse: str | Path, sql: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run a read-only query on ``warehouse``; column names and rows."""
     con = connect(warehouse)
     try:
         check_read_only(con, sql)
-        try:
-            rel = con.execute(sql)
-            columns = [d[0] for d in rel.description or []]
-            rows = rel.fetchall()
-        except duckdb.Error as exc:
-            raise QueryError(str(exc)) from None
-        return columns, rows
+        return fetch(con, sql, timeout_s)
     finally:
         con.close()
+
+
+# --------------------------------------------------------------------------- output
 
 
 def _plain(value: Any) -> Any:
@@ -110,8 +332,8 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
         return out.getvalue()
     if fmt == "json":
         return "".join(
-            json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}) + "\n"
-            for r in rows
+            json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, default=str)
+            + "\n" for r in rows
         )
     return table_text(columns, rows)
 

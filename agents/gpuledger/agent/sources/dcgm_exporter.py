@@ -15,8 +15,11 @@ never filled in.
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -25,6 +28,11 @@ from typing import Any
 import yaml
 
 from gpuledger.agent.sources.card_types import card_type_of
+
+log = logging.getLogger("gpuledger.agent.dcgm_exporter")
+
+MAX_GPU_INDEX = 1023
+"""The contract's largest GPU index."""
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?\s*')
@@ -71,18 +79,37 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
+_Series = tuple[str, dict[str, str], float]
+
+
 @dataclass
 class DcgmExporterSource:
-    """Turns scrapes into contract telemetry samples (one per GPU or MIG instance)."""
+    """Turns scrapes into contract telemetry samples (one per GPU or MIG instance).
+
+    What an exporter's page cannot be trusted with is skipped, never turned into a GPU,
+    and counted in :attr:`skipped` (the agent's ``source_series_skipped_total``):
+
+    * ``no_gpu_label``: a series without a ``UUID`` label or a ``gpu`` index (0-1023);
+    * ``uuid_conflict``: one GPU index (and MIG instance) under two UUIDs in one scrape.
+      The UUID with more series wins; on a tie, the one this source saw there before;
+      if still tied, neither (the GPU is left out of this collection);
+    * ``not_a_number``: a NaN or infinite value (the field is omitted, as if not exported).
+
+    Other labels (``DCGM_FI_DRIVER_VERSION``, ``DCGM_FI_DEV_SERIAL``, ``Hostname``,
+    ``pci_bus_id``, ``device``, ``container``…) are ignored. A GPU shared by several pods
+    (one series per pod) gets one process entry per job.
+    """
 
     node: str
     card_type: str | None = None
     url: str = "http://127.0.0.1:9400/metrics"
     timeout_s: float = 5.0
     seq: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
     _fields: dict[str, FieldMap] = field(default_factory=dict)
     _memory_parts: list[str] = field(default_factory=list)
-    _previous: dict[tuple[str, str], float] = field(default_factory=dict)
+    _previous: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    _uuid_at: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._fields, self._memory_parts = load_field_map()
@@ -96,48 +123,78 @@ class DcgmExporterSource:
         """Scrape and convert."""
         return self.convert(self.scrape(), now)
 
+    def _group(self, text: str) -> dict[tuple[int, str], dict[str, list[_Series]]]:
+        """The series this source reads, by (GPU index, MIG instance) and UUID."""
+        groups: dict[tuple[int, str], dict[str, list[_Series]]] = {}
+        for name, labels, value in parse_metrics(text):
+            if name not in self._fields and name not in self._memory_parts:
+                continue
+            gpu, uuid = labels.get("gpu", ""), labels.get("UUID", "")
+            if not uuid or not gpu.isdigit() or int(gpu) > MAX_GPU_INDEX:
+                self.skipped["no_gpu_label"] += 1
+                continue
+            if not math.isfinite(value):
+                self.skipped["not_a_number"] += 1
+                continue
+            mig = ""
+            if labels.get("GPU_I_PROFILE"):
+                mig = f"{labels['GPU_I_PROFILE']}/{labels.get('GPU_I_ID', '0')}"
+            groups.setdefault((int(gpu), mig), {}).setdefault(uuid, []).append(
+                (name, labels, value))
+        return groups
+
+    def _choose(self, key: tuple[int, str], by_uuid: dict[str, list[_Series]]) -> str | None:
+        """The UUID of a GPU index (see the class's doc); the others' series are skipped."""
+        most = max(len(series) for series in by_uuid.values())
+        best = [uuid for uuid, series in by_uuid.items() if len(series) == most]
+        chosen = best[0] if len(best) == 1 else (
+            self._uuid_at.get(key) if self._uuid_at.get(key) in best else None)
+        for uuid, series in by_uuid.items():
+            if uuid != chosen:
+                self.skipped["uuid_conflict"] += len(series)
+        if len(by_uuid) > 1:
+            log.warning("GPU %d%s is exported under %d UUIDs (%s); kept %s", key[0],
+                        f" ({key[1]})" if key[1] else "", len(by_uuid),
+                        ", ".join(sorted(by_uuid)), chosen or "none")
+        return chosen
+
     def convert(self, text: str, now: datetime | None = None) -> list[dict[str, Any]]:
         """Contract telemetry records (JSON form) from one scrape's text."""
         when = (now or datetime.now(UTC)).astimezone(UTC)
         stamp = when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
-        samples: dict[str, dict[str, Any]] = {}
-        memory: dict[str, float] = {}
-        for name, labels, value in parse_metrics(text):
-            if name not in self._fields and name not in self._memory_parts:
+        out = []
+        for key, by_uuid in sorted(self._group(text).items()):
+            uuid = self._choose(key, by_uuid)
+            if uuid is None:
                 continue
-            uuid = labels.get("UUID") or f"gpu-{labels.get('gpu', '?')}"
-            mig = None
-            if labels.get("GPU_I_PROFILE"):
-                mig = f"{labels['GPU_I_PROFILE']}/{labels.get('GPU_I_ID', '0')}"
-            key = f"{uuid}/{mig or ''}"
-            rec = samples.get(key)
-            if rec is None:
-                rec = {"v": 1, "type": "telemetry", "time": stamp, "node": self.node,
-                       "gpu_index": int(labels.get("gpu", "0")), "gpu_uuid": uuid,
-                       "card_type": self.card_type or card_type_of(
-                           labels.get("modelName", "unknown")),
-                       "mig_instance": mig, "processes": _attribution(labels)}
-                samples[key] = rec
-            if name in self._memory_parts:
-                memory[key] = memory.get(key, 0.0) + value
-            spec = self._fields.get(name)
-            if spec is None:
-                continue
-            rec[spec.field] = self._value(spec, (key, name), value)
-        for key, rec in samples.items():
-            if key in memory:
-                rec["mem_total_mib"] = memory[key]
+            self._uuid_at[key] = uuid
+            series = by_uuid[uuid]
+            index, mig = key
+            jobs = sorted({p["job_id"]: p for _, labels, _ in series
+                           for p in _attribution(labels)}.values(), key=lambda p: p["job_id"])
+            rec: dict[str, Any] = {
+                "v": 1, "type": "telemetry", "time": stamp, "node": self.node,
+                "gpu_index": index, "gpu_uuid": uuid,
+                "card_type": self.card_type or card_type_of(
+                    series[0][1].get("modelName", "unknown")),
+                "mig_instance": mig or None, "processes": jobs}
+            parts: dict[str, float] = {}  # a GPU shared by pods has a series per pod
+            for name, _labels, value in series:
+                if name in self._memory_parts:
+                    parts.setdefault(name, value)
+                spec = self._fields.get(name)
+                if spec is not None and spec.field not in rec:
+                    rec[spec.field] = self._value(spec, (uuid, mig, name), value)
+            if parts:
+                rec["mem_total_mib"] = sum(parts.values())
             if rec.get("util_gpu") is not None:
                 rec["util_gpu"] = min(max(rec["util_gpu"], 0.0), 100.0)
-        out = []
-        order = sorted(samples.values(), key=lambda r: (r["gpu_index"], r["mig_instance"] or ""))
-        for rec in order:
             rec["seq"] = self.seq
             self.seq += 1
             out.append(rec)
         return out
 
-    def _value(self, spec: FieldMap, key: tuple[str, str], value: float) -> float | int:
+    def _value(self, spec: FieldMap, key: tuple[str, str, str], value: float) -> float | int:
         previous = self._previous.get(key)
         self._previous[key] = value
         if spec.kind == "delta":

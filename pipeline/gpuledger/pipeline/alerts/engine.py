@@ -39,7 +39,6 @@ from gpuledger.pipeline.alerts.model import Alert
 from gpuledger.pipeline.alerts.sinks import AlertSink
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.config import ProcessorConfig
-from gpuledger.pipeline.facts.minutes import expand_to_minutes
 
 if TYPE_CHECKING:
     from gpuledger.pipeline.processor import Processor
@@ -63,41 +62,42 @@ class _Follower:
     def __init__(self, engine: AlertEngine) -> None:
         self.engine = engine
         self.gpu: list[pl.DataFrame] = []
+        self.jobs: list[pl.DataFrame] = []
         self.blocked: list[pl.DataFrame] = []
 
     def facts(self, table: str, frame: pl.DataFrame) -> None:
         if table == "gpu_minute":
             self.gpu.append(frame)
+        elif table == "job_gpu_minute":
+            self.jobs.append(frame)
         elif table == "blocked_minute":
             self.blocked.append(frame)
 
     def closed(self, processor: Processor, until: datetime) -> None:
         gpu, self.gpu = self.gpu, []
+        jobs, self.jobs = self.jobs, []
         blocked, self.blocked = self.blocked, []
         self.engine.remember(gpu, until)
-        self.engine.step(processor, until, job_minutes(processor, gpu, until),
+        self.engine.step(processor, until, job_minutes(processor, jobs),
                          pl.concat(blocked, how="vertical_relaxed") if blocked else None)
 
 
-def job_minutes(processor: Processor, gpu_parts: list[pl.DataFrame],
-                until: datetime) -> pl.DataFrame:
-    """Per (job, attempt, minute) partial sums over this processor's GPU-minutes."""
-    if not gpu_parts:
+def job_minutes(processor: Processor, job_parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Per (job, attempt, minute) partial sums over this processor's job GPU-minutes
+    (the engine's ``job_gpu_minute`` rows: each job's share of a GPU-minute, exact to the
+    second, with the GPU's activity and memory)."""
+    if not job_parts:
         return pl.DataFrame(schema=PARTIAL_SCHEMA)
-    gpu = pl.concat(gpu_parts, how="vertical_relaxed")
-    lo = gpu.select(pl.col("minute").min()).item()
-    allocs = expand_to_minutes(processor.jobs.allocations(), "start", "end", lo, until)
-    rows = allocs.join(gpu.select("minute", "node", "gpu_index", "activity", "telemetry_samples",
-                                  "mem_used_mib", "mem_total_mib"),
-                       on=["minute", "node", "gpu_index"], how="inner")
-    frac = pl.col("fraction")
+    rows = pl.concat(job_parts, how="diagonal_relaxed")
+    starts = processor.jobs.allocations().group_by(K).agg(pl.col("start").min())
+    share, frac = pl.col("share"), pl.col("fraction")
     seen = (pl.col("telemetry_samples") > 0) & pl.col("activity").is_not_null()
-    return rows.group_by([*K, "minute"]).agg(
-        frac.sum().alias("frac_total"),
-        frac.filter(seen).sum().alias("frac_obs"),
-        (frac * pl.col("activity")).filter(seen).sum().alias("act_sum"),
+    return rows.join(starts, on=K, how="left").group_by([*K, "minute"]).agg(
+        share.sum().alias("frac_total"),
+        share.filter(seen).sum().alias("frac_obs"),
+        (share * pl.col("activity")).filter(seen).sum().alias("act_sum"),
         pl.col("mem_used_mib").filter(seen & (frac >= 1.0)).max().alias("mem_peak"),
-        (pl.col("mem_total_mib") * frac).max().alias("mem_held"),
+        (pl.col("gpu_mem_total_mib") * frac).max().alias("mem_held"),
         pl.col("start").min().alias("started_at"),
     ).select(PARTIAL_SCHEMA.names()).cast(dict(PARTIAL_SCHEMA))  # type: ignore[arg-type]
 

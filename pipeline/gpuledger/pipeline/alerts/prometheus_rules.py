@@ -200,7 +200,90 @@ def alerting_rules(config: ProcessorConfig) -> dict[str, Any]:
             },
         },
     ]
+    rules += death_rules(config)
     return {"groups": [{"name": "gpuledger-alerts", "rules": rules}]}
+
+
+# (rule name part, job setting, severity, what it is, what is lost while it is away,
+#  where to look, what happens when it is back)
+_COMPONENTS = (
+    ("Processor", "processor_job", "critical", "the gpuledger processor",
+     "no facts are written, the live metrics and the processor's alerts stop (and "
+     "GpuledgerProcessorLag cannot fire without its series)",
+     "the service (systemctl status, kubectl get pods), its log and its Kafka connection",
+     "it resumes from its last checkpoint"),
+    ("Agent", "agent_job", "warning", "a gpuledger node agent",
+     "the node's GPUs get no telemetry (their minutes become no_telemetry)",
+     "the agent on that node (systemctl status gpuledger-agent, the DaemonSet's pod), its "
+     "spool folder and the GPU driver",
+     "what it spooled is sent when it is back"),
+    ("Bridge", "bridge_job", "warning", "a gpuledger scheduler bridge",
+     "no job events or scheduler inventory arrive: new jobs are unseen, ended jobs keep "
+     "their GPUs",
+     "the bridge's service, its log and its access to the scheduler (the Slurm commands, "
+     "the Kubernetes API)",
+     "its state file makes a restart catch up"),
+)
+
+
+def death_rules(config: ProcessorConfig) -> list[dict[str, Any]]:
+    """Operators learn of death: for the processor, the node agents and the bridges,
+    ``up == 0`` (down), ``absent(up)`` (no target at all) and a target that went away
+    within the last hour (vanished). A component whose job is set empty has none."""
+    a = config.alerts
+    keep = duration(a.keep_firing_s)
+    rules: list[dict[str, Any]] = []
+    for name, setting, severity, what, lost, look, back in _COMPONENTS:
+        job = getattr(a, setting)
+        if not job:
+            continue
+        up = f'up{{job="{job}"}}'
+        common = {"keep_firing_for": keep, "labels": {"severity": severity}}
+        rules += [
+            {
+                "alert": f"Gpuledger{name}Down",
+                "expr": f"{up} == 0\n",
+                "for": duration(a.for_s), **common,
+                "annotations": {
+                    "summary": f"{what[0].upper()}{what[1:]} is down "
+                               "({{ $labels.instance }})",
+                    "description": (f"Prometheus cannot scrape {{{{ $labels.instance }}}} "
+                                    f"(job {job}) for {duration(a.for_s)}: {lost}."),
+                    "recommendation": f"Check {look}; {back}.",
+                },
+            },
+            {
+                "alert": f"Gpuledger{name}Absent",
+                "expr": f"absent({up})\n",
+                "for": duration(a.absent_s), **common,
+                "annotations": {
+                    "summary": f"No {what.split(' ', 1)[1]} is scraped (job {job})",
+                    "description": (f"Prometheus has had no target of job {job} for "
+                                    f"{duration(a.absent_s)}: {what} vanished, or the scrape "
+                                    f"configuration lost it; {lost}."),
+                    "recommendation": (f"Check that Prometheus' scrape configuration (job "
+                                       f"{job}) finds it, and {look}. If this component "
+                                       f"is not deployed, set alerts.{setting} to empty "
+                                       "(docs/alerts.md)."),
+                },
+            },
+            {
+                "alert": f"Gpuledger{name}Vanished",
+                "expr": (f"max_over_time({up}[1h]) unless on (instance) {up}\n"),
+                "for": duration(a.absent_s), **common,
+                "annotations": {
+                    "summary": f"{what[0].upper()}{what[1:]} went away "
+                               "({{ $labels.instance }})",
+                    "description": (f"{{{{ $labels.instance }}}} (job {job}) was scraped "
+                                    "in the last hour and is no target any more "
+                                    f"(for {duration(a.absent_s)}): {lost}."),
+                    "recommendation": (f"Check {look}; {back}. If it was removed on "
+                                       "purpose, the alert ends an hour after it went "
+                                       "away."),
+                },
+            },
+        ]
+    return rules
 
 
 RECORDING: list[tuple[str, str]] = [

@@ -105,26 +105,23 @@ def data_span(con: duckdb.DuckDBPyConnection) -> tuple[datetime | None, datetime
     return _utc(first), _utc(last)
 
 
-def _run(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    rel = con.execute(sql)
-    return [d[0] for d in rel.description or []], rel.fetchall()
-
-
 def answer_all(warehouse: Path, since: datetime | None = None, until: datetime | None = None,
-               sections: tuple[Section, ...] = SECTIONS) -> Report:
-    """Each section's rows, in order, and the window they cover."""
-    con = query.connect(warehouse)
+               sections: tuple[Section, ...] = SECTIONS,
+               timeout_s: float | None = query.DEFAULT_TIMEOUT_S) -> Report:
+    """Each section's rows, in order, and the window they cover; ``timeout_s`` bounds
+    each query (Ctrl-C interrupts it too)."""
+    con = query.connect(warehouse, timezone="UTC")  # time buckets and times in UTC
     try:
-        con.execute("SET TimeZone = 'UTC'")  # time buckets and times in UTC
         window = Window(*data_span(con), since, until)
         out = []
         for section in sections:
             lo, hi = (since, until) if section.windowed else (None, None)
-            columns, rows = _run(con, fill(section.sql, lo, hi, MAX_ROWS))
+            columns, rows = query.fetch(con, fill(section.sql, lo, hi, MAX_ROWS), timeout_s)
             chart_columns, chart_rows = columns, rows
             if section.chart is not None and section.chart.sql is not None:
-                chart_columns, chart_rows = _run(con, fill(section.chart.sql, lo, hi,
-                                                           MAX_ROWS, window.bucket_hours))
+                chart_columns, chart_rows = query.fetch(
+                    con, fill(section.chart.sql, lo, hi, MAX_ROWS, window.bucket_hours),
+                    timeout_s)
             out.append(Answer(section, columns, rows, chart_columns, chart_rows))
         return Report(window, out)
     finally:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuledger.cli.arguments import positive
+from gpuledger.cli.arguments import positive, time_limit
 from gpuledger.cli.errors import CliError
 
 
@@ -37,7 +37,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.since and args.until and args.since >= args.until:
         raise CliError("--since must be before --until")
     try:
-        report = answer_all(args.warehouse, args.since, args.until)
+        report = answer_all(args.warehouse, args.since, args.until,
+                            timeout_s=args.timeout)
+        if args.whatif:
+            from gpuledger.pipeline.advisor.history import HistoryError
+            from gpuledger.pipeline.advisor.wiring import whatif_answer
+
+            try:
+                report.answers.append(whatif_answer(args.warehouse, args.since, args.until))
+            except HistoryError as exc:
+                raise CliError(f"--whatif: {exc}") from None
     except (QueryError, duckdb.Error) as exc:
         raise CliError(f"{args.warehouse}: {exc}") from None
     if args.html is not None:
@@ -79,6 +88,10 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    "section but borrowing covers only [since, until)")
     p.add_argument("--until", type=_time, default=None,
                    help="window end (ISO 8601, exclusive)")
+    p.add_argument("--whatif", action="store_true",
+                   help="add the what-if section: the history replayed under the built-in "
+                   "policies beside what was observed (docs/whatif.md; replays, seconds "
+                   "per simulated day)")
     p.add_argument("--top", type=positive(int, "--top"), default=10,
                    help="rows shown in long tables (default 10); in HTML the next ones "
                    "are folded under the table")
@@ -86,4 +99,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    help="terminal width for the tables (default: the terminal's)")
     p.add_argument("--quiet", action="store_true",
                    help="with --html: do not print the tables")
+    p.add_argument("--timeout", type=time_limit("--timeout"), default=300.0,
+                   metavar="SECONDS", help="stop a section's query after this long "
+                   "(default 300; 'inf': no limit)")
     p.set_defaults(func=cmd_report)

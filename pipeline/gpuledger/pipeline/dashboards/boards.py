@@ -25,6 +25,7 @@ from grafana_foundation_sdk.builders import bargauge, stat, statetimeline, table
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.models import dashboard as dm
 
+from gpuledger.pipeline.advisor.wiring import job_board_panel
 from gpuledger.pipeline.dashboards.builders import (
     Board,
     Json,
@@ -313,8 +314,9 @@ def job() -> Board:
                   mem_peak_mib, mem_held_mib, memory_oversized, lost_gpu_hours
            FROM attempts WHERE {the_job} ORDER BY attempt""")], GPU_H, w=24, h=6)
     b.add(table.Panel().decimals(2), "Recommendations", [sql(
-        f"""SELECT attempt, kind, gpu_hours, recommendation, evidence
+        f"""SELECT attempt, kind, gpu_hours, recommendation, evidence, diagnosis
            FROM recommendations WHERE {the_job} ORDER BY gpu_hours DESC""")], GPU_H, h=6)
+    job_board_panel(b)
     b.add(table.Panel().decimals(2)
           .override_by_name("mean_activity", [unit_of("percentunit")])
           .override_by_name("mem_peak_mib", [unit_of("mbytes")])

@@ -4,7 +4,7 @@ Usage (the CLI's ``--metrics-address``)::
 
     exporter = Exporter(config)
     exporter.attach(processor)            # listens to its closed facts, reads its counters
-    exporter.start("0.0.0.0", 9108)       # GET /metrics
+    exporter.start("0.0.0.0", 9108)       # GET /metrics, /healthz
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuledger.agent.http_server import BoundedHTTPServer
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.exporter.demand import DemandCollector
 from gpuledger.pipeline.exporter.fleet import FleetCollector
@@ -34,8 +40,6 @@ from gpuledger.pipeline.exporter.snapshot import (
 )
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
     from gpuledger.pipeline.processor import Processor
 
 DEFAULT_PORT = 9108
@@ -104,7 +108,7 @@ class Exporter:
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
         ProcessCollector(registry=self.registry)
-        self._server: WSGIServer | None = None
+        self._server: BoundedHTTPServer | None = None
 
     def attach(self, processor: Processor, service: Any = None) -> FactSnapshots:
         """Follow ``processor``'s closed facts (call it for each shard of a Kafka service);
@@ -138,17 +142,22 @@ class Exporter:
         return generate_latest(self.registry)
 
     def start(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` in a daemon thread; the bound port."""
-        from prometheus_client import start_http_server
+        """Serve ``/metrics`` (and ``/healthz``) on ``host:port`` in a daemon thread, with
+        the bounds of :mod:`gpuledger.agent.http_server` (timeouts, a connection limit,
+        404 elsewhere); the bound port."""
+        def metrics() -> tuple[int, bytes, str]:
+            return 200, self.render(), CONTENT_TYPE_LATEST
 
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        self._server = server
-        return int(server.server_address[1])
+        def healthz() -> tuple[int, bytes, str]:
+            return 200, b"ok\n", "text/plain; charset=utf-8"
+
+        self._server = BoundedHTTPServer((host, port), {"/metrics": metrics,
+                                                        "/healthz": healthz}).start()
+        return self._server.port
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
     @staticmethod

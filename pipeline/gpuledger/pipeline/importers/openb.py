@@ -41,7 +41,7 @@ from typing import Any
 
 import polars as pl
 
-from gpuledger.bridges.placement import Placer
+from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer
 from gpuledger.pipeline.columns import conform
 
 GPU_MEMORY_MIB = {"P100": 16_384.0, "V100M16": 16_384.0, "V100M32": 32_768.0,
@@ -66,13 +66,84 @@ class OpenbImport:
     unplaced: list[str] = field(default_factory=list)
 
 
+class OpenbImportError(ValueError):
+    """A trace file is unusable: ``file[:line]: reason`` (the import is refused whole)."""
+
+
+MAX_TRACE_S = 1e10
+"""Trace times are seconds from its start: beyond this (three centuries) is not a time."""
+
+# column → (dtype, required, lowest, highest) of what the importer reads
+NODE_COLUMNS: dict[str, tuple[type[pl.DataType], bool, float | None, float | None]] = {
+    "sn": (pl.String, True, None, None),
+    "gpu": (pl.Int64, True, 0, MAX_GPUS_PER_NODE),
+    "model": (pl.String, False, None, None),
+}
+POD_COLUMNS: dict[str, tuple[type[pl.DataType], bool, float | None, float | None]] = {
+    "name": (pl.String, True, None, None),
+    "num_gpu": (pl.Int64, True, 0, MAX_GPUS_PER_NODE),
+    "gpu_milli": (pl.Int64, True, 0, 1000),
+    "qos": (pl.String, False, None, None),
+    "pod_phase": (pl.String, False, None, None),
+    "creation_time": (pl.Float64, True, 0, MAX_TRACE_S),
+    "deletion_time": (pl.Float64, True, 0, MAX_TRACE_S),
+    "scheduled_time": (pl.Float64, False, 0, MAX_TRACE_S),
+}
+
+
+def read_table(path: Path, columns: dict[str, tuple[type[pl.DataType], bool, float | None,
+                                                       float | None]]) -> pl.DataFrame:
+    """The columns the importer reads, in their types; the first bad row (not a number,
+    missing where required, out of range) refuses the file with its line number."""
+    try:
+        raw = pl.read_csv(path, infer_schema=False)
+    except pl.exceptions.NoDataError:
+        raise OpenbImportError(f"{path}: empty file") from None
+    except pl.exceptions.PolarsError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OpenbImportError(f"{path}: not a readable CSV file ({first})") from None
+    missing = [c for c in columns if c not in raw.columns]
+    if missing:
+        raise OpenbImportError(f"{path}: missing column(s) {', '.join(missing)} (got "
+                               f"{', '.join(raw.columns) or 'none'})")
+    out = []
+    for name, (dtype, required, lowest, highest) in columns.items():
+        stripped = pl.col(name).str.strip_chars()
+        text = pl.when(stripped == "").then(None).otherwise(stripped)
+        both = raw.select(text.is_not_null().alias("given"),
+                          text.cast(dtype, strict=False).alias(name))
+        given, value = both.get_column("given"), both.get_column(name)
+        problems = [
+            (given & value.is_null(), "is not " + ("a whole number" if dtype == pl.Int64
+                                                   else "a number")),
+            (~given if required else None, "is missing"),
+        ]
+        if lowest is not None and highest is not None:
+            out_of = (value < lowest) | (value > highest) | (
+                value.is_nan() if dtype == pl.Float64 else False)
+            problems.append((out_of.fill_null(False), f"is not in {lowest:g}-{highest:g}"))
+        for mask, what in problems:
+            if mask is None or not mask.any():
+                continue
+            row = int(mask.arg_true()[0])
+            shown = raw.get_column(name)[row]
+            raise OpenbImportError(f"{path}:{row + 2}: column {name}: "
+                                   f"{shown!r} {what}")
+        out.append(value)
+    return pl.DataFrame(out)
+
+
 def load_openb(
     nodes_csv: Path, pods_csv: Path, *, start: datetime = DEFAULT_START,
     window_from_s: float | None = None, window_to_s: float | None = None,
 ) -> OpenbImport:
-    """Read the trace and turn it into inventory and job event frames."""
-    nodes = pl.read_csv(nodes_csv).filter(pl.col("gpu") > 0).sort("sn")
-    pods = pl.read_csv(pods_csv)
+    """Read the trace and turn it into inventory and job event frames
+    (:class:`OpenbImportError` when a file cannot be read as the trace's)."""
+    nodes = read_table(nodes_csv, NODE_COLUMNS).filter(pl.col("gpu") > 0).sort("sn")
+    pods = read_table(pods_csv, POD_COLUMNS)
+    twice = nodes.filter(pl.col("sn").is_duplicated())
+    if twice.height:
+        raise OpenbImportError(f"{nodes_csv}: node {twice['sn'][0]!r} appears twice")
     lo = float(window_from_s) if window_from_s is not None else 0.0
     hi = float(window_to_s) if window_to_s is not None else float("inf")
     gpu_pods = pods.filter(pl.col("num_gpu") > 0)

@@ -37,7 +37,6 @@ highest index used + 1, or the most GPUs held at once).
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from collections import Counter
@@ -49,9 +48,10 @@ from typing import Any
 import polars as pl
 
 from gpuledger.bridges.mapping import Mapping
-from gpuledger.bridges.placement import Placer, Slot
+from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer, Slot
 from gpuledger.contract.schema import JOB_TYPES
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.importers.csv_text import header_and_rows
 
 FIELDS = ("name", "created", "gpus", "scheduled", "deleted", "gpu_milli", "node",
           "gpu_indices", "namespace", "team", "user", "queue", "pool", "priority",
@@ -105,7 +105,10 @@ def parse_time(text: str) -> datetime:
         return t if t.tzinfo else t.replace(tzinfo=UTC)
     if not math.isfinite(seconds):
         raise ValueError(f"{value!r} is not a time")
-    return datetime.fromtimestamp(seconds, UTC)
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError):
+        raise ValueError(f"{value!r} is out of the range of times") from None
 
 
 def _indices(text: str) -> list[int]:
@@ -128,54 +131,56 @@ class _Pod:
 
 
 def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or not {"node", "gpus"} <= set(reader.fieldnames):
-            raise PodsImportError(f"{path}: needs the columns node and gpus")
-        nodes = []
-        for n, row in enumerate(reader, start=2):
-            try:
-                gpus = int(row["gpus"])
-                mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
-            except ValueError as exc:
-                raise PodsImportError(f"{path}:{n}: {exc}") from None
-            card = mapping.card_type(row.get("card_type") or None) or DEFAULT_CARD
-            nodes.append({"node": row["node"], "gpu_count": gpus, "card_type": card,
-                          "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
-                          "gpu_mem_mib": mem if mem is not None
-                          else mapping.card_memory(card) or 0.0})
-        return nodes
+    header, rows = header_and_rows(path, PodsImportError)
+    if not {"node", "gpus"} <= set(header):
+        raise PodsImportError(f"{path}: needs the columns node and gpus")
+    nodes = []
+    for n, row in rows:
+        try:
+            gpus = int(row["gpus"] or "")
+            mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
+        except ValueError as exc:
+            raise PodsImportError(f"{path}:{n}: {exc}") from None
+        if not row["node"] or not 0 <= gpus <= MAX_GPUS_PER_NODE:
+            raise PodsImportError(f"{path}:{n}: needs a node and 0-{MAX_GPUS_PER_NODE} gpus")
+        card = mapping.card_type(row.get("card_type") or None) or DEFAULT_CARD
+        nodes.append({"node": row["node"], "gpu_count": gpus, "card_type": card,
+                      "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
+                      "gpu_mem_mib": mem if mem is not None
+                      else mapping.card_memory(card) or 0.0})
+    return nodes
 
 
 def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
                result: PodsImport) -> list[_Pod]:
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        header = set(reader.fieldnames or [])
-        wanted = {name: columns.get(name, name) for name in FIELDS}
-        for name, column in columns.items():
-            if column not in header:
-                raise PodsImportError(f"column {column!r} (for {name}) is not in {path} "
-                                      f"(columns: {', '.join(sorted(header))})")
-        for name in REQUIRED:
-            if wanted[name] not in header:
-                raise PodsImportError(f"{path} has no column {wanted[name]!r} for the "
-                                      f"required field {name} (map it with --columns "
-                                      f"{name}=COLUMN)")
-        pods: list[_Pod] = []
-        for n, raw in enumerate(reader, start=2):
-            result.rows += 1
-            row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
-            try:
-                pod = _pod(n, row, mapping)
-            except ValueError as exc:
-                result.bad_rows.append((n, str(exc)))
-                continue
-            if pod is None:
-                result.cpu_only += 1
-                continue
-            pods.append(pod)
-        return pods
+    names, rows = header_and_rows(path, PodsImportError)
+    header = set(names)
+    wanted = {name: columns.get(name, name) for name in FIELDS}
+    for name, column in columns.items():
+        if column not in header:
+            raise PodsImportError(f"column {column!r} (for {name}) is not in {path} "
+                                  f"(columns: {', '.join(sorted(header))})")
+    for name in REQUIRED:
+        if wanted[name] not in header:
+            raise PodsImportError(f"{path} has no column {wanted[name]!r} for the "
+                                  f"required field {name} (map it with --columns "
+                                  f"{name}=COLUMN)")
+    pods: list[_Pod] = []
+    for n, raw in rows:
+        if not any(v.strip() for v in raw.values()):
+            continue  # a blank line
+        result.rows += 1
+        row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
+        try:
+            pod = _pod(n, row, mapping)
+        except ValueError as exc:
+            result.bad_rows.append((n, str(exc)))
+            continue
+        if pod is None:
+            result.cpu_only += 1
+            continue
+        pods.append(pod)
+    return pods
 
 
 def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
@@ -199,8 +204,8 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
         indices = _indices(row["gpu_indices"]) if row.get("gpu_indices") else None
     except ValueError as exc:
         raise ValueError(f"not a number: {exc}") from None
-    if gpus_f < 0 or not math.isfinite(gpus_f) or not 0 < milli <= 1000:
-        raise ValueError("gpus must be ≥ 0 and gpu_milli in (0, 1000]")
+    if not 0 <= gpus_f <= MAX_GPUS_PER_NODE or not 0 < milli <= 1000:
+        raise ValueError(f"gpus must be in 0-{MAX_GPUS_PER_NODE} and gpu_milli in (0, 1000]")
     if gpus_f == 0:
         return None
     if gpus_f < 1:
@@ -217,6 +222,9 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
         raise ValueError("deleted is before scheduled/created")
     if indices is not None and (not row.get("node") or len(indices) != gpus):
         raise ValueError("gpu_indices need a node and one index per GPU")
+    bad = next((i for i in indices or [] if not 0 <= i < MAX_GPUS_PER_NODE), None)
+    if bad is not None:
+        raise ValueError(f"gpu_indices: {bad} is not in 0-{MAX_GPUS_PER_NODE - 1}")
     ns = row.get("namespace") or None
     queue = row.get("queue") or None
     job_type = row.get("job_type") or mapping.job_type(name=row["name"], namespace=ns,

@@ -41,7 +41,6 @@ Rules:
 
 from __future__ import annotations
 
-import csv
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -57,12 +56,14 @@ from gpuledger.bridges.slurm_events import job_attributes, node_record
 from gpuledger.bridges.slurm_parse import (
     SlurmJob,
     SlurmNode,
+    SlurmParseError,
     expand_hostlist,
     expand_indices,
     parse_scontrol_nodes,
     parse_tres_gpus,
 )
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.importers.csv_text import csv_rows
 
 REQUIRED = ("JobID", "Submit", "Start", "End", "State")
 FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -132,38 +133,42 @@ def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
 
 
 def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
-    """Parse the file into job lines (steps, CPU-only jobs, pending arrays left out)."""
+    """Parse the file into job lines (steps, CPU-only jobs, pending arrays left out).
+
+    The file is refused whole (:class:`SacctError`, ``file:line: reason``) at its first
+    unreadable line: not UTF-8, a field over the CSV reader's limit, too few fields, a
+    bad time, a GPU count, index list or node list no cluster has."""
     result = SacctImport({})
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="|")
+    rows = csv_rows(path, SacctError, delimiter="|")
+    first = next(rows, None)
+    if first is None:
+        raise SacctError(f"{path}: empty file")
+    header = first[1]
+    missing = [c for c in REQUIRED if c not in header]
+    if missing or not ({"AllocTRES", "ReqTRES"} & set(header)):
+        need = missing + ([] if {"AllocTRES", "ReqTRES"} & set(header)
+                          else ["AllocTRES or ReqTRES"])
+        raise SacctError(f"{path}: missing column(s) {', '.join(need)} in the header "
+                         f"(got {'|'.join(header)}); export with sacct --parsable2 "
+                         "--format ... (docs/import.md)")
+    lines: list[_Line] = []
+    for number, values in rows:
+        if not values or values == [""]:
+            continue
+        result.lines += 1
+        where = f"{path}:{number}"
+        if len(values) < len(header):
+            raise SacctError(f"{where}: {len(values)} fields, the header has "
+                             f"{len(header)}")
+        row = dict(zip(header, values, strict=False))
+        raw_id = row["JobID"]
+        if "." in raw_id:
+            result.steps_skipped += 1
+            continue
+        if "[" in raw_id:
+            result.pending_arrays_skipped += 1
+            continue
         try:
-            header = next(reader)
-        except StopIteration:
-            raise SacctError(f"{path}: empty file") from None
-        missing = [c for c in REQUIRED if c not in header]
-        if missing or not ({"AllocTRES", "ReqTRES"} & set(header)):
-            need = missing + ([] if {"AllocTRES", "ReqTRES"} & set(header)
-                              else ["AllocTRES or ReqTRES"])
-            raise SacctError(f"{path}: missing column(s) {', '.join(need)} in the header "
-                             f"(got {'|'.join(header)}); export with sacct --parsable2 "
-                             "--format ... (docs/import.md)")
-        lines: list[_Line] = []
-        for number, values in enumerate(reader, start=2):
-            if not values or values == [""]:
-                continue
-            result.lines += 1
-            where = f"{path}:{number}"
-            if len(values) < len(header):
-                raise SacctError(f"{where}: {len(values)} fields, the header has "
-                                 f"{len(header)}")
-            row = dict(zip(header, values, strict=False))
-            raw_id = row["JobID"]
-            if "." in raw_id:
-                result.steps_skipped += 1
-                continue
-            if "[" in raw_id:
-                result.pending_arrays_skipped += 1
-                continue
             gpu_type, gpus = parse_tres_gpus(row.get("AllocTRES"))
             if not gpus:
                 gpu_type, gpus = parse_tres_gpus(row.get("ReqTRES"))
@@ -174,12 +179,15 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
             if submit is None:
                 raise SacctError(f"{where}: Submit is empty")
             nodes = expand_hostlist(row.get("NodeList", "").strip() or None)
-            lines.append(_Line(
-                row=row, job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
-                state=row["State"].split()[0].upper() if row["State"].strip() else "UNKNOWN",
-                submit=submit, start=_time(row["Start"], tz, f"{where}: Start"),
-                end=_time(row["End"], tz, f"{where}: End"), gpus=gpus, gpu_type=gpu_type,
-                nodes=nodes, indices=_gres_idx(row.get("GresIDX", ""), nodes)))
+            indices = _gres_idx(row.get("GresIDX", ""), nodes)
+        except SlurmParseError as exc:
+            raise SacctError(f"{where}: {exc}") from None
+        lines.append(_Line(
+            row=row, job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
+            state=row["State"].split()[0].upper() if row["State"].strip() else "UNKNOWN",
+            submit=submit, start=_time(row["Start"], tz, f"{where}: Start"),
+            end=_time(row["End"], tz, f"{where}: End"), gpus=gpus, gpu_type=gpu_type,
+            nodes=nodes, indices=indices))
     return lines, result
 
 
@@ -261,8 +269,15 @@ def _assemble(result: SacctImport,
               nodes_file: Path | None) -> SacctImport:
     known: list[SlurmNode] = []
     if nodes_file is not None:
-        known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
-    placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
+        try:
+            known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
+            placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
+        except UnicodeDecodeError:
+            raise SacctError(f"{nodes_file}: not UTF-8 text") from None
+        except ValueError as exc:  # SlurmParseError, or a node with more GPUs than any
+            raise SacctError(f"{nodes_file}: {exc}") from None
+    else:
+        placer = Placer()
     # place the attempts in time order, releases first at the same instant
     timeline: list[tuple[datetime, int, int]] = []
     for i, (start, end, _job, _a) in enumerate(runs):

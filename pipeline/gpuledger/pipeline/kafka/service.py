@@ -514,7 +514,8 @@ class KafkaProcessorService:
         if record_type is None:
             return None
         return decode(msgs, record_type,  # type: ignore[arg-type]
-                      now=datetime.now(UTC), max_future_s=self.config.windows.max_future_s)
+                      now=datetime.now(UTC), max_future_s=self.config.windows.max_future_s,
+                      limits=self.config.limits)
 
     def _handle(self, by_topic: dict[str, list[Message]], telemetry: bool) -> int:
         """Decode what was read, send its bad records to dead letters and feed the rest

@@ -26,6 +26,7 @@ import polars as pl
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
 from gpuledger.pipeline.columns import conform, empty_frame, schema_of
+from gpuledger.pipeline.config import Limits
 from gpuledger.pipeline.decode import decode_jsonl, encode_jsonl
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 
@@ -81,8 +82,10 @@ def split_by_key(frame: pl.DataFrame, key: str) -> Iterator[tuple[str, pl.DataFr
 
 
 def decode(messages: Sequence[Message], record_type: RecordType, *,
-           now: datetime | None = None, max_future_s: float = 3600) -> DecodedBatch:
-    """Decode messages of one topic; bad records become dead letters, not errors."""
+           now: datetime | None = None, max_future_s: float = 3600,
+           limits: Limits | None = None) -> DecodedBatch:
+    """Decode messages of one topic; bad records become dead letters, not errors
+    (``limits``: the physical bounds of a record, ``config.limits``)."""
     jsonl = [m for m in messages if m.header(FORMAT_HEADER) in (None, JSONL)]
     arrow = [m for m in messages if m.header(FORMAT_HEADER) == ARROW]
     other = [m for m in messages if m.header(FORMAT_HEADER) not in (None, JSONL, ARROW)]
@@ -93,7 +96,7 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
         lines_per = np.fromiter((v.count(b"\n") for v in values), dtype=np.int64,
                                 count=len(values))
         decoded = decode_jsonl(b"".join(values), source=jsonl[0].topic, now=now,
-                               max_future_s=max_future_s)
+                               max_future_s=max_future_s, limits=limits)
         frames.append(decoded.frames[record_type])
         for other_type in RECORD_TYPES:
             if other_type != record_type and decoded.frames[other_type].height:
@@ -125,6 +128,7 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
         batch = pl.concat(arrow_frames)
         row = pl.int_range(1, batch.height + 1, eager=True, dtype=pl.Int64)
         good, bad = validate(batch, record_type, now=now, max_future_s=max_future_s,
+                             limits=limits,
                              source=readable[0].topic, line=row)
         frames.append(good)
         if bad.height:

@@ -1,0 +1,50 @@
+"""Reading the importers' CSV files: rows with their line numbers, and one clear error
+(``file:line: reason``) for text that cannot be read at all — not UTF-8 (a UTF-8 byte
+order mark is fine), a field over the CSV reader's size limit."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def first_non_utf8_line(path: Path) -> int:
+    """The number of the first line of ``path`` that is not UTF-8 (1 if none is found)."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 1
+
+
+def csv_rows(path: Path, error: type[Exception], delimiter: str = ","
+             ) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each record of ``path`` (the header included); text that
+    cannot be read raises ``error("file:line: reason")``."""
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        try:
+            for fields in reader:
+                yield reader.line_num, fields
+        except UnicodeDecodeError:
+            raise error(f"{path}:{first_non_utf8_line(path)}: not UTF-8 text") from None
+        except csv.Error as exc:
+            raise error(f"{path}:{reader.line_num}: {exc}") from None
+
+
+def header_and_rows(path: Path, error: type[Exception], delimiter: str = ","
+                    ) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """The header of ``path`` (empty for an empty file) and its rows as dicts by column
+    name (missing trailing fields are empty)."""
+    rows = csv_rows(path, error, delimiter)
+    header = next(rows, (0, []))[1]
+
+    def as_dicts() -> Iterator[tuple[int, dict[str, str]]]:
+        for number, fields in rows:
+            yield number, dict(zip(header, fields + [""] * (len(header) - len(fields)),
+                                   strict=False))
+
+    return header, as_dicts()
