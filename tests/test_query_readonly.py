@@ -290,7 +290,8 @@ def test_without_a_catalog_the_in_memory_views_are_locked_down_too(
         warehouse: Path, tmp_path: Path) -> None:
     bare = tmp_path / "bare"
     (bare / "facts").mkdir(parents=True)
-    for path in (warehouse / "facts").rglob("*.parquet"):
+    for path in [*(warehouse / "facts").rglob("*.parquet"),
+                 *(warehouse / "manifests").rglob("*.json")]:  # the published generation
         target = bare / path.relative_to(warehouse)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())

@@ -4,11 +4,11 @@ Every reader of the warehouse (``gpuledger query``, ``gpuledger report``, the bo
 tests, the benchmarks) opens it through :func:`connect`, which makes the connection
 read-only **by construction**:
 
-1. an in-memory database holds the views of ``sql/*.sql`` over the files of the
-   newest published generation (``generations.py``): one query sees every table as of
-   one commit, on a folder or an ``s3://`` warehouse alike (a bucket is read through the
-   same PyArrow filesystem as the processor writes it, ``store.py``); nothing of the
-   database is written anywhere;
+1. the views of ``sql/*.sql`` over the files of the newest published generation
+   (``generations.py``) are built in a private temporary database, which is then opened
+   with ``read_only=True``: one connection sees every table as of one commit, for its
+   whole life, on a folder or an ``s3://`` warehouse alike (a bucket is read through the
+   same PyArrow filesystem as the processor writes it, ``store.py``);
 2. external access is off except for the warehouse's ``facts/`` (folder or bucket
    prefix), which the views read (``enable_external_access = false``,
    ``allowed_directories``): no other file, no URL, no ``ATTACH``, no
@@ -106,17 +106,24 @@ def connect(warehouse: str | Path, threads: int | None = None,
                               "temp_directory": spill}
     if threads is not None:
         config["threads"] = threads
+    views = str(Path(spill) / "views.duckdb")  # the generation's views, opened read-only
     try:
-        con = duckdb.connect(":memory:", config=config)
+        build = duckdb.connect(views, config={"autoinstall_known_extensions": False,
+                                              "autoload_known_extensions": False})
+        try:
+            attach_store(build, store, snapshot.sizes)
+            for statement in catalog_statements(store, snapshot):
+                build.execute(statement)
+        finally:
+            build.close()
+        con = duckdb.connect(views, read_only=True, config=config)
     except duckdb.Error as exc:
         shutil.rmtree(spill, ignore_errors=True)
-        raise QueryError(f"cannot open DuckDB: {_one_line(exc)}") from None
+        raise QueryError(f"{store.url}: cannot open the views: {_one_line(exc)}") from None
     weakref.finalize(con, shutil.rmtree, spill, True)
     # files never change once written (generations.py): their footers may be kept
     con.execute("SET parquet_metadata_cache = true")
     attach_store(con, store, snapshot.sizes)
-    for statement in catalog_statements(store, snapshot):
-        con.execute(statement)
     facts = store.url_of(FACTS).replace("'", "''")
     con.execute(f"SET allowed_directories = ['{facts}/']")
     con.execute("SET enable_external_access = false")
