@@ -199,9 +199,8 @@ def test_duckdb_threads_read_large_objects_in_ranges(s3_env: str, tmp_path: Path
     wh.close()
     sizes = read_manifests(open_store(url))["warehouse"].sizes
     assert max(sizes.values()) > WHOLE_OBJECT_BYTES
-    con = query.connect(url)
+    con = query.connect(url, threads=4)
     try:
-        con.execute("SET threads = 4")
         got = con.execute("SELECT count(*), count(DISTINCT raw), min(raw), max(raw) "
                           "FROM rejects").fetchone()
     finally:
