@@ -1,4 +1,5 @@
-"""Scale-out on a real broker: one processor or two in a consumer group, same facts.
+"""Scale-out on a real broker: one processor or two in a consumer group, same facts —
+also on two hosts without a shared disk, writing one S3 bucket (S3Proxy).
 
 The telemetry topic has 4 partitions; each instance runs one engine over the partitions it
 is assigned (partitions.py). Two instances split the partitions, the owner (partition 0)
@@ -7,6 +8,7 @@ writes the cluster-wide facts and gathers the other instance's parts of job atte
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -16,6 +18,7 @@ import polars as pl
 import pytest
 from fact_views import assert_same_facts
 from kafka_broker import Broker
+from s3_server import S3Server
 from test_kafka_pipeline import SPARSE, _process, _process_cmd, _publish, _settings, _sim
 
 from gpuledger.pipeline.config import ProcessorConfig
@@ -24,6 +27,7 @@ from gpuledger.pipeline.kafka.producer import KafkaSink
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.topics import create_topics
 from gpuledger.pipeline.simulate import simulate
+from gpuledger.pipeline.store import open_store
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +61,35 @@ def test_two_processors_write_the_facts_of_one(
     assert set().union(*(_shards(log) for log in logs)) == {"000", "001", "002", "003"}
     assert_same_facts(two, one, SPARSE)
     assert_same_facts(two, reference, SPARSE)
+
+
+def test_two_processors_on_two_hosts_write_one_bucket(
+    kafka: Broker, s3: S3Server, reference: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = s3.bucket() + "/wh"
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **s3.env()}
+    cmd = _process_cmd(kafka, settings, Path("unused"), "bucket", "--exit-when-idle", "8",
+                       "--checkpoint-interval", "1")
+    cmd[cmd.index("--warehouse") + 1] = url
+    hosts = [tmp_path / f"host-{i}" for i in (1, 2)]
+    for host in hosts:
+        host.mkdir()
+    logs = [h / "process.log" for h in hosts]
+    run_pair(cmd, logs, settings, cwds=hosts, env=env)
+    assert set().union(*(_shards(log) for log in logs)) == {"000", "001", "002", "003"}
+    for host in hosts:  # nothing of the warehouse or its state on either host's disk
+        assert sorted(p.name for p in host.iterdir()) == ["process.log"]
+    texts = [log.read_text() for log in logs]
+    assert not any(s3.secret_key in t for t in texts)
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    store = open_store(url)
+    state = {e.path for e in store.list("state/bucket")}
+    assert {f"state/bucket/partition-p{p:03d}.checkpoint" for p in range(4)} <= state
+    assert_same_facts(url, reference, SPARSE)
 
 
 def run_pair(cmd: list[str], logs: list[Path], settings: KafkaSettings,
