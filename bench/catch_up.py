@@ -14,11 +14,14 @@ the topic complete (the service starts behind it, as after an outage), one
   settings and nothing else, in the same run.
 
 Against a broker the script starts (``tests/kafka_broker.py``) or ``--bootstrap``.
+With ``--instances N``, N instances then read the same backlog side by side in one new
+group (one warehouse folder), each reporting its samples and CPU seconds.
+
 Target (issue 11): a 1-hour backlog of the ``--scale 16`` fleet at 1 s sampling in ≤ 60 s
-wall on the 2-core machine. Usage:
+wall on the 2-core machine; each of two instances ≥ 0.8 of the one-instance rate. Usage:
 
     python bench/catch_up.py [--hours 1] [--scale 16] [--interval 1]
-        [--client confluent] [--json PATH]
+        [--client confluent] [--instances 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -85,14 +88,14 @@ def _ceiling(bootstrap: str, prefix: str, client: str, messages_hint: int) -> di
 
 
 def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
-             out: Any) -> None:
-    """The child: run the service until it has read and closed everything."""
+             out: Any, group: str) -> None:
+    """The child: run the service until it has read and closed everything (of the
+    partitions it holds, with others of ``group``)."""
     from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 
     settings = _settings(bootstrap, prefix, client)
     service = KafkaProcessorService(settings, ProcessorConfig(), Path(root),
-                                    ServiceOptions(group_id=f"catchup-{uuid.uuid4().hex}",
-                                                   exit_when_idle_s=2.0))
+                                    ServiceOptions(group_id=group, exit_when_idle_s=4.0))
     handle = service._handle
     caught: list[float] = []
 
@@ -120,12 +123,35 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
     })
 
 
+def _run_instances(bootstrap: str, prefix: str, client: str, samples: int, root: Path,
+                   n: int) -> list[dict[str, Any]]:
+    """``n`` service instances in one new consumer group, one child process each,
+    sharing one warehouse folder; each one's figures."""
+    ctx = mp.get_context("spawn")
+    group = f"catchup-{uuid.uuid4().hex}"
+    pipes, children = [], []
+    for _ in range(n):
+        here, there = ctx.Pipe()
+        child = ctx.Process(target=_service, args=(
+            bootstrap, prefix, client, samples, str(root), there, group))
+        child.start()
+        pipes.append(here)
+        children.append(child)
+    out = [p.recv() for p in pipes]
+    for child in children:
+        child.join()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--scale", type=float, default=16.0)
     parser.add_argument("--interval", type=int, default=1, help="sample interval, s")
     parser.add_argument("--client", choices=["kafka-python", "confluent"], default="confluent")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="then run this many instances in one group side by side, "
+                        "each one's samples per CPU-second against the one instance's")
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -145,17 +171,19 @@ def main() -> None:
             print("produced", result["produce"], file=sys.stderr, flush=True)
             result["ceiling"] = _ceiling(bootstrap, prefix, args.client, 0)
             print("ceiling", result["ceiling"], file=sys.stderr, flush=True)
-            ctx = mp.get_context("spawn")
-            here, there = ctx.Pipe()
-            child = ctx.Process(target=_service, args=(
-                bootstrap, prefix, args.client, result["produce"]["gpu_samples"],
-                str(tmp / "wh"), there))
-            child.start()
-            result["service"] = here.recv()
-            child.join()
+            samples = result["produce"]["gpu_samples"]
+            result["service"] = _run_instances(bootstrap, prefix, args.client, samples,
+                                               tmp / "wh", 1)[0]
+            if args.instances > 1:
+                result["instances"] = _run_instances(bootstrap, prefix, args.client,
+                                                     samples, tmp / "wh-n", args.instances)
     s, c = result["service"], result["ceiling"]
     samples = result["produce"]["gpu_samples"]
     result["service"]["samples_per_cpu_s"] = round(samples / s["cpu_s"])
+    for inst in result.get("instances", []):
+        inst["samples_per_cpu_s"] = round(inst["samples"] / inst["cpu_s"])
+        inst["ratio_to_one_instance"] = round(
+            inst["samples_per_cpu_s"] / result["service"]["samples_per_cpu_s"], 3)
     result["ceiling"]["samples_per_cpu_s"] = round(samples / max(c["cpu_s"], 1e-9))
     result["target"] = {"wall_to_caught_up_s": 60}
     result["loadavg_at_end"] = os.getloadavg()
