@@ -121,6 +121,35 @@ def test_a_requeue_inside_a_minute(run: Callable[[Records], Facts]) -> None:
     assert gm["attempt"].to_list() == [0, 1]
 
 
+@pytest.mark.parametrize("arrival", ["life cycle", "reversed"])
+def test_preempted_requeued_and_started_in_the_same_second(
+        run: Callable[[Records], Facts], arrival: str) -> None:
+    """A scheduler that preempts a job, requeues it and starts it again in one second
+    (the simulator does): the second attempt is kept, whatever order the three events
+    of that second arrive in (found at 50 simulated hours: the restart was ranked
+    before the preemption and rejected, and a 75 s attempt vanished)."""
+    same_second = [job("preempted", "j", at(1, 30)),
+                   job("requeued", "j", at(1, 30), reason="preempted"),
+                   job("started", "j", at(1, 30), allocation=alloc("n1", 1))]
+    if arrival == "reversed":
+        same_second.reverse()
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "j", at(0)),
+            job("started", "j", at(0, 0), allocation=alloc("n1", 0)),
+            *same_second,
+            job("preempted", "j", at(2, 45)),
+            job("requeued", "j", at(2, 45), reason="preempted"),
+            job("submitted", "end", at(4))]
+    facts = run(recs)
+    att = _attempts(facts)
+    assert att[("j", 0)]["allocated_gpu_hours"] * 3600 == pytest.approx(90.0)
+    assert att[("j", 1)]["allocated_gpu_hours"] * 3600 == pytest.approx(75.0)
+    assert facts.table("rejects").is_empty()
+    gm = facts.table("gpu_minute").filter(pl.col("job_id") == "j").sort("minute", "gpu_index")
+    assert [(r["minute"], r["gpu_index"], r["attempt"]) for r in gm.iter_rows(named=True)] \
+        == [(at(0), 0, 0), (at(1), 0, 0), (at(1), 1, 1), (at(2), 1, 1)]
+
+
 def test_two_jobs_share_one_gpu_inside_a_minute(run: Callable[[Records], Facts]) -> None:
     recs = [inventory("n1", at(0), gpus=1, card="L40S-48GB", mem=46_068.0)]
     for name, start, end in (("a", at(0, 0), at(0, 30)), ("b", at(0, 15), at(0, 45))):

@@ -27,6 +27,7 @@ remembered for ``ended_job_memory_s`` so that a duplicate event stays harmless.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -186,16 +187,50 @@ class JobBook:
             .alias("_rank")
         ).sort(["time", "_rank", "job_id"], maintain_order=True)
         rejected: list[dict[str, Any]] = []
-        for row in ranked.iter_rows(named=True):
-            try:
-                self._apply_one(row)
-            except OutOfOrder as exc:
+        rows = ranked.iter_rows(named=True)
+        for _time, block in itertools.groupby(rows, key=lambda r: r["time"]):
+            for row, reason in self._apply_instant(list(block)):
                 self.counters.out_of_order += 1
                 rejected.append({"job_id": row["job_id"], "event": row["event"],
-                                 "time": row["time"], "reason": str(exc)})
+                                 "time": row["time"], "reason": reason})
         self._version += 1
         return pl.DataFrame(rejected, schema=REJECTED_EVENT_SCHEMA) if rejected else \
             pl.DataFrame(schema=REJECTED_EVENT_SCHEMA)
+
+    def _apply_instant(self, block: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+        """Apply the events of one instant (in rank order); returns those that fit no
+        order, with the reason. One job's events of the same second are applied in the
+        order its life cycle allows, whatever their ranks say: preempted, requeued and
+        started again within a second, or started and preempted within one, both happen
+        (a rank alone cannot tell them apart). An event that does not fit yet waits
+        until another of its job's events of the instant has been applied."""
+        waiting: dict[str, list[tuple[dict[str, Any], str]]] = {}
+        for row in block:
+            job_id = row["job_id"]
+            try:
+                self._apply_one(row)
+            except OutOfOrder as exc:
+                waiting.setdefault(job_id, []).append((row, str(exc)))
+                continue
+            if job_id in waiting:
+                waiting[job_id] = self._retry(waiting[job_id])
+        return [item for items in waiting.values() for item in items]
+
+    def _retry(self, waiting: list[tuple[dict[str, Any], str]]) -> list[tuple[dict[str, Any], str]]:
+        """Apply the waiting events of one job that now fit, until none does."""
+        progress = True
+        while progress and waiting:
+            progress = False
+            for i, (row, _reason) in enumerate(waiting):
+                try:
+                    self._apply_one(row)
+                except OutOfOrder as exc:
+                    waiting[i] = (row, str(exc))
+                    continue
+                del waiting[i]
+                progress = True
+                break
+        return waiting
 
     def _apply_one(self, ev: dict[str, Any]) -> None:
         job_id: str = ev["job_id"]
