@@ -65,6 +65,15 @@ def sql_dir() -> Path:
     return Path(str(resources.files("gpuledger.pipeline") / "sql"))
 
 
+def sorted_rows(frame: pl.DataFrame, sort_by: list[str]) -> pl.DataFrame:
+    """``frame`` in ``sort_by`` order (nulls last, ties as they came): the key columns
+    alone are sorted and the rows gathered once (sorting the whole frame takes several
+    copies of every column: a compacted day's transient memory tripled)."""
+    order = frame.select(sort_by).with_row_index("__row").sort(
+        sort_by, nulls_last=True, maintain_order=True)["__row"]
+    return frame[order]
+
+
 def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> bytes:
     sink = io.BytesIO()
     frame.write_parquet(sink, compression="zstd", statistics=True,
@@ -114,19 +123,21 @@ class Warehouse:
         stamp = when.strftime("%Y-%m-%dT%H") if hourly else date
         return f"{FACTS}/{table}/date={date}/{table}-{stamp}{self._suffix(suffix)}.parquet"
 
-    def _shape(self, frame: pl.DataFrame, sort_by: list[str] | None) -> pl.DataFrame:
+    def _shape(self, frame: pl.DataFrame, sort_by: list[str] | None,
+               rounded: bool) -> pl.DataFrame:
         # Parallel float sums may differ in the last bit between runs; 9 decimals keep
         # every fact exact to far below its meaning and make the bytes reproducible.
-        frame = frame.with_columns(pl.col(pl.Float64).round(FLOAT_DECIMALS))
-        if sort_by:
-            frame = frame.sort(sort_by, nulls_last=True, maintain_order=True)
-        return frame
+        if not rounded:
+            frame = frame.with_columns(pl.col(pl.Float64).round(FLOAT_DECIMALS))
+        return sorted_rows(frame, sort_by) if sort_by else frame
 
     def write(self, path: str, frame: pl.DataFrame, sort_by: list[str] | None = None,
-              suffix: str | None = None, row_group_size: int | None = None) -> str:
+              suffix: str | None = None, row_group_size: int | None = None,
+              rounded: bool = False) -> str:
         """Make ``frame`` (sorted) the next content of the logical file ``path``; it is
-        published at the next :meth:`commit`. Returns the object's name."""
-        frame = self._shape(frame, sort_by)
+        published at the next :meth:`commit`. Returns the object's name. ``rounded``:
+        the rows come from files this class wrote (their floats are rounded already)."""
+        frame = self._shape(frame, sort_by, rounded)
         obj = self.publisher.put(self._unit(suffix), path,
                                  parquet_bytes(frame, row_group_size))
         self.files_written += 1
@@ -170,7 +181,8 @@ class Warehouse:
         if merge:
             frame = _merged(old.filter(in_hour), frame, sort_by)
         rows = pl.concat([old.filter(~in_hour), frame.cast(old.schema, strict=False)],
-                         how="vertical_relaxed")
+                         how="vertical_relaxed", rechunk=False)
+        del old
         log.info("%s: an hour of compacted %s rewritten", table, day)
         return self.write(day, rows, compaction.sort_order(table, sort_by), suffix,
                           compaction.ROW_GROUP_ROWS)
@@ -211,10 +223,14 @@ class Warehouse:
             parts = [self.read(day_path, suffix)] if day_path in manifest.files else []
             parts += [self.read(h, suffix) for h in hours]
             frames = [p for p in parts if p is not None and p.height]
+            del parts
             if frames:
-                rows = pl.concat(frames, how="vertical_relaxed")
+                # the day's rows once in memory: chunks appended, not copied into one
+                rows = pl.concat(frames, how="vertical_relaxed", rechunk=False)
+                del frames
                 self.write(day_path, rows, compaction.sort_order(table, None), suffix,
-                           compaction.ROW_GROUP_ROWS)
+                           compaction.ROW_GROUP_ROWS, rounded=True)
+                del rows
             for h in hours:
                 self.publisher.drop(unit, h)
             done += 1
