@@ -9,28 +9,30 @@ the topic complete (the service starts behind it, as after an outage), one
 
 - wall seconds from start to caught up (every sample read and its minutes closed), and
   to exit (flush, checkpoint);
-- the child's CPU seconds and peak RSS;
+- the child's CPU seconds and peak RSS (its own high-water mark, ``VmHWM``: a spawned
+  child's ``ru_maxrss`` keeps its parent's from before ``exec``);
 - the consume ceiling: the same topic read by the same client with the service's fetch
   settings and nothing else, in the same run.
 
 Against a broker the script starts (``tests/kafka_broker.py``) or ``--bootstrap``.
 With ``--instances N``, N instances then read the same backlog side by side in one new
-group (one warehouse folder), each reporting its samples and CPU seconds.
+group (one warehouse folder), each reporting its samples and CPU seconds, and the facts
+of both runs are compared view by view (rows and an order-free hash of every row).
 
 Target (issue 11): a 1-hour backlog of the ``--scale 16`` fleet at 1 s sampling in ≤ 60 s
 wall on the 2-core machine; each of two instances ≥ 0.8 of the one-instance rate. Usage:
 
     python bench/catch_up.py [--hours 1] [--scale 16] [--interval 1]
-        [--client confluent] [--instances 2] [--json PATH]
+        [--client confluent] [--instances 2] [--json PATH] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -87,6 +89,35 @@ def _ceiling(bootstrap: str, prefix: str, client: str, messages_hint: int) -> di
     return {"messages": n, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}
 
 
+def _peak_rss_mib() -> int:
+    """This process's own peak RSS (``VmHWM``), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024)
+    return 0
+
+
+FACT_VIEWS = ("gpu_minute", "gpu_hourly", "frag_minute", "pending_minute", "blocked_minute",
+              "job_attempts", "job_gpu", "preemptions", "rejects")
+
+
+def _facts(root: Path) -> dict[str, list[int]]:
+    """Each fact view's rows and an order-free hash of its rows, read through the
+    analysts' read-only connection."""
+    from gpuledger.pipeline.query import connect
+
+    con = connect(root)
+    try:
+        out = {}
+        for view in FACT_VIEWS:
+            n, h = con.execute(f"SELECT count(*), coalesce(sum(hash(t)), 0) FROM {view} t"
+                               ).fetchone() or (0, 0)
+            out[view] = [int(n), int(h)]
+        return out
+    finally:
+        con.close()
+
+
 def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
              out: Any, group: str) -> None:
     """The child: run the service until it has read and closed everything (of the
@@ -116,7 +147,7 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
     out.send({
         "wall_to_caught_up_s": round(caught[0] - w0, 1) if caught else None,
         "wall_to_exit_s": round(wall, 1), "cpu_s": round(cpu, 1),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_mib": _peak_rss_mib(),
         "samples": c.records_in["telemetry"], "late_samples": c.late_telemetry,
         "close_passes": c.close_passes, "minutes_closed": c.minutes_closed,
         "gpu_minute_rows": c.fact_rows.get("gpu_minute", 0),
@@ -154,6 +185,9 @@ def main() -> None:
                         "each one's samples per CPU-second against the one instance's")
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="work in this new folder and keep it (the warehouses wh/ and "
+                        "wh-n/, the broker's logs) instead of a temporary one")
     args = parser.parse_args()
     sim = SimConfig(hours=args.hours, chunk_minutes=10, sample_interval_s=args.interval,
                     cluster=scaled_cluster(args.scale))
@@ -161,7 +195,10 @@ def main() -> None:
                               "scale": args.scale, "interval_s": args.interval,
                               "client": args.client, "code": _code(),
                               "loadavg_at_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="catch-up-") as tmp_name:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=False)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep is not None
+          else tempfile.TemporaryDirectory(prefix="catch-up-")) as tmp_name:
         tmp = Path(tmp_name)
         with _broker(args.bootstrap, tmp) as (bootstrap, _log_dir, _pid):
             prefix = f"c{uuid.uuid4().hex[:8]}."
@@ -177,6 +214,12 @@ def main() -> None:
             if args.instances > 1:
                 result["instances"] = _run_instances(bootstrap, prefix, args.client,
                                                      samples, tmp / "wh-n", args.instances)
+                one, many = _facts(tmp / "wh"), _facts(tmp / "wh-n")
+                result["facts_one_instance"] = {v: n for v, (n, _h) in one.items()}
+                result["facts_differ"] = {v: {"one": one[v], "n": many[v]}
+                                          for v in FACT_VIEWS if one[v] != many[v]}
+                print("facts differ" if result["facts_differ"] else "facts identical",
+                      result["facts_differ"], file=sys.stderr, flush=True)
     s, c = result["service"], result["ceiling"]
     samples = result["produce"]["gpu_samples"]
     result["service"]["samples_per_cpu_s"] = round(samples / s["cpu_s"])
