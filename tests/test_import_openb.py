@@ -7,19 +7,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from openb_trace import openb_trace
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline import query
 from gpuledger.pipeline.importers.openb import load_openb
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
-NODES = DATA / "openb_node_list_gpu_node.csv"
-PODS = DATA / "openb_pod_list_default.csv"
+NODES, PODS, PUBLISHED = openb_trace()   # the published trace, else one in its format
 FROM_H, HOURS = 3552.0, 2.0          # a busy stretch of day 148
 LO, HI = FROM_H * 3600, (FROM_H + HOURS) * 3600
-
-pytestmark = pytest.mark.skipif(not PODS.exists(), reason="shared/data/openb is not here")
-
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -93,3 +89,21 @@ def test_every_pod_is_placed_and_cpu_pods_are_skipped() -> None:
     inv = imported.frames["inventory"]
     assert inv.height == pl.read_csv(NODES).filter(pl.col("gpu") > 0).height
     assert inv["gpu_count"].sum() == pl.read_csv(NODES)["gpu"].sum()
+
+
+def test_a_pod_scheduled_after_the_window_is_pending_at_its_end(tmp_path: Path) -> None:
+    """Created inside the window, scheduled after it: submitted, neither started nor
+    reported unplaced (it was taken for a pod the importer could not place)."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,8,A100\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                    "creation_time,deletion_time,scheduled_time\n"
+                    "inside,4000,16384,1,1000,,LS,Running,100,900,200\n"
+                    "late,4000,16384,1,1000,,LS,Running,3000,9000,4000\n")
+    imported = load_openb(nodes, pods, window_from_s=0, window_to_s=3600)
+    assert imported.unplaced == []
+    events = imported.frames["job"].select("job_id", "event").rows()
+    assert ("late", "submitted") in events
+    assert [e for j, e in events if j == "late"] == ["submitted"]
+    assert [e for j, e in events if j == "inside"] == ["submitted", "started", "finished"]

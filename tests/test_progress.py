@@ -52,7 +52,6 @@ def test_imports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
           "--warehouse", str(tmp_path / "pods")], "importing pods", "pods:", capsys)
 
 
-@pytest.mark.skipif(not PODS.exists(), reason="shared/data/openb is not here")
 def test_import_openb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _run(["import", "openb", "--nodes", str(NODES), "--pods", str(PODS), "--from-hours",
           "3552", "--hours", "0.25", "--warehouse", str(tmp_path / "openb")],

@@ -199,7 +199,9 @@ def load_openb(
         rows.append({"time": at(max(created, lo)), "event": "submitted", "job_id": job_id,
                      **attrs})
         placed = placements.get(job_id)
-        if scheduled is not None and placed and float(scheduled) < hi:
+        if scheduled is not None and float(scheduled) >= hi:
+            continue   # scheduled after the window: pending at its end (submitted only)
+        if scheduled is not None and placed:
             rows.append({"time": at(max(float(scheduled), lo)), "event": "started",
                          "job_id": job_id, **attrs,
                          "allocation": [{"node": sn, "gpu_index": i, "gpu_uuid": None,
