@@ -248,25 +248,38 @@ class Warehouse:
     def _after_commit(self, units: set[str]) -> None:
         if units & set(CATALOG_UNITS):
             self._catalog_wanted = True
-            try:
-                self._maybe_catalog(force=False)
-            except (duckdb.Error, OSError) as exc:  # a convenience: the facts are published
-                log.warning("catalog.duckdb not rebuilt: %s", str(exc).splitlines()[0])
+            self._maybe_catalog(force=False)
 
     def _maybe_catalog(self, force: bool) -> None:
+        """Rebuild the catalog if due; one that cannot be built now (another writer of
+        the bucket mid-way) is a warning and is tried again at the next commit: it is a
+        convenience, the facts are published without it."""
         interval = self.options.catalog_interval_s
         if force or (self._catalog_wanted and time.monotonic() - self._catalog_at >= interval):
             self._catalog_wanted = False
             self._catalog_at = time.monotonic()
-            self._write_catalog()
+            try:
+                self._write_catalog()
+            except (duckdb.Error, OSError) as exc:
+                self._catalog_wanted = True
+                log.warning("catalog.duckdb not rebuilt: %s", str(exc).splitlines()[0])
 
-    def publish_catalog(self) -> str:
+    def publish_catalog(self, required: bool = True) -> str:
         """Publish everything written so far, then (re)build ``catalog.duckdb`` with the
         views of ``sql/*.sql`` over the published files; the catalog is replaced
-        whole. Returns its location."""
+        whole. Returns its location. Not ``required`` (a service starting beside
+        others that write the same bucket): a catalog that cannot be built now is a
+        warning, and it is built again after the next commit."""
         self.publisher.commit(wait=True)
         if set(self.publisher.manifests) & set(CATALOG_UNITS) or not self.store.exists(CATALOG):
-            self._write_catalog()
+            try:
+                self._write_catalog()
+            except (duckdb.Error, OSError) as exc:
+                if required:
+                    raise
+                self._catalog_wanted = True
+                log.warning("catalog.duckdb not built yet (%s); it is after the next commit",
+                            str(exc).splitlines()[0])
         return self.store.url_of(CATALOG)
 
     def _write_catalog(self) -> None:

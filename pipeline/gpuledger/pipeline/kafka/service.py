@@ -217,7 +217,7 @@ class KafkaProcessorService:
         self.globals.assign(self.global_parts)
         for table, schema in TABLE_SCHEMAS.items():
             shared.ensure_schema(table, schema)
-        shared.publish_catalog()
+        shared.publish_catalog(required=False)   # other instances may be writing it
         self.engine = Processor(config, shared, now=now, telemetry_clock=True,
                                 partitioning=Partitioning(self.partitions, set()))
         instance = o.instance_id or f"{socket.gethostname()}-{os.getpid()}"
