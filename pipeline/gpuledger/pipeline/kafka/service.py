@@ -226,14 +226,7 @@ class KafkaProcessorService:
         self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
-        loaded = self.store.load_global(self.engine)
-        for tp in self.global_parts:
-            key = (tp.topic, tp.partition)
-            if loaded is not None and key in loaded:
-                self.offsets[key] = loaded[key]
-                self.globals.seek(tp, loaded[key])
-            else:
-                self.globals.seek_to_beginning(tp)
+        self._seek_globals()
         self.partition_time: dict[Key, datetime] = {}
         self.on_engine: list[Callable[[Processor], None]] = []
         """Called with the engine once (the exporter and the alert engine follow it)."""
@@ -383,6 +376,18 @@ class KafkaProcessorService:
         self._log_progress()
         return False
 
+    def _seek_globals(self) -> None:
+        """Load the engine's global state from the checkpoint and read the global topics
+        from the offsets it holds (from the beginning where it holds none)."""
+        loaded = self.store.load_global(self.engine)
+        for tp in self.global_parts:
+            key = (tp.topic, tp.partition)
+            if loaded is not None and key in loaded:
+                self.offsets[key] = loaded[key]
+                self.globals.seek(tp, loaded[key])
+            else:
+                self.globals.seek_to_beginning(tp)
+
     def _reload(self) -> None:
         """Forget what was done since the last checkpoint and go back to it: the engine's
         state, the offsets of every input (the facts written since are written again, the
@@ -393,14 +398,7 @@ class KafkaProcessorService:
         self.partition_time = {}
         self._ends_stale = True
         self._flushed = False
-        loaded = self.store.load_global(self.engine)
-        for tp in self.global_parts:
-            key = (tp.topic, tp.partition)
-            if loaded is not None and key in loaded:
-                self.offsets[key] = loaded[key]
-                self.globals.seek(tp, loaded[key])
-            else:
-                self.globals.seek_to_beginning(tp)
+        self._seek_globals()
         for p in held:
             self.add_partition(p)
             tp = self._tp(self.settings.topics.telemetry, p)
