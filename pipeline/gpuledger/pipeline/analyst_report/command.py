@@ -8,17 +8,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuledger.cli.arguments import positive, time_limit
+from gpuledger.cli.arguments import iso_time, positive, time_limit
 from gpuledger.cli.errors import CliError
-
-
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -83,10 +74,10 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    "default ./warehouse)")
     p.add_argument("--html", type=Path, default=None, metavar="FILE",
                    help="also write the report as a self-contained HTML file with charts")
-    p.add_argument("--since", type=_time, default=None,
+    p.add_argument("--since", type=iso_time, default=None,
                    help="window start (ISO 8601; UTC when no offset is given): every "
                    "section but borrowing covers only [since, until)")
-    p.add_argument("--until", type=_time, default=None,
+    p.add_argument("--until", type=iso_time, default=None,
                    help="window end (ISO 8601, exclusive)")
     p.add_argument("--whatif", action="store_true",
                    help="add the what-if section: the history replayed under the built-in "
