@@ -258,11 +258,17 @@ class Warehouse:
         if force or (self._catalog_wanted and time.monotonic() - self._catalog_at >= interval):
             self._catalog_wanted = False
             self._catalog_at = time.monotonic()
-            try:
-                self._write_catalog()
-            except (duckdb.Error, OSError) as exc:
-                self._catalog_wanted = True
-                log.warning("catalog.duckdb not rebuilt: %s", str(exc).splitlines()[0])
+            self._catalog_or_warning()
+
+    def _catalog_or_warning(self) -> None:
+        """Build the catalog; if it cannot be built now, say why and build it again
+        after the next commit."""
+        try:
+            self._write_catalog()
+        except (duckdb.Error, OSError) as exc:
+            self._catalog_wanted = True
+            log.warning("catalog.duckdb not rebuilt: %s (again after the next commit)",
+                        str(exc).splitlines()[0])
 
     def publish_catalog(self, required: bool = True) -> str:
         """Publish everything written so far, then (re)build ``catalog.duckdb`` with the
@@ -272,14 +278,10 @@ class Warehouse:
         warning, and it is built again after the next commit."""
         self.publisher.commit(wait=True)
         if set(self.publisher.manifests) & set(CATALOG_UNITS) or not self.store.exists(CATALOG):
-            try:
+            if required:
                 self._write_catalog()
-            except (duckdb.Error, OSError) as exc:
-                if required:
-                    raise
-                self._catalog_wanted = True
-                log.warning("catalog.duckdb not built yet (%s); it is after the next commit",
-                            str(exc).splitlines()[0])
+            else:
+                self._catalog_or_warning()
         return self.store.url_of(CATALOG)
 
     def _write_catalog(self) -> None:
