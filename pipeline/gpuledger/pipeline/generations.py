@@ -137,10 +137,6 @@ def _newest(store: Store, unit: str, generations: list[tuple[int, float]]) -> Ma
     return None
 
 
-def read_manifest(store: Store, unit: str) -> Manifest | None:
-    return _newest(store, unit, _listed(store).get(unit, []))
-
-
 def read_manifests(store: Store) -> dict[str, Manifest]:
     """The newest manifest of every unit (one listing, then the manifests in parallel)."""
     listed = _listed(store)
