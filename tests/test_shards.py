@@ -8,6 +8,8 @@ real broker.
 
 from __future__ import annotations
 
+import pickle
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -237,3 +239,39 @@ def test_a_partition_handed_over_mid_run_gives_the_same_facts(
     assert a.counters.late_telemetry == 0
     assert a.waiting.is_empty()
     assert_same_facts(tmp_path, single, SPARSE)
+
+
+def test_a_checkpoint_torn_between_its_global_part_and_a_section_loses_nothing(
+    single: Path, tmp_path: Path,
+) -> None:
+    """A kill between writing the global part (the books) and the partitions' sections
+    leaves the books newer than the sections. Which ended attempts each partition (and
+    the owner) has taken is the sections' to say: attempts taken after the sections were
+    written are taken again, not lost. The warehouse is as it was at the sections."""
+    count = 2
+    first = _engine(tmp_path / "first", count, {0, 1})
+    batches = list(simulate(_sim()))
+    cut, later = len(batches) // 2, len(batches) // 2 + 4
+    for batch in batches[:cut]:
+        _feed(first, batch, count)
+    first.warehouse.sync()
+    sections = [checkpoint.section(first, p, {}) for p in (0, 1)]
+    sections = [checkpoint.Section(s.partition, s.closed, s.offsets,
+                                   pickle.loads(pickle.dumps(s.state))) for s in sections]
+    shutil.copytree(tmp_path / "first", tmp_path / "again")
+    for batch in batches[cut:later]:
+        _feed(first, batch, count)
+    assert first.counters.close_passes > 0
+    books = pickle.loads(pickle.dumps(checkpoint.global_state(first)))
+    # the restart: the books of the later point, the sections of the earlier one
+    again = _engine(tmp_path / "again", count, set())
+    checkpoint.load_global(again, books)
+    for sec in sections:
+        checkpoint.merge_section(again, sec)
+    for batch in batches[cut:later]:  # telemetry from the sections' offsets
+        _feed(again, {"telemetry": batch["telemetry"]}, count)
+    for batch in batches[later:]:
+        _feed(again, batch, count)
+    again.flush()
+    assert again.waiting.is_empty()
+    assert_same_facts(tmp_path / "again", single, SPARSE)

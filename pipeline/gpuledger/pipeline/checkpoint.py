@@ -102,8 +102,14 @@ def global_state(processor: Processor) -> dict[str, Any]:
 
 
 def load_global(processor: Processor, state: dict[str, Any]) -> None:
+    """The books of the global part. Which ended attempts and preemptions each partition
+    and the owner have taken is the sections' to say (``merge_section``): the global
+    part is written first, so after a kill between the two it can be newer than a
+    section, and its marks would hide attempts that section never reported."""
     for name, value in state.items():
         setattr(processor, name, value)
+    processor.jobs.taken = {}
+    processor.jobs.preemptions_taken = set()
 
 
 # -- partition sections ------------------------------------------------------------------
