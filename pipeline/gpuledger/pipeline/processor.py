@@ -98,6 +98,11 @@ SPARSE_STEP = timedelta(hours=24)
 HourKey = tuple[str, datetime, int]
 
 
+def _newest_by_node(tel: pl.DataFrame) -> pl.DataFrame:
+    """Each node's newest sample time in ``tel`` (node, time)."""
+    return tel.lazy().group_by("node").agg(pl.col("time").max()).collect()
+
+
 def _floor_minute(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0)
 
@@ -312,8 +317,9 @@ class Processor:
             self.counters.add_rejects(kind, group.height)
 
     def _ingest(self, frames: dict[RecordType, pl.DataFrame], behind: bool = False) -> None:
+        newest: pl.DataFrame | None = None
         if "telemetry" in frames and not behind:
-            frames["telemetry"] = self._reject_ahead(frames["telemetry"])
+            frames["telemetry"], newest = self._reject_ahead(frames["telemetry"])
         clocks = {k: f for k, f in frames.items()
                   if (k == "telemetry" or not self.telemetry_clock) and not f.is_empty()}
         if self.started is None and clocks:
@@ -338,7 +344,7 @@ class Processor:
                 self._reject_job_events(refused)
             self._bump_other(jobs)
         if "telemetry" in frames:
-            self._ingest_telemetry(frames["telemetry"])
+            self._ingest_telemetry(frames["telemetry"], newest)
 
     def _first_minute(self, frames: list[pl.DataFrame]) -> datetime:
         """Where the processor starts: the first minute of its first events, leaving out
@@ -361,24 +367,26 @@ class Processor:
         ordered = sorted(times.values())
         return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
 
-    def _reject_ahead(self, tel: pl.DataFrame) -> pl.DataFrame:
+    def _reject_ahead(self, tel: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
         """Telemetry more than ``windows.max_ahead_s`` ahead of the fleet is rejected with
         its reason (a node's clock running ahead must not fabricate minutes no other node
         has reached). The fleet's progress counts this batch's samples too, node by node.
         Not while the transport is behind its input (a replay reads partitions at
-        different paces)."""
+        different paces). Returns the samples kept and, when that is all of them, each
+        node's newest sample time in them."""
         newest = dict(self.node_time)
-        for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
+        by_node = _newest_by_node(tel)
+        for node, when in by_node.iter_rows():
             if node not in newest or when > newest[node]:
                 newest[node] = when
         fleet = self._fleet_time(newest)
         if fleet is None:
-            return tel
+            return tel, by_node
         limit = fleet + timedelta(seconds=self.config.windows.max_ahead_s)
         ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
         bad = tel.filter(ahead)
         if bad.is_empty():
-            return tel
+            return tel, by_node
         self.counters.ahead_telemetry += bad.height
         fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
         reason = (pl.lit("field 'time': ") + pl.col("time").dt.strftime(fmt)
@@ -397,7 +405,7 @@ class Processor:
         log.warning("%d telemetry sample(s) more than %d s ahead of the fleet rejected "
                     "(first: node %s at %s)", bad.height, self.config.windows.max_ahead_s,
                     bad["node"][0], bad["time"][0])
-        return tel.filter(~ahead)
+        return tel.filter(~ahead), None
 
     def _reject_job_events(self, refused: pl.DataFrame) -> None:
         rows = refused.select(
@@ -410,7 +418,10 @@ class Processor:
         log.warning("%d job event(s) rejected as out of order (first: %s)", refused.height,
                     refused["reason"][0])
 
-    def _ingest_telemetry(self, tel: pl.DataFrame) -> None:
+    def _ingest_telemetry(self, tel: pl.DataFrame, by_node: pl.DataFrame | None = None
+                          ) -> None:
+        """Fold samples into the open minutes. ``by_node``: each node's newest sample time
+        in ``tel``, when the caller has it already."""
         tel = tel.with_columns(self.partition_expr(tel).alias("partition"))
         if self.partitioning is not None:
             held = list(self.held)
@@ -422,12 +433,15 @@ class Processor:
                             "partitioner, keyed by node)", tel.height - mine.height)
             if mine.is_empty():
                 return
+            if mine.height < tel.height:
+                by_node = None
             tel = mine
         tel = prepare(tel.drop("partition")).with_columns(tel["partition"])
         newest = tel.select(pl.col("time").max()).item()
         if self.max_telemetry_time is None or newest > self.max_telemetry_time:
             self.max_telemetry_time = newest
-        for node, when in tel.group_by("node").agg(pl.col("time").max()).iter_rows():
+        for node, when in (by_node if by_node is not None else _newest_by_node(tel)
+                           ).iter_rows():
             old = self.node_time.get(node)
             if old is None or when > old:
                 self.node_time[node] = when
@@ -467,15 +481,18 @@ class Processor:
         cards = self.inventory.node_memory().filter(pl.col("gpu_mem_mib").is_not_null())
         if cards.is_empty():
             return tel
+        floor = cards["gpu_mem_mib"].min() * margin  # type: ignore[operator]
         top = tel.select(pl.col("mem_used_mib").max()).item()
-        if top is None or top <= cards["gpu_mem_mib"].min() * margin:  # type: ignore[operator]
+        if top is None or top <= floor:
             return tel
-        limit = pl.col("gpu_mem_mib") * margin
-        checked = tel.join(cards, on="node", how="left")
-        over = (pl.col("mem_used_mib") > limit).fill_null(False)
-        bad = checked.filter(over)
-        if bad.is_empty():
+        # each sample's own card, looked up by node (a map of a few thousand nodes)
+        card = pl.col("node").replace_strict(cards["node"], cards["gpu_mem_mib"],
+                                             default=None, return_dtype=pl.Float64)
+        over = (pl.col("mem_used_mib") > card * margin).fill_null(False)
+        mask = tel.select(over).to_series()
+        if not mask.any():
             return tel
+        bad = tel.filter(mask).with_columns(card.alias("gpu_mem_mib"))
         fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
         reason = (pl.lit("field 'mem_used_mib': ") + pl.col("mem_used_mib").cast(pl.String)
                   + pl.lit(" MiB is more than the card's ") + pl.col("gpu_mem_mib").cast(pl.String)
@@ -489,7 +506,7 @@ class Processor:
             assert isinstance(part, int)
             self.add_rejects(group.drop("partition"), part)
         self.counters.implausible_telemetry += bad.height
-        return checked.filter(~over).drop("gpu_mem_mib")
+        return tel.filter(~mask)
 
     def _bump_other(self, frame: pl.DataFrame) -> None:
         newest = frame.select(pl.col("time").max()).item()
@@ -607,8 +624,10 @@ class Processor:
         closed = self.closed_until
         assert closed is not None
         while closed < end:
-            step = DENSE_STEP if self.tel_parts else SPARSE_STEP
-            step_end = min(end, _floor_hour(closed) + step)
+            if self.tel_parts:
+                step_end = min(end, closed + DENSE_STEP)
+            else:
+                step_end = min(end, _floor_hour(closed) + SPARSE_STEP)
             self._close(closed, step_end)
             for p in self.held:
                 if self.part_closed.get(p, step_end) < step_end:

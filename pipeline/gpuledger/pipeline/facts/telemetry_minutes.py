@@ -164,10 +164,31 @@ def partials(samples: pl.DataFrame) -> pl.DataFrame:
 
 
 def merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
-    """Partials of the same GPU-minutes added up."""
+    """Partials of the same GPU-minutes added up. Batches overlap in a few minutes at
+    most (where one ended and the next began): only the rows of minutes in more than one
+    part are grouped, the others are taken as they are."""
+    parts = [p for p in parts if not p.is_empty()] or parts[:1]
     if len(parts) == 1:
         return parts[0]
+    ranges = sorted(p.select(pl.col("minute_ms").min().alias("lo"),
+                             pl.col("minute_ms").max().alias("hi")).row(0)
+                    for p in parts)
+    shared: list[int] = []  # the minutes some earlier part reaches too
+    reach = ranges[0][1]
+    for lo, hi in ranges[1:]:
+        if lo <= reach:
+            shared += [lo, min(hi, reach)]
+        reach = max(reach, hi)
     both = pl.concat(parts, how="vertical_relaxed", rechunk=False)
+    if not shared:
+        return both
+    lo, hi = min(shared), max(shared)
+    overlap = pl.col("minute_ms").is_between(lo, hi)
+    return pl.concat([both.filter(~overlap), _added(both.filter(overlap))],
+                     how="vertical_relaxed")
+
+
+def _added(both: pl.DataFrame) -> pl.DataFrame:
     return both.lazy().group_by(KEYS).agg(
         pl.col("partition").first(),
         pl.col("n").sum(),

@@ -1,0 +1,79 @@
+"""Telemetry partials: folding a batch's samples per GPU-minute and adding partials up.
+
+A GPU-minute's telemetry must not depend on how its samples were split into batches:
+any split, in any order, merges to the partials of all the samples at once.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+
+import polars as pl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+from gpuledger.pipeline.facts import telemetry_minutes as tm
+
+T0 = datetime(2026, 1, 5, tzinfo=UTC)
+
+
+def _samples(times: list[int]) -> pl.DataFrame:
+    """Prepared samples of two GPUs of one node at ``times`` (seconds after T0)."""
+    n = len(times)
+    return tm.prepare(pl.DataFrame({
+        "time": [T0 + timedelta(seconds=t) for t in times],
+        "node": ["n1"] * n, "agent": ["a1"] * n, "seq": list(range(n)),
+        "gpu_index": [i % 2 for i in range(n)], "gpu_uuid": [None] * n,
+        "card_type": ["H100"] * n, "mig_instance": [None] * n,
+        **{c: [float(t % 97) for t in times] for c in (
+            "util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+            "mem_used_mib", "mem_total_mib", "power_w", "temp_c", "sm_clock_mhz",
+            "pcie_rx_bytes_s", "pcie_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_bytes_s")},
+        "xid_errors": [0] * n, "ecc_sbe": [t % 3 for t in times], "ecc_dbe": [0] * n,
+        "healthy": [True] * n, "processes": [[]] * n,
+    }, schema_overrides={"time": pl.Datetime("ms", "UTC"), "gpu_uuid": pl.String,
+                         "mig_instance": pl.String,
+                         "processes": pl.List(pl.Struct({"pid": pl.Int64,
+                                                         "job_id": pl.String,
+                                                         "used_mib": pl.Float64}))},
+    )).with_columns(pl.lit(0, pl.Int64).alias("partition"))
+
+
+def _ordered(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort(tm.KEYS)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 600), min_size=1, max_size=60, unique=True),
+       st.lists(st.integers(0, 59), max_size=5), st.randoms())
+def test_any_split_of_the_samples_merges_to_the_same_partials(
+        times: list[int], cuts: list[int], rnd: object) -> None:
+    samples = _samples(times)
+    whole = tm.partials(samples)
+    # batches: contiguous runs, interleaved ones, in any order
+    bounds = sorted({0, samples.height, *[c % (samples.height + 1) for c in cuts]})
+    parts = [tm.partials(samples.slice(a, b - a)) for a, b in pairwise(bounds) if b > a]
+    parts.append(tm.partials(samples.filter(pl.col("seq") % 7 == 3).head(0)))  # empty
+    rnd.shuffle(parts)  # type: ignore[attr-defined]
+    merged = tm.merge(parts)
+    assert merged.height == whole.height
+    assert_frame_equal(_ordered(merged), _ordered(whole), check_exact=False, rel_tol=1e-12)
+
+
+def test_batches_that_do_not_overlap_are_taken_as_they_are() -> None:
+    first = tm.partials(_samples(list(range(0, 120, 10))))
+    second = tm.partials(_samples(list(range(120, 240, 10))))
+    merged = tm.merge([second, first])
+    assert merged.height == first.height + second.height == 8
+    assert_frame_equal(_ordered(merged), _ordered(pl.concat([first, second])))
+
+
+def test_a_minute_split_between_two_batches_is_added_up() -> None:
+    first = tm.partials(_samples([0, 10, 20, 30, 40, 50, 60, 70]))
+    second = tm.partials(_samples([80, 90, 100, 110, 130]))
+    merged = _ordered(tm.merge([first, second]))
+    minute_1 = merged.filter(pl.col("minute_ms") == merged["minute_ms"].min() + 60_000)
+    assert minute_1["n"].to_list() == [3, 3]  # (60, 80, 100) and (70, 90, 110)
+    assert merged.height == 5  # minute 0: both GPUs; minute 2: GPU 0 (130)
