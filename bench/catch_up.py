@@ -124,9 +124,12 @@ def _facts(root: Path) -> dict[str, list[int]]:
 
 
 def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
-             out: Any, group: str) -> None:
+             out: Any, group: str, profile: str | None = None) -> None:
     """The child: run the service until it has read and closed everything (of the
-    partitions it holds, with others of ``group``)."""
+    partitions it holds, with others of ``group``). ``profile``: write a cProfile of
+    the run there (its figures then include the profiler's overhead)."""
+    import cProfile
+
     from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 
     settings = _settings(bootstrap, prefix, client)
@@ -142,11 +145,17 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
         return n
 
     service._handle = timed  # type: ignore[method-assign]
+    profiler = cProfile.Profile() if profile else None
     c0, w0 = time.process_time(), time.perf_counter()
     try:
-        service.run()
+        if profiler is not None:
+            profiler.runcall(service.run)
+        else:
+            service.run()
     finally:
         service.close()
+    if profiler is not None and profile:
+        profiler.dump_stats(profile)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     c = service.counters()
     out.send({
@@ -160,7 +169,7 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
 
 
 def _run_instances(bootstrap: str, prefix: str, client: str, samples: int, root: Path,
-                   n: int) -> list[dict[str, Any]]:
+                   n: int, profile: Path | None = None) -> list[dict[str, Any]]:
     """``n`` service instances in one new consumer group, one child process each,
     sharing one warehouse folder; each one's figures."""
     ctx = mp.get_context("spawn")
@@ -169,7 +178,8 @@ def _run_instances(bootstrap: str, prefix: str, client: str, samples: int, root:
     for _ in range(n):
         here, there = ctx.Pipe()
         child = ctx.Process(target=_service, args=(
-            bootstrap, prefix, client, samples, str(root), there, group))
+            bootstrap, prefix, client, samples, str(root), there, group,
+            None if profile is None else str(profile)))
         child.start()
         pipes.append(here)
         children.append(child)
@@ -190,6 +200,9 @@ def main() -> None:
                         "each one's samples per CPU-second against the one instance's")
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile of the one-instance run here (its rates "
+                             "then include the profiler's overhead)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work in this new folder and keep it (the warehouses wh/ and "
                         "wh-n/, the broker's logs) instead of a temporary one")
@@ -215,7 +228,7 @@ def main() -> None:
             print("ceiling", result["ceiling"], file=sys.stderr, flush=True)
             samples = result["produce"]["gpu_samples"]
             result["service"] = _run_instances(bootstrap, prefix, args.client, samples,
-                                               tmp / "wh", 1)[0]
+                                               tmp / "wh", 1, args.profile)[0]
             if args.instances > 1:
                 result["instances"] = _run_instances(bootstrap, prefix, args.client,
                                                      samples, tmp / "wh-n", args.instances)

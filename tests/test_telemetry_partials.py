@@ -6,6 +6,7 @@ any split, in any order, merges to the partials of all the samples at once.
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
@@ -77,3 +78,50 @@ def test_a_minute_split_between_two_batches_is_added_up() -> None:
     minute_1 = merged.filter(pl.col("minute_ms") == merged["minute_ms"].min() + 60_000)
     assert minute_1["n"].to_list() == [3, 3]  # (60, 80, 100) and (70, 90, 110)
     assert merged.height == 5  # minute 0: both GPUs; minute 2: GPU 0 (130)
+
+
+def _of_node(node: str, times: list[int]) -> pl.DataFrame:
+    return _samples(times).with_columns(pl.lit(node).alias("node"))
+
+
+def test_repeats_are_found_across_batches_whichever_gpus_came_between() -> None:
+    keys = tm.SampleKeys()
+    a = _of_node("a", list(range(0, 60, 5)))
+    b = _of_node("b", list(range(0, 60, 5)))
+    assert keys.take_new(a) == (a, 0)
+    assert keys.take_new(b)[1] == 0  # other GPUs, the same minute: no repeat
+    again = pl.concat([a.slice(3, 4), _of_node("c", [7, 8])])
+    fresh, repeats = keys.take_new(again)
+    assert repeats == 4
+    assert fresh["node"].to_list() == ["c", "c"]
+    # a repeat inside one batch, and of what was taken before
+    nine = _of_node("c", [9])
+    fresh, repeats = keys.take_new(pl.concat([nine, nine, b.slice(0, 1)]))
+    assert (fresh.height, repeats) == (1, 2)
+
+
+def test_keys_saved_before_the_gpu_index_still_find_repeats() -> None:
+    keys = tm.SampleKeys()
+    a = _of_node("a", list(range(0, 60, 5)))
+    keys.take_new(a)
+    keys.__dict__.pop("gpus_by_minute")  # the form a checkpoint of an older release has
+    restored = pickle.loads(pickle.dumps(keys))
+    assert restored.take_new(a.slice(0, 2))[1] == 2
+    assert restored.take_new(_of_node("b", [1]))[1] == 0
+
+
+def test_split_gives_each_partition_its_own_keys() -> None:
+    keys = tm.SampleKeys()
+    for part, node in enumerate(["a", "b", "c"]):
+        keys.take_new(_of_node(node, list(range(0, 120, 7))).with_columns(
+            pl.lit(part % 2, pl.Int64).alias("partition")))
+    split = keys.split()
+    assert sorted(split) == [0, 1]
+    for part, mine in split.items():
+        want = keys.of_partition(part, keep=True)
+        for attr in ("by_minute", "gpus_by_minute"):
+            got_rows = {m: pl.concat(f).sort(pl.all()) for m, f in getattr(mine, attr).items()}
+            want_rows = {m: pl.concat(f).sort(pl.all()) for m, f in getattr(want, attr).items()}
+            assert got_rows.keys() == want_rows.keys()
+            for m, rows in got_rows.items():
+                assert rows.equals(want_rows[m])

@@ -38,6 +38,7 @@ from typing import Any
 
 import polars as pl
 
+from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys
 from gpuledger.pipeline.generations import unit_of
 from gpuledger.pipeline.processor import ACC_SCHEMA, Processor
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER
@@ -120,8 +121,10 @@ def _nodes_of(processor: Processor, partition: int, nodes: list[str]) -> list[st
     return [n for n in nodes if processor.partitioning.of(n) == partition]
 
 
-def section(processor: Processor, partition: int, offsets: Offsets) -> Section:
-    """Partition ``partition``'s part of ``processor``'s state."""
+def section(processor: Processor, partition: int, offsets: Offsets,
+            keys: SampleKeys | None = None) -> Section:
+    """Partition ``partition``'s part of ``processor``'s state (``keys``: its sample
+    keys, when the caller split them already)."""
     p = partition
     mine = pl.col("partition") == p
     jobs = processor.jobs
@@ -129,15 +132,16 @@ def section(processor: Processor, partition: int, offsets: Offsets) -> Section:
     state: dict[str, Any] = {
         "tel_parts": _rows_of(processor.tel_parts, mine),
         "mem_parts": _rows_of(processor.mem_parts, mine),
-        "sample_keys": processor.sample_keys.of_partition(p, keep=True),
+        "sample_keys": (keys if keys is not None
+                        else processor.sample_keys.of_partition(p, keep=True)),
         "acc": processor.acc.filter(mine),
         "hour_parts": {(t, h): v for (t, h, q), v in processor.hour_parts.items() if q == p},
         "rollup_parts": {h: v for (h, q), v in processor.rollup_parts.items() if q == p},
         "day_hourly": {d: v for (d, q), v in processor.day_hourly.items() if q == p},
         "late_parts": {h: v for (h, q), v in processor.late_parts.items() if q == p},
         "rejects": [r.filter(mine) for r in processor.rejects],
-        "node_time": {n: t for n, t in processor.node_time.items()
-                      if n in set(_nodes_of(processor, p, list(processor.node_time)))},
+        "node_time": {n: processor.node_time[n]
+                      for n in _nodes_of(processor, p, list(processor.node_time))},
         "seq_last": {k: v for k, v in processor._seq_last.items() if k[0] == p},
         "taken": jobs.taken_by(p),
         "history": _history(processor, p, closed),
@@ -287,12 +291,15 @@ class CheckpointStore:
         processor.warehouse.sync()
         self._write(self.global_path(), {"version": VERSION, "state": global_state(processor),
                                          "offsets": dict(global_offsets)})
+        keys = processor.sample_keys.split()
         for p, offsets in sorted(partition_offsets.items()):
-            self.save_partition(processor, p, {**offsets, **global_offsets})
+            self.save_partition(processor, p, {**offsets, **global_offsets},
+                                keys.get(p, SampleKeys()))
 
-    def save_partition(self, processor: Processor, partition: int, offsets: Offsets) -> None:
+    def save_partition(self, processor: Processor, partition: int, offsets: Offsets,
+                       keys: SampleKeys | None = None) -> None:
         processor.warehouse.sync()
-        sec = section(processor, partition, offsets)
+        sec = section(processor, partition, offsets, keys)
         self._write(self.partition_path(partition), {"version": VERSION, "section": sec})
 
     def load_global(self, processor: Processor) -> Offsets | None:

@@ -619,8 +619,10 @@ class Processor:
     # -- closing minutes -------------------------------------------------------------
 
     def close_until(self, end: datetime) -> None:
-        """Close all minutes before ``end`` in every partition held, in steps that end on
-        whole hours (at most an hour while telemetry is buffered, a day without)."""
+        """Close all minutes before ``end`` in every partition held, in steps: while
+        telemetry is buffered, at most an hour from where the last step ended (a step has
+        a fixed cost: an hourly batch whose watermark is past a whole hour closes in one
+        step, not two); without telemetry, up to a day from the hour it starts in."""
         closed = self.closed_until
         assert closed is not None
         while closed < end:

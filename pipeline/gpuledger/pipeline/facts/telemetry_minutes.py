@@ -73,9 +73,23 @@ def _gpu_key() -> pl.Expr:
 
 @dataclass
 class SampleKeys:
-    """The keys of the samples taken into each open minute (to drop repeats)."""
+    """The keys of the samples taken into each open minute (to drop repeats).
+
+    ``by_minute``: per minute, frames of (partition, GPU key, time), one per batch that
+    had samples of it; ``gpus_by_minute``: the same batches' distinct (partition, GPU
+    key). A batch is checked against the GPUs first: samples of GPUs no earlier batch
+    had in that minute cannot repeat one (through Kafka, a poll brings other nodes'
+    messages for the minutes already open, and only the rare repeat is looked up among
+    the keys)."""
 
     by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
+    gpus_by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        if "gpus_by_minute" not in state:  # a checkpoint from before the GPU index
+            self.gpus_by_minute = {m: [f.select("partition", "_g").unique() for f in frames]
+                                   for m, frames in self.by_minute.items()}
 
     def take_new(self, samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         """``samples`` less repeats of each other and of samples taken before; the
@@ -87,42 +101,76 @@ class SampleKeys:
         # one 64-bit mix of the pair: no repeat among them means no repeat of the pair
         if keys.select((pl.col("_g") ^ pl.col("_t").hash(5)).n_unique()).item() < keys.height:
             keep = keys.select(pl.struct("_g", "_t").is_first_distinct()).to_series()
-        seen = [f for m in keys["minute_ms"].unique().to_list()
-                for f in self.by_minute.get(m, ())]
-        if seen:
-            old = pl.concat(seen).select("_g", "_t")
-            fresh = keys.with_row_index("_i").join(old, on=["_g", "_t"], how="anti")["_i"]
-            if fresh.len() < keys.height:
-                mask = pl.Series(values=[False] * keys.height, dtype=pl.Boolean).scatter(
-                    fresh, True)
-                keep = mask if keep is None else (keep & mask)
+        minutes = keys["minute_ms"].unique().to_list()
+        known = [f.with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
+                 for m in minutes for f in self.gpus_by_minute.get(m, ())]
+        if known:
+            again = keys.with_row_index("_i").join(
+                pl.concat(known).select("minute_ms", "_g").unique(), on=["minute_ms", "_g"],
+                how="semi")
+            if not again.is_empty():
+                seen = [f.with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
+                        for m in again["minute_ms"].unique().to_list()
+                        for f in self.by_minute.get(m, ())]
+                old = pl.concat(seen).select("minute_ms", "_g", "_t")
+                repeat = again.join(old, on=["minute_ms", "_g", "_t"], how="semi")["_i"]
+                if repeat.len():
+                    mask = pl.Series(values=[True] * keys.height, dtype=pl.Boolean).scatter(
+                        repeat, False)
+                    keep = mask if keep is None else (keep & mask)
         if keep is not None and not keep.all():
             keys = keys.filter(keep)
             taken = samples.filter(keep)
         else:
             taken = samples
+        gpus = keys.select("minute_ms", "partition", "_g").unique()
         for (minute,), rows in keys.partition_by("minute_ms", as_dict=True).items():
             assert isinstance(minute, int)
             self.by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
+        for (minute,), rows in gpus.partition_by("minute_ms", as_dict=True).items():
+            assert isinstance(minute, int)
+            self.gpus_by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
         return taken, samples.height - taken.height
 
     def forget_before(self, minute_ms: int) -> None:
         self.by_minute = {m: v for m, v in self.by_minute.items() if m >= minute_ms}
+        self.gpus_by_minute = {m: v for m, v in self.gpus_by_minute.items() if m >= minute_ms}
 
     def of_partition(self, partition: int, keep: bool) -> SampleKeys:
         """This set's keys of one partition (``keep``), or of all the others."""
         sel = pl.col("partition") == partition
-        out: dict[int, list[pl.DataFrame]] = {}
-        for minute, frames in self.by_minute.items():
-            rows = [f.filter(sel if keep else ~sel) for f in frames]
-            rows = [r for r in rows if not r.is_empty()]
-            if rows:
-                out[minute] = rows
-        return SampleKeys(out)
+        which = sel if keep else ~sel
+
+        def rows(frames_by_minute: dict[int, list[pl.DataFrame]]
+                 ) -> dict[int, list[pl.DataFrame]]:
+            out: dict[int, list[pl.DataFrame]] = {}
+            for minute, frames in frames_by_minute.items():
+                kept = [r for r in (f.filter(which) for f in frames) if not r.is_empty()]
+                if kept:
+                    out[minute] = kept
+            return out
+
+        return SampleKeys(rows(self.by_minute), rows(self.gpus_by_minute))
+
+    def split(self) -> dict[int, SampleKeys]:
+        """The keys of each partition (one pass over them: a checkpoint of many
+        partitions would otherwise filter every key once per partition)."""
+        out: dict[int, SampleKeys] = {}
+        for attr in ("by_minute", "gpus_by_minute"):
+            for minute, frames in getattr(self, attr).items():
+                for frame in frames:
+                    for (part,), rows in frame.partition_by("partition",
+                                                            as_dict=True).items():
+                        assert isinstance(part, int)
+                        getattr(out.setdefault(part, SampleKeys()), attr).setdefault(
+                            minute, []).append(rows)
+        return out
 
     def add(self, other: SampleKeys) -> None:
         for minute, frames in other.by_minute.items():
             self.by_minute.setdefault(minute, []).extend(frames)
+        for minute, frames in other.gpus_by_minute.items():
+            self.gpus_by_minute.setdefault(minute, []).extend(frames)
 
 
 def _merge_mig(samples: pl.DataFrame) -> pl.DataFrame:

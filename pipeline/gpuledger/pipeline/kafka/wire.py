@@ -23,6 +23,7 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
 from gpuledger.pipeline.columns import conform, empty_frame, schema_of
@@ -103,28 +104,10 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
                 dead.append(_wrong_topic(decoded.frames[other_type], other_type, record_type))
         if decoded.rejects.height:
             dead.append(_origin(decoded.rejects, jsonl, lines_per))
-    readable: list[Message] = []
-    arrow_frames: list[pl.DataFrame] = []
-    contract = schema_of(record_type)
-    for m in arrow:
-        declared = (m.header(TYPE_HEADER) or b"").decode(errors="replace")
-        if declared != record_type:
-            dead.append(_whole(m, f"gpuledger-type {declared!r} on topic {m.topic}"))
-            continue
-        try:
-            frame = pl.read_ipc_stream(io.BytesIO(m.value))
-            if frame.schema != contract:  # what encode() writes needs nothing (5x faster)
-                frame = conform(frame, record_type)
-        except Exception as exc:
-            dead.append(_whole(m, f"unreadable Arrow IPC or not the contract's columns: "
-                                  f"{type(exc).__name__}: {exc}"))
-            continue
-        readable.append(m)
-        arrow_frames.append(frame)
+    readable, counts, arrow_frames = _read_arrow(arrow, record_type, dead)
     if arrow_frames:
         # one validation for the whole poll batch; row numbers map rejects back
-        rows_per = np.fromiter((f.height for f in arrow_frames), dtype=np.int64,
-                               count=len(arrow_frames))
+        rows_per = np.asarray(counts, dtype=np.int64)
         batch = pl.concat(arrow_frames)
         row = pl.int_range(1, batch.height + 1, eager=True, dtype=pl.Int64)
         good, bad = validate(batch, record_type, now=now, max_future_s=max_future_s,
@@ -141,6 +124,66 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
     dead_frame = (pl.concat([d.select(DEAD_SCHEMA.names()).cast(DEAD_SCHEMA)
                              for d in dead]) if dead else pl.DataFrame(schema=DEAD_SCHEMA))
     return DecodedBatch({record_type: valid}, dead_frame)
+
+
+def _read_arrow(messages: Sequence[Message], record_type: RecordType,
+                dead: list[pl.DataFrame]
+                ) -> tuple[list[Message], list[int], list[pl.DataFrame]]:
+    """The Arrow messages' frames; the messages they came from, in that order, and each
+    one's rows.
+
+    Each value is read in place (Arrow maps its buffers); the messages of one schema
+    become one frame, conformed once if that schema is not the contract's (what
+    ``encode`` writes needs nothing). A message that cannot be read, or whose columns
+    cannot be made the contract's, is a dead letter with the reason."""
+    contract = schema_of(record_type)
+    groups: list[tuple[pa.Schema, list[tuple[Message, pa.Table]]]] = []
+    for m in messages:
+        declared = (m.header(TYPE_HEADER) or b"").decode(errors="replace")
+        if declared != record_type:
+            dead.append(_whole(m, f"gpuledger-type {declared!r} on topic {m.topic}"))
+            continue
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(m.value)).read_all()
+        except Exception as exc:
+            dead.append(_unreadable(m, exc))
+            continue
+        for schema, members in groups:
+            if schema.equals(table.schema):
+                members.append((m, table))
+                break
+        else:
+            groups.append((table.schema, [(m, table)]))
+    readable: list[Message] = []
+    counts: list[int] = []
+    frames: list[pl.DataFrame] = []
+    for _schema, members in groups:
+        try:
+            frame = _frame(pa.concat_tables([t for _m, t in members]), record_type, contract)
+        except Exception:  # one of them is bad: find it
+            for m, table in members:
+                try:
+                    frames.append(_frame(table, record_type, contract))
+                    readable.append(m)
+                    counts.append(table.num_rows)
+                except Exception as exc:
+                    dead.append(_unreadable(m, exc))
+            continue
+        frames.append(frame)
+        readable.extend(m for m, _t in members)
+        counts.extend(t.num_rows for _m, t in members)
+    return readable, counts, frames
+
+
+def _frame(table: pa.Table, record_type: RecordType, contract: pl.Schema) -> pl.DataFrame:
+    frame = pl.from_arrow(table, rechunk=False)
+    assert isinstance(frame, pl.DataFrame)
+    return frame if frame.schema == contract else conform(frame, record_type)
+
+
+def _unreadable(m: Message, exc: Exception) -> pl.DataFrame:
+    return _whole(m, f"unreadable Arrow IPC or not the contract's columns: "
+                     f"{type(exc).__name__}: {exc}")
 
 
 def _origin(rejects: pl.DataFrame, messages: Sequence[Message],
