@@ -101,7 +101,7 @@ def consumer_config(settings: KafkaSettings, options: Mapping[str, Any]) -> dict
     """librdkafka consumer settings from kafka-python-named ``options``."""
     cfg = base_config(settings)
     cfg.update({"enable.auto.commit": False, "enable.auto.offset.store": False,
-                "enable.partition.eof": False})
+                "enable.partition.eof": False, "fetch.queue.backoff.ms": 20})
     for name, value in options.items():
         if name not in CONSUMER_OPTIONS:
             raise ValueError(f"consumer option {name!r} has no confluent-kafka equivalent here")

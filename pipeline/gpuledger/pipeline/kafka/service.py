@@ -487,7 +487,7 @@ class KafkaProcessorService:
             unread = any(self.offsets.get((tp.topic, tp.partition), 0)
                          < self._ends.get((tp.topic, tp.partition), 0)
                          for tp in self.global_parts)
-            records = self.globals.poll(timeout_ms=50 if unread or not total else 0,
+            records = self.globals.poll(timeout_ms=50 if unread else 0,
                                         max_records=self.options.max_records - total)
             fetched = _messages(records)
             n = 0
