@@ -100,12 +100,14 @@ def test_repeats_are_found_across_batches_whichever_gpus_came_between() -> None:
     assert (fresh.height, repeats) == (1, 2)
 
 
-def test_keys_saved_before_the_gpu_index_still_find_repeats() -> None:
+def test_keys_from_a_checkpoint_still_find_repeats() -> None:
     keys = tm.SampleKeys()
     a = _of_node("a", list(range(0, 60, 5)))
     keys.take_new(a)
-    keys.__dict__.pop("gpus_by_minute")  # the form a checkpoint of an older release has
-    restored = pickle.loads(pickle.dumps(keys))
+    keys.take_new(_of_node("c", [2]))  # the GPU index of the minute is built
+    assert keys.gpus_by_minute
+    restored = pickle.loads(pickle.dumps(keys))  # the index is not saved: rebuilt
+    assert not restored.gpus_by_minute
     assert restored.take_new(a.slice(0, 2))[1] == 2
     assert restored.take_new(_of_node("b", [1]))[1] == 0
 
@@ -119,7 +121,7 @@ def test_split_gives_each_partition_its_own_keys() -> None:
     assert sorted(split) == [0, 1]
     for part, mine in split.items():
         want = keys.of_partition(part, keep=True)
-        for attr in ("by_minute", "gpus_by_minute"):
+        for attr in ("by_minute",):
             got_rows = {m: pl.concat(f).sort(pl.all()) for m, f in getattr(mine, attr).items()}
             want_rows = {m: pl.concat(f).sort(pl.all()) for m, f in getattr(want, attr).items()}
             assert got_rows.keys() == want_rows.keys()

@@ -76,20 +76,30 @@ class SampleKeys:
     """The keys of the samples taken into each open minute (to drop repeats).
 
     ``by_minute``: per minute, frames of (partition, GPU key, time), one per batch that
-    had samples of it; ``gpus_by_minute``: the same batches' distinct (partition, GPU
-    key). A batch is checked against the GPUs first: samples of GPUs no earlier batch
-    had in that minute cannot repeat one (through Kafka, a poll brings other nodes'
-    messages for the minutes already open, and only the rare repeat is looked up among
-    the keys)."""
+    had samples of it. ``gpus_by_minute``: a cache, per minute, of the distinct
+    (partition, GPU key) of a prefix of those frames, built when a later batch brings
+    samples of that minute again. A batch is checked against the GPUs first: samples of
+    GPUs no earlier batch had in that minute cannot repeat one (through Kafka, a poll
+    brings other nodes' messages for the minutes already open, and only the rare repeat
+    is looked up among the keys); a history read in order touches a minute again only
+    where one batch ended and the next began."""
 
     by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
     gpus_by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
 
+    def __getstate__(self) -> dict[str, object]:
+        return {"by_minute": self.by_minute}  # the cache is rebuilt when needed
+
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        if "gpus_by_minute" not in state:  # a checkpoint from before the GPU index
-            self.gpus_by_minute = {m: [f.select("partition", "_g").unique() for f in frames]
-                                   for m, frames in self.by_minute.items()}
+        self.gpus_by_minute = {}
+
+    def _gpus(self, minute: int) -> list[pl.DataFrame]:
+        """The distinct GPUs of the minute's frames (the cache brought up to date)."""
+        frames = self.by_minute.get(minute, [])
+        index = self.gpus_by_minute.setdefault(minute, [])
+        index.extend(f.select("partition", "_g").unique() for f in frames[len(index):])
+        return index
 
     def take_new(self, samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         """``samples`` less repeats of each other and of samples taken before; the
@@ -101,9 +111,9 @@ class SampleKeys:
         # one 64-bit mix of the pair: no repeat among them means no repeat of the pair
         if keys.select((pl.col("_g") ^ pl.col("_t").hash(5)).n_unique()).item() < keys.height:
             keep = keys.select(pl.struct("_g", "_t").is_first_distinct()).to_series()
-        minutes = keys["minute_ms"].unique().to_list()
+        minutes = [m for m in keys["minute_ms"].unique().to_list() if m in self.by_minute]
         known = [f.with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
-                 for m in minutes for f in self.gpus_by_minute.get(m, ())]
+                 for m in minutes for f in self._gpus(m)]
         if known:
             again = keys.with_row_index("_i").join(
                 pl.concat(known).select("minute_ms", "_g").unique(), on=["minute_ms", "_g"],
@@ -123,13 +133,9 @@ class SampleKeys:
             taken = samples.filter(keep)
         else:
             taken = samples
-        gpus = keys.select("minute_ms", "partition", "_g").unique()
         for (minute,), rows in keys.partition_by("minute_ms", as_dict=True).items():
             assert isinstance(minute, int)
             self.by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
-        for (minute,), rows in gpus.partition_by("minute_ms", as_dict=True).items():
-            assert isinstance(minute, int)
-            self.gpus_by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
         return taken, samples.height - taken.height
 
     def forget_before(self, minute_ms: int) -> None:
@@ -140,37 +146,29 @@ class SampleKeys:
         """This set's keys of one partition (``keep``), or of all the others."""
         sel = pl.col("partition") == partition
         which = sel if keep else ~sel
-
-        def rows(frames_by_minute: dict[int, list[pl.DataFrame]]
-                 ) -> dict[int, list[pl.DataFrame]]:
-            out: dict[int, list[pl.DataFrame]] = {}
-            for minute, frames in frames_by_minute.items():
-                kept = [r for r in (f.filter(which) for f in frames) if not r.is_empty()]
-                if kept:
-                    out[minute] = kept
-            return out
-
-        return SampleKeys(rows(self.by_minute), rows(self.gpus_by_minute))
+        out: dict[int, list[pl.DataFrame]] = {}
+        for minute, frames in self.by_minute.items():
+            kept = [r for r in (f.filter(which) for f in frames) if not r.is_empty()]
+            if kept:
+                out[minute] = kept
+        return SampleKeys(out)
 
     def split(self) -> dict[int, SampleKeys]:
         """The keys of each partition (one pass over them: a checkpoint of many
         partitions would otherwise filter every key once per partition)."""
         out: dict[int, SampleKeys] = {}
-        for attr in ("by_minute", "gpus_by_minute"):
-            for minute, frames in getattr(self, attr).items():
-                for frame in frames:
-                    for (part,), rows in frame.partition_by("partition",
-                                                            as_dict=True).items():
-                        assert isinstance(part, int)
-                        getattr(out.setdefault(part, SampleKeys()), attr).setdefault(
-                            minute, []).append(rows)
+        for minute, frames in self.by_minute.items():
+            for frame in frames:
+                for (part,), rows in frame.partition_by("partition", as_dict=True).items():
+                    assert isinstance(part, int)
+                    out.setdefault(part, SampleKeys()).by_minute.setdefault(
+                        minute, []).append(rows)
         return out
 
     def add(self, other: SampleKeys) -> None:
+        """Take ``other``'s keys too (appended: the cache still names a prefix)."""
         for minute, frames in other.by_minute.items():
             self.by_minute.setdefault(minute, []).extend(frames)
-        for minute, frames in other.gpus_by_minute.items():
-            self.gpus_by_minute.setdefault(minute, []).extend(frames)
 
 
 def _merge_mig(samples: pl.DataFrame) -> pl.DataFrame:
@@ -274,14 +272,12 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
     Partials of the same key merge by their maximum. (Read from every sample with an
     attributed process, whatever the job book knows when it arrives: a job's start may
     be read after its samples.)"""
-    cand = samples.select(*KEYS, "partition", "time", "n_proc", "n_unattributed",
-                          "processes").filter(pl.col("n_proc") > pl.col("n_unattributed"))
-    if cand.is_empty():
-        return pl.DataFrame(schema={**dict.fromkeys(KEYS), "job_id": pl.String,
-                                    "partition": pl.Int64, "job_mem_mib": pl.Float64})
+    cand = samples.lazy().select(
+        *KEYS, "partition", "time", "n_proc", "n_unattributed", "processes",
+    ).filter(pl.col("n_proc") > pl.col("n_unattributed"))
+    first = pl.col("processes").list.first().struct
     single = cand.filter(pl.col("n_proc") == 1).select(
-        *KEYS, "partition", pl.col("processes").list.first().struct.field("job_id"),
-        pl.col("processes").list.first().struct.field("used_mib"))
+        *KEYS, "partition", first.field("job_id"), first.field("used_mib"))
     several = (
         cand.filter(pl.col("n_proc") > 1)
         .select(*KEYS, "partition", "time", "processes")
@@ -290,10 +286,11 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("job_id").is_not_null())
         .group_by([*KEYS, "partition", "time", "job_id"])
         .agg(pl.col("used_mib").sum())
-        .select(single.columns)
+        .select(*KEYS, "partition", "job_id", "used_mib")
     )
+    # one plan: the list column is not copied by each step
     return pl.concat([single, several]).group_by([*KEYS, "job_id"]).agg(
-        pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib"))
+        pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib")).collect()
 
 
 def merge_memory(parts: list[pl.DataFrame]) -> pl.DataFrame:
