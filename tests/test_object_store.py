@@ -9,6 +9,7 @@ no output.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -206,3 +207,24 @@ def test_duckdb_threads_read_large_objects_in_ranges(s3_env: str, tmp_path: Path
     finally:
         con.close()
     assert got == (n, len(set(blobs)), min(blobs), max(blobs))
+
+
+def test_whatif_reads_a_bucket_and_diagnose_refuses_one_in_one_line(
+        s3: S3Server, events: list[Path], local: Path) -> None:
+    url = s3.bucket() + "/wi/wh"
+    env = _env(s3)
+    assert _cli("ingest", *map(str, events), "--warehouse", url, "--quiet",
+                env=env).returncode == 0
+    args = ["whatif", "--policy", "fgd", "--json", "--quiet"]
+    on_bucket = _cli(*args, "--warehouse", url, env=env)
+    assert on_bucket.returncode == 0, on_bucket.stderr
+    in_folder = _cli(*args, "--warehouse", str(local), env=env)
+    assert in_folder.returncode == 0, in_folder.stderr
+    got, want = json.loads(on_bucket.stdout), json.loads(in_folder.stdout)
+    assert got["answers"] == want["answers"] and got["answers"]
+    assert got["warehouse"] == url  # printed without credentials
+    assert s3.secret_key not in on_bucket.stdout + on_bucket.stderr
+    refused = _cli("diagnose", "--warehouse", url, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "s3://" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -49,6 +49,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse, summary_text
     from gpuledger.pipeline.advisor.history import HistoryError
 
+    if str(args.warehouse).startswith("s3:/"):  # Path() folds s3:// to s3:/
+        raise CliError("diagnose reads and writes a warehouse folder; an s3:// warehouse "
+                       "is not supported (run it where the folder is)")
     say = _say(args.quiet, "diagnose")
     try:
         result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
@@ -74,8 +77,9 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
         "work, per team) beside what was observed, with the calibration error of the "
         "baseline replay beside every answer (docs/whatif.md). Without --policies, a "
         "built-in set of policies runs.")
-    p.add_argument("--warehouse", type=Path, default=Path("warehouse"),
-                   help="warehouse folder (default ./warehouse)")
+    p.add_argument("--warehouse", default="warehouse", metavar="PATH|s3://BUCKET/PREFIX",
+                   help="warehouse: a folder or s3://bucket/prefix, read-only "
+                   "(docs/warehouse.md; default ./warehouse)")
     p.add_argument("--policies", type=Path, default=None, metavar="FILE",
                    help="policy file (YAML, docs/whatif.md); default: the built-in set")
     p.add_argument("--policy", action="append", default=None, metavar="NAME",
@@ -101,7 +105,8 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
         "unknown) with its evidence and remedy, and write the job_diagnosis fact "
         "(docs/diagnosis.md). Re-running rewrites the same files.")
     d.add_argument("--warehouse", type=Path, default=Path("warehouse"),
-                   help="warehouse folder (default ./warehouse)")
+                   help="warehouse folder (default ./warehouse; diagnose writes "
+                   "job_diagnosis beside the facts, in a folder only)")
     d.add_argument("--dry-run", action="store_true",
                    help="compute and print, but do not write job_diagnosis")
     d.add_argument("--json", action="store_true",

@@ -72,7 +72,7 @@ class HistoryError(ValueError):
     """The warehouse cannot be replayed (no facts, an empty window)."""
 
 
-def open_read_only(warehouse: Path) -> duckdb.DuckDBPyConnection:
+def open_read_only(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the warehouse (the shared opener can replace this)."""
     try:
         return query.connect(warehouse)
@@ -109,8 +109,8 @@ def _utc(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def load_history(warehouse: Path, since: datetime | None = None, until: datetime | None = None,
-                 step_minutes: int | None = None) -> History:
+def load_history(warehouse: str | Path, since: datetime | None = None,
+                 until: datetime | None = None, step_minutes: int | None = None) -> History:
     """Read the window ``[since, until)`` (default: everything) of ``warehouse``."""
     con = open_read_only(warehouse)
     try:

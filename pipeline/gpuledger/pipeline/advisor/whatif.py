@@ -12,9 +12,10 @@ from gpuledger.pipeline.advisor.history import load_history
 from gpuledger.pipeline.advisor.output import WhatIf
 from gpuledger.pipeline.advisor.policy import PolicyError, PolicySet
 from gpuledger.pipeline.advisor.replay import as_run, prepare, replay
+from gpuledger.pipeline.location import display
 
 
-def run_whatif(warehouse: Path, policies: PolicySet, names: list[str] | None = None,
+def run_whatif(warehouse: str | Path, policies: PolicySet, names: list[str] | None = None,
                since: datetime | None = None, until: datetime | None = None,
                step_minutes: int | None = None,
                progress: Callable[[str], None] = lambda _m: None) -> WhatIf:
@@ -44,5 +45,5 @@ def run_whatif(warehouse: Path, policies: PolicySet, names: list[str] | None = N
              f"team quotas: {inp.quota_source}", *notes]
     if inp.skipped:
         notes.append(f"{inp.skipped:,} attempt(s) of pools with no GPU-minutes left out")
-    return WhatIf(str(warehouse), h.start, h.end, h.step_minutes, policies, observed, replays,
+    return WhatIf(display(warehouse), h.start, h.end, h.step_minutes, policies, observed, replays,
                   calibrate(observed, base, policies.tolerance), notes, list(h.gaps))

@@ -56,7 +56,7 @@ HEADLINE = (("policy", "policy", None, ""), ("allocated_gpu_h", "allocated", 1, 
             ("blocked_gpu_h", "blocked", 1, "GPU-h"), ("lost_gpu_h", "lost", 2, "GPU-h"))
 
 
-def whatif_answer(warehouse: Path, since: datetime | None = None,
+def whatif_answer(warehouse: str | Path, since: datetime | None = None,
                   until: datetime | None = None, policies: PolicySet = DEFAULT,
                   step_minutes: int = 5) -> Answer:
     """The what-if section as an answer of ``gpuledger report`` (part *What to do*)."""
@@ -71,7 +71,7 @@ def whatif_answer(warehouse: Path, since: datetime | None = None,
     return Answer(section, list(sec.columns), rows, list(sec.columns), plotted)
 
 
-def whatif_section(warehouse: Path, since: datetime | None = None,
+def whatif_section(warehouse: str | Path, since: datetime | None = None,
                    until: datetime | None = None, policies: PolicySet = DEFAULT,
                    step_minutes: int = 5) -> ReportSection:
     """The report's what-if section (every 5 minutes of grid by default, to stay quick)."""
