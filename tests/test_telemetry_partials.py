@@ -127,3 +127,16 @@ def test_split_gives_each_partition_its_own_keys() -> None:
             assert got_rows.keys() == want_rows.keys()
             for m, rows in got_rows.items():
                 assert rows.equals(want_rows[m])
+
+
+def test_keys_of_an_older_checkpoint_are_split_by_partition_on_load() -> None:
+    keys = tm.SampleKeys()
+    mixed = pl.concat([_of_node("a", [1, 2]).with_columns(pl.lit(0, pl.Int64).alias("partition")),
+                       _of_node("b", [1, 2]).with_columns(pl.lit(1, pl.Int64).alias("partition"))])
+    keys.take_new(mixed)
+    minute = next(iter(keys.by_minute))
+    keys.by_minute[minute] = [pl.concat(keys.by_minute[minute])]  # one frame, two partitions
+    restored = pickle.loads(pickle.dumps(keys))
+    assert sorted(restored.split()) == [0, 1]
+    assert sum(f.height for f in restored.of_partition(1, keep=True).by_minute[minute]) == 2
+    assert restored.take_new(mixed)[1] == 4

@@ -75,17 +75,19 @@ def _gpu_key() -> pl.Expr:
 class SampleKeys:
     """The keys of the samples taken into each open minute (to drop repeats).
 
-    ``by_minute``: per minute, frames of (partition, GPU key, time), one per batch that
-    had samples of it. ``gpus_by_minute``: a cache, per minute, of the distinct
-    (partition, GPU key) of a prefix of those frames, built when a later batch brings
-    samples of that minute again. A batch is checked against the GPUs first: samples of
-    GPUs no earlier batch had in that minute cannot repeat one (through Kafka, a poll
-    brings other nodes' messages for the minutes already open, and only the rare repeat
-    is looked up among the keys); a history read in order touches a minute again only
-    where one batch ended and the next began."""
+    ``by_minute``: per minute, frames of (partition, GPU key, time), one per batch and
+    partition that had samples of it. ``gpus_by_minute``: a cache, per minute, of the
+    distinct GPU keys of the first frames (and how many it covers), brought up to date
+    when a later batch brings samples of that minute again. A batch is checked against
+    the GPUs first: samples of GPUs no earlier batch had in that minute cannot repeat one
+    (through Kafka, a poll brings other nodes' messages for the minutes already open,
+    and only the rare repeat is looked up among the keys); a history read in order
+    touches a minute again only where one batch ended and the next began. Keeping each
+    partition's keys in frames of their own lets a checkpoint take a partition's keys
+    without copying them."""
 
     by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
-    gpus_by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
+    gpus_by_minute: dict[int, tuple[int, pl.DataFrame]] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, object]:
         return {"by_minute": self.by_minute}  # the cache is rebuilt when needed
@@ -93,13 +95,21 @@ class SampleKeys:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self.gpus_by_minute = {}
+        # a checkpoint of an older release may hold several partitions in one frame
+        self.by_minute = {m: [part for f in frames for part in f.partition_by("partition")]
+                          for m, frames in self.by_minute.items()}
 
-    def _gpus(self, minute: int) -> list[pl.DataFrame]:
-        """The distinct GPUs of the minute's frames (the cache brought up to date)."""
+    def _gpus(self, minute: int) -> pl.DataFrame:
+        """The distinct GPUs of the minute's frames (the cache brought up to date: it
+        names how many of the frames it covers, and their GPUs)."""
         frames = self.by_minute.get(minute, [])
-        index = self.gpus_by_minute.setdefault(minute, [])
-        index.extend(f.select("partition", "_g").unique() for f in frames[len(index):])
-        return index
+        covered, gpus = self.gpus_by_minute.get(minute, (0, None))
+        if covered < len(frames):
+            new = [f.select("_g") for f in frames[covered:]]
+            gpus = pl.concat(new if gpus is None else [gpus, *new]).unique()
+            self.gpus_by_minute[minute] = (len(frames), gpus)
+        assert gpus is not None
+        return gpus
 
     def take_new(self, samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         """``samples`` less repeats of each other and of samples taken before; the
@@ -112,8 +122,8 @@ class SampleKeys:
         if keys.select((pl.col("_g") ^ pl.col("_t").hash(5)).n_unique()).item() < keys.height:
             keep = keys.select(pl.struct("_g", "_t").is_first_distinct()).to_series()
         minutes = [m for m in keys["minute_ms"].unique().to_list() if m in self.by_minute]
-        known = [f.with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
-                 for m in minutes for f in self._gpus(m)]
+        known = [self._gpus(m).with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
+                 for m in minutes]
         if known:
             again = keys.with_row_index("_i").join(
                 pl.concat(known).select("minute_ms", "_g").unique(), on=["minute_ms", "_g"],
@@ -133,7 +143,8 @@ class SampleKeys:
             taken = samples.filter(keep)
         else:
             taken = samples
-        for (minute,), rows in keys.partition_by("minute_ms", as_dict=True).items():
+        for (minute, _part), rows in keys.partition_by(["minute_ms", "partition"],
+                                                         as_dict=True).items():
             assert isinstance(minute, int)
             self.by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
         return taken, samples.height - taken.height
@@ -143,32 +154,35 @@ class SampleKeys:
         self.gpus_by_minute = {m: v for m, v in self.gpus_by_minute.items() if m >= minute_ms}
 
     def of_partition(self, partition: int, keep: bool) -> SampleKeys:
-        """This set's keys of one partition (``keep``), or of all the others."""
-        sel = pl.col("partition") == partition
-        which = sel if keep else ~sel
+        """This set's keys of one partition (``keep``), or of all the others (each frame
+        holds one partition's keys: nothing is copied)."""
         out: dict[int, list[pl.DataFrame]] = {}
         for minute, frames in self.by_minute.items():
-            kept = [r for r in (f.filter(which) for f in frames) if not r.is_empty()]
+            kept = [f for f in frames if (_partition_of(f) == partition) == keep]
             if kept:
                 out[minute] = kept
         return SampleKeys(out)
 
     def split(self) -> dict[int, SampleKeys]:
-        """The keys of each partition (one pass over them: a checkpoint of many
-        partitions would otherwise filter every key once per partition)."""
+        """The keys of each partition (the frames shared, not copied)."""
         out: dict[int, SampleKeys] = {}
         for minute, frames in self.by_minute.items():
             for frame in frames:
-                for (part,), rows in frame.partition_by("partition", as_dict=True).items():
-                    assert isinstance(part, int)
-                    out.setdefault(part, SampleKeys()).by_minute.setdefault(
-                        minute, []).append(rows)
+                out.setdefault(_partition_of(frame), SampleKeys()).by_minute.setdefault(
+                    minute, []).append(frame)
         return out
 
     def add(self, other: SampleKeys) -> None:
         """Take ``other``'s keys too (appended: the cache still names a prefix)."""
         for minute, frames in other.by_minute.items():
             self.by_minute.setdefault(minute, []).extend(frames)
+
+
+def _partition_of(keys: pl.DataFrame) -> int:
+    """The partition of a frame of sample keys (each holds one partition's)."""
+    part = keys["partition"][0]
+    assert isinstance(part, int)
+    return part
 
 
 def _merge_mig(samples: pl.DataFrame) -> pl.DataFrame:
