@@ -48,13 +48,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     need_pipeline()
     from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse, summary_text
     from gpuledger.pipeline.advisor.history import HistoryError
+    from gpuledger.pipeline.location import display, is_url
 
-    if str(args.warehouse).startswith("s3:/"):  # Path() folds s3:// to s3:/
-        raise CliError("diagnose reads and writes a warehouse folder; an s3:// warehouse "
-                       "is not supported (run it where the folder is)")
+    if is_url(args.warehouse):
+        raise CliError(f"diagnose reads and writes a warehouse folder; "
+                       f"{display(args.warehouse)} is not one (run it where the folder is)")
     say = _say(args.quiet, "diagnose")
     try:
-        result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
+        result = diagnose_warehouse(Path(args.warehouse), write=not args.dry_run,
                                     progress=lambda f: say(f"diagnosing {f:.0%}"))
     except HistoryError as exc:
         raise CliError(str(exc)) from None
@@ -104,7 +105,7 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
         "memory-bound, checkpoint stall, under-filled inference, held with no process, "
         "unknown) with its evidence and remedy, and write the job_diagnosis fact "
         "(docs/diagnosis.md). Re-running rewrites the same files.")
-    d.add_argument("--warehouse", type=Path, default=Path("warehouse"),
+    d.add_argument("--warehouse", default="warehouse", metavar="PATH",
                    help="warehouse folder (default ./warehouse; diagnose writes "
                    "job_diagnosis beside the facts, in a folder only)")
     d.add_argument("--dry-run", action="store_true",

@@ -125,9 +125,8 @@ class SampleKeys:
         known = [self._gpus(m).with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
                  for m in minutes]
         if known:
-            again = keys.with_row_index("_i").join(
-                pl.concat(known).select("minute_ms", "_g").unique(), on=["minute_ms", "_g"],
-                how="semi")
+            again = keys.with_row_index("_i").join(  # each minute's GPUs are distinct
+                pl.concat(known), on=["minute_ms", "_g"], how="semi")
             if not again.is_empty():
                 seen = [f.with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
                         for m in again["minute_ms"].unique().to_list()
