@@ -15,9 +15,11 @@ Against a broker it starts itself (``tests/kafka_broker.py``) or ``--bootstrap``
   and the service's own progress line (samples, closed minutes, late samples).
 
 After MINUTES the producer stops and the service gets SIGTERM (it writes partial hours,
-checkpoints and exits 0). Pass: RSS growth after the warm-up under 10 %, peak of the
-last third of the samples after the warm-up against the peak of the first third (RSS
-is spiky; medians and a slope are reported too). Prints one JSON object; ``--json PATH``
+checkpoints and exits 0). Pass: RSS growth after the warm-up under 5 % (issue 11's
+target for 2 hours), peak of the last third of the samples after the warm-up against
+the peak of the first third (RSS is spiky; medians and a slope are reported too). The
+warm-up should cover the first simulated day and its compaction (ended jobs are
+remembered 24 h): about 20 minutes at full rate here. Prints one JSON object; ``--json PATH``
 writes it too. Usage:
 
     python bench/kafka_soak.py [--minutes 30] [--warmup-minutes 10] [--chunk-minutes 1]
@@ -47,7 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 FORMATS = ("arrow-v1", "jsonl-v1")
 PROGRESS = re.compile(r"messages=(\d+) .*samples=(\d+) lag=(\d+) closed_until=(.+?) "
-                      r"dead_letters=(\d+) late=(\d+)")
+                      r"dead_letters=(\d+) late=(\d+)(?: rss_mib=\d+ memory_released_mib=(\d+))?")
 
 
 @contextlib.contextmanager
@@ -182,9 +184,10 @@ def _last_progress(log: Path) -> dict[str, Any] | None:
     found = PROGRESS.findall(text)
     if not found:
         return None
-    messages, samples, lag, closed, dead, late = found[-1]
+    messages, samples, lag, closed, dead, late, released = found[-1]
     return {"messages": int(messages), "samples": int(samples), "service_lag": int(lag),
-            "closed_until": closed, "dead_letters": int(dead), "late": int(late)}
+            "closed_until": closed, "dead_letters": int(dead), "late": int(late),
+            "memory_released_mib": int(released) if released else None}
 
 
 class ServiceProcess:
@@ -385,7 +388,7 @@ def _summary(rows: list[dict[str, Any]], warmup_min: float) -> dict[str, Any]:
                 statistics.median(last) / statistics.median(first) - 1, 4),
             rss_slope_after_warmup_mib_per_min=round(slope * 60, 2),
         )
-        out["pass"] = growth < 0.10
+        out["pass"] = growth < 0.05
     else:
         out["pass"] = None
         out["why"] = "fewer than 3 samples after the warm-up"

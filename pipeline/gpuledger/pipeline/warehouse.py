@@ -34,7 +34,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from gpuledger.pipeline import compaction
+from gpuledger.pipeline import compaction, external_sort
 from gpuledger.pipeline.config import WarehouseOptions
 from gpuledger.pipeline.generations import (
     Publisher,
@@ -144,10 +144,14 @@ class Warehouse:
         self.rows_written += frame.height
         return obj
 
+    def read_bytes(self, path: str, suffix: str | None = None) -> bytes | None:
+        """The published (or about to be) Parquet object of the logical file ``path``."""
+        obj = self.publisher.current(self._unit(suffix), path)
+        return None if obj is None else self.publisher.read(obj)
+
     def read(self, path: str, suffix: str | None = None) -> pl.DataFrame | None:
         """The published (or about to be) content of the logical file ``path``."""
-        obj = self.publisher.current(self._unit(suffix), path)
-        data = None if obj is None else self.publisher.read(obj)
+        data = self.read_bytes(path, suffix)
         return None if data is None else pl.read_parquet(io.BytesIO(data))
 
     def write_part(
@@ -220,17 +224,18 @@ class Warehouse:
         for (table, day), hours in sorted(compaction.days_to_compact(manifest, before).items()):
             suffix = "" if unit == "warehouse" else unit
             day_path = self.part_path(table, day, False, suffix)
-            parts = [self.read(day_path, suffix)] if day_path in manifest.files else []
-            parts += [self.read(h, suffix) for h in hours]
-            frames = [p for p in parts if p is not None and p.height]
-            del parts
-            if frames:
-                # the day's rows once in memory: chunks appended, not copied into one
-                rows = pl.concat(frames, how="vertical_relaxed", rechunk=False)
-                del frames
-                self.write(day_path, rows, compaction.sort_order(table, None), suffix,
-                           compaction.ROW_GROUP_ROWS, rounded=True)
-                del rows
+            paths = ([day_path] if day_path in manifest.files else []) + hours
+            parts = [d for d in (self.read_bytes(p, suffix) for p in paths) if d is not None]
+            if parts:
+                # sorted in bounded memory: never the day's rows all at once
+                data, rows = external_sort.sorted_parquet(
+                    parts, compaction.sort_order(table, None), compaction.ROW_GROUP_ROWS)
+                del parts
+                if rows:
+                    self.publisher.put(self._unit(suffix), day_path, data)
+                    self.files_written += 1
+                    self.rows_written += rows
+                del data
             for h in hours:
                 self.publisher.drop(unit, h)
             done += 1
