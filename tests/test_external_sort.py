@@ -1,4 +1,5 @@
-"""Compaction's sort in bounded memory gives the very object a sort in memory gives."""
+"""Compaction's sort in bounded memory gives the rows, order and row groups of a sort
+in memory, and the same bytes whatever its bucket size."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from polars.testing import assert_frame_equal
 
 from gpuledger.pipeline.external_sort import sorted_parquet
 from gpuledger.pipeline.warehouse import parquet_bytes
@@ -32,21 +34,40 @@ def _part(seed: int, rows: int, hour: int) -> pl.DataFrame:
     }, schema_overrides={"minute": pl.Datetime("ms", "UTC")})
 
 
-def _in_memory(parts: list[pl.DataFrame], row_group_size: int) -> bytes:
+def _in_memory(parts: list[pl.DataFrame]) -> pl.DataFrame:
     rows = pl.concat(parts, how="vertical_relaxed")
-    return parquet_bytes(rows.sort(KEYS, nulls_last=True, maintain_order=True), row_group_size)
+    return rows.sort(KEYS, nulls_last=True, maintain_order=True)
 
 
-@pytest.mark.parametrize("bucket_rows", [40, 100, 1_000, 100_000])
-def test_any_bucket_size_writes_the_bytes_of_a_sort_in_memory(bucket_rows: int) -> None:
-    parts = [_part(seed, rows, hour) for seed, (rows, hour)
-             in enumerate([(900, 0), (0, 1), (1_200, 1), (700, 2), (1, 3)])]
-    data, rows = sorted_parquet([parquet_bytes(p) for p in parts], KEYS, 500, bucket_rows)
-    assert rows == sum(p.height for p in parts)
-    assert data == _in_memory(parts, 500)
+def _rows_of(data: bytes) -> pl.DataFrame:
+    return pl.read_parquet(io.BytesIO(data))
+
+
+def _row_groups(data: bytes) -> list[int]:
     meta = pq.ParquetFile(io.BytesIO(data)).metadata
-    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == \
-        [500] * (rows // 500) + ([rows % 500] if rows % 500 else [])
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+PARTS = [_part(seed, rows, hour) for seed, (rows, hour)
+         in enumerate([(900, 0), (0, 1), (1_200, 1), (700, 2), (1, 3)])]
+
+
+@pytest.fixture(scope="module")
+def whole() -> bytes:
+    """The parts sorted in memory (one bucket holds them all)."""
+    data, rows = sorted_parquet([parquet_bytes(p) for p in PARTS], KEYS, 500, 100_000)
+    assert rows == 2_801
+    assert_frame_equal(_rows_of(data), _in_memory(PARTS))
+    assert _row_groups(data) == [500] * 5 + [301]
+    return data
+
+
+@pytest.mark.parametrize("bucket_rows", [40, 100, 499, 1_000])
+def test_any_bucket_size_writes_the_bytes_of_one_sort_in_memory(bucket_rows: int,
+                                                                whole: bytes) -> None:
+    data, rows = sorted_parquet([parquet_bytes(p) for p in PARTS], KEYS, 500, bucket_rows)
+    assert rows == 2_801
+    assert data == whole
 
 
 def test_parts_of_older_schemas_are_widened_as_concat_widens_them() -> None:
@@ -56,7 +77,7 @@ def test_parts_of_older_schemas_are_widened_as_concat_widens_them() -> None:
                                         pl.col("power_w").cast(pl.Float32))
     data, rows = sorted_parquet([parquet_bytes(old), parquet_bytes(new)], KEYS, 256, 50)
     assert rows == 1_400
-    assert data == _in_memory([old, new], 256)
+    assert_frame_equal(_rows_of(data), _in_memory([old, new]))
     assert pl.read_parquet(io.BytesIO(data)).schema["gpu_index"] == pl.Int64
 
 
@@ -64,7 +85,8 @@ def test_a_part_larger_than_a_bucket_is_read_in_slices() -> None:
     big = pl.concat([_part(seed, 1_000, seed % 3) for seed in range(6)])
     data, rows = sorted_parquet([parquet_bytes(big)], KEYS, 1_000, 333)
     assert rows == 6_000
-    assert data == _in_memory([big], 1_000)
+    assert_frame_equal(_rows_of(data), _in_memory([big]))
+    assert _row_groups(data) == [1_000] * 6
 
 
 def test_no_rows_give_an_empty_object_of_the_schema() -> None:

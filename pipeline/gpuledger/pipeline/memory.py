@@ -5,7 +5,8 @@ Batches come and go in buffers of many sizes. glibc's allocator (Python objects,
 Kafka clients' buffers, decompression) keeps freed pages in its arenas, and Arrow's
 memory pool keeps freed blocks for reuse; neither shrinks by itself when the holes
 are scattered. ``release_free_memory`` asks both to give back what is free. It is
-safe at any time and costs milliseconds; the service calls it after each checkpoint.
+safe at any time and costs milliseconds; the warehouse calls it after its commits (at
+most every 10 s, and after each compaction), the Kafka service after each checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import time
 from collections.abc import Callable
 from functools import cache
 
@@ -60,3 +62,22 @@ def release_free_memory() -> int:
     if before is None or after is None:
         return 0
     return max(before - after, 0)
+
+
+class PeriodicRelease:
+    """``release_free_memory`` at most once per ``interval_s`` (or when forced): for
+    loops whose steps are faster than a release is worth (milliseconds each)."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self.released = 0
+        """Bytes handed back so far."""
+        self._last = time.monotonic()
+
+    def __call__(self, force: bool = False) -> int:
+        if not force and time.monotonic() - self._last < self.interval_s:
+            return 0
+        freed = release_free_memory()
+        self._last = time.monotonic()
+        self.released += freed
+        return freed

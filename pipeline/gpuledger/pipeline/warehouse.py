@@ -43,6 +43,7 @@ from gpuledger.pipeline.generations import (
     read_snapshot,
     unit_of,
 )
+from gpuledger.pipeline.memory import PeriodicRelease
 from gpuledger.pipeline.store import Store, open_store
 
 log = logging.getLogger("gpuledger.warehouse")
@@ -103,6 +104,9 @@ class Warehouse:
         self._catalog_at = 0.0
         self._catalog_wanted = False
         self._catalog_lock = threading.Lock()
+        self.release_memory = PeriodicRelease()
+        """Free heap back to the system after commits: without it, RSS crept up by
+        ~25 MiB a simulated day (bench/memory_flat.py)."""
 
     @property
     def location(self) -> str:
@@ -210,11 +214,13 @@ class Warehouse:
         uploads go on in the background; ``wait`` or :meth:`sync` waits for them).
         ``closed``: every minute before it is closed; days closed
         ``options.compact_after_s`` before it are compacted first."""
+        compacted = 0
         if closed is not None and self.options.compact:
             horizon = closed - timedelta(seconds=self.options.compact_after_s)
             for unit in list(self.publisher.manifests):
-                self.compact_unit(unit, horizon)
+                compacted += self.compact_unit(unit, horizon)
         self.publisher.commit(wait=wait)
+        self.release_memory(force=compacted > 0)
 
     def compact_unit(self, unit: str, before: datetime) -> int:
         """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in

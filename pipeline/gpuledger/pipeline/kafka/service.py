@@ -56,7 +56,7 @@ from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode
-from gpuledger.pipeline.memory import release_free_memory, rss_bytes
+from gpuledger.pipeline.memory import rss_bytes
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.store import open_store
@@ -101,8 +101,6 @@ class ServiceStats:
     """Commits refused because the group had dropped this instance (it rejoined)."""
     recoveries: int = 0
     """Times Kafka was unreachable and the service went back to its last checkpoint."""
-    memory_released: int = 0
-    """Bytes of free heap handed back to the system after checkpoints (``memory.py``)."""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -642,8 +640,7 @@ class KafkaProcessorService:
                          for p in sorted(self.engine.held)}
         self.store.save(self.engine, global_offsets, per_partition)
         self._commit(per_partition)
-        released = release_free_memory()
-        self.stats.memory_released += released
+        released = self.engine.warehouse.release_memory(force=True)  # decode buffers too
         log.debug("checkpoint: %.1f MiB of free heap handed back", released / 2**20)
         self.stats.checkpoints += 1
         self._last_checkpoint = time.monotonic()
@@ -684,7 +681,7 @@ class KafkaProcessorService:
                  sorted(self.engine.held), self.stats.messages,
                  self.stats.messages / max(elapsed, 1e-9), c.records_in["telemetry"], lag,
                  self.engine.closed_until, self.stats.dead_letters, c.late_telemetry,
-                 (rss_bytes() or 0) / 2**20, self.stats.memory_released / 2**20)
+                 (rss_bytes() or 0) / 2**20, self.engine.warehouse.release_memory.released / 2**20)
 
 
 def _rebalance_listener(service: KafkaProcessorService) -> Any:
