@@ -49,6 +49,8 @@ def test_file_then_environment_override(tmp_path: Path) -> None:
     ("", {"GPULEDGER_LIMITS__MEMORY_MARGIN": "3"}, "limits.memory_margin: 3.0 must be between"),
     ("", {"GPULEDGER_LIMITS__CLOCK_MAX_MHZ": "nan"}, "limits.clock_max_mhz: must be > 0"),
     ("limits:\n  watts: 5\n", {}, "limits.watts: unknown key"),
+    ("warehouse:\n  compact_bucket_rows: 10\n", {},
+     "warehouse.compact_bucket_rows: must be >= 1000"),
 ])
 def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
                                  message: str) -> None:

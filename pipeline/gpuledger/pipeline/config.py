@@ -170,6 +170,10 @@ class WarehouseOptions:
     """Compact closed days into one object per table, day and partition."""
     compact_after_s: int = 3600
     """... once the processor has closed this long past the day's end."""
+    compact_bucket_rows: int = 65_536
+    """Compaction sorts a day in buckets of about this many rows, spilled to ``$TMPDIR``
+    (``external_sort.py``); a day of at most this many rows is sorted in memory. Larger
+    buckets: less CPU, more memory (bench/README.md, *Memory, bounded compaction*)."""
     catalog_interval_s: float = 30.0
     """``catalog.duckdb`` is rebuilt at most this often while processing (and at every
     stop and end of input)."""
@@ -244,6 +248,9 @@ class ProcessorConfig:
         for name in ("retain_s", "compact_after_s", "catalog_interval_s"):
             if getattr(self.warehouse, name) < 0:
                 raise ConfigError(f"warehouse.{name}: must be >= 0")
+        if self.warehouse.compact_bucket_rows < 1_000:
+            raise ConfigError("warehouse.compact_bucket_rows: must be >= 1000 (a spill of "
+                              "smaller buckets costs far more than it saves)")
         for name in ("url", "state"):
             value = getattr(self.warehouse, name)
             if value:

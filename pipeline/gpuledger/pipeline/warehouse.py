@@ -235,7 +235,8 @@ class Warehouse:
             if parts:
                 # sorted in bounded memory: never the day's rows all at once
                 data, rows = external_sort.sorted_parquet(
-                    parts, compaction.sort_order(table, None), compaction.ROW_GROUP_ROWS)
+                    parts, compaction.sort_order(table, None), compaction.ROW_GROUP_ROWS,
+                    self.options.compact_bucket_rows)
                 del parts
                 if rows:
                     self.publisher.put(self._unit(suffix), day_path, data)
