@@ -14,6 +14,7 @@ objects go after the grace period.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -297,3 +298,32 @@ def test_an_hour_written_into_a_compacted_day_replaces_its_rows_there(tmp_path: 
     got = read_table(tmp_path / "wh", "preemptions").drop_nulls("job_id")
     assert sorted(got["job_id"].to_list()) == ["a0", "a0", "a1", "a1", "a2", "b0"]
     assert {k for k in published_files(tmp_path / "wh") if "/preemptions/" in k} == logical
+
+
+def test_a_failing_spill_folder_puts_compaction_off_and_loses_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Compaction spills to $TMPDIR; when that fails, the day stays in hours (readable,
+    nothing lost) and the next commit compacts it."""
+    import tempfile
+
+    wh = Warehouse(tmp_path / "wh", options=WarehouseOptions(compact_after_s=0))
+    day = datetime(2026, 1, 5, tzinfo=UTC)
+    keys = ["time", "job_id", "attempt"]
+    for hour in range(3):
+        frame = pl.DataFrame({"time": [day + timedelta(hours=hour)], "job_id": [f"j{hour}"],
+                              "attempt": [0]})
+        wh.write_part("preemptions", day + timedelta(hours=hour), frame, keys)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    with caplog.at_level(logging.WARNING, logger="gpuledger.warehouse"):
+        wh.commit(day + timedelta(days=1), wait=True)
+    assert "compaction of facts/preemptions/date=2026-01-05" in caplog.text
+    hourly = {k for k in published_files(tmp_path / "wh") if "/preemptions/" in k}
+    assert len(hourly) == 3
+    assert sorted(read_table(tmp_path / "wh", "preemptions")["job_id"].to_list()) == \
+        ["j0", "j1", "j2"]
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    wh.commit(day + timedelta(days=1), wait=True)
+    assert {k for k in published_files(tmp_path / "wh") if "/preemptions/" in k} == \
+        {"facts/preemptions/date=2026-01-05/preemptions-2026-01-05.parquet"}
+    assert sorted(read_table(tmp_path / "wh", "preemptions")["job_id"].to_list()) == \
+        ["j0", "j1", "j2"]

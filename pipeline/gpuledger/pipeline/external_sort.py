@@ -65,7 +65,7 @@ def _buckets(parts: Sequence[bytes], lead: list[str], bucket_rows: int) -> pl.Da
 
 class _RowGroups:
     """Sorted rows in; row groups of exactly ``size`` rows out (the last may be short),
-    each written as soon as it is full, so at most one row group waits in memory.
+    each written as soon as it is full: at most a row group and a bucket wait in memory.
 
     PyArrow writes them (Polars has no writer that appends row groups). PyArrow's
     default, a dictionary for every column, made a day of ``gpu_minute`` 6 % larger

@@ -234,9 +234,15 @@ class Warehouse:
             parts = [d for d in (self.read_bytes(p, suffix) for p in paths) if d is not None]
             if parts:
                 # sorted in bounded memory: never the day's rows all at once
-                data, rows = external_sort.sorted_parquet(
-                    parts, compaction.sort_order(table, None), compaction.ROW_GROUP_ROWS,
-                    self.options.compact_bucket_rows)
+                try:
+                    data, rows = external_sort.sorted_parquet(
+                        parts, compaction.sort_order(table, None), compaction.ROW_GROUP_ROWS,
+                        self.options.compact_bucket_rows)
+                except OSError as exc:  # $TMPDIR full or unwritable: the hours stay
+                    log.warning("compaction of %s put off, its hourly files stay (the spill "
+                                "folder failed: %s: %s); tried again at the next commit",
+                                day_path, type(exc).__name__, exc)
+                    continue
                 del parts
                 if rows:
                     self.publisher.put(self._unit(suffix), day_path, data)
