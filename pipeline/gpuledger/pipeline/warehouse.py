@@ -127,25 +127,24 @@ class Warehouse:
         stamp = when.strftime("%Y-%m-%dT%H") if hourly else date
         return f"{FACTS}/{table}/date={date}/{table}-{stamp}{self._suffix(suffix)}.parquet"
 
-    def _shape(self, frame: pl.DataFrame, sort_by: list[str] | None,
-               rounded: bool) -> pl.DataFrame:
+    def _shape(self, frame: pl.DataFrame, sort_by: list[str] | None) -> pl.DataFrame:
         # Parallel float sums may differ in the last bit between runs; 9 decimals keep
         # every fact exact to far below its meaning and make the bytes reproducible.
-        if not rounded:
-            frame = frame.with_columns(pl.col(pl.Float64).round(FLOAT_DECIMALS))
+        frame = frame.with_columns(pl.col(pl.Float64).round(FLOAT_DECIMALS))
         return sorted_rows(frame, sort_by) if sort_by else frame
 
     def write(self, path: str, frame: pl.DataFrame, sort_by: list[str] | None = None,
-              suffix: str | None = None, row_group_size: int | None = None,
-              rounded: bool = False) -> str:
+              suffix: str | None = None, row_group_size: int | None = None) -> str:
         """Make ``frame`` (sorted) the next content of the logical file ``path``; it is
-        published at the next :meth:`commit`. Returns the object's name. ``rounded``:
-        the rows come from files this class wrote (their floats are rounded already)."""
-        frame = self._shape(frame, sort_by, rounded)
-        obj = self.publisher.put(self._unit(suffix), path,
-                                 parquet_bytes(frame, row_group_size))
+        published at the next :meth:`commit`. Returns the object's name."""
+        frame = self._shape(frame, sort_by)
+        return self._put(path, parquet_bytes(frame, row_group_size), frame.height, suffix)
+
+    def _put(self, path: str, data: bytes, rows: int, suffix: str | None) -> str:
+        """Make the Parquet object ``data`` (``rows`` rows) the next content of ``path``."""
+        obj = self.publisher.put(self._unit(suffix), path, data)
         self.files_written += 1
-        self.rows_written += frame.height
+        self.rows_written += rows
         return obj
 
     def read_bytes(self, path: str, suffix: str | None = None) -> bytes | None:
@@ -245,9 +244,7 @@ class Warehouse:
                     continue
                 del parts
                 if rows:
-                    self.publisher.put(self._unit(suffix), day_path, data)
-                    self.files_written += 1
-                    self.rows_written += rows
+                    self._put(day_path, data, rows, suffix)
                 del data
             for h in hours:
                 self.publisher.drop(unit, h)

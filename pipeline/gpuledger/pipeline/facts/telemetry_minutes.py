@@ -95,8 +95,11 @@ class SampleKeys:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self.gpus_by_minute = {}
-        # a checkpoint of an older release may hold several partitions in one frame
-        self.by_minute = {m: [part for f in frames for part in f.partition_by("partition")]
+        # a checkpoint of an older release may hold several partitions in one frame;
+        # the frames of newer ones hold one each and are kept as they are (no copy)
+        self.by_minute = {m: [part for f in frames
+                              for part in ([f] if f["partition"].n_unique() <= 1
+                                           else f.partition_by("partition"))]
                           for m, frames in self.by_minute.items()}
 
     def _gpus(self, minute: int) -> pl.DataFrame:
