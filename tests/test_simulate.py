@@ -580,3 +580,37 @@ def test_default_config_first_chunk() -> None:
     assert tel.height > 0.95 * summary.total_gpus * 60  # a node may go down meanwhile
     running = batch["job"].filter(pl.col("event") == "started")["allocation"].list.len().sum()
     assert running > 0.6 * summary.total_gpus  # warmed up: the cluster is busy at once
+
+
+def test_skipped_searches_change_no_decision(spec: ClusterSpec,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler skips a preemption or reservation search that already failed for the
+    same job shape since the state last changed (it made long plans super-linear). The
+    plan must be the one that full searches give, event for event."""
+    from gpuledger.pipeline.simulate import scheduler
+
+    class Remembering(set[tuple[object, ...]]):
+        hits = 0
+
+        def __contains__(self, shape: object) -> bool:
+            found = super().__contains__(shape)
+            Remembering.hits += found
+            return found
+
+    class Forgetful(set[tuple[object, ...]]):
+        def __contains__(self, shape: object) -> bool:
+            return False
+
+    original = scheduler.Scheduler.__init__
+    plans = {}
+    for memo in (Remembering, Forgetful):
+        def init(self: scheduler.Scheduler, *args: Any, memo: type = memo, **kw: Any) -> None:
+            original(self, *args, **kw)
+            self._no_room = memo()
+
+        monkeypatch.setattr(scheduler.Scheduler, "__init__", init)
+        plans[memo] = plan(SimConfig(hours=24, cluster=spec)).schedule
+    assert Remembering.hits > 1000  # the saturated queue repeats shapes: searches skipped
+    full, skipping = plans[Forgetful], plans[Remembering]
+    assert skipping.events == full.events and len(full.events) > 100
+    assert skipping.inventory == full.inventory

@@ -226,6 +226,10 @@ class Scheduler:
         self.snapshot: list[JobEvent] | None = None
         self.stats = {"passes": 0, "preemptions": 0, "reservations": 0}
         self._cap: dict[tuple[str, str | None], tuple[int, int, dict[str, int]]] = {}
+        self._no_room: set[tuple[object, ...]] = set()
+        """Job shapes whose preemption search failed since the state last changed: the
+        search is pure, and in a long queue most waiting jobs repeat a few shapes (it
+        made planning super-linear: 200 h took 81 s)."""
         self._compat_node: dict[tuple[str, str | None], np.ndarray] = {}
         self._compat_gpu: dict[tuple[str, str | None], np.ndarray] = {}
         self._cards: dict[tuple[str, str | None], list[tuple[str, int]]] = {}
@@ -429,7 +433,7 @@ class Scheduler:
         remaining = max(1, job.end_work_s - self.done[j])
         self._push(t + remaining, END, j, self.attempts[j])
         self._emit(t, j, "started", borrowed=borrowed, gpus=tuple(gpus), units=job.units)
-        self._cap.clear()
+        self._state_changed()
 
     def _close(self, j: int, t: int) -> Attempt:
         """End the running attempt of job ``j`` at ``t``: free GPUs, log checkpoints."""
@@ -442,7 +446,7 @@ class Scheduler:
         if job.checkpoint_s:
             for k in range(1, _checkpoints_before(a.start_s, t, job.checkpoint_s) + 1):
                 self._emit(a.start_s + k * job.checkpoint_s, j, "checkpointed")
-        self._cap.clear()
+        self._state_changed()
         return a
 
     def _preempt(self, j: int, t: int, reason: str) -> None:
@@ -471,7 +475,7 @@ class Scheduler:
         jobs = self.jobs
         order = sorted(self.pending[pool], key=lambda j: (-jobs[j].priority, self.queued[j], j))
         blocked = np.zeros(self.layout.node_count, dtype=bool)
-        self._cap.clear()
+        self._state_changed()
         for j in order:
             if self.status[j] != PENDING:
                 continue
@@ -488,6 +492,11 @@ class Scheduler:
                     break
                 continue
             self._start(j, gpus, t)
+
+    def _state_changed(self) -> None:
+        """Free GPUs, running attempts or reservations changed: forget what was derived."""
+        self._cap.clear()
+        self._no_room.clear()
 
     def _within_quota(self, job: Job) -> bool:
         key = (job.team, job.pool)
@@ -581,6 +590,14 @@ class Scheduler:
         """Hold the most promising node(s) for a starving job for the rest of the pass."""
         if job.units < WHOLE:
             return
+        shape = ("reserve", job.pool, job.card_type, job.gpus)
+        if shape in self._no_room:
+            return  # the same shape found nothing to hold since the state last changed
+        if not self._hold(job, blocked):
+            self._no_room.add(shape)
+
+    def _hold(self, job: Job, blocked: np.ndarray) -> bool:
+        """Block the node(s) ``_reserve`` picks; False when there are none to block."""
         key = (job.pool, job.card_type)
         usable = self._usable(key, blocked)
         node_whole = self._node_whole(usable, self.free)
@@ -591,7 +608,7 @@ class Scheduler:
         else:
             options = [(c, n) for c, n in self._cards[key] if job.gpus % n == 0]
             if not options:
-                return
+                return False
             card, per_node = max(
                 options,
                 key=lambda o: int(node_whole[self._card_nodes(job.pool, o[0])].sum()),
@@ -599,15 +616,29 @@ class Scheduler:
             cand = np.flatnonzero(open_nodes & self._card_nodes(job.pool, card))
             need = job.gpus // per_node
         if cand.size < need:
-            return
+            return False
         ranked = cand[np.argsort(-node_whole[cand], kind="stable")][:need]
         blocked[ranked] = True
         self.stats["reservations"] += 1
-        self._cap.clear()
+        self._state_changed()
+        return True
 
     def _preempt_for(self, j: int, blocked: np.ndarray, t: int) -> list[int] | None:
         """Free room for within-quota job ``j`` by preempting cheaper attempts."""
         job = self.jobs[j]
+        shape = (job.pool, job.card_type, job.team, job.priority, job.gpus, job.units)
+        if self.rules.placement is None and shape in self._no_room:
+            return None  # the same search failed since the state last changed
+        preempted = self.stats["preemptions"]
+        gpus = self._search_victims(job, blocked, t)
+        if gpus is None and self.rules.placement is None \
+                and self.stats["preemptions"] == preempted:
+            self._no_room.add(shape)
+        return gpus
+
+    def _search_victims(self, job: Job, blocked: np.ndarray, t: int) -> list[int] | None:
+        """Preempt the cheapest set of attempts that makes room for ``job``; None when
+        there is none. Depends on the job's shape and the state alone."""
         key = (job.pool, job.card_type)
         compat = self._compat_gpu[key]
         victims: list[tuple[tuple[int, int, int, int], Attempt]] = []
@@ -729,7 +760,7 @@ class Scheduler:
         else:
             self.gpu_ok[target] = True
             self.unhealthy_done.append((target, self.unhealthy.pop(target), t))
-        self._cap.clear()
+        self._state_changed()
         self._touch(lay.node_pool[node], t)
         if t >= self.start_s:
             self._record_node(t, node)
