@@ -38,6 +38,7 @@ from typing import Any
 
 import polars as pl
 
+from gpuledger.pipeline.facts import job_usage, rollup
 from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys
 from gpuledger.pipeline.generations import unit_of
 from gpuledger.pipeline.processor import ACC_SCHEMA, Processor
@@ -199,13 +200,14 @@ def merge_section(processor: Processor, sec: Section) -> None:
     processor.tel_parts.extend(s["tel_parts"])
     processor.mem_parts.extend(s["mem_parts"])
     processor.sample_keys.add(s["sample_keys"])
-    acc = s["acc"].select(ACC_SCHEMA.names())
+    acc = job_usage.conform(s["acc"]).select(ACC_SCHEMA.names())
     if not acc.is_empty():
         processor.acc = pl.concat([processor.acc, acc])
     for (table, hour), frames in s["hour_parts"].items():
         processor.hour_parts.setdefault((table, hour, p), []).extend(frames)
     for hour, frames in s["rollup_parts"].items():
-        processor.rollup_parts.setdefault((hour, p), []).extend(frames)
+        processor.rollup_parts.setdefault((hour, p), []).extend(
+            rollup.conform(f) for f in frames)
     for day, hours in s["day_hourly"].items():
         processor.day_hourly.setdefault((day, p), {}).update(hours)
     for hour, frames in s["late_parts"].items():
@@ -221,6 +223,9 @@ def merge_section(processor: Processor, sec: Section) -> None:
     if "owner" in s:
         for name, value in s["owner"].items():
             setattr(processor, name, value)
+        processor.received = job_usage.conform(processor.received)
+        processor.running_parts = {shard: job_usage.conform(rows)
+                                   for shard, rows in processor.running_parts.items()}
         processor.jobs.mark_taken(s["owner_taken"], OWNER)
         processor.jobs.preemptions_taken |= s["preemptions_taken"]
     if processor.started is None or (sec.closed is not None and sec.closed < processor.started):

@@ -902,7 +902,8 @@ class Processor:
         """Parts sent by other instances (the owner's input from the attempt exchange)."""
         if not self.owner or parts.is_empty():
             return
-        parts = parts.select(PARTS_SCHEMA.names()).cast(dict(PARTS_SCHEMA))  # type: ignore[arg-type]
+        parts = job_usage.conform(parts.select(PARTS_SCHEMA.names())).cast(
+            dict(PARTS_SCHEMA))  # type: ignore[arg-type]
         mine = self.held
         parts = parts.filter(~pl.col("shard").is_in(list(mine)))  # our own are taken here
         self.flushed_shards.update(
@@ -1071,7 +1072,7 @@ class Processor:
 
     def _write_daily(self, day: datetime, partition: int) -> None:
         kept = self.day_hourly[(day, partition)]
-        daily = self._shape("gpu_daily", rollup.daily(pl.concat(list(kept.values()))))
+        daily = self._shape("gpu_daily", rollup.daily(pl.concat([kept[h] for h in sorted(kept)])))
         self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"],
                                   hourly=False, suffix=self.suffix(partition))
         closed = self.closed_until

@@ -3,7 +3,8 @@
 Each closed GPU-minute (or span of minutes) a job holds adds to the job's accumulators,
 per GPU, weighted by its *share*: the fraction of the GPU it holds × the seconds it held
 it / 60 (docs/metrics.md). When the attempt ends (and all its minutes are closed) the
-accumulators become one ``job_attempts`` row:
+accumulators become one ``job_attempts`` row. The summed accumulators are integers
+(``fixed.py``), so a fact does not depend on how the minutes were stepped:
 
 - ``allocated_gpu_hours`` = Σ share / 60 (a 30 s attempt on 8 whole GPUs: 4 GPU-minutes)
 - ``job_gpu_hours`` = Σ seconds held / 3600 per GPU, whatever the fraction (pods × GPUs)
@@ -27,6 +28,7 @@ from __future__ import annotations
 import polars as pl
 
 from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.facts import fixed
 from gpuledger.pipeline.facts.gpu_state import below
 
 ACC_KEYS = ["job_id", "attempt", "node", "gpu_index"]
@@ -40,16 +42,17 @@ ACC_SCHEMA = pl.Schema(
         "card_type": pl.String,
         "gpu_mem_total_mib": pl.Float64,
         "fraction": pl.Float64,
-        "alloc_min": pl.Float64,
-        "held_min": pl.Float64,
-        "used_min": pl.Float64,
-        "idle_min": pl.Float64,
-        "inefficient_min": pl.Float64,
-        "observed_min": pl.Float64,
+        "alloc_min": pl.Int64,
+        "held_min": pl.Int64,
+        "used_min": pl.Int64,
+        "idle_min": pl.Int64,
+        "inefficient_min": pl.Int64,
+        "observed_min": pl.Int64,
         "mem_peak_mib": pl.Float64,
     }
 )
 SUMMED = ("alloc_min", "held_min", "used_min", "idle_min", "inefficient_min", "observed_min")
+"""Summed across close steps, in fixed-point units (``fixed.py``): exact in any order."""
 
 
 def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFrame:
@@ -59,6 +62,7 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
     act = pl.col("activity")
     seen = (pl.col("telemetry_samples") > 0) & act.is_not_null()
     weight = pl.col("share") * pl.col("n_minutes")
+    units = fixed.units(weight)
     frac = pl.col("fraction")
     mem = pl.when(frac >= 1.0).then(pl.col("mem_used_mib")).otherwise(pl.col("job_mem_mib"))
     return job_rows.group_by(ACC_KEYS).agg(
@@ -66,13 +70,13 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
         pl.col("card_type").drop_nulls().first(),
         pl.col("gpu_mem_total_mib").max(),
         frac.max().alias("fraction"),
-        weight.sum().alias("alloc_min"),
-        (pl.col("held") * pl.col("n_minutes")).sum().alias("held_min"),
-        (weight * act).filter(seen).sum().alias("used_min"),
-        weight.filter(seen & below(act, t.idle_activity)).sum().alias("idle_min"),
-        weight.filter(seen & ~below(act, t.idle_activity) & below(act, t.efficient_activity))
+        units.sum().alias("alloc_min"),
+        fixed.units(pl.col("held") * pl.col("n_minutes")).sum().alias("held_min"),
+        fixed.units(weight * act).filter(seen).sum().alias("used_min"),
+        units.filter(seen & below(act, t.idle_activity)).sum().alias("idle_min"),
+        units.filter(seen & ~below(act, t.idle_activity) & below(act, t.efficient_activity))
         .sum().alias("inefficient_min"),
-        weight.filter(seen).sum().alias("observed_min"),
+        units.filter(seen).sum().alias("observed_min"),
         mem.filter(seen).max().alias("mem_peak_mib"),
     ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)).collect()  # type: ignore[arg-type]
 
@@ -92,17 +96,24 @@ def merge(acc: pl.DataFrame, inc: pl.DataFrame) -> pl.DataFrame:
     ).select(ACC_SCHEMA.names())
 
 
+def conform(acc: pl.DataFrame) -> pl.DataFrame:
+    """Accumulators as this version holds them (an older checkpoint or instance held the
+    summed columns as float GPU-minutes)."""
+    return fixed.conform(acc, list(SUMMED), 1.0)
+
+
 def per_gpu(acc: pl.DataFrame) -> pl.DataFrame:
     """``job_gpu`` facts: one row per job attempt and GPU."""
     return acc.with_columns(
-        (pl.col("alloc_min") / 60).alias("allocated_gpu_hours"),
-        (pl.col("held_min") / 60).alias("job_gpu_hours"),
-        (pl.col("used_min") / 60).alias("used_gpu_hours"),
-        (pl.col("idle_min") / 60).alias("idle_gpu_hours"),
-        (pl.col("inefficient_min") / 60).alias("inefficient_gpu_hours"),
+        fixed.to_hours(pl.col("alloc_min")).alias("allocated_gpu_hours"),
+        fixed.to_hours(pl.col("held_min")).alias("job_gpu_hours"),
+        fixed.to_hours(pl.col("used_min")).alias("used_gpu_hours"),
+        fixed.to_hours(pl.col("idle_min")).alias("idle_gpu_hours"),
+        fixed.to_hours(pl.col("inefficient_min")).alias("inefficient_gpu_hours"),
         pl.when(pl.col("observed_min") > 0)
         .then(pl.col("used_min") / pl.col("observed_min")).alias("mean_activity"),
         (pl.col("gpu_mem_total_mib") * pl.col("fraction")).alias("mem_held_mib"),
+        fixed.to_minutes(pl.col("observed_min")).alias("observed_min"),
     ).drop("alloc_min", "held_min", "used_min", "idle_min", "inefficient_min")
 
 
@@ -115,12 +126,12 @@ def attempt_usage(acc: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
         (pl.col("gpu_mem_total_mib") * pl.col("fraction")).alias("_held"),
     )
     out = per.group_by(["job_id", "attempt"]).agg(
-        (pl.col("alloc_min").sum() / 60).alias("allocated_gpu_hours"),
-        (pl.col("held_min").sum() / 60).alias("job_gpu_hours"),
-        (pl.col("used_min").sum() / 60).alias("used_gpu_hours"),
-        (pl.col("idle_min").sum() / 60).alias("idle_gpu_hours"),
-        (pl.col("inefficient_min").sum() / 60).alias("inefficient_gpu_hours"),
-        (pl.col("observed_min").sum() / 60).alias("observed_gpu_hours"),
+        fixed.to_hours(pl.col("alloc_min").sum()).alias("allocated_gpu_hours"),
+        fixed.to_hours(pl.col("held_min").sum()).alias("job_gpu_hours"),
+        fixed.to_hours(pl.col("used_min").sum()).alias("used_gpu_hours"),
+        fixed.to_hours(pl.col("idle_min").sum()).alias("idle_gpu_hours"),
+        fixed.to_hours(pl.col("inefficient_min").sum()).alias("inefficient_gpu_hours"),
+        fixed.to_hours(pl.col("observed_min").sum()).alias("observed_gpu_hours"),
         pl.col("mem_peak_mib").max().alias("mem_peak_mib"),
         pl.col("_held").max().alias("mem_held_mib"),
         pl.col("card_type").drop_nulls().first().alias("held_card_type"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from gpuledger.pipeline.facts import fixed
 from gpuledger.pipeline.facts.gpu_state import (
     ALLOCATED_STATES,
     OBSERVED_ALLOCATED_STATES,
@@ -69,28 +70,31 @@ def share_rows(gpu: pl.LazyFrame, jobs: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def hourly_partial(rows: pl.LazyFrame) -> pl.LazyFrame:
-    """Share rows → GPU-hours per (hour, partition, dimensions): one partial of an hour's
-    roll-up (partials of the same hour add up)."""
+    """Share rows → the measures per (hour, partition, dimensions), in fixed-point units
+    (``fixed.py``): one partial of an hour's roll-up. Partials of the same hour add up
+    exactly, however the hour's minutes were stepped."""
     state = pl.col("state")
-    w = pl.col("w")
+    w = fixed.units(pl.col("w"))
     return rows.group_by(PARTIAL_KEYS).agg(
-        (w.sum() / 60.0).alias("gpu_hours"),
-        (w.filter(state.is_in(list(ALLOCATED_STATES))).sum() / 60.0).alias("allocated_gpu_hours"),
-        (pl.col("used").sum() / 60.0).alias("used_gpu_hours"),
-        *[(w.filter(state == s).sum() / 60.0).alias(f"{s}_gpu_hours") for s in STATES],
-        (pl.col("occupied").sum() / 60.0).alias("occupied_gpu_hours"),
-        (pl.col("job_gpu").sum() / 60.0).alias("job_gpu_hours"),
+        w.sum().alias("gpu_hours"),
+        w.filter(state.is_in(list(ALLOCATED_STATES))).sum().alias("allocated_gpu_hours"),
+        fixed.units(pl.col("used")).sum().alias("used_gpu_hours"),
+        *[w.filter(state == s).sum().alias(f"{s}_gpu_hours") for s in STATES],
+        fixed.units(pl.col("occupied")).sum().alias("occupied_gpu_hours"),
+        fixed.units(pl.col("job_gpu")).sum().alias("job_gpu_hours"),
     )
 
 
-def add_up(partials: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Partials of the same keys added up."""
-    return partials.group_by(keys).agg([pl.col(m).sum() for m in MEASURES])
+def conform(partial: pl.DataFrame) -> pl.DataFrame:
+    """A partial as this version holds it (an older checkpoint held GPU-hours as floats)."""
+    return fixed.conform(partial, MEASURES, 1 / 60)
 
 
 def hourly(partials: pl.DataFrame) -> pl.DataFrame:
-    """One hour's roll-up rows (``gpu_hourly``) from its partials."""
-    return add_up(partials, PARTIAL_KEYS).with_columns(
+    """One hour's roll-up rows (``gpu_hourly``, GPU-hours) from its partials."""
+    return partials.group_by(PARTIAL_KEYS).agg(
+        fixed.to_hours(pl.col(m).sum()) for m in MEASURES
+    ).with_columns(
         pl.col("hour_ms").cast(pl.Datetime("ms")).dt.replace_time_zone("UTC").alias("hour"),
     ).with_columns(pl.col("hour").dt.date().alias("date")).sort(
         ["hour", *DIMENSIONS], nulls_last=True)
