@@ -137,6 +137,24 @@ def test_memory_beyond_the_card_is_rejected(process: Callable[..., Facts]) -> No
     assert facts.processor.counters.implausible_telemetry == 1
 
 
+def test_memory_beyond_its_own_card_is_rejected_in_a_mixed_fleet(
+        process: Callable[..., Facts]) -> None:
+    """50 GB fits the 80 GB card of n1 but not the 24 GB card of n2: each sample is held
+    against its own node's card, not the fleet's smallest or largest."""
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=1, mem=81_559.0),
+                                  inventory("n2", at(0), gpus=1, mem=23_028.0)]
+    recs += series("n1", 0, at(0), 3, sm=0.5, mem=50_000.0, total=None)
+    recs += series("n2", 0, at(0), 3, sm=0.5, mem=20_000.0, total=None)
+    over = telemetry("n2", 0, at(1, 5), sm=0.5, mem=50_000.0, total=None, seq=99)
+    facts = process([*recs, over])
+    rejects = facts.table("rejects")
+    assert rejects.height == 1 and "more than the card's 23028.0 MiB" in rejects["reason"][0]
+    assert '"node":"n2"' in rejects["raw"][0]
+    assert facts.processor.counters.implausible_telemetry == 1
+    peaks = facts.table("gpu_minute").group_by("node").agg(pl.col("mem_used_mib").max())
+    assert dict(peaks.iter_rows()) == {"n1": 50_000.0, "n2": 20_000.0}
+
+
 def test_job_events_out_of_order_are_rejected_with_reasons(
     process: Callable[..., Facts],
 ) -> None:

@@ -485,7 +485,14 @@ class Processor:
         top = tel.select(pl.col("mem_used_mib").max()).item()
         if top is None or top <= floor:
             return tel
-        # each sample's own card, looked up by node (a map of a few thousand nodes)
+        # a mixed fleet: first each node's highest reading against its own card (one
+        # small group-by), and only the nodes over it looked at sample by sample
+        tops = tel.group_by("node").agg(pl.col("mem_used_mib").max().alias("top"))
+        over_nodes = tops.join(cards, on="node", how="inner").filter(
+            pl.col("top") > pl.col("gpu_mem_mib") * margin)
+        if over_nodes.is_empty():
+            return tel
+        cards = over_nodes.select("node", "gpu_mem_mib")
         card = pl.col("node").replace_strict(cards["node"], cards["gpu_mem_mib"],
                                              default=None, return_dtype=pl.Float64)
         over = (pl.col("mem_used_mib") > card * margin).fill_null(False)
