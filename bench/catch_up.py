@@ -103,8 +103,9 @@ FACT_VIEWS = ("gpu_minute", "gpu_hourly", "frag_minute", "pending_minute", "bloc
 
 def _facts(root: Path) -> dict[str, list[int]]:
     """Each fact view's rows, an order-free hash of its rows, and the same with floats
-    rounded to 6 decimals (sums added up in another order may differ in their last
-    digit), read through the analysts' read-only connection."""
+    rounded to 6 decimals (before fixed-point sums, 55b92de, float sums added up in
+    another order differed in their last digit), read through the analysts' read-only
+    connection."""
     import polars as pl
 
     from gpuledger.pipeline.query import connect
