@@ -300,6 +300,50 @@ def test_an_hour_written_into_a_compacted_day_replaces_its_rows_there(tmp_path: 
     assert {k for k in published_files(tmp_path / "wh") if "/preemptions/" in k} == logical
 
 
+@pytest.mark.parametrize("merge", [False, True])
+def test_an_hour_written_into_a_large_compacted_day_is_sorted_in_buckets(
+        tmp_path: Path, merge: bool) -> None:
+    """A day larger than a bucket (``compact_bucket_rows`` 1000, the day 5,760 rows): an
+    hour written into it again is sorted in buckets, never the whole day in memory, and
+    the day holds what a sort of the whole in memory gives."""
+    import random
+
+    rng = random.Random(3)
+    wh = Warehouse(tmp_path / "wh", options=WarehouseOptions(compact_after_s=0,
+                                                             compact_bucket_rows=1000))
+    day = datetime(2026, 1, 5, tzinfo=UTC)
+    keys = ["minute", "node", "gpu_index"]
+
+    def rows(hour: int, gpus: range, tag: str) -> pl.DataFrame:
+        minutes = [day + timedelta(hours=hour, minutes=m) for m in range(60)]
+        return pl.DataFrame({
+            "minute": [m for m in minutes for _ in gpus], "node": "n1",
+            "gpu_index": [g for _ in minutes for g in gpus],
+            "job_id": [rng.choice(["j1", "j2", "j3", None]) for _ in minutes for _ in gpus],
+            "value": [rng.randrange(1000) / 8 for _ in minutes for _ in gpus],
+            "tag": tag})
+
+    hours = [rows(h, range(4), "old") for h in range(24)]
+    for h, frame in enumerate(hours):
+        wh.write_part("gpu_minute", day + timedelta(hours=h), frame, keys)
+    wh.commit(day + timedelta(days=1), wait=True)  # compacted: one object for the day
+    late = rows(7, range(2, 6), "new")  # GPUs 2, 3 written again; 4, 5 new
+    wh.write_part("gpu_minute", day + timedelta(hours=7), late, keys, merge=merge)
+    wh.commit(wait=True)
+    old7 = hours[7]
+    if merge:  # the hour's old rows that no new row replaces stay
+        hour7 = pl.concat([old7.join(late, on=keys, how="anti"), late])
+    else:
+        hour7 = late
+    want = pl.concat([*hours[:7], hour7, *hours[8:]]).sort(
+        ["job_id", "minute", "node", "gpu_index"], nulls_last=True, maintain_order=True)
+    got = read_table(tmp_path / "wh", "gpu_minute").select(want.columns)
+    assert got.equals(want)
+    assert got.filter(pl.col("tag") == "old").height == 23 * 240 + (120 if merge else 0)
+    assert {k for k in published_files(tmp_path / "wh") if "/gpu_minute/" in k} == \
+        {"facts/gpu_minute/date=2026-01-05/gpu_minute-2026-01-05.parquet"}
+
+
 def test_a_failing_spill_folder_puts_compaction_off_and_loses_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Compaction spills to $TMPDIR; when that fails, the day stays in hours (readable,

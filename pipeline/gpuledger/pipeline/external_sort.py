@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import io
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -44,8 +44,17 @@ def _schema(parts: Sequence[bytes]) -> pl.Schema:
     return pl.concat(empty, how="vertical_relaxed").schema
 
 
-def _rows(part: bytes) -> int:
-    return int(pl.scan_parquet(io.BytesIO(part)).select(pl.len()).collect().item())
+Keep = Callable[[pl.LazyFrame], pl.LazyFrame]
+"""Which rows of a part to take (a filter; it may join a small frame), applied to the
+part's rows or to a slice of them."""
+
+
+def _all(rows: pl.LazyFrame) -> pl.LazyFrame:
+    return rows
+
+
+def _rows(part: bytes, keep: Keep = _all) -> int:
+    return int(keep(pl.scan_parquet(io.BytesIO(part))).select(pl.len()).collect().item())
 
 
 def _slices(part: bytes, rows: int, size: int, schema: pl.Schema) -> list[pl.LazyFrame]:
@@ -54,10 +63,12 @@ def _slices(part: bytes, rows: int, size: int, schema: pl.Schema) -> list[pl.Laz
             for start in range(0, rows, size)]
 
 
-def _buckets(parts: Sequence[bytes], lead: list[str], bucket_rows: int) -> pl.DataFrame:
+def _buckets(parts: Sequence[bytes], keeps: Sequence[Keep], lead: list[str],
+             bucket_rows: int) -> pl.DataFrame:
     """Each value of the leading keys with its bucket (``_bucket``), in sort order."""
-    counts = pl.concat([pl.read_parquet(io.BytesIO(p), columns=lead).group_by(lead).len()
-                        for p in parts], how="vertical_relaxed")
+    counts = pl.concat([keep(pl.scan_parquet(io.BytesIO(p))).select(lead).group_by(lead).len()
+                        .collect() for p, keep in zip(parts, keeps, strict=True)],
+                       how="vertical_relaxed")
     counts = counts.group_by(lead).agg(pl.col("len").sum()).sort(lead, nulls_last=True)
     before = pl.col("len").cum_sum() - pl.col("len")
     return counts.select(*lead, (before // bucket_rows).cast(pl.UInt32).alias("_bucket"))
@@ -101,22 +112,26 @@ class _RowGroups:
 
 
 def sorted_parquet(parts: Sequence[bytes], sort_by: list[str], row_group_size: int,
-                   bucket_rows: int = BUCKET_ROWS) -> tuple[bytes, int]:
+                   bucket_rows: int = BUCKET_ROWS,
+                   keep: Sequence[Keep | None] | None = None) -> tuple[bytes, int]:
     """The rows of ``parts`` (Parquet files), sorted by ``sort_by`` (nulls last, ties in
     the parts' order), as one Parquet object with row groups of ``row_group_size``;
-    and its number of rows."""
+    and its number of rows. ``keep``: per part, which of its rows to take (None: all)."""
+    keeps = [k or _all for k in (keep or [None] * len(parts))]
     schema = _schema(parts)
     sizes = [_rows(p) for p in parts]
-    total = sum(sizes)
+    total = sum(_rows(p, k) for p, k in zip(parts, keeps, strict=True)) \
+        if keep is not None else sum(sizes)
     with tempfile.TemporaryDirectory(prefix="gpuledger-sort-") as tmp_name:
         tmp = Path(tmp_name)
         out = _RowGroups(tmp / "sorted.parquet", schema, row_group_size)
         if total <= bucket_rows:  # in memory: a spill would only cost time
-            frames = [pl.read_parquet(io.BytesIO(p)).cast(schema) for p in parts]
+            frames = [k(pl.scan_parquet(io.BytesIO(p)).cast(schema)).collect()
+                      for p, k in zip(parts, keeps, strict=True)]
             if frames:
                 out.add(pl.concat(frames).sort(sort_by, nulls_last=True, maintain_order=True))
         else:
-            for bucket in _spill(parts, sizes, sort_by[:2], bucket_rows, schema, tmp):
+            for bucket in _spill(parts, keeps, sizes, sort_by[:2], bucket_rows, schema, tmp):
                 rows = pl.concat([pl.read_ipc(f) for f in bucket])
                 for f in bucket:
                     f.unlink()
@@ -126,17 +141,17 @@ def sorted_parquet(parts: Sequence[bytes], sort_by: list[str], row_group_size: i
         return out.path.read_bytes(), total
 
 
-def _spill(parts: Sequence[bytes], sizes: list[int], lead: list[str], bucket_rows: int,
-           schema: pl.Schema, tmp: Path) -> list[list[Path]]:
+def _spill(parts: Sequence[bytes], keeps: Sequence[Keep], sizes: list[int], lead: list[str],
+           bucket_rows: int, schema: pl.Schema, tmp: Path) -> list[list[Path]]:
     """Each part's rows, spilled to their buckets; the spilled files of each bucket, in
     the buckets' order (and each bucket's in the parts' order)."""
-    buckets = _buckets(parts, lead, bucket_rows)
+    buckets = _buckets(parts, keeps, lead, bucket_rows)
     files: dict[int, list[Path]] = {}
     piece = 0
-    for part, rows_in in zip(parts, sizes, strict=True):
+    for part, keep, rows_in in zip(parts, keeps, sizes, strict=True):
         for lazy in _slices(part, rows_in, bucket_rows, schema):
-            frame = lazy.collect().join(buckets, on=lead, how="left", nulls_equal=True,
-                                        maintain_order="left")
+            frame = keep(lazy).collect().join(buckets, on=lead, how="left", nulls_equal=True,
+                                              maintain_order="left")
             for (bucket,), rows in frame.partition_by(
                     "_bucket", as_dict=True, include_key=False).items():
                 path = tmp / f"{bucket:08d}-{piece:08d}.arrow"

@@ -181,18 +181,32 @@ class Warehouse:
 
     def _into_compacted_day(self, table: str, hour: datetime, frame: pl.DataFrame,
                             sort_by: list[str], merge: bool, suffix: str | None) -> str:
+        """The day's rows of other hours, and the hour's new rows (with ``merge``, also its
+        old rows that no new row replaces), sorted into the day's object again: in
+        bounded memory, as compaction sorts (``external_sort.py``). A replay of history
+        rewrites every hour of a compacted day this way."""
         day = self.part_path(table, hour, False, suffix)
-        old = self.read(day, suffix)
+        old = self.read_bytes(day, suffix)
         assert old is not None
         in_hour = pl.col(compaction.PART_TIME[table]).dt.truncate("1h") == hour
+        frame = self._shape(frame, None)
         if merge:
-            frame = _merged(old.filter(in_hour), frame, sort_by)
-        rows = pl.concat([old.filter(~in_hour), frame.cast(old.schema, strict=False)],
-                         how="vertical_relaxed", rechunk=False)
+            frame = frame.unique(subset=sort_by, keep="last", maintain_order=True)
+        replaced = frame.select(sort_by).with_columns(pl.lit(True).alias("_replaced"))
+
+        def others(rows: pl.LazyFrame) -> pl.LazyFrame:
+            if not merge:
+                return rows.filter(~in_hour)
+            return rows.join(replaced.lazy(), on=sort_by, how="left", nulls_equal=True,
+                             maintain_order="left").filter(
+                ~in_hour | pl.col("_replaced").is_null()).drop("_replaced")
+
+        data, rows = external_sort.sorted_parquet(
+            [old, parquet_bytes(frame)], compaction.sort_order(table, sort_by),
+            compaction.ROW_GROUP_ROWS, self.options.compact_bucket_rows, keep=[others, None])
         del old
         log.info("%s: an hour of compacted %s rewritten", table, day)
-        return self.write(day, rows, compaction.sort_order(table, sort_by), suffix,
-                          compaction.ROW_GROUP_ROWS)
+        return self._put(day, data, rows, suffix)
 
     def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str],
                        suffix: str | None = None) -> None:
