@@ -140,3 +140,34 @@ def test_keys_of_an_older_checkpoint_are_split_by_partition_on_load() -> None:
     assert sorted(restored.split()) == [0, 1]
     assert sum(f.height for f in restored.of_partition(1, keep=True).by_minute[minute]) == 2
     assert restored.take_new(mixed)[1] == 4
+
+
+def test_the_same_second_of_other_minutes_is_no_repeat() -> None:
+    """Keys hold the time within the minute: 0:05 and 1:05 of one GPU in one batch, or in
+    two, are two samples."""
+    keys = tm.SampleKeys()
+    a = _of_node("a", [5, 65, 125])
+    assert a["gpu_index"].to_list() == [0, 1, 0]
+    same_gpu = _of_node("a", [5, 125]).with_columns(pl.lit(0, pl.Int64).alias("gpu_index"))
+    assert keys.take_new(same_gpu) == (same_gpu, 0)
+    fresh, repeats = keys.take_new(_of_node("a", [65, 185]).with_columns(
+        pl.lit(0, pl.Int64).alias("gpu_index")))
+    assert (fresh.height, repeats) == (2, 0)
+    assert keys.take_new(same_gpu)[1] == 2
+
+
+def test_keys_are_12_bytes_a_sample_and_older_ones_are_converted_on_load() -> None:
+    keys = tm.SampleKeys()
+    a = _of_node("a", list(range(0, 60, 1)))
+    keys.take_new(a)
+    minute = next(iter(keys.by_minute))
+    frame = keys.by_minute[minute][0]
+    assert frame.schema == pl.Schema({"partition": pl.UInt16, "_g": pl.UInt64, "_t": pl.UInt16})
+    assert frame.estimated_size() <= 12 * frame.height
+    # as an older release held them: the absolute time and the partition in Int64
+    old = frame.with_columns(pl.col("partition").cast(pl.Int64),
+                             (pl.col("_t").cast(pl.Int64) + minute).alias("_t"))
+    keys.by_minute[minute] = [old]
+    restored = pickle.loads(pickle.dumps(keys))
+    assert restored.by_minute[minute][0].equals(frame)
+    assert restored.take_new(a.slice(10, 5))[1] == 5
