@@ -330,11 +330,8 @@ def test_an_hour_written_into_a_large_compacted_day_is_sorted_in_buckets(
     late = rows(7, range(2, 6), "new")  # GPUs 2, 3 written again; 4, 5 new
     wh.write_part("gpu_minute", day + timedelta(hours=7), late, keys, merge=merge)
     wh.commit(wait=True)
-    old7 = hours[7]
-    if merge:  # the hour's old rows that no new row replaces stay
-        hour7 = pl.concat([old7.join(late, on=keys, how="anti"), late])
-    else:
-        hour7 = late
+    # with merge, the hour's old rows that no new row replaces stay
+    hour7 = pl.concat([hours[7].join(late, on=keys, how="anti"), late]) if merge else late
     want = pl.concat([*hours[:7], hour7, *hours[8:]]).sort(
         ["job_id", "minute", "node", "gpu_index"], nulls_last=True, maintain_order=True)
     got = read_table(tmp_path / "wh", "gpu_minute").select(want.columns)
