@@ -53,8 +53,8 @@ def _all(rows: pl.LazyFrame) -> pl.LazyFrame:
     return rows
 
 
-def _rows(part: bytes, keep: Keep = _all) -> int:
-    return int(keep(pl.scan_parquet(io.BytesIO(part))).select(pl.len()).collect().item())
+def _rows(part: bytes) -> int:
+    return int(pl.scan_parquet(io.BytesIO(part)).select(pl.len()).collect().item())
 
 
 def _slices(part: bytes, rows: int, size: int, schema: pl.Schema) -> list[pl.LazyFrame]:
@@ -86,8 +86,11 @@ class _RowGroups:
         self.path, self.schema, self.size = path, schema, size
         self.pending = pl.DataFrame(schema=schema)
         self.writer: pq.ParquetWriter | None = None
+        self.rows = 0
+        """Rows added so far."""
 
     def add(self, rows: pl.DataFrame) -> None:
+        self.rows += rows.height
         self.pending = (pl.concat([self.pending, rows], rechunk=True) if self.pending.height
                         else rows)
         while self.pending.height >= self.size:
@@ -120,12 +123,10 @@ def sorted_parquet(parts: Sequence[bytes], sort_by: list[str], row_group_size: i
     keeps = [k or _all for k in (keep or [None] * len(parts))]
     schema = _schema(parts)
     sizes = [_rows(p) for p in parts]
-    total = sum(_rows(p, k) for p, k in zip(parts, keeps, strict=True)) \
-        if keep is not None else sum(sizes)
     with tempfile.TemporaryDirectory(prefix="gpuledger-sort-") as tmp_name:
         tmp = Path(tmp_name)
         out = _RowGroups(tmp / "sorted.parquet", schema, row_group_size)
-        if total <= bucket_rows:  # in memory: a spill would only cost time
+        if sum(sizes) <= bucket_rows:  # in memory: a spill would only cost time
             frames = [k(pl.scan_parquet(io.BytesIO(p)).cast(schema)).collect()
                       for p, k in zip(parts, keeps, strict=True)]
             if frames:
@@ -138,7 +139,7 @@ def sorted_parquet(parts: Sequence[bytes], sort_by: list[str], row_group_size: i
                 out.add(rows.sort(sort_by, nulls_last=True, maintain_order=True))
                 del rows
         out.close()
-        return out.path.read_bytes(), total
+        return out.path.read_bytes(), out.rows
 
 
 def _spill(parts: Sequence[bytes], keeps: Sequence[Keep], sizes: list[int], lead: list[str],

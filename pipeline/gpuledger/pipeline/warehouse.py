@@ -192,14 +192,15 @@ class Warehouse:
         frame = self._shape(frame, None)
         if merge:
             frame = frame.unique(subset=sort_by, keep="last", maintain_order=True)
-        replaced = frame.select(sort_by).with_columns(pl.lit(True).alias("_replaced"))
+            replaced = frame.select(sort_by).with_columns(pl.lit(True).alias("_replaced"))
 
-        def others(rows: pl.LazyFrame) -> pl.LazyFrame:
-            if not merge:
+            def others(rows: pl.LazyFrame) -> pl.LazyFrame:
+                return rows.join(replaced.lazy(), on=sort_by, how="left", nulls_equal=True,
+                                 maintain_order="left").filter(
+                    ~in_hour | pl.col("_replaced").is_null()).drop("_replaced")
+        else:
+            def others(rows: pl.LazyFrame) -> pl.LazyFrame:
                 return rows.filter(~in_hour)
-            return rows.join(replaced.lazy(), on=sort_by, how="left", nulls_equal=True,
-                             maintain_order="left").filter(
-                ~in_hour | pl.col("_replaced").is_null()).drop("_replaced")
 
         data, rows = external_sort.sorted_parquet(
             [old, parquet_bytes(frame)], compaction.sort_order(table, sort_by),
