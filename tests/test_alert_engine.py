@@ -250,6 +250,33 @@ def test_webhook_receives_alertmanager_shaped_alerts(tmp_path: Path, receiver: R
         assert alert["generatorURL"].startswith("gpuledger://job/")
 
 
+def test_the_ops_surface_counts_alerts_and_keeps_none(tmp_path: Path) -> None:
+    """``gpuledger process`` runs for months: its summary counts the alerts fired by name,
+    and no event stays referenced once the sinks have had it."""
+    import gc
+    import weakref
+    from collections import Counter
+
+    from gpuledger.pipeline.ops import OpsSurface
+
+    surface = OpsSurface(CONFIG, alerts=True)
+    assert surface.engine is not None
+    listed = ListSink()
+    refs: list[weakref.ref[Alert]] = []
+
+    class Watch:
+        def publish(self, events: list[Alert], active: list[Alert]) -> None:
+            refs.extend(weakref.ref(e) for e in events)
+
+    run(scenario(), tmp_path, [*surface.engine.sinks, listed, Watch()])
+    counts = dict(Counter(e.name for e in listed.events if e.status == "firing"))
+    assert counts and surface.tally.fired == counts
+    assert (surface.summary() or "").startswith(f"alerts: {sum(counts.values())} fired (")
+    listed.events.clear()  # the engine run is gone too: only the surface's sinks remain
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
+
+
 def test_webhook_resends_firing_alerts(tmp_path: Path, receiver: Receiver) -> None:
     hook = WebhookSink(receiver.url, resend_s=0)  # resend at every evaluation
     run(scenario(), tmp_path, [hook], step_minutes=10)

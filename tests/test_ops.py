@@ -17,6 +17,7 @@ from test_alert_engine import Receiver
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline.alerts.model import Alert
+from gpuledger.pipeline.alerts.sinks import ListSink
 
 
 def test_demo_serves_metrics_and_posts_alerts(tmp_path: Path) -> None:
@@ -87,6 +88,9 @@ def test_kafka_service_shards_give_the_embedded_alerts_and_metrics(tmp_path: Pat
     sim = SimConfig(hours=2.0, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
     config = ProcessorConfig()
     embedded = OpsSurface(config, "127.0.0.1:0", alerts=True)
+    assert embedded.engine is not None
+    embedded_events = ListSink()  # the surface itself only counts them
+    embedded.engine.sinks.append(embedded_events)
     run_demo(sim, config, tmp_path / "embedded", on_processor=embedded.follow)
 
     settings = KafkaSettings(bootstrap=kafka.bootstrap,  # type: ignore[attr-defined]
@@ -100,6 +104,9 @@ def test_kafka_service_shards_give_the_embedded_alerts_and_metrics(tmp_path: Pat
                                     ServiceOptions(group_id="ops", exit_when_idle_s=2.0))
     ops = OpsSurface(config, "127.0.0.1:0", None, settings)
     ops.follow_service(service)
+    assert ops.engine is not None
+    ops_events = ListSink()
+    ops.engine.sinks.append(ops_events)
     try:
         service.run()
     finally:
@@ -110,9 +117,10 @@ def test_kafka_service_shards_give_the_embedded_alerts_and_metrics(tmp_path: Pat
         def key(e: Alert) -> tuple[object, ...]:
             return (e.name, e.job_id, e.attempt, e.status, e.starts_at, e.ends_at)
 
-        want = sorted(map(key, embedded.listed.events), key=str)
+        want = sorted(map(key, embedded_events.events), key=str)
         assert want, "the simulation should raise some alerts"
-        assert sorted(map(key, ops.listed.events), key=str) == want
+        assert sorted(map(key, ops_events.events), key=str) == want
+        assert ops.tally.fired == embedded.tally.fired
         assert ops.kafka_sink is not None and ops.kafka_sink.sent == len(want)
 
         def gpus(surface: OpsSurface) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.pipeline.alerts.engine import AlertEngine
-from gpuledger.pipeline.alerts.sinks import AlertSink, KafkaAlertSink, ListSink, WebhookSink
+from gpuledger.pipeline.alerts.sinks import AlertSink, KafkaAlertSink, TallySink, WebhookSink
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.exporter import Exporter, parse_address
 from gpuledger.pipeline.exporter.service import follow_engine
@@ -25,12 +25,12 @@ class OpsSurface:
     def __init__(self, config: ProcessorConfig, metrics_address: str | None = None,
                  alert_webhook: str | None = None, kafka_settings: Any = None,
                  alerts: bool = False) -> None:
-        """``alerts``: run the alert engine even without a webhook or Kafka (events are
-        kept in ``listed``)."""
+        """``alerts``: run the alert engine even without a webhook or Kafka (the alerts
+        fired are counted in ``tally``)."""
         self.address = parse_address(metrics_address) if metrics_address else None
         self.exporter = Exporter(config) if self.address else None
-        self.listed = ListSink()
-        sinks: list[AlertSink] = [self.listed]
+        self.tally = TallySink()
+        sinks: list[AlertSink] = [self.tally]
         self.kafka_sink: KafkaAlertSink | None = None
         if alert_webhook:
             sinks.append(WebhookSink(alert_webhook))
@@ -69,12 +69,9 @@ class OpsSurface:
     def summary(self) -> str | None:
         if self.engine is None:
             return None
-        fired = [e for e in self.listed.events if e.status == "firing"]
-        kinds: dict[str, int] = {}
-        for e in fired:
-            kinds[e.name] = kinds.get(e.name, 0) + 1
+        kinds = self.tally.fired
         detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-        return (f"alerts: {len(fired)} fired ({detail or 'none'}), "
+        return (f"alerts: {sum(kinds.values())} fired ({detail or 'none'}), "
                 f"{len(self.engine.firing)} still firing")
 
     def close(self) -> None:
