@@ -31,7 +31,7 @@ class AlertSink(Protocol):
 class TallySink:
     """Counts the alerts fired, by name: what the CLI's summary needs, in memory that
     does not grow with the events (a service runs for months; keeping every event would
-    grow its memory by about 1 MiB a simulated day on the default cluster)."""
+    grow its memory by 1–2 MiB a simulated day on the default cluster)."""
 
     def __init__(self) -> None:
         self.fired: dict[str, int] = {}
