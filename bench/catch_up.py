@@ -125,7 +125,8 @@ def _facts(root: Path) -> dict[str, list[int]]:
 
 
 def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
-             out: Any, group: str, profile: str | None = None) -> None:
+             out: Any, group: str, profile: str | None = None,
+             max_poll_samples: int | None = None) -> None:
     """The child: run the service until it has read and closed everything (of the
     partitions it holds, with others of ``group``). ``profile``: write a cProfile of
     the run there (its figures then include the profiler's overhead)."""
@@ -134,12 +135,17 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
     from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 
     settings = _settings(bootstrap, prefix, client)
-    service = KafkaProcessorService(settings, ProcessorConfig(), Path(root),
-                                    ServiceOptions(group_id=group, exit_when_idle_s=4.0))
+    options = ServiceOptions(group_id=group, exit_when_idle_s=4.0)
+    if max_poll_samples is not None:
+        options.max_poll_samples = max_poll_samples
+    service = KafkaProcessorService(settings, ProcessorConfig(), Path(root), options)
     handle = service._handle
     caught: list[float] = []
+    polls: list[int] = []
 
     def timed(by_topic: Any, telemetry: bool) -> int:
+        if telemetry:
+            polls.append(sum(len(m) for m in by_topic.values()))
         n = handle(by_topic, telemetry)
         if n and not caught and service.counters().records_in["telemetry"] >= samples:
             caught.append(time.perf_counter())
@@ -166,11 +172,14 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
         "samples": c.records_in["telemetry"], "late_samples": c.late_telemetry,
         "close_passes": c.close_passes, "minutes_closed": c.minutes_closed,
         "gpu_minute_rows": c.fact_rows.get("gpu_minute", 0),
+        "max_poll_samples": getattr(options, "max_poll_samples", None),
+        "telemetry_polls": len(polls), "largest_poll_messages": max(polls, default=0),
     })
 
 
 def _run_instances(bootstrap: str, prefix: str, client: str, samples: int, root: Path,
-                   n: int, profile: Path | None = None) -> list[dict[str, Any]]:
+                   n: int, profile: Path | None = None,
+                   max_poll_samples: int | None = None) -> list[dict[str, Any]]:
     """``n`` service instances in one new consumer group, one child process each,
     sharing one warehouse folder; each one's figures."""
     ctx = mp.get_context("spawn")
@@ -180,7 +189,7 @@ def _run_instances(bootstrap: str, prefix: str, client: str, samples: int, root:
         here, there = ctx.Pipe()
         child = ctx.Process(target=_service, args=(
             bootstrap, prefix, client, samples, str(root), there, group,
-            None if profile is None else str(profile)))
+            None if profile is None else str(profile), max_poll_samples))
         child.start()
         pipes.append(here)
         children.append(child)
@@ -199,6 +208,11 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=1,
                         help="then run this many instances in one group side by side, "
                         "each one's samples per CPU-second against the one instance's")
+    parser.add_argument("--max-poll-samples", default=None,
+                        help="comma-separated: run the one instance once with each "
+                        "max_poll_samples, in turn, on the same backlog (each in its own "
+                        "warehouse; the facts compared with the first run's); by default "
+                        "once with the service's default")
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", type=Path, default=None,
@@ -230,6 +244,18 @@ def main() -> None:
             samples = result["produce"]["gpu_samples"]
             result["service"] = _run_instances(bootstrap, prefix, args.client, samples,
                                                tmp / "wh", 1, args.profile)[0]
+            if args.max_poll_samples:
+                first = _facts(tmp / "wh")
+                result["by_max_poll_samples"] = []
+                for i, value in enumerate(args.max_poll_samples.split(",")):
+                    root = tmp / f"wh-poll-{i}"
+                    run = _run_instances(bootstrap, prefix, args.client, samples, root, 1,
+                                         max_poll_samples=int(value))[0]
+                    run["samples_per_cpu_s"] = round(samples / run["cpu_s"])
+                    run["facts_differ"] = [v for v, f in _facts(root).items()
+                                           if f != first[v]]
+                    print("max_poll_samples", value, run, file=sys.stderr, flush=True)
+                    result["by_max_poll_samples"].append(run)
             if args.instances > 1:
                 result["instances"] = _run_instances(bootstrap, prefix, args.client,
                                                      samples, tmp / "wh-n", args.instances)

@@ -105,3 +105,19 @@ def test_console_script_runs_as_a_process(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "not a gpuledger warehouse" in done.stderr
+
+
+def test_the_poll_bound_defaults_to_the_service_and_refuses_nonsense(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuledger.cli.main import MAX_POLL_SAMPLES, build_parser
+    from gpuledger.pipeline.kafka.service import ServiceOptions
+
+    assert ServiceOptions().max_poll_samples == MAX_POLL_SAMPLES
+    args = build_parser().parse_args(["process", "--kafka", "h:1"])
+    assert args.max_poll_samples == MAX_POLL_SAMPLES
+    monkeypatch.setenv("GPULEDGER_KAFKA_MAX_POLL_SAMPLES", "250000")
+    assert build_parser().parse_args(["process", "--kafka", "h:1"]).max_poll_samples == 250_000
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["process", "--kafka", "h:1", "--max-poll-samples", "0"])
+    assert exit_.value.code == 2
+    assert "--max-poll-samples must be > 0" in capsys.readouterr().err

@@ -5,6 +5,7 @@ Each test uses its own topic prefix, so tests share one broker per session.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fact_views import assert_same_facts
@@ -52,10 +54,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _publish(settings: KafkaSettings, fmt: bytes = ARROW) -> int:
+def _publish(settings: KafkaSettings, fmt: bytes = ARROW, sim: SimConfig | None = None) -> int:
     create_topics(settings, telemetry_partitions=4)
     sink = KafkaSink(settings, fmt=fmt)
-    for batch in simulate(_sim()):
+    for batch in simulate(sim or _sim()):
         sink.publish_batch(batch)
     sink.close()
     return sink.messages
@@ -102,6 +104,53 @@ def test_kafka_gives_the_same_facts_as_the_embedded_bus(
     assert service.counters().late_telemetry == 0
     assert sorted(service.held) == [0, 1, 2, 3]
     assert_same_facts(tmp_path / "wh", reference, SPARSE)
+
+
+def test_polls_bounded_by_samples_give_the_same_facts(kafka: Broker, tmp_path: Path) -> None:
+    """A poll takes about ``max_poll_samples`` samples, counted by the last poll's samples
+    per message, however long the backlog; the facts do not depend on the batches."""
+    settings = _settings(kafka)
+    # a message per node and minute: many more than a first poll takes (the simulation
+    # differs with its chunks: the reference is the same one on the embedded bus)
+    sim = dataclasses.replace(_sim(), chunk_minutes=1)
+    _publish(settings, sim=sim)
+    run_demo(sim, ProcessorConfig(), tmp_path / "embedded")
+    bound = 2_000
+    service = KafkaProcessorService(settings, ProcessorConfig(), tmp_path / "wh",
+                                    ServiceOptions(group_id="small-polls", exit_when_idle_s=2.0,
+                                                   max_poll_samples=bound))
+    polls: list[tuple[int, int, int]] = []  # messages allowed, messages taken, samples
+    poll, handle = service._poll_telemetry, service._handle
+
+    def counted_poll() -> dict[Any, list[Any]]:
+        allowed = service.poll_size()
+        records = poll()
+        if records:
+            polls.append((allowed, sum(len(r) for r in records.values()), 0))
+        return records
+
+    def counted_handle(by_topic: dict[str, list[Any]], telemetry: bool) -> int:
+        before = service.counters().records_in.get("telemetry", 0)
+        n = handle(by_topic, telemetry)
+        if telemetry:
+            allowed, taken, _ = polls[-1]
+            polls[-1] = (allowed, taken,
+                         service.counters().records_in["telemetry"] - before)
+        return n
+
+    service._poll_telemetry = counted_poll  # type: ignore[method-assign]
+    service._handle = counted_handle  # type: ignore[method-assign]
+    try:
+        service.run()
+    finally:
+        service.close()
+    samples = sum(s for _a, _t, s in polls)
+    assert samples == service.counters().records_in["telemetry"] > 10 * bound
+    assert polls[0][0] == 500  # nothing known yet
+    assert all(taken <= allowed for allowed, taken, _s in polls)
+    assert max(s for _a, _t, s in polls[1:]) <= 2 * bound, polls
+    assert len(polls) >= samples // (2 * bound)
+    assert_same_facts(tmp_path / "wh", tmp_path / "embedded", SPARSE)
 
 
 def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(

@@ -68,3 +68,27 @@ def test_a_bad_record_in_a_message_is_traced_to_that_message() -> None:
     assert got.frames["telemetry"].height == 99
     assert got.dead_letters["offset"].to_list() == [3]
     assert "util_gpu" in got.dead_letters["reason"][0]
+
+
+def test_a_message_cut_from_a_large_batch_holds_only_its_own_rows() -> None:
+    """A job's rows split from a batch of many jobs: its message was once as large as
+    the batch's GPU ids (the strings in ``allocation`` shared the batch's buffers; here
+    about 25 KB a message, 433 KB at 9,216 GPUs)."""
+    from gpuledger.pipeline.kafka.wire import split_by_key
+
+    sim = SimConfig(hours=0.5, seed=3)  # the default cluster: 576 GPUs
+    jobs = next(iter(simulate(sim)))["job"]
+    parts = [part for _key, part in split_by_key(jobs, "job_id")]
+    assert len(parts) > 20
+    values = [encode(part, "job") for part in parts]
+    alone = [len(encode(pl.from_dicts(part.to_dicts(), schema=part.schema), "job"))
+             for part in parts]
+    assert all(len(v) <= 1.25 * n for v, n in zip(values, alone, strict=True)), (
+        [len(v) for v in values[:5]], alone[:5])
+    decoded = decode([Message("t", 0, i, b"k", v, ((FORMAT_HEADER, ARROW),
+                                                   (TYPE_HEADER, b"job")))
+                      for i, v in enumerate(values)], "job")
+    assert decoded.dead_letters.is_empty()
+    got = decoded.frames["job"]
+    assert got.sort("job_id", "time", "event").equals(
+        jobs.select(got.columns).sort("job_id", "time", "event"))

@@ -295,6 +295,8 @@ SERVICE_TIMEOUTS = (
      "how long a request to the broker may take (kafka-python)"),
 )
 """The Kafka service's group and client timeouts: flag, environment variable, default."""
+MAX_POLL_SAMPLES = 1_000_000
+"""``ServiceOptions.max_poll_samples`` (the pipeline may not be installed to read it)."""
 
 
 def cmd_process(args: argparse.Namespace) -> int:
@@ -305,6 +307,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     settings = _kafka_settings(args)
     options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
                              exit_when_idle_s=args.exit_when_idle,
+                             max_poll_samples=args.max_poll_samples,
                              instance_id=args.instance_id,
                              session_timeout_ms=args.session_timeout_ms,
                              heartbeat_interval_ms=args.heartbeat_interval_ms,
@@ -443,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-idle", type=positive(float, "--exit-when-idle"), default=None,
                    metavar="SECONDS", help="flush everything and exit after this long without "
                    "input (for batch runs); default: run until SIGTERM")
+    p.add_argument("--max-poll-samples", type=positive(int, "--max-poll-samples"),
+                   metavar="N", default=os.environ.get("GPULEDGER_KAFKA_MAX_POLL_SAMPLES",
+                                                       str(MAX_POLL_SAMPLES)),
+                   help="a telemetry poll takes about this many samples at most, however "
+                   "long the backlog: it bounds the memory of a catch-up (default "
+                   f"{MAX_POLL_SAMPLES:,}; environment "
+                   "GPULEDGER_KAFKA_MAX_POLL_SAMPLES)")
     for flag, env, default, what in SERVICE_TIMEOUTS:
         p.add_argument(flag, type=positive(int, flag), metavar="MS",
                        default=os.environ.get(env, str(default)),

@@ -7,6 +7,15 @@ memory pool keeps freed blocks for reuse; neither shrinks by itself when the hol
 are scattered. ``release_free_memory`` asks both to give back what is free. It is
 safe at any time and costs milliseconds; the warehouse calls it after its commits (at
 most every 10 s, and after each compaction), the Kafka service after each checkpoint.
+
+Trimming cannot hand back a page that still holds one live block, and glibc makes such
+pages likely by default in a long-running service: its mmap threshold rises with the
+largest block freed (up to 32 MiB), so after the first large batch buffers of every size
+are carved from the heap between long-lived objects; and each thread that allocates
+gets an arena of its own (up to 8 per core). ``tune_allocator`` fixes the threshold
+(large blocks are mapped and unmapped whole) and caps the arenas; the Kafka service
+calls it once at start. glibc's own variables (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_ARENA_MAX``) win where they are set.
 """
 
 from __future__ import annotations
@@ -22,19 +31,59 @@ from functools import cache
 log = logging.getLogger(__name__)
 
 
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+"""``mallopt`` parameters (glibc's malloc.h)."""
+
+MMAP_THRESHOLD = 256 << 10
+"""Blocks this large or larger are mapped on their own and unmapped when freed."""
+ARENA_MAX = 2
+
+
 @cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``; None on other C libraries (musl, macOS)."""
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if not name:
         return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+@cache
+def tune_allocator() -> dict[str, int]:
+    """Fix glibc's mmap threshold and cap its arenas (see the module's docstring), once
+    per process; what was set (empty on other C libraries, or where glibc's environment
+    variables set both)."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return {}
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    done: dict[str, int] = {}
+    for env, param, value in (("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                              ("MALLOC_ARENA_MAX", M_ARENA_MAX, ARENA_MAX)):
+        if env in os.environ:
+            continue
+        if mallopt(param, value) == 1:
+            done[env] = value
+        else:
+            log.debug("mallopt(%d, %d) refused", param, value)
+    return done
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; None on other C libraries (musl, macOS)."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    return trim
+    function: Callable[[int], int] = trim
+    return function
 
 
 def rss_bytes() -> int | None:

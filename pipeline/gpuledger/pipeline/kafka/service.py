@@ -55,8 +55,8 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
-from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode
-from gpuledger.pipeline.memory import rss_bytes
+from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode, ipc_stream
+from gpuledger.pipeline.memory import rss_bytes, tune_allocator
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.store import open_store
@@ -75,6 +75,10 @@ Key = tuple[str, int]
 class ServiceOptions:
     group_id: str = "gpuledger-processor"
     max_records: int = 20_000
+    max_poll_samples: int = 1_000_000
+    """A telemetry poll takes at most about this many samples (messages counted from the
+    samples per message of the last poll; 500 messages before any): the batch, and the
+    memory it needs, do not follow the backlog."""
     poll_timeout_ms: int = 500
     checkpoint_interval_s: float = 10.0
     exit_when_idle_s: float | None = None
@@ -147,9 +151,7 @@ def _last_message_times(msgs: list[Message], frame: pl.DataFrame) -> dict[Key, d
 
 
 def encode_parts(frame: pl.DataFrame) -> bytes:
-    sink = io.BytesIO()
-    frame.write_ipc_stream(sink, compression="zstd")
-    return sink.getvalue()
+    return ipc_stream(frame, "zstd")
 
 
 def _transient(exc: BaseException) -> bool:
@@ -182,6 +184,7 @@ class KafkaProcessorService:
         from kafka import TopicPartition
 
         shared = Warehouse(warehouse, options=config.warehouse)  # a bad location stops here
+        tune_allocator()  # before the clients start their threads
         self.settings = settings
         self.config = config
         self.options = options or ServiceOptions()
@@ -238,6 +241,8 @@ class KafkaProcessorService:
         """Set when telemetry was read after the end offsets were fetched."""
         self._last_checkpoint = time.monotonic()
         self._last_log = time.monotonic()
+        self._samples_per_message: float | None = None
+        """Of the last telemetry poll: how many messages the next one may take."""
         self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
 
     # -- what others read ------------------------------------------------------------
@@ -409,9 +414,17 @@ class KafkaProcessorService:
             else:
                 self.telemetry.seek_to_beginning(tp)
 
+    def poll_size(self) -> int:
+        """Messages the next telemetry poll may take: ``max_poll_samples`` worth at the
+        last poll's samples per message, within ``max_records`` (500 before any)."""
+        o = self.options
+        if self._samples_per_message is None:
+            return min(o.max_records, 500)
+        return max(1, min(o.max_records, int(o.max_poll_samples / self._samples_per_message)))
+
     def _poll_telemetry(self) -> dict[Any, list[Any]]:
         records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
-                                      max_records=self.options.max_records)
+                                      max_records=self.poll_size())
         held = self.engine.held
         return {tp: recs for tp, recs in records.items() if tp.partition in held}
 
@@ -539,6 +552,8 @@ class KafkaProcessorService:
                 if telemetry or engine.owner:
                     self._dead_letters(decoded)
                 frame = decoded.frames[record_type]  # type: ignore[index]
+                if telemetry:
+                    self._samples_per_message = max(frame.height, 1) / len(msgs)
                 if frame.height:
                     frames[str(record_type)] = frame
                     self.partition_time.update(_last_message_times(msgs, frame))
