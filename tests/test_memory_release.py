@@ -87,3 +87,4 @@ def test_glibc_variables_set_by_the_user_win() -> None:
     # the user's own threshold is glibc's, fixed too: the 1 MiB buffer is mapped
     assert _probe("tuned", MALLOC_MMAP_THRESHOLD_="524288") == {
         "tuned": {"MALLOC_ARENA_MAX": 2}, "mapped": 1}
+    assert _probe("tuned", GPULEDGER_MALLOC_TUNING="off") == {"tuned": {}, "mapped": 0}

@@ -15,7 +15,8 @@ are carved from the heap between long-lived objects; and each thread that alloca
 gets an arena of its own (up to 8 per core). ``tune_allocator`` fixes the threshold
 (large blocks are mapped and unmapped whole) and caps the arenas; the Kafka service
 calls it once at start. glibc's own variables (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_ARENA_MAX``) win where they are set.
+``MALLOC_ARENA_MAX``) win where they are set; ``GPULEDGER_MALLOC_TUNING=off`` leaves
+glibc's defaults alone.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def tune_allocator() -> dict[str, int]:
     """Fix glibc's mmap threshold and cap its arenas (see the module's docstring), once
     per process; what was set (empty on other C libraries, or where glibc's environment
     variables set both)."""
+    if os.environ.get("GPULEDGER_MALLOC_TUNING", "on").lower() in ("off", "0", "no", "false"):
+        return {}
     libc = _libc()
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is None:
