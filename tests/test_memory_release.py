@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import platform
+import subprocess
+import sys
 
 import pytest
 
@@ -54,11 +58,6 @@ print(json.dumps({"tuned": tuned, "mapped": mapped}))
 
 
 def _probe(mode: str, **env: str) -> dict[str, object]:
-    import json
-    import os
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, mode], check=True,
                          capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items()

@@ -73,7 +73,7 @@ def test_a_bad_record_in_a_message_is_traced_to_that_message() -> None:
 def test_a_message_cut_from_a_large_batch_holds_only_its_own_rows() -> None:
     """A job's rows split from a batch of many jobs: its message was once as large as
     the batch's GPU ids (the strings in ``allocation`` shared the batch's buffers; here
-    about 25 KB a message, 433 KB at 9,216 GPUs)."""
+    about 35 KB a message, 433 KB at 9,216 GPUs)."""
     from gpuledger.pipeline.kafka.wire import split_by_key
 
     sim = SimConfig(hours=0.5, seed=3)  # the default cluster: 576 GPUs
