@@ -163,16 +163,18 @@ def _service(bootstrap: str, prefix: str, client: str, samples: int, root: str,
         service.close()
     if profiler is not None and profile:
         profiler.dump_stats(profile)
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    wall, cpu = time.perf_counter() - w0, round(time.process_time() - c0, 1)
     c = service.counters()
+    read = c.records_in["telemetry"]
     out.send({
         "wall_to_caught_up_s": round(caught[0] - w0, 1) if caught else None,
-        "wall_to_exit_s": round(wall, 1), "cpu_s": round(cpu, 1),
+        "wall_to_exit_s": round(wall, 1), "cpu_s": cpu,
         "peak_rss_mib": _peak_rss_mib(),
-        "samples": c.records_in["telemetry"], "late_samples": c.late_telemetry,
+        "samples": read, "samples_per_cpu_s": round(read / cpu) if cpu else None,
+        "late_samples": c.late_telemetry,
         "close_passes": c.close_passes, "minutes_closed": c.minutes_closed,
         "gpu_minute_rows": c.fact_rows.get("gpu_minute", 0),
-        "max_poll_samples": getattr(options, "max_poll_samples", None),
+        "max_poll_samples": options.max_poll_samples,
         "telemetry_polls": len(polls), "largest_poll_messages": max(polls, default=0),
     })
 
@@ -251,7 +253,6 @@ def main() -> None:
                     root = tmp / f"wh-poll-{i}"
                     run = _run_instances(bootstrap, prefix, args.client, samples, root, 1,
                                          max_poll_samples=int(value))[0]
-                    run["samples_per_cpu_s"] = round(samples / run["cpu_s"])
                     run["facts_differ"] = [v for v, f in _facts(root).items()
                                            if f != first[v]]
                     print("max_poll_samples", value, run, file=sys.stderr, flush=True)
@@ -266,11 +267,9 @@ def main() -> None:
                     v for v in FACT_VIEWS if one[v][0::2] != many[v][0::2]]
                 print("facts differ in", result["facts_differ"], "beyond 1e-6 in",
                       result["facts_differ_beyond_1e-6"], file=sys.stderr, flush=True)
-    s, c = result["service"], result["ceiling"]
+    c = result["ceiling"]
     samples = result["produce"]["gpu_samples"]
-    result["service"]["samples_per_cpu_s"] = round(samples / s["cpu_s"])
     for inst in result.get("instances", []):
-        inst["samples_per_cpu_s"] = round(inst["samples"] / inst["cpu_s"])
         inst["ratio_to_one_instance"] = round(
             inst["samples_per_cpu_s"] / result["service"]["samples_per_cpu_s"], 3)
     result["ceiling"]["samples_per_cpu_s"] = round(samples / max(c["cpu_s"], 1e-9))
