@@ -48,6 +48,7 @@ from typing import Protocol
 import polars as pl
 
 from gpuledger.contract.schema import RecordType
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.bus import Batch
 from gpuledger.pipeline.columns import TIME_DTYPE, conform
 from gpuledger.pipeline.config import ProcessorConfig
@@ -100,7 +101,7 @@ HourKey = tuple[str, datetime, int]
 
 def _newest_by_node(tel: pl.DataFrame) -> pl.DataFrame:
     """Each node's newest sample time in ``tel`` (node, time)."""
-    return tel.lazy().group_by("node").agg(pl.col("time").max()).collect()
+    return engines.over_samples(tel.lazy().group_by("node").agg(pl.col("time").max()))
 
 
 def _floor_minute(t: datetime) -> datetime:
@@ -436,7 +437,7 @@ class Processor:
             if mine.height < tel.height:
                 by_node = None
             tel = mine
-        tel = prepare(tel.drop("partition")).with_columns(tel["partition"])
+        tel = prepare(tel.drop("partition")).with_columns(tel["partition"]).rechunk()
         newest = tel.select(pl.col("time").max()).item()
         if self.max_telemetry_time is None or newest > self.max_telemetry_time:
             self.max_telemetry_time = newest
@@ -487,7 +488,8 @@ class Processor:
             return tel
         # a mixed fleet: first each node's highest reading against its own card (one
         # small group-by), and only the nodes over it looked at sample by sample
-        tops = tel.group_by("node").agg(pl.col("mem_used_mib").max().alias("top"))
+        tops = engines.over_samples(
+            tel.lazy().group_by("node").agg(pl.col("mem_used_mib").max().alias("top")))
         over_nodes = tops.join(cards, on="node", how="inner").filter(
             pl.col("top") > pl.col("gpu_mem_mib") * margin)
         if over_nodes.is_empty():
@@ -716,9 +718,9 @@ class Processor:
             pl.col("partition").is_in(list(bounds))).with_columns(
             pl.max_horizontal(pl.col("from_ms"), lo).alias("from_ms")).filter(
             pl.col("from_ms") < pl.col("to_ms"))
-        runs = gpu_runs(own_nodes).collect()
-        pieces = clip_ms(self._with_partition(allocations).filter(
-            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms).collect()
+        runs = engines.over_minutes(gpu_runs(own_nodes))
+        pieces = engines.over_minutes(clip_ms(self._with_partition(allocations).filter(
+            pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms))
         telem = None
         exact_runs, exact_pieces = runs.clear(), pieces.clear()
         sparse_runs, sparse_pieces = runs, pieces
@@ -736,7 +738,7 @@ class Processor:
         span_gpu = span_jobs = None
         if not sparse_runs.is_empty():
             edges, spans = split_runs(sparse_runs.lazy(), sparse_pieces.lazy())
-            edges_df = edges.collect()
+            edges_df = engines.over_minutes(edges)
             edge_pieces = sparse_pieces.join(
                 edges_df.select(*GPU_KEYS, pl.col("from_ms").alias("_u"),
                                 pl.col("to_ms").alias("_v")), on=GPU_KEYS, how="inner"
@@ -757,17 +759,18 @@ class Processor:
             parts.append(finish_gpu_rows(span_gpu, t).with_columns(pl.lit(True).alias("span")))
             job_parts.append(span_jobs)
         main = attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority")
-        gpu = pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left")\
-            .collect()
+        gpu = engines.over_minutes(
+            pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left"))
         if agg is not None:
             self._reject_unplaced_telemetry(gpu, agg)
         job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
-        jobs = self._with_job_memory(job_rows_with_context(
+        jobs = self._with_job_memory(engines.over_minutes(job_rows_with_context(
             pl.concat(job_parts, how="diagonal_relaxed"), gpu.lazy()).join(
-            job_attrs, on="job_id", how="left").collect(), memory)
+            job_attrs, on="job_id", how="left")), memory)
         self._emit_gpu_minutes(gpu)
         self._emit_job_minutes(jobs)
-        partial = rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())).collect()
+        partial = engines.over_minutes(
+            rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())))
         for (hour_ms, part), rows in partial.group_by("hour_ms", "partition"):
             assert isinstance(hour_ms, int) and isinstance(part, int)
             self.rollup_parts.setdefault((_hour_of(hour_ms), part), []).append(rows)

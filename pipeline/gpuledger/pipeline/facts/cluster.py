@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.facts import demand
 from gpuledger.pipeline.facts.fragmentation import fragmentation
 from gpuledger.pipeline.facts.minutes import (
@@ -121,10 +122,9 @@ def histogram(segments: pl.LazyFrame) -> pl.DataFrame:
         pl.col("d").cum_sum().over(BIN).alias("nodes"),
         pl.col("t").shift(-1).over(BIN).alias("t_next"),
     ).filter((pl.col("nodes") > 0) & pl.col("t_next").is_not_null())
-    return steps.with_columns(
+    return engines.over_minutes(steps.with_columns(
         pl.int_ranges(pl.col("t"), pl.col("t_next"), MINUTE_MS).alias("minute")
-    ).explode("minute").select(
-        to_time(pl.col("minute")).alias("minute"), *BIN, "nodes").collect()
+    ).explode("minute").select(to_time(pl.col("minute")).alias("minute"), *BIN, "nodes"))
 
 
 def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,

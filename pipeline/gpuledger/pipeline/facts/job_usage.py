@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.facts import fixed
 from gpuledger.pipeline.facts.gpu_state import below
@@ -65,7 +66,7 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
     units = fixed.units(weight)
     frac = pl.col("fraction")
     mem = pl.when(frac >= 1.0).then(pl.col("mem_used_mib")).otherwise(pl.col("job_mem_mib"))
-    return job_rows.group_by(ACC_KEYS).agg(
+    return engines.over_minutes(job_rows.group_by(ACC_KEYS).agg(
         pl.col("partition").first(),
         pl.col("card_type").drop_nulls().first(),
         pl.col("gpu_mem_total_mib").max(),
@@ -78,7 +79,7 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
         .sum().alias("inefficient_min"),
         units.filter(seen).sum().alias("observed_min"),
         mem.filter(seen).max().alias("mem_peak_mib"),
-    ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)).collect()  # type: ignore[arg-type]
+    ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)))  # type: ignore[arg-type]
 
 
 def merge(acc: pl.DataFrame, inc: pl.DataFrame) -> pl.DataFrame:

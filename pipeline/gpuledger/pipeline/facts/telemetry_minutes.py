@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.facts.gpu_state import sample_activity
 from gpuledger.pipeline.facts.minutes import minute_of
 
@@ -44,6 +45,9 @@ _MAX = ["mem_used_mib", "mem_total_mib", "temp_c", "unhealthy_sample", "n_proc",
         "n_unattributed"]
 _SUM = ["xid_errors", "ecc_sbe", "ecc_dbe"]
 KEYS = ["minute_ms", "node", "gpu_index"]
+PARTIAL_COLUMNS = [*KEYS, "partition", "n", "agent", "card_type", "seq_min", "seq_max",
+                   *[f"s_{c}" for c in _MEANS], *[f"c_{c}" for c in _MEANS], *_MAX, *_SUM]
+"""The columns of a batch's partials, in order."""
 SAMPLE_KEY = ["node", "gpu_index", "mig_instance", "time"]
 
 
@@ -151,10 +155,13 @@ class SampleKeys:
             taken = samples.filter(keep)
         else:
             taken = samples
-        for (minute, _part), rows in keys.partition_by(["minute_ms", "partition"],
-                                                         as_dict=True).items():
+        # split by minute and partition; each frame keeps its partition column (a copy
+        # of it is the key, which the split drops)
+        for (minute, _part), rows in keys.with_columns(pl.col("partition").alias("_p")
+                                                       ).partition_by(
+                ["minute_ms", "_p"], as_dict=True, include_key=False).items():
             assert isinstance(minute, int)
-            self.by_minute.setdefault(minute, []).append(rows.drop("minute_ms"))
+            self.by_minute.setdefault(minute, []).append(rows)
         return taken, samples.height - taken.height
 
     def forget_before(self, minute_ms: int) -> None:
@@ -228,7 +235,11 @@ def partials(samples: pl.DataFrame) -> pl.DataFrame:
     """A batch of (de-duplicated, prepared) samples folded per GPU-minute."""
     if samples.select(pl.col("mig_instance").is_not_null().any()).item():
         samples = _merge_mig(samples)
-    return samples.lazy().group_by(KEYS).agg(
+    # a column with no nulls in the batch counts every sample of a GPU-minute: its count
+    # is the row count, not an aggregation of its own
+    gaps = {c for c in _MEANS if samples[c].null_count()}
+    counts = [pl.col(c).count().cast(pl.Int64).alias(f"c_{c}") for c in _MEANS if c in gaps]
+    return engines.partials_of(samples.lazy().group_by(KEYS).agg(
         pl.col("partition").first(),
         pl.len().cast(pl.Int64).alias("n"),
         pl.col("agent").first(),
@@ -236,10 +247,11 @@ def partials(samples: pl.DataFrame) -> pl.DataFrame:
         pl.col("seq").min().alias("seq_min"),
         pl.col("seq").max().alias("seq_max"),
         *[pl.col(c).sum().alias(f"s_{c}") for c in _MEANS],
-        *[pl.col(c).count().cast(pl.Int64).alias(f"c_{c}") for c in _MEANS],
+        *counts,
         *[pl.col(c).max() for c in _MAX],
         *[pl.col(c).sum() for c in _SUM],
-    ).collect()
+    ).with_columns(pl.col("n").alias(f"c_{c}") for c in _MEANS if c not in gaps
+                   ).select(PARTIAL_COLUMNS), samples.height)
 
 
 def merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
@@ -268,7 +280,7 @@ def merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def _added(both: pl.DataFrame) -> pl.DataFrame:
-    return both.lazy().group_by(KEYS).agg(
+    return engines.over_minutes(both.lazy().group_by(KEYS).agg(
         pl.col("partition").first(),
         pl.col("n").sum(),
         pl.col("agent").drop_nulls().first(),
@@ -279,7 +291,7 @@ def _added(both: pl.DataFrame) -> pl.DataFrame:
         *[pl.col(f"c_{c}").sum() for c in _MEANS],
         *[pl.col(c).max() for c in _MAX],
         *[pl.col(c).sum() for c in _SUM],
-    ).collect()
+    ))
 
 
 def finish(merged: pl.DataFrame) -> pl.DataFrame:
@@ -322,8 +334,8 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
         .select(*KEYS, "partition", "job_id", "used_mib")
     )
     # one plan: the list column is not copied by each step
-    return pl.concat([single, several]).group_by([*KEYS, "job_id"]).agg(
-        pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib")).collect()
+    return engines.over_samples(pl.concat([single, several]).group_by([*KEYS, "job_id"]).agg(
+        pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib")))
 
 
 def merge_memory(parts: list[pl.DataFrame]) -> pl.DataFrame:
