@@ -1,42 +1,39 @@
 """Which Polars engine runs each of the processor's lazy plans.
 
 Polars 2 runs ``LazyFrame.collect()`` on its streaming engine unless told otherwise
-(eager ``DataFrame`` methods always run in memory). The processor's plans are of two
-kinds, and each is cheaper on a different engine (bench/README.md, *Engines*):
+(eager ``DataFrame`` methods always run in memory). Two things decide the engine of a
+plan (bench/README.md, *Engines*):
 
-- **over GPU-minutes**: a close step's joins and group-bys of inventory runs,
-  allocation pieces and per-minute telemetry, tens of plans per step, each over
-  thousands to a few hundred thousand rows. The in-memory engine starts a plan for less
-  and runs these 13–20 % cheaper in all (576 GPUs and 9,216, 10 s samples);
-- **over samples**: a batch's job memory and per-GPU-minute partials, up to millions
-  of samples. Streaming is cheaper for job memory at every size measured (207,000 to
-  a million samples: 0.68–0.7× the CPU) and for the partials from about 300,000
-  samples (a million: 0.38×); below that the partials are a little cheaper in memory
-  (``SAMPLES_STREAMING_FROM``).
+- **Cost.** A close step runs tens of joins and group-bys over thousands to a few
+  hundred thousand GPU-minute rows; the in-memory engine starts a plan for less and
+  runs these 10–20 % cheaper in all (576 GPUs and 9,216, 10 s samples). Grouping
+  millions of samples into GPU-minutes is the other way round: streaming did a million
+  samples' partials in 0.38× the CPU.
+- **Memory.** With the plans over a batch's samples (and the partials kept until their
+  minutes close) on the in-memory engine too, a catch-up through Kafka peaked at
+  3.9 GiB instead of 1.2 GiB (``catch_up.py --hours 0.5``: 30 minutes of 9,216 GPUs at
+  1 s); with those on streaming and only the step's own frames in memory it peaked at
+  1.15 GiB. Why was not pinned down (a suspect: in-memory results that keep their
+  inputs' buffers alive while they are held across polls). So results kept past the
+  step that made them, and plans that read a whole batch of samples, run streaming.
 
-Every plan gives the same rows on either engine; only the CPU differs.
+Every plan gives the same rows on either engine (float sums may differ in the last bit,
+as between any two runs of a parallel sum; facts are written rounded, ``warehouse.py``).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-SAMPLES_STREAMING_FROM = 300_000
-"""Partials of at least this many samples run streaming."""
 
-
-def over_minutes(plan: pl.LazyFrame) -> pl.DataFrame:
-    """Run a plan over a close step's GPU-minutes (in memory)."""
+def step_frame(plan: pl.LazyFrame) -> pl.DataFrame:
+    """Run a plan whose result lives only within one close step (its GPU rows, job rows,
+    inventory runs, allocation pieces, free-GPU histogram): in memory."""
     return plan.collect(engine="in-memory")
 
 
-def over_samples(plan: pl.LazyFrame) -> pl.DataFrame:
-    """Run a plan over a batch's samples (streaming)."""
+def kept_frame(plan: pl.LazyFrame) -> pl.DataFrame:
+    """Run a plan whose result is kept across batches or close steps (telemetry
+    partials, job memory, job usage, roll-up partials) or that reads a whole batch of
+    samples: streaming."""
     return plan.collect(engine="streaming")
-
-
-def partials_of(plan: pl.LazyFrame, samples: int) -> pl.DataFrame:
-    """Run the per-GPU-minute partials of ``samples`` samples: streaming from
-    ``SAMPLES_STREAMING_FROM`` samples, in memory below."""
-    return plan.collect(engine="streaming" if samples >= SAMPLES_STREAMING_FROM
-                        else "in-memory")

@@ -101,7 +101,7 @@ HourKey = tuple[str, datetime, int]
 
 def _newest_by_node(tel: pl.DataFrame) -> pl.DataFrame:
     """Each node's newest sample time in ``tel`` (node, time)."""
-    return engines.over_samples(tel.lazy().group_by("node").agg(pl.col("time").max()))
+    return engines.kept_frame(tel.lazy().group_by("node").agg(pl.col("time").max()))
 
 
 def _floor_minute(t: datetime) -> datetime:
@@ -488,7 +488,7 @@ class Processor:
             return tel
         # a mixed fleet: first each node's highest reading against its own card (one
         # small group-by), and only the nodes over it looked at sample by sample
-        tops = engines.over_samples(
+        tops = engines.kept_frame(
             tel.lazy().group_by("node").agg(pl.col("mem_used_mib").max().alias("top")))
         over_nodes = tops.join(cards, on="node", how="inner").filter(
             pl.col("top") > pl.col("gpu_mem_mib") * margin)
@@ -718,8 +718,8 @@ class Processor:
             pl.col("partition").is_in(list(bounds))).with_columns(
             pl.max_horizontal(pl.col("from_ms"), lo).alias("from_ms")).filter(
             pl.col("from_ms") < pl.col("to_ms"))
-        runs = engines.over_minutes(gpu_runs(own_nodes))
-        pieces = engines.over_minutes(clip_ms(self._with_partition(allocations).filter(
+        runs = engines.step_frame(gpu_runs(own_nodes))
+        pieces = engines.step_frame(clip_ms(self._with_partition(allocations).filter(
             pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms))
         telem = None
         exact_runs, exact_pieces = runs.clear(), pieces.clear()
@@ -738,7 +738,7 @@ class Processor:
         span_gpu = span_jobs = None
         if not sparse_runs.is_empty():
             edges, spans = split_runs(sparse_runs.lazy(), sparse_pieces.lazy())
-            edges_df = engines.over_minutes(edges)
+            edges_df = engines.step_frame(edges)
             edge_pieces = sparse_pieces.join(
                 edges_df.select(*GPU_KEYS, pl.col("from_ms").alias("_u"),
                                 pl.col("to_ms").alias("_v")), on=GPU_KEYS, how="inner"
@@ -759,17 +759,17 @@ class Processor:
             parts.append(finish_gpu_rows(span_gpu, t).with_columns(pl.lit(True).alias("span")))
             job_parts.append(span_jobs)
         main = attrs.lazy().select("job_id", "team", "queue", "job_type", "user", "priority")
-        gpu = engines.over_minutes(
+        gpu = engines.step_frame(
             pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left"))
         if agg is not None:
             self._reject_unplaced_telemetry(gpu, agg)
         job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
-        jobs = self._with_job_memory(engines.over_minutes(job_rows_with_context(
+        jobs = self._with_job_memory(engines.step_frame(job_rows_with_context(
             pl.concat(job_parts, how="diagonal_relaxed"), gpu.lazy()).join(
             job_attrs, on="job_id", how="left")), memory)
         self._emit_gpu_minutes(gpu)
         self._emit_job_minutes(jobs)
-        partial = engines.over_minutes(
+        partial = engines.kept_frame(
             rollup.hourly_partial(rollup.share_rows(gpu.lazy(), jobs.lazy())))
         for (hour_ms, part), rows in partial.group_by("hour_ms", "partition"):
             assert isinstance(hour_ms, int) and isinstance(part, int)

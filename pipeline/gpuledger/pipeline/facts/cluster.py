@@ -122,7 +122,7 @@ def histogram(segments: pl.LazyFrame) -> pl.DataFrame:
         pl.col("d").cum_sum().over(BIN).alias("nodes"),
         pl.col("t").shift(-1).over(BIN).alias("t_next"),
     ).filter((pl.col("nodes") > 0) & pl.col("t_next").is_not_null())
-    return engines.over_minutes(steps.with_columns(
+    return engines.step_frame(steps.with_columns(
         pl.int_ranges(pl.col("t"), pl.col("t_next"), MINUTE_MS).alias("minute")
     ).explode("minute").select(to_time(pl.col("minute")).alias("minute"), *BIN, "nodes"))
 

@@ -66,7 +66,7 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
     units = fixed.units(weight)
     frac = pl.col("fraction")
     mem = pl.when(frac >= 1.0).then(pl.col("mem_used_mib")).otherwise(pl.col("job_mem_mib"))
-    return engines.over_minutes(job_rows.group_by(ACC_KEYS).agg(
+    return engines.kept_frame(job_rows.group_by(ACC_KEYS).agg(
         pl.col("partition").first(),
         pl.col("card_type").drop_nulls().first(),
         pl.col("gpu_mem_total_mib").max(),

@@ -239,7 +239,7 @@ def partials(samples: pl.DataFrame) -> pl.DataFrame:
     # is the row count, not an aggregation of its own
     gaps = {c for c in _MEANS if samples[c].null_count()}
     counts = [pl.col(c).count().cast(pl.Int64).alias(f"c_{c}") for c in _MEANS if c in gaps]
-    return engines.partials_of(samples.lazy().group_by(KEYS).agg(
+    return engines.kept_frame(samples.lazy().group_by(KEYS).agg(
         pl.col("partition").first(),
         pl.len().cast(pl.Int64).alias("n"),
         pl.col("agent").first(),
@@ -251,7 +251,7 @@ def partials(samples: pl.DataFrame) -> pl.DataFrame:
         *[pl.col(c).max() for c in _MAX],
         *[pl.col(c).sum() for c in _SUM],
     ).with_columns(pl.col("n").alias(f"c_{c}") for c in _MEANS if c not in gaps
-                   ).select(PARTIAL_COLUMNS), samples.height)
+                   ).select(PARTIAL_COLUMNS))
 
 
 def merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
@@ -280,7 +280,7 @@ def merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def _added(both: pl.DataFrame) -> pl.DataFrame:
-    return engines.over_minutes(both.lazy().group_by(KEYS).agg(
+    return engines.kept_frame(both.lazy().group_by(KEYS).agg(
         pl.col("partition").first(),
         pl.col("n").sum(),
         pl.col("agent").drop_nulls().first(),
@@ -334,7 +334,7 @@ def job_memory(samples: pl.DataFrame) -> pl.DataFrame:
         .select(*KEYS, "partition", "job_id", "used_mib")
     )
     # one plan: the list column is not copied by each step
-    return engines.over_samples(pl.concat([single, several]).group_by([*KEYS, "job_id"]).agg(
+    return engines.kept_frame(pl.concat([single, several]).group_by([*KEYS, "job_id"]).agg(
         pl.col("partition").first(), pl.col("used_mib").max().alias("job_mem_mib")))
 
 
