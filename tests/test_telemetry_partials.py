@@ -63,6 +63,25 @@ def test_any_split_of_the_samples_merges_to_the_same_partials(
     assert_frame_equal(_ordered(merged), _ordered(whole), check_exact=False, rel_tol=1e-12)
 
 
+def test_a_column_counts_only_its_readings_whether_or_not_the_batch_has_gaps() -> None:
+    """A batch whose column has no nulls counts that column by its rows (no aggregation
+    of its own); a batch with gaps counts the readings. Either way the GPU-minute's mean
+    is over the readings there were, and batches of both kinds merge alike."""
+    full = _samples([0, 10, 20, 30])  # GPU 0 at 0 and 20 s, GPU 1 at 10 and 30 s
+    gappy = _samples([40, 50]).with_columns(  # GPU 0 at 40 s: no SM reading
+        pl.when(pl.col("gpu_index") == 0).then(None).otherwise(pl.col("sm_active"))
+        .alias("sm_active"))
+    assert full["sm_active"].null_count() == 0 and gappy["sm_active"].null_count() == 1
+    merged = tm.finish(tm.merge([tm.partials(full), tm.partials(gappy)])).sort("gpu_index")
+    rows = merged.select("gpu_index", "telemetry_samples", "sm_active", "util_gpu").rows()
+    # GPU 0: readings 0 and 20 (the 40 s sample has none); util over all three samples
+    assert rows[0] == (0, 3, 10.0, 20.0)
+    # GPU 1: 10, 30 and 50
+    assert rows[1] == (1, 3, 30.0, 30.0)
+    one = tm.finish(tm.partials(pl.concat([full, gappy]))).sort("gpu_index")
+    assert_frame_equal(one.select(merged.columns), merged)
+
+
 def test_batches_that_do_not_overlap_are_taken_as_they_are() -> None:
     first = tm.partials(_samples(list(range(0, 120, 10))))
     second = tm.partials(_samples(list(range(120, 240, 10))))
