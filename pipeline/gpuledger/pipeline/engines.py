@@ -9,11 +9,11 @@ plan (bench/README.md, *Engines*):
   runs these 10–20 % cheaper in all (576 GPUs and 9,216, 10 s samples). Grouping
   millions of samples into GPU-minutes is the other way round: streaming did a million
   samples' partials in 0.38× the CPU.
-- **Memory.** With the plans over a batch's samples (and the partials kept until their
-  minutes close) on the in-memory engine too, a catch-up through Kafka peaked at
-  3.9 GiB instead of 1.2 GiB (``catch_up.py --hours 0.5``: 30 minutes of 9,216 GPUs at
-  1 s); with those on streaming and only the step's own frames in memory it peaked at
-  1.15 GiB. Why was not pinned down (a suspect: in-memory results that keep their
+- **Memory.** With the partials of batches under 300,000 samples and their merge (kept
+  until their minutes close) on the in-memory engine too, a catch-up through Kafka
+  peaked at 3.9 GiB instead of 1.2 GiB (``catch_up.py --hours 0.5``: 30 minutes of
+  9,216 GPUs at 1 s); with those on streaming and only the step's own frames in memory
+  it peaked at 1.15 GiB. Why was not pinned down (a suspect: in-memory results that keep their
   inputs' buffers alive while they are held across polls). So results kept past the
   step that made them, and plans that read a whole batch of samples, run streaming.
 
