@@ -13,9 +13,10 @@ plan (bench/README.md, *Engines*):
   until their minutes close) on the in-memory engine too, a catch-up through Kafka
   peaked at 3.9 GiB instead of 1.2 GiB (``catch_up.py --hours 0.5``: 30 minutes of
   9,216 GPUs at 1 s); with those on streaming and only the step's own frames in memory
-  it peaked at 1.15 GiB. Why was not pinned down (a suspect: in-memory results that keep their
-  inputs' buffers alive while they are held across polls). So results kept past the
-  step that made them, and plans that read a whole batch of samples, run streaming.
+  it peaked at 1.15 GiB. Why was not pinned down (a suspect: in-memory results that
+  keep their inputs' buffers alive while they are held across polls). So results kept
+  past the step that made them, and plans that read a whole batch of samples, run
+  streaming.
 
 Every plan gives the same rows on either engine (float sums may differ in the last bit,
 as between any two runs of a parallel sum; facts are written rounded, ``warehouse.py``).
