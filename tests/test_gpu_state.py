@@ -9,6 +9,7 @@ import pytest
 from conftest import Facts
 from events import alloc, at, inventory, job, series
 
+from gpuledger.pipeline.config import ProcessorConfig, Thresholds
 from gpuledger.pipeline.facts.gpu_state import STATES
 
 
@@ -52,6 +53,34 @@ def test_inefficient_boundaries_and_util_fallback(process: Callable[..., Facts])
     s = _states(process(recs))
     assert s == {(0, "allocated_inefficient"): 5, (1, "allocated_inefficient"): 5,
                  (2, "allocated_busy"): 5}
+
+
+def test_readings_are_stored_in_32_bits_and_a_threshold_they_round_below_still_holds(
+        process: Callable[..., Facts]) -> None:
+    # idle below 70 %: GPU 0 is at exactly 70 % (stored as 0.69999999, 32 bits), GPU 1
+    # at 69.99 %; per minute and over the attempt (its idle GPUs), in the processor's
+    # 32-bit comparison and in a 64-bit mean of the stored values; the PCIe rate keeps
+    # 7 significant digits
+    config = ProcessorConfig(thresholds=Thresholds(idle_activity=0.7, efficient_activity=0.8))
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "j", at(0), gpus=2),
+            job("started", "j", at(0), allocation=alloc("n1", 0, 1)),
+            job("finished", "j", at(3))]
+    recs += series("n1", 0, at(0), 3, sm=0.7, pcie_rx_bytes_s=1_234_567_891.0)
+    recs += series("n1", 1, at(0), 3, sm=0.6999)
+    facts = process(recs, config=config)
+    assert _states(facts) == {(0, "allocated_inefficient"): 3, (1, "allocated_idle"): 3}
+    assert facts.table("job_attempts")["idle_gpus"].to_list() == [1]
+    files = sorted((facts.root / "facts" / "gpu_minute").rglob("gpu_minute-*.parquet"))
+    schema = pl.read_parquet_schema(files[0])
+    readings = ["activity", "sm_active", "util_gpu", "power_w", "mem_used_mib",
+                "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "temp_c"]
+    assert {c: schema[c] for c in readings} == {c: pl.Float32 for c in readings}
+    assert schema["alloc_fraction"] == pl.Float64  # accounting stays 64-bit
+    gm = facts.table("gpu_minute").filter(pl.col("gpu_index") == 0)
+    assert gm["activity"].to_list() == pytest.approx([0.7] * 3, rel=6e-8)
+    assert gm["activity"][0] < 0.7  # 32 bits round 0.7 down, and the state holds
+    assert gm["pcie_rx_bytes_s"].to_list() == pytest.approx([1_234_567_891.0] * 3, rel=6e-8)
 
 
 def test_sm_active_wins_over_util(process: Callable[..., Facts]) -> None:

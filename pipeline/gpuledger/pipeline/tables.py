@@ -14,9 +14,11 @@ from gpuledger.pipeline.advisor.diagnosis import JOB_DIAGNOSIS
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.facts.recommendations import REC_SCHEMA
 from gpuledger.pipeline.facts.rollup import DIMENSIONS, MEASURES
+from gpuledger.pipeline.facts.telemetry_minutes import READING_DTYPE
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, PREEMPTION_SCHEMA
 
 S, N, F, B, T, D = pl.String, pl.Int64, pl.Float64, pl.Boolean, TIME_DTYPE, pl.Date
+R = READING_DTYPE  # a telemetry reading (32-bit)
 
 
 def _cols(columns: dict[str, Any]) -> dict[str, pl.DataType]:
@@ -29,11 +31,11 @@ GPU_MINUTE = pl.Schema(_cols({
     "state": S, "allocated": B, "alloc_fraction": F, "occupied_share": F, "jobs_on_gpu": N,
     "job_id": S,
     "attempt": N, "team": S, "queue": S, "job_type": S, "user": S, "priority": N,
-    "activity": F, "telemetry_samples": N, "util_gpu": F, "sm_active": F,
-    "sm_occupancy": F, "tensor_active": F, "dram_active": F, "mem_used_mib": F,
-    "mem_total_mib": F, "power_w": F, "temp_c": F, "sm_clock_mhz": F,
-    "pcie_rx_bytes_s": F, "pcie_tx_bytes_s": F, "nvlink_rx_bytes_s": F,
-    "nvlink_tx_bytes_s": F, "xid_errors": N, "ecc_sbe": N, "ecc_dbe": N, "processes": N,
+    "activity": R, "telemetry_samples": N, "util_gpu": R, "sm_active": R,
+    "sm_occupancy": R, "tensor_active": R, "dram_active": R, "mem_used_mib": R,
+    "mem_total_mib": R, "power_w": R, "temp_c": R, "sm_clock_mhz": R,
+    "pcie_rx_bytes_s": R, "pcie_tx_bytes_s": R, "nvlink_rx_bytes_s": R,
+    "nvlink_tx_bytes_s": R, "xid_errors": N, "ecc_sbe": N, "ecc_dbe": N, "processes": N,
     "unattributed_processes": N, "schedulable": B, "health": S, "idle_threshold": F,
     "efficient_threshold": F,
 }))

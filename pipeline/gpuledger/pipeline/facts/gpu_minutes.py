@@ -29,17 +29,17 @@ import polars as pl
 from gpuledger.pipeline.config import Thresholds
 from gpuledger.pipeline.facts.gpu_state import classify
 from gpuledger.pipeline.facts.minutes import MINUTE_MS, expand_held
+from gpuledger.pipeline.facts.telemetry_minutes import READING_DTYPE
 
 GPU_KEYS = ["node", "gpu_index"]
 MINUTE_KEYS = ["minute_ms", "node", "gpu_index"]
+R = READING_DTYPE
 TELEMETRY_COLUMNS = {
-    "activity": pl.Float64(), "telemetry_samples": pl.Int64(), "telemetry_card_type": pl.String(),
-    "util_gpu": pl.Float64(), "sm_active": pl.Float64(), "sm_occupancy": pl.Float64(),
-    "tensor_active": pl.Float64(), "dram_active": pl.Float64(), "mem_used_mib": pl.Float64(),
-    "mem_total_mib": pl.Float64(), "power_w": pl.Float64(), "temp_c": pl.Float64(),
-    "sm_clock_mhz": pl.Float64(), "pcie_rx_bytes_s": pl.Float64(),
-    "pcie_tx_bytes_s": pl.Float64(), "nvlink_rx_bytes_s": pl.Float64(),
-    "nvlink_tx_bytes_s": pl.Float64(), "xid_errors": pl.Int64(), "ecc_sbe": pl.Int64(),
+    "activity": R, "telemetry_samples": pl.Int64(), "telemetry_card_type": pl.String(),
+    "util_gpu": R, "sm_active": R, "sm_occupancy": R, "tensor_active": R, "dram_active": R,
+    "mem_used_mib": R, "mem_total_mib": R, "power_w": R, "temp_c": R, "sm_clock_mhz": R,
+    "pcie_rx_bytes_s": R, "pcie_tx_bytes_s": R, "nvlink_rx_bytes_s": R,
+    "nvlink_tx_bytes_s": R, "xid_errors": pl.Int64(), "ecc_sbe": pl.Int64(),
     "ecc_dbe": pl.Int64(), "processes": pl.Int64(), "unattributed_processes": pl.Int64(),
     "telemetry_unhealthy": pl.Boolean(),
 }

@@ -42,9 +42,10 @@ STATES = (
 ALLOCATED_STATES = ("allocated_idle", "allocated_inefficient", "allocated_busy", "no_telemetry")
 OBSERVED_ALLOCATED_STATES = ("allocated_idle", "allocated_inefficient", "allocated_busy")
 
-TOLERANCE = 1e-9
-"""Activity within this of a threshold counts as at the threshold (a mean of samples at
-exactly 5 % must not fall to 4.999999 % by floating-point summation)."""
+TOLERANCE = 1e-7
+"""Activity within this of a threshold counts as at the threshold: a mean of samples at
+exactly 70 % must not fall below it by floating-point summation or by its storage as a
+32-bit float (0.7 is stored as 0.69999999, ``telemetry_minutes.READING_DTYPE``)."""
 
 
 def below(activity: pl.Expr, threshold: float) -> pl.Expr:

@@ -44,6 +44,13 @@ _MEANS = ["activity", "util_gpu", "sm_active", "sm_occupancy", "tensor_active", 
 _MAX = ["mem_used_mib", "mem_total_mib", "temp_c", "unhealthy_sample", "n_proc",
         "n_unattributed"]
 _SUM = ["xid_errors", "ecc_sbe", "ecc_dbe"]
+READINGS = [*_MEANS, "mem_used_mib", "mem_total_mib", "temp_c"]
+"""The GPU-minute's telemetry readings: each stored as a 32-bit float (:data:`READING_DTYPE`)."""
+READING_DTYPE = pl.Float32()
+"""A reading's type from the minute's close on: 24 bits of mantissa, 7 significant digits
+(a relative error under 6·10⁻⁸; 128 bytes/s of a 1 GB/s PCIe rate), finer than what the
+counters measure, at 4 bytes a value instead of 8 (``gpu_minute`` 21 % smaller; the states
+are decided from the stored value: ``gpu_state.TOLERANCE``)."""
 KEYS = ["minute_ms", "node", "gpu_index"]
 PARTIAL_COLUMNS = [*KEYS, "partition", "n", "agent", "card_type", "seq_min", "seq_max",
                    *[f"s_{c}" for c in _MEANS], *[f"c_{c}" for c in _MEANS], *_MAX, *_SUM]
@@ -295,16 +302,18 @@ def _added(both: pl.DataFrame) -> pl.DataFrame:
 
 
 def finish(merged: pl.DataFrame) -> pl.DataFrame:
-    """Each GPU-minute's telemetry: means over its samples, maxima, sums, sample count."""
+    """Each GPU-minute's telemetry: means over its samples, maxima, sums, sample count
+    (the readings as :data:`READING_DTYPE`)."""
     return merged.select(
         *KEYS, "partition",
         pl.col("n").alias("telemetry_samples"),
         pl.col("agent").fill_null(pl.col("node")).alias("agent"),
         "seq_min", "seq_max",
         pl.col("card_type").alias("telemetry_card_type"),
-        *[pl.when(pl.col(f"c_{c}") > 0).then(pl.col(f"s_{c}") / pl.col(f"c_{c}")).alias(c)
-          for c in _MEANS],
-        "mem_used_mib", "mem_total_mib", "temp_c", *_SUM,
+        *[pl.when(pl.col(f"c_{c}") > 0).then(pl.col(f"s_{c}") / pl.col(f"c_{c}"))
+          .cast(READING_DTYPE).alias(c) for c in _MEANS],
+        *[pl.col(c).cast(READING_DTYPE) for c in ("mem_used_mib", "mem_total_mib", "temp_c")],
+        *_SUM,
         pl.col("unhealthy_sample").alias("telemetry_unhealthy"),
         pl.col("n_proc").alias("processes"),
         pl.col("n_unattributed").alias("unattributed_processes"),
