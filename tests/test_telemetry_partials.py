@@ -124,11 +124,25 @@ def test_keys_from_a_checkpoint_still_find_repeats() -> None:
     a = _of_node("a", list(range(0, 60, 5)))
     keys.take_new(a)
     keys.take_new(_of_node("c", [2]))  # the GPU index of the minute is built
-    assert keys.gpus_by_minute
+    assert keys.gpus is not None and keys.covered
     restored = pickle.loads(pickle.dumps(keys))  # the index is not saved: rebuilt
-    assert not restored.gpus_by_minute
+    assert restored.gpus is None and not restored.covered
     assert restored.take_new(a.slice(0, 2))[1] == 2
     assert restored.take_new(_of_node("b", [1]))[1] == 0
+
+
+def test_a_minute_is_looked_up_only_for_the_partitions_it_had_samples_of() -> None:
+    keys = tm.SampleKeys()
+    one = pl.lit(1, pl.Int64).alias("partition")
+    a = _of_node("a", list(range(0, 60, 5)))
+    b = _of_node("b", list(range(0, 60, 5))).with_columns(one)
+    keys.take_new(a)
+    assert keys.take_new(b) == (b, 0)
+    assert keys.gpus is None  # partition 1 had no samples of the minute: nothing looked up
+    fresh, repeats = keys.take_new(pl.concat([b.slice(0, 3), _of_node("c", [1]).with_columns(
+        one)]))
+    assert repeats == 3 and fresh["node"].to_list() == ["c"]
+    assert keys.take_new(a.slice(5, 2))[1] == 2  # and partition 0's repeats still count
 
 
 def test_split_gives_each_partition_its_own_keys() -> None:

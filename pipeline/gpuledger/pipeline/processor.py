@@ -865,50 +865,58 @@ class Processor:
             ended_all = self.jobs.take_ended(b, OWNER)
             if not ended_all.is_empty():
                 self.waiting = pl.concat([self.waiting, ended_all])
-        for p in sorted(bounds):
-            ended = self.jobs.take_ended(b, p)
-            if not ended.is_empty():
-                self._report_parts(ended, p)
+        ended = {p: e for p in sorted(bounds) if not (e := self.jobs.take_ended(b, p)).is_empty()}
+        if ended:
+            self._report_parts(ended)
         if self.owner:
             self._complete_attempts()
 
-    def _report_parts(self, ended: pl.DataFrame, p: int) -> None:
-        """Partition ``p``'s part of ``ended`` attempts: ``job_gpu`` rows, and its
-        accumulators to the owner (taken here, or sent through the outbox)."""
+    def _report_parts(self, ended: dict[int, pl.DataFrame]) -> None:
+        """Each partition's part of its ``ended`` attempts, all partitions in one pass:
+        ``job_gpu`` rows, and its accumulators to the owner (taken here, or sent through
+        the outbox, a frame per partition)."""
         keys = ["job_id", "attempt"]
-        mine = ended.filter(pl.Series(
-            [p in self.partitions_of(n) for n in ended["nodes"].to_list()], dtype=pl.Boolean))
+        both = pl.concat([e.with_columns(pl.lit(p, pl.Int64).alias("partition"))
+                          for p, e in ended.items()])
+        held = [p in self.partitions_of(nodes) for p, nodes in both.select(
+            "partition", "nodes").iter_rows()]
+        mine = both.filter(pl.Series(held, dtype=pl.Boolean))
         if mine.is_empty():
             return
-        acc = self.acc.filter(pl.col("partition") == p).join(
-            mine.select(keys), on=keys, how="semi")
+        acc = self.acc.join(mine.select(*keys, "partition"), on=[*keys, "partition"],
+                            how="semi")
         if not acc.is_empty():
             self.acc = self.acc.join(acc.select(*keys, "node", "gpu_index"),
                                      on=[*keys, "node", "gpu_index"], how="anti")
-            gpus = job_usage.per_gpu(acc).join(mine.select(*keys, "ended_at"), on=keys)
+            gpus = job_usage.per_gpu(acc).join(mine.select(*keys, "partition", "ended_at"),
+                                               on=[*keys, "partition"])
             self._buffer("job_gpu", gpus.with_columns(
-                pl.col("ended_at").dt.date().alias("date")), "ended_at", p)
-        parts = self._parts(mine, acc, "ended", p)
+                pl.col("ended_at").dt.date().alias("date")), "ended_at", None)
+        parts = self._parts(mine, acc, "ended")
         if self.owner:
             self._take_parts(parts)
         else:
-            self.outbox.append(parts)
+            by_shard = parts.partition_by("shard", as_dict=True, maintain_order=True)
+            self.outbox.extend(rows for _, rows in sorted(by_shard.items()))
 
     def _parts(self, attempts: pl.DataFrame, acc: pl.DataFrame, kind: str,
-               partition: int) -> pl.DataFrame:
+               partition: int | None = None) -> pl.DataFrame:
         """A partition's part of ``attempts``: its accumulator rows, plus one marker row
         (node null) per attempt, so that an attempt with no usage rows still counts as
-        reported."""
-        markers = attempts.select("job_id", "attempt")
+        reported. ``partition`` None: ``attempts`` and ``acc`` say each row's."""
+        if partition is not None:
+            attempts = attempts.with_columns(pl.lit(partition, pl.Int64).alias("partition"))
+        markers = attempts.select("job_id", "attempt", "partition")
+        names = ACC_SCHEMA.names()
         rows = pl.concat([
-            acc.join(markers, on=["job_id", "attempt"], how="semi").select(ACC_SCHEMA.names()),
-            markers.with_columns(*[pl.lit(None, dtype).alias(name)
-                                   for name, dtype in ACC_SCHEMA.items()
-                                   if name not in ("job_id", "attempt")]
-                                 ).select(ACC_SCHEMA.names()),
+            acc.join(markers, on=["job_id", "attempt", "partition"], how="semi").select(
+                *names, pl.col("partition").alias("shard")),
+            markers.select("job_id", "attempt", pl.col("partition").alias("shard")).with_columns(
+                *[pl.lit(None, dtype).alias(name) for name, dtype in ACC_SCHEMA.items()
+                  if name not in ("job_id", "attempt")]).select(*names, "shard"),
         ], how="vertical_relaxed")
         return rows.cast(dict(ACC_SCHEMA)).with_columns(  # type: ignore[arg-type]
-            pl.lit(partition, pl.Int64).alias("shard"), pl.lit(kind).alias("kind"))
+            pl.lit(kind).alias("kind"))
 
     def receive_parts(self, parts: pl.DataFrame) -> None:
         """Parts sent by other instances (the owner's input from the attempt exchange)."""

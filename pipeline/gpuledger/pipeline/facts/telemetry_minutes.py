@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from gpuledger.pipeline import engines
@@ -87,13 +88,14 @@ class SampleKeys:
     """The keys of the samples taken into each open minute (to drop repeats).
 
     ``by_minute``: per minute, frames of (partition, GPU key, time), one per batch and
-    partition that had samples of it. ``gpus_by_minute``: a cache, per minute, of the
-    distinct GPU keys of the first frames (and how many it covers), brought up to date
-    when a later batch brings samples of that minute again. A batch is checked against
-    the GPUs first: samples of GPUs no earlier batch had in that minute cannot repeat one
-    (through Kafka, a poll brings other nodes' messages for the minutes already open,
-    and only the rare repeat is looked up among the keys); a history read in order
-    touches a minute again only where one batch ended and the next began. Keeping each
+    partition that had samples of it. ``gpus``: a cache of the GPUs of each minute's
+    frames, brought up to date when a later batch brings samples of that minute again.
+    A batch is checked against the GPUs first, and only in the minutes where an earlier
+    batch brought samples of the same partition: samples of GPUs no earlier batch had in
+    that minute cannot repeat one (through Kafka, a poll brings other nodes' messages for
+    the minutes already open, and only the rare repeat is looked up among the keys); a
+    history read in order touches a minute again only where one batch ended and the next
+    began. Keeping each
     partition's keys in frames of their own lets a checkpoint take a partition's keys
     without copying them."""
 
@@ -101,14 +103,18 @@ class SampleKeys:
     """Per minute (ms), frames of (``partition`` UInt16, ``_g`` the GPU key, ``_t`` the
     sample's ms within the minute, UInt16): 12 bytes a sample. Caught-up history holds an
     hour of them (``windows.catchup_close_minutes``): 33 M samples for 9,216 GPUs at 1 s."""
-    gpus_by_minute: dict[int, tuple[int, pl.DataFrame]] = field(default_factory=dict)
+    gpus: pl.DataFrame | None = None
+    """A cache: (``minute_ms``, ``_g``) of the GPUs of the minutes' first frames (a GPU
+    may be named more than once), ``covered`` saying how many frames of each minute it
+    holds; brought up to date, for all the minutes a batch touches again, in one pass."""
+    covered: dict[int, int] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, object]:
         return {"by_minute": self.by_minute}  # the cache is rebuilt when needed
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self.gpus_by_minute = {}
+        self.gpus, self.covered = None, {}
         # a checkpoint of an older release may hold several partitions in one frame, and
         # absolute times in Int64; the frames of newer ones are kept as they are (no copy)
         self.by_minute = {m: [_compact(part, m) for f in frames
@@ -116,17 +122,20 @@ class SampleKeys:
                                            else f.partition_by("partition"))]
                           for m, frames in self.by_minute.items()}
 
-    def _gpus(self, minute: int) -> pl.DataFrame:
-        """The distinct GPUs of the minute's frames (the cache brought up to date: it
-        names how many of the frames it covers, and their GPUs)."""
-        frames = self.by_minute.get(minute, [])
-        covered, gpus = self.gpus_by_minute.get(minute, (0, None))
-        if covered < len(frames):
-            new = [f.select("_g") for f in frames[covered:]]
-            gpus = pl.concat(new if gpus is None else [gpus, *new]).unique()
-            self.gpus_by_minute[minute] = (len(frames), gpus)
-        assert gpus is not None
-        return gpus
+    def _gpus(self, minutes: list[int]) -> pl.DataFrame:
+        """(``minute_ms``, ``_g``) of the GPUs the frames of ``minutes`` hold (the cache
+        brought up to date)."""
+        stale = [(m, f) for m in minutes for f in self.by_minute[m][self.covered.get(m, 0):]]
+        if stale:  # one concatenation, no operation per frame
+            minute = pl.Series("minute_ms", np.repeat([m for m, _ in stale],
+                                                      [f.height for _, f in stale]),
+                               dtype=pl.Int64)
+            new = pl.concat([f for _, f in stale]).select(minute, "_g").unique()
+            self.gpus = new if self.gpus is None else pl.concat([self.gpus, new])
+            for m in minutes:
+                self.covered[m] = len(self.by_minute[m])
+        assert self.gpus is not None
+        return self.gpus.filter(pl.col("minute_ms").is_in(minutes))
 
     def take_new(self, samples: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         """``samples`` less repeats of each other and of samples taken before; the
@@ -141,12 +150,17 @@ class SampleKeys:
         if keys.select(mix.n_unique()).item() < keys.height:
             keep = keys.select(pl.struct("minute_ms", "_g", "_t").is_first_distinct()
                                ).to_series()
-        minutes = [m for m in keys["minute_ms"].unique().to_list() if m in self.by_minute]
-        known = [self._gpus(m).with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
-                 for m in minutes]
-        if known:
-            again = keys.with_row_index("_i").join(  # each minute's GPUs are distinct
-                pl.concat(known), on=["minute_ms", "_g"], how="semi")
+        # a GPU is in one partition: only the minutes where an earlier batch brought
+        # samples of the same partition can hold a repeat (through Kafka, a poll often
+        # brings other partitions' samples of the minutes already open)
+        parts: dict[int, set[int]] = {}
+        for m, p in keys.select("minute_ms", "partition").unique().iter_rows():
+            parts.setdefault(m, set()).add(p)
+        minutes = [m for m, ps in parts.items() if m in self.by_minute
+                   and not ps.isdisjoint(_partition_of(f) for f in self.by_minute[m])]
+        if minutes:
+            again = keys.with_row_index("_i").join(
+                self._gpus(minutes), on=["minute_ms", "_g"], how="semi")
             if not again.is_empty():
                 seen = [f.with_columns(pl.lit(m, pl.Int64).alias("minute_ms"))
                         for m in again["minute_ms"].unique().to_list()
@@ -173,7 +187,9 @@ class SampleKeys:
 
     def forget_before(self, minute_ms: int) -> None:
         self.by_minute = {m: v for m, v in self.by_minute.items() if m >= minute_ms}
-        self.gpus_by_minute = {m: v for m, v in self.gpus_by_minute.items() if m >= minute_ms}
+        self.covered = {m: n for m, n in self.covered.items() if m >= minute_ms}
+        if self.gpus is not None:
+            self.gpus = self.gpus.filter(pl.col("minute_ms") >= minute_ms)
 
     def of_partition(self, partition: int, keep: bool) -> SampleKeys:
         """This set's keys of one partition (``keep``), or of all the others (each frame
