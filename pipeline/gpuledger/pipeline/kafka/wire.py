@@ -131,7 +131,7 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
     if arrow_frames:
         # one validation for the whole poll batch; row numbers map rejects back
         rows_per = np.asarray(counts, dtype=np.int64)
-        batch = pl.concat(arrow_frames, rechunk=True)  # a chunk per message: one
+        batch = pl.concat(arrow_frames).rechunk()  # a chunk per message: one
         row = pl.int_range(1, batch.height + 1, eager=True, dtype=pl.Int64)
         good, bad = validate(batch, record_type, now=now, max_future_s=max_future_s,
                              limits=limits,
