@@ -42,16 +42,15 @@ TELEMETRY_KEEP = [
 _MEANS = ["activity", "util_gpu", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
           "power_w", "sm_clock_mhz", "pcie_rx_bytes_s", "pcie_tx_bytes_s",
           "nvlink_rx_bytes_s", "nvlink_tx_bytes_s"]
-_MAX = ["mem_used_mib", "mem_total_mib", "temp_c", "unhealthy_sample", "n_proc",
-        "n_unattributed"]
+_READ_MAX = ["mem_used_mib", "mem_total_mib", "temp_c"]
+_MAX = [*_READ_MAX, "unhealthy_sample", "n_proc", "n_unattributed"]
 _SUM = ["xid_errors", "ecc_sbe", "ecc_dbe"]
-READINGS = [*_MEANS, "mem_used_mib", "mem_total_mib", "temp_c"]
-"""The GPU-minute's telemetry readings: each stored as a 32-bit float (:data:`READING_DTYPE`)."""
 READING_DTYPE = pl.Float32()
-"""A reading's type from the minute's close on: 24 bits of mantissa, 7 significant digits
-(a relative error under 6·10⁻⁸; 128 bytes/s of a 1 GB/s PCIe rate), finer than what the
-counters measure, at 4 bytes a value instead of 8 (``gpu_minute`` 21 % smaller; the states
-are decided from the stored value: ``gpu_state.TOLERANCE``)."""
+"""The type of a GPU-minute's telemetry readings (the means, and ``_READ_MAX``) from the
+minute's close on: 24 bits of mantissa, 7 significant digits (a relative error under
+6·10⁻⁸; 128 bytes/s of a 1 GB/s PCIe rate), finer than what the counters measure, at 4
+bytes a value instead of 8 (``gpu_minute`` 21 % smaller; the states are decided from the
+stored value: ``gpu_state.TOLERANCE``)."""
 KEYS = ["minute_ms", "node", "gpu_index"]
 PARTIAL_COLUMNS = [*KEYS, "partition", "n", "agent", "card_type", "seq_min", "seq_max",
                    *[f"s_{c}" for c in _MEANS], *[f"c_{c}" for c in _MEANS], *_MAX, *_SUM]
@@ -95,9 +94,8 @@ class SampleKeys:
     that minute cannot repeat one (through Kafka, a poll brings other nodes' messages for
     the minutes already open, and only the rare repeat is looked up among the keys); a
     history read in order touches a minute again only where one batch ended and the next
-    began. Keeping each
-    partition's keys in frames of their own lets a checkpoint take a partition's keys
-    without copying them."""
+    began. Keeping each partition's keys in frames of their own lets a checkpoint take a
+    partition's keys without copying them."""
 
     by_minute: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
     """Per minute (ms), frames of (``partition`` UInt16, ``_g`` the GPU key, ``_t`` the
@@ -328,7 +326,7 @@ def finish(merged: pl.DataFrame) -> pl.DataFrame:
         pl.col("card_type").alias("telemetry_card_type"),
         *[pl.when(pl.col(f"c_{c}") > 0).then(pl.col(f"s_{c}") / pl.col(f"c_{c}"))
           .cast(READING_DTYPE).alias(c) for c in _MEANS],
-        *[pl.col(c).cast(READING_DTYPE) for c in ("mem_used_mib", "mem_total_mib", "temp_c")],
+        *[pl.col(c).cast(READING_DTYPE) for c in _READ_MAX],
         *_SUM,
         pl.col("unhealthy_sample").alias("telemetry_unhealthy"),
         pl.col("n_proc").alias("processes"),
