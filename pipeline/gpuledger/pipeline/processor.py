@@ -437,8 +437,9 @@ class Processor:
             if mine.height < tel.height:
                 by_node = None
             tel = mine
-        # one chunk: a poll's samples come in a chunk per Kafka message, and the filters
-        # and group-bys below read chunked columns slower (the card check: 2x)
+        # one chunk: the filters and group-bys below read chunked columns slower (the card
+        # check: 2x). The Kafka decoder hands over one chunk already (free here); the
+        # embedded bus and the importers may not
         tel = prepare(tel.drop("partition")).with_columns(tel["partition"]).rechunk()
         newest = tel.select(pl.col("time").max()).item()
         if self.max_telemetry_time is None or newest > self.max_telemetry_time:
