@@ -6,12 +6,14 @@ from __future__ import annotations
 import io
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
+from gpuledger.pipeline import external_sort
 from gpuledger.pipeline.external_sort import sorted_parquet
 from gpuledger.pipeline.warehouse import parquet_bytes
 
@@ -94,3 +96,42 @@ def test_no_rows_give_an_empty_object_of_the_schema() -> None:
     data, rows = sorted_parquet([parquet_bytes(empty)], KEYS, 100, 10)
     assert rows == 0
     assert pl.read_parquet(io.BytesIO(data)).schema == empty.schema
+
+
+def test_parts_on_disk_give_the_bytes_of_parts_in_memory(tmp_path: Path, whole: bytes) -> None:
+    """Compaction fetches the day's objects to files rather than holding them."""
+    files = []
+    for i, part in enumerate(PARTS):
+        files.append(tmp_path / f"{i}.parquet")
+        files[-1].write_bytes(parquet_bytes(part))
+    data, rows = sorted_parquet(files, KEYS, 500, 100)
+    assert (rows, data) == (2_801, whole)
+
+
+def test_nulls_in_the_second_leading_key_sort_last_in_every_bucket_size() -> None:
+    """Buckets are cut on the first two keys; a null in the second sorts after its
+    values, in the bucket of the values it follows."""
+    keys = ["node", "job_id", "minute", "gpu_index"]
+    want = pl.concat(PARTS).sort(keys, nulls_last=True, maintain_order=True)
+    for bucket_rows in (40, 333):
+        data, rows = sorted_parquet([parquet_bytes(p) for p in PARTS], keys, 500, bucket_rows)
+        assert rows == 2_801
+        assert_frame_equal(_rows_of(data), want)
+
+
+def test_a_large_input_gets_larger_buckets_not_more_files(
+        monkeypatch: pytest.MonkeyPatch, whole: bytes) -> None:
+    """The buckets' files are open while the parts are spilled: past ``MAX_BUCKETS``
+    the buckets grow instead; the object is the same."""
+    monkeypatch.setattr(external_sort, "MAX_BUCKETS", 3)
+    opened: list[int] = []
+    real = external_sort._Spill.add
+
+    def add(self: external_sort._Spill, rows: pl.DataFrame) -> None:
+        real(self, rows)
+        opened.append(len(self.files))
+
+    monkeypatch.setattr(external_sort._Spill, "add", add)
+    data, rows = sorted_parquet([parquet_bytes(p) for p in PARTS], KEYS, 500, 40)
+    assert (rows, data) == (2_801, whole)
+    assert 1 < max(opened) <= 4  # about 3 buckets of ~934 rows (a bucket may run over)

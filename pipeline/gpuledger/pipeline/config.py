@@ -170,7 +170,7 @@ class WarehouseOptions:
     """Compact closed days into one object per table, day and partition."""
     compact_after_s: int = 3600
     """... once the processor has closed this long past the day's end."""
-    compact_bucket_rows: int = 65_536
+    compact_bucket_rows: int = 16_384
     """Compaction sorts a day in buckets of about this many rows, spilled to ``$TMPDIR``
     (``external_sort.py``); a day of at most this many rows is sorted in memory. Larger
     buckets: less CPU, more memory (bench/README.md, *Memory, bounded compaction*)."""

@@ -8,9 +8,10 @@ and one bucket of rows are in memory at a time:
 1. Count the rows of each value of the leading keys (the first two sort keys), reading
    those columns alone. In sort order, the values are cut into buckets of about
    ``bucket_rows`` rows; rows with equal leading keys share a bucket, so buckets are
-   ranges of the sort order.
-2. Read each part once, in slices, and spill each slice's rows to their buckets
-   (Arrow IPC files in a temporary folder: ``$TMPDIR``).
+   ranges of the sort order, and a bucket is known by its first value (its bound).
+2. Read each part once, in slices. A row's bucket is the number of bounds at or before
+   its leading keys (one binary search per row); each slice's rows are appended to their
+   buckets' files (an Arrow IPC stream per bucket, in a temporary folder: ``$TMPDIR``).
 3. Sort each bucket alone (stable: ties keep the order of the parts, as a sort of the
    whole would) and hand its rows, bucket after bucket, to one Parquet writer that
    writes each row group as soon as it is full.
@@ -24,23 +25,37 @@ from __future__ import annotations
 
 import io
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-BUCKET_ROWS = 65_536
-"""Rows per bucket, and per slice of a part read: a bucket of ``gpu_minute`` is ~20 MiB
-in memory."""
+BUCKET_ROWS = 16_384
+"""Rows per bucket, and per slice of a part read: a bucket of ``gpu_minute`` is ~4 MiB in
+memory. Smaller buckets cost little more CPU now that a bucket is one file appended to
+(bench/README.md, *Compaction's moment*); the row group being written (65,536 rows)
+is then the largest thing held."""
+MAX_BUCKETS = 256
+"""At most this many buckets (their files are open while the parts are spilled): a larger
+input gets larger buckets."""
 DICTIONARY_SHARE = 0.05
 """A column is dictionary-encoded when its first row group has at most this many distinct
 values per row (ids, states, flags); the noisy measurements are not."""
 
 
-def _schema(parts: Sequence[bytes]) -> pl.Schema:
+Part = bytes | Path
+"""A Parquet file: its bytes, or a local file (a part fetched to disk stays out of memory)."""
+
+
+def _source(part: Part) -> io.BytesIO | Path:
+    return io.BytesIO(part) if isinstance(part, bytes) else part
+
+
+def _schema(parts: Sequence[Part]) -> pl.Schema:
     """The parts' common schema, as ``pl.concat(how="vertical_relaxed")`` makes it."""
-    empty = [pl.DataFrame(schema=pl.read_parquet_schema(io.BytesIO(p))) for p in parts]
+    empty = [pl.DataFrame(schema=pl.read_parquet_schema(_source(p))) for p in parts]
     return pl.concat(empty, how="vertical_relaxed").schema
 
 
@@ -53,25 +68,39 @@ def _all(rows: pl.LazyFrame) -> pl.LazyFrame:
     return rows
 
 
-def _rows(part: bytes) -> int:
-    return int(pl.scan_parquet(io.BytesIO(part)).select(pl.len()).collect().item())
+def _rows(part: Part) -> int:
+    return int(pl.scan_parquet(_source(part)).select(pl.len()).collect().item())
 
 
-def _slices(part: bytes, rows: int, size: int, schema: pl.Schema) -> list[pl.LazyFrame]:
-    scan = pl.scan_parquet(io.BytesIO(part))
+def _slices(part: Part, rows: int, size: int, schema: pl.Schema) -> list[pl.LazyFrame]:
+    scan = pl.scan_parquet(_source(part))
     return [scan.slice(start, size).cast(schema, strict=True)
             for start in range(0, rows, size)]
 
 
-def _buckets(parts: Sequence[bytes], keeps: Sequence[Keep], lead: list[str],
-             bucket_rows: int) -> pl.DataFrame:
-    """Each value of the leading keys with its bucket (``_bucket``), in sort order."""
-    counts = pl.concat([keep(pl.scan_parquet(io.BytesIO(p))).select(lead).group_by(lead).len()
+def _order(lead: list[str]) -> pl.Expr:
+    """The leading keys as one struct that orders as the sort does, nulls last: each key
+    comes after a flag that is true for a null."""
+    return pl.struct(*[e for c in lead for e in (pl.col(c).is_null().alias(f"{c}_null"),
+                                                  pl.col(c))])
+
+
+def _bounds(parts: Sequence[Part], keeps: Sequence[Keep], lead: list[str],
+            bucket_rows: int) -> pl.Series:
+    """The first value of the leading keys (as ``_order``) of each bucket but the first,
+    in sort order."""
+    counts = pl.concat([keep(pl.scan_parquet(_source(p))).select(lead).group_by(lead).len()
                         .collect() for p, keep in zip(parts, keeps, strict=True)],
                        how="vertical_relaxed")
     counts = counts.group_by(lead).agg(pl.col("len").sum()).sort(lead, nulls_last=True)
-    before = pl.col("len").cum_sum() - pl.col("len")
-    return counts.select(*lead, (before // bucket_rows).cast(pl.UInt32).alias("_bucket"))
+    bucket = (pl.col("len").cum_sum() - pl.col("len")) // bucket_rows
+    return counts.filter(bucket != bucket.shift(1, fill_value=0)).select(_order(lead)) \
+        .to_series()
+
+
+def _bucket_of(lead: list[str], bounds: pl.Series) -> pl.Expr:
+    """A row's bucket: how many buckets' bounds its leading keys come at or after."""
+    return pl.lit(bounds).search_sorted(_order(lead), side="right").alias("_bucket")
 
 
 class _RowGroups:
@@ -91,7 +120,8 @@ class _RowGroups:
 
     def add(self, rows: pl.DataFrame) -> None:
         self.rows += rows.height
-        self.pending = (pl.concat([self.pending, rows], rechunk=True) if self.pending.height
+        # chunks side by side, not copied into one: PyArrow writes a row group of them
+        self.pending = (pl.concat([self.pending, rows], rechunk=False) if self.pending.height
                         else rows)
         while self.pending.height >= self.size:
             self._write(self.pending.slice(0, self.size))
@@ -114,49 +144,90 @@ class _RowGroups:
         self.writer.write_table(table, row_group_size=self.size)
 
 
-def sorted_parquet(parts: Sequence[bytes], sort_by: list[str], row_group_size: int,
+def sorted_parquet(parts: Sequence[Part], sort_by: list[str], row_group_size: int,
                    bucket_rows: int = BUCKET_ROWS,
                    keep: Sequence[Keep | None] | None = None) -> tuple[bytes, int]:
     """The rows of ``parts`` (Parquet files), sorted by ``sort_by`` (nulls last, ties in
     the parts' order), as one Parquet object with row groups of ``row_group_size``;
     and its number of rows. ``keep``: per part, which of its rows to take (None: all)."""
+    with tempfile.TemporaryDirectory(prefix="gpuledger-sort-") as tmp:
+        out = Path(tmp) / "sorted.parquet"
+        rows = sort_into(out, parts, sort_by, row_group_size, bucket_rows, keep)
+        return out.read_bytes(), rows
+
+
+def sort_into(out: Path, parts: Sequence[Part], sort_by: list[str], row_group_size: int,
+              bucket_rows: int = BUCKET_ROWS,
+              keep: Sequence[Keep | None] | None = None) -> int:
+    """``sorted_parquet`` written to the file ``out`` (never held in memory whole); the
+    number of rows. The spill goes beside ``out``, in a folder of its own."""
     keeps = [k or _all for k in (keep or [None] * len(parts))]
     schema = _schema(parts)
     sizes = [_rows(p) for p in parts]
-    with tempfile.TemporaryDirectory(prefix="gpuledger-sort-") as tmp_name:
-        tmp = Path(tmp_name)
-        out = _RowGroups(tmp / "sorted.parquet", schema, row_group_size)
+    with tempfile.TemporaryDirectory(prefix="gpuledger-sort-", dir=out.parent) as tmp:
+        writer = _RowGroups(out, schema, row_group_size)
         if sum(sizes) <= bucket_rows:  # in memory: a spill would only cost time
-            frames = [k(pl.scan_parquet(io.BytesIO(p)).cast(schema)).collect()
+            frames = [k(pl.scan_parquet(_source(p)).cast(schema)).collect()
                       for p, k in zip(parts, keeps, strict=True)]
             if frames:
-                out.add(pl.concat(frames).sort(sort_by, nulls_last=True, maintain_order=True))
+                writer.add(pl.concat(frames).sort(sort_by, nulls_last=True,
+                                                  maintain_order=True))
         else:
-            for bucket in _spill(parts, keeps, sizes, sort_by[:2], bucket_rows, schema, tmp):
-                rows = pl.concat([pl.read_ipc(f) for f in bucket])
-                for f in bucket:
-                    f.unlink()
-                out.add(rows.sort(sort_by, nulls_last=True, maintain_order=True))
+            rows_per_bucket = max(bucket_rows, -(-sum(sizes) // MAX_BUCKETS))
+            for rows in _spill(parts, keeps, sizes, sort_by[:2], rows_per_bucket, schema,
+                               Path(tmp)):
+                writer.add(rows.sort(sort_by, nulls_last=True, maintain_order=True))
                 del rows
-        out.close()
-        return out.path.read_bytes(), out.rows
+        writer.close()
+        return writer.rows
 
 
-def _spill(parts: Sequence[bytes], keeps: Sequence[Keep], sizes: list[int], lead: list[str],
-           bucket_rows: int, schema: pl.Schema, tmp: Path) -> list[list[Path]]:
-    """Each part's rows, spilled to their buckets; the spilled files of each bucket, in
-    the buckets' order (and each bucket's in the parts' order)."""
-    buckets = _buckets(parts, keeps, lead, bucket_rows)
-    files: dict[int, list[Path]] = {}
-    piece = 0
+class _Spill:
+    """Each bucket's rows in a file of its own (an Arrow IPC stream), appended slice by
+    slice. A file per slice and bucket would cost a write and a read of its own each,
+    and every hour of a day holds rows of nearly every bucket."""
+
+    def __init__(self, tmp: Path, schema: pl.Schema) -> None:
+        self.tmp = tmp
+        self.schema = pl.DataFrame(schema=schema).to_arrow().schema
+        self.files: dict[int, tuple[Path, pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = {}
+
+    def add(self, rows: pl.DataFrame) -> None:
+        """One slice's rows, with their bucket in ``_bucket``: put in bucket order (stable),
+        made Arrow once, and written to each bucket's file as a slice of that."""
+        rows = rows.sort("_bucket", maintain_order=True)
+        runs = rows.select(pl.col("_bucket").value_counts(sort=False)).unnest("_bucket") \
+            .sort("_bucket")
+        table = rows.drop("_bucket").to_arrow()
+        start = 0
+        for number, count in runs.iter_rows():
+            if number not in self.files:
+                path = self.tmp / f"{number:08d}.arrow"
+                sink = pa.OSFile(str(path), "wb")
+                self.files[number] = (path, sink, pa.ipc.new_stream(sink, self.schema))
+            self.files[number][2].write_table(table.slice(start, count))
+            start += count
+
+    def buckets(self) -> Iterator[pl.DataFrame]:
+        """Each bucket's rows (in the slices' order), bucket after bucket in sort order;
+        a bucket's file is gone once read."""
+        for _, sink, writer in self.files.values():
+            writer.close()
+            sink.close()
+        for number in sorted(self.files):
+            path = self.files[number][0]
+            rows = pl.read_ipc_stream(path)
+            path.unlink()
+            yield rows
+
+
+def _spill(parts: Sequence[Part], keeps: Sequence[Keep], sizes: list[int], lead: list[str],
+           bucket_rows: int, schema: pl.Schema, tmp: Path) -> Iterator[pl.DataFrame]:
+    """Each part's rows, spilled slice by slice to their buckets; then each bucket's
+    rows, in the buckets' order (and each bucket's in the parts' order)."""
+    bucket = _bucket_of(lead, _bounds(parts, keeps, lead, bucket_rows))
+    spill = _Spill(tmp, schema)
     for part, keep, rows_in in zip(parts, keeps, sizes, strict=True):
         for lazy in _slices(part, rows_in, bucket_rows, schema):
-            frame = keep(lazy).collect().join(buckets, on=lead, how="left", nulls_equal=True,
-                                              maintain_order="left")
-            for (bucket,), rows in frame.partition_by(
-                    "_bucket", as_dict=True, include_key=False).items():
-                path = tmp / f"{bucket:08d}-{piece:08d}.arrow"
-                rows.write_ipc(path)
-                files.setdefault(int(bucket), []).append(path)
-            piece += 1
-    return [files[b] for b in sorted(files)]
+            spill.add(keep(lazy).with_columns(bucket).collect())
+    return spill.buckets()

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuledger.pipeline.store import Store
@@ -55,7 +56,20 @@ def unit_of(suffix: str) -> str:
 
 def object_name(logical: str, data: bytes) -> str:
     """The immutable object for ``logical`` holding ``data``."""
-    digest = hashlib.blake2b(data, digest_size=DIGEST_CHARS // 2).hexdigest()
+    return _named(logical, hashlib.blake2b(data, digest_size=DIGEST_CHARS // 2))
+
+
+def object_name_of_file(logical: str, local: Path) -> str:
+    """``object_name`` of the bytes of the local file ``local``, read in chunks."""
+    digest = hashlib.blake2b(digest_size=DIGEST_CHARS // 2)
+    with open(local, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return _named(logical, digest)
+
+
+def _named(logical: str, hashed: Any) -> str:
+    digest = hashed.hexdigest()
     stem, dot, ext = logical.rpartition(".")
     return f"{stem}.{digest}.{ext}" if dot else f"{logical}.{digest}"
 
@@ -242,6 +256,21 @@ class Publisher:
         self._upload(obj, data)
         self._replace(manifest, logical, obj)
         manifest.sizes[obj] = len(data)
+        return obj
+
+    def put_file(self, unit: str, logical: str, local: Path) -> str:
+        """``put`` of the bytes of the local file ``local`` (a compacted day), never held
+        in memory whole: uploaded before this returns, so ``local`` may go after it."""
+        obj = object_name_of_file(logical, local)
+        manifest = self.unit(unit)
+        if manifest.files.get(logical) == obj:
+            return obj
+        size = local.stat().st_size
+        self.store.write_file(obj, local)
+        self._replace(manifest, logical, obj)
+        manifest.sizes[obj] = size
+        self.objects_written += 1
+        self.bytes_written += size
         return obj
 
     def put_schema(self, path: str, data: bytes) -> None:

@@ -24,8 +24,9 @@ a local folder name.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ __all__ = ["Entry", "Store", "StoreError", "check_location", "display", "open_st
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 RETRIES = 3
+_CHUNK = 1 << 20
+"""Bytes per read and write when a local file is copied into the store."""
 
 
 def _s3_filesystem(environ: Mapping[str, str]) -> pafs.S3FileSystem:
@@ -132,17 +135,26 @@ class Store:
 
         An object store replaces an object in one request; a local file is written
         aside and renamed over the old one."""
+        self._replace(path, lambda f: f.write(data))
+
+    def write_file(self, path: str, local: Path) -> None:
+        """``write`` of the bytes of the local file ``local``, copied in chunks (never
+        held in memory whole)."""
+        with open(local, "rb") as src:
+            self._replace(path, lambda f: shutil.copyfileobj(src, f, _CHUNK))
+
+    def _replace(self, path: str, fill: Callable[[Any], object]) -> None:
         full = self.full(path)
         if self.remote:
             with self.fs.open_output_stream(full) as f:
-                f.write(data)
+                fill(f)
             return
         folder, _, name = full.rpartition("/")
         self.fs.create_dir(folder, recursive=True)
         tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
         try:
             with open(tmp, "wb") as f:  # a plain file: fsync before the rename
-                f.write(data)
+                fill(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, full)

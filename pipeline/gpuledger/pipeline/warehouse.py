@@ -82,6 +82,10 @@ def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> byt
     return sink.getvalue()
 
 
+class _SpillFailed(Exception):
+    """The spill folder (``$TMPDIR``) failed; the cause is the ``OSError``."""
+
+
 class Warehouse:
     """Writes fact files into a warehouse location and publishes them."""
 
@@ -186,8 +190,6 @@ class Warehouse:
         bounded memory, as compaction sorts (``external_sort.py``). A replay of history
         rewrites every hour of a compacted day this way."""
         day = self.part_path(table, hour, False, suffix)
-        old = self.read_bytes(day, suffix)
-        assert old is not None
         in_hour = pl.col(compaction.PART_TIME[table]).dt.truncate("1h") == hour
         frame = self._shape(frame, None)
         if merge:
@@ -202,12 +204,15 @@ class Warehouse:
             def others(rows: pl.LazyFrame) -> pl.LazyFrame:
                 return rows.filter(~in_hour)
 
-        data, rows = external_sort.sorted_parquet(
-            [old, parquet_bytes(frame)], compaction.sort_order(table, sort_by),
-            compaction.ROW_GROUP_ROWS, self.options.compact_bucket_rows, keep=[others, None])
-        del old
+        try:
+            obj = self._sorted_day(table, day, [day], suffix, sort_by, [parquet_bytes(frame)],
+                                   [others, None], empty=True)
+        except _SpillFailed as failure:
+            assert failure.__cause__ is not None
+            raise failure.__cause__ from None
+        assert obj is not None
         log.info("%s: an hour of compacted %s rewritten", table, day)
-        return self._put(day, data, rows, suffix)
+        return obj
 
     def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str],
                        suffix: str | None = None) -> None:
@@ -245,26 +250,66 @@ class Warehouse:
             suffix = "" if unit == "warehouse" else unit
             day_path = self.part_path(table, day, False, suffix)
             paths = ([day_path] if day_path in manifest.files else []) + hours
-            parts = [d for d in (self.read_bytes(p, suffix) for p in paths) if d is not None]
-            if parts:
-                # sorted in bounded memory: never the day's rows all at once
-                try:
-                    data, rows = external_sort.sorted_parquet(
-                        parts, compaction.sort_order(table, None), compaction.ROW_GROUP_ROWS,
-                        self.options.compact_bucket_rows)
-                except OSError as exc:  # $TMPDIR full or unwritable: the hours stay
-                    log.warning("compaction of %s put off, its hourly files stay (the spill "
-                                "folder failed: %s: %s); tried again at the next commit",
-                                day_path, type(exc).__name__, exc)
-                    continue
-                del parts
-                if rows:
-                    self._put(day_path, data, rows, suffix)
-                del data
+            try:
+                self._sorted_day(table, day_path, paths, suffix)
+            except _SpillFailed as failure:  # $TMPDIR full or unwritable: the hours stay
+                exc = failure.__cause__
+                log.warning("compaction of %s put off, its hourly files stay (the spill "
+                            "folder failed: %s: %s); tried again at the next commit",
+                            day_path, type(exc).__name__, exc)
+                continue
             for h in hours:
                 self.publisher.drop(unit, h)
             done += 1
         return done
+
+    def _sorted_day(self, table: str, day: str, paths: list[str], suffix: str | None,
+                    sort_by: list[str] | None = None, more: list[bytes] | None = None,
+                    keep: list[external_sort.Keep | None] | None = None, empty: bool = False,
+                    ) -> str | None:
+        """Make the rows of the objects ``paths`` (a day's hourly parts, and the day's
+        object if there is one), and of the Parquet files ``more``, the next content of
+        the day's object ``day``; its object's name (None: no rows, and not ``empty``,
+        so nothing written).
+
+        Sorted in bounded memory (never the day's rows all at once) and on disk: the
+        objects are fetched one by one into a temporary folder, and the day is written
+        there and uploaded from the file. ``keep``: per object, then per file of ``more``,
+        which rows to take. Only a failure of that folder raises ``_SpillFailed``; the
+        store's errors are its own."""
+        try:
+            folder = tempfile.TemporaryDirectory(prefix="gpuledger-compact-")
+        except OSError as exc:
+            raise _SpillFailed from exc
+        with folder as tmp:
+            parts: list[external_sort.Part] = []
+            for i, path in enumerate(paths):
+                data = self.read_bytes(path, suffix)
+                if data is None:
+                    continue
+                file = Path(tmp) / f"{i:05d}.parquet"
+                try:
+                    file.write_bytes(data)
+                except OSError as exc:
+                    raise _SpillFailed from exc
+                del data
+                parts.append(file)
+            parts += more or []
+            if not parts:
+                return None
+            out = Path(tmp) / "day.parquet"
+            try:
+                rows = external_sort.sort_into(
+                    out, parts, compaction.sort_order(table, sort_by), compaction.ROW_GROUP_ROWS,
+                    self.options.compact_bucket_rows, keep=keep)
+            except OSError as exc:
+                raise _SpillFailed from exc
+            if not rows and not empty:
+                return None
+            obj = self.publisher.put_file(self._unit(suffix), day, out)
+            self.files_written += 1
+            self.rows_written += rows
+            return obj
 
     def sync(self) -> None:
         """Wait until everything committed is published (before a checkpoint: the
