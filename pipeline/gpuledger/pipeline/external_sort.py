@@ -174,10 +174,11 @@ def sort_into(out: Path, parts: Sequence[Part], sort_by: list[str], row_group_si
                                                   maintain_order=True))
         else:
             rows_per_bucket = max(bucket_rows, -(-sum(sizes) // MAX_BUCKETS))
-            for rows in _spill(parts, keeps, sizes, sort_by[:2], rows_per_bucket, schema,
-                               Path(tmp)):
-                writer.add(rows.sort(sort_by, nulls_last=True, maintain_order=True))
-                del rows
+            with _Spill(Path(tmp), schema) as spill:
+                _spill(spill, parts, keeps, sizes, sort_by[:2], rows_per_bucket, schema)
+                for rows in spill.buckets():
+                    writer.add(rows.sort(sort_by, nulls_last=True, maintain_order=True))
+                    del rows
         writer.close()
         return writer.rows
 
@@ -208,12 +209,23 @@ class _Spill:
             self.files[number][2].write_table(table.slice(start, count))
             start += count
 
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the buckets' files (again: no harm)."""
+        for _, sink, writer in self.files.values():
+            if not sink.closed:
+                writer.close()
+                sink.close()
+
     def buckets(self) -> Iterator[pl.DataFrame]:
         """Each bucket's rows (in the slices' order), bucket after bucket in sort order;
         a bucket's file is gone once read."""
-        for _, sink, writer in self.files.values():
-            writer.close()
-            sink.close()
+        self.close()
         for number in sorted(self.files):
             path = self.files[number][0]
             rows = pl.read_ipc_stream(path)
@@ -221,13 +233,10 @@ class _Spill:
             yield rows
 
 
-def _spill(parts: Sequence[Part], keeps: Sequence[Keep], sizes: list[int], lead: list[str],
-           bucket_rows: int, schema: pl.Schema, tmp: Path) -> Iterator[pl.DataFrame]:
-    """Each part's rows, spilled slice by slice to their buckets; then each bucket's
-    rows, in the buckets' order (and each bucket's in the parts' order)."""
+def _spill(spill: _Spill, parts: Sequence[Part], keeps: Sequence[Keep], sizes: list[int],
+           lead: list[str], bucket_rows: int, schema: pl.Schema) -> None:
+    """Each part's rows, spilled slice by slice to their buckets."""
     bucket = _bucket_of(lead, _bounds(parts, keeps, lead, bucket_rows))
-    spill = _Spill(tmp, schema)
     for part, keep, rows_in in zip(parts, keeps, sizes, strict=True):
         for lazy in _slices(part, rows_in, bucket_rows, schema):
             spill.add(keep(lazy).with_columns(bucket).collect())
-    return spill.buckets()
