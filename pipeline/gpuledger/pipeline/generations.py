@@ -249,28 +249,31 @@ class Publisher:
 
     def put(self, unit: str, logical: str, data: bytes) -> str:
         """Make ``data`` the next content of ``logical``; returns its object's name."""
-        obj = object_name(logical, data)
-        manifest = self.unit(unit)
-        if manifest.files.get(logical) == obj:
-            return obj  # the same facts again: nothing to upload or publish
-        self._upload(obj, data)
-        self._replace(manifest, logical, obj)
-        manifest.sizes[obj] = len(data)
-        return obj
+        return self._named_next(unit, logical, object_name(logical, data), len(data),
+                                 lambda obj: self._upload(obj, data))
 
     def put_file(self, unit: str, logical: str, local: Path) -> str:
         """``put`` of the bytes of the local file ``local`` (a compacted day), never held
         in memory whole: uploaded before this returns, so ``local`` may go after it."""
-        obj = object_name_of_file(logical, local)
+        size = local.stat().st_size
+
+        def write(obj: str) -> None:
+            self.store.write_file(obj, local)
+            self.objects_written += 1
+            self.bytes_written += size
+
+        return self._named_next(unit, logical, object_name_of_file(logical, local), size, write)
+
+    def _named_next(self, unit: str, logical: str, obj: str, size: int,
+                    write: Callable[[str], None]) -> str:
+        """``obj`` (``size`` bytes) made the next content of ``logical``, ``write``-ten
+        first; nothing when it already is (the same facts again)."""
         manifest = self.unit(unit)
         if manifest.files.get(logical) == obj:
             return obj
-        size = local.stat().st_size
-        self.store.write_file(obj, local)
+        write(obj)
         self._replace(manifest, logical, obj)
         manifest.sizes[obj] = size
-        self.objects_written += 1
-        self.bytes_written += size
         return obj
 
     def put_schema(self, path: str, data: bytes) -> None:

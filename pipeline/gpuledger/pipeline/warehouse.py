@@ -146,7 +146,10 @@ class Warehouse:
 
     def _put(self, path: str, data: bytes, rows: int, suffix: str | None) -> str:
         """Make the Parquet object ``data`` (``rows`` rows) the next content of ``path``."""
-        obj = self.publisher.put(self._unit(suffix), path, data)
+        return self._counted(self.publisher.put(self._unit(suffix), path, data), rows)
+
+    def _counted(self, obj: str, rows: int) -> str:
+        """``obj``, a fact object of ``rows`` rows just put, counted as written."""
         self.files_written += 1
         self.rows_written += rows
         return obj
@@ -306,10 +309,7 @@ class Warehouse:
                 raise _SpillFailed from exc
             if not rows and not empty:
                 return None
-            obj = self.publisher.put_file(self._unit(suffix), day, out)
-            self.files_written += 1
-            self.rows_written += rows
-            return obj
+            return self._counted(self.publisher.put_file(self._unit(suffix), day, out), rows)
 
     def sync(self) -> None:
         """Wait until everything committed is published (before a checkpoint: the
