@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -135,3 +136,35 @@ def test_a_large_input_gets_larger_buckets_not_more_files(
     data, rows = sorted_parquet([parquet_bytes(p) for p in PARTS], KEYS, 500, 40)
     assert (rows, data) == (2_801, whole)
     assert 1 < max(opened) <= 4  # about 3 buckets of ~934 rows (a bucket may run over)
+
+
+def test_sampled_bounds_cut_buckets_of_about_the_asked_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounds come from a sample of the leading keys (every 16th row here): the
+    buckets still hold about ``bucket_rows`` rows each, and the object is a sort in
+    memory."""
+    rng = random.Random(7)
+    rows = 40_000
+    big = pl.DataFrame({
+        "minute": [T0 + timedelta(minutes=rng.randrange(1_440)) for _ in range(rows)],
+        "node": [f"n{rng.randrange(50)}" for _ in range(rows)],
+        "gpu_index": [rng.randrange(8) for _ in range(rows)],
+        "job_id": [rng.choice([None, None, *[f"j{k}" for k in range(40)]])
+                   for _ in range(rows)],
+    }, schema_overrides={"minute": pl.Datetime("ms", "UTC")})
+    heights: list[int] = []
+    real = external_sort._Spill.buckets
+
+    def buckets(self: external_sort._Spill) -> Iterator[pl.DataFrame]:
+        for bucket in real(self):
+            heights.append(bucket.height)
+            yield bucket
+
+    monkeypatch.setattr(external_sort._Spill, "buckets", buckets)
+    parts = [parquet_bytes(big.slice(i, 10_000)) for i in range(0, rows, 10_000)]
+    data, count = sorted_parquet(parts, KEYS, 8_192, 4_096)
+    assert count == rows
+    assert_frame_equal(_rows_of(data), _in_memory([big]))
+    assert sum(heights) == rows
+    assert 9 <= len(heights) <= 11
+    assert max(heights) <= 1.25 * 4_096, heights

@@ -37,6 +37,8 @@ BUCKET_ROWS = 16_384
 memory. Smaller buckets cost little more CPU now that a bucket is one file appended to
 (bench/README.md, *Compaction's moment*); the row group being written (65,536 rows)
 is then the largest thing held."""
+SAMPLES_PER_BUCKET = 256
+"""Rows sampled per bucket to place the buckets' bounds (``_bounds``)."""
 MAX_BUCKETS = 256
 """At most this many buckets (their files are open while the parts are spilled): a larger
 input gets larger buckets."""
@@ -78,42 +80,58 @@ def _slices(part: Part, rows: int, size: int, schema: pl.Schema) -> list[pl.Lazy
             for start in range(0, rows, size)]
 
 
-def _order(lead: list[str]) -> pl.Expr:
-    """The leading keys as one struct that orders as the sort does, nulls last: each key
-    comes after a flag that is true for a null."""
-    return pl.struct(*[e for c in lead for e in (pl.col(c).is_null().alias(f"{c}_null"),
-                                                  pl.col(c))])
+def _keys(lead: list[str], schema: pl.Schema) -> list[pl.Expr]:
+    """The leading keys as they are compared: a time as its integer, which orders alike
+    (a group-by on integers holds a third of the memory a group-by on times does, and
+    takes half the time: bench/README.md, *Compaction's moment*)."""
+    return [pl.col(c).to_physical() if schema[c].is_temporal() else pl.col(c) for c in lead]
+
+
+def _order(lead: list[str], schema: pl.Schema) -> pl.Expr:
+    """The leading keys (``_keys``) as one struct that orders as the sort does, nulls last:
+    each key comes after a flag that is true for a null."""
+    return pl.struct(*[e for c, key in zip(lead, _keys(lead, schema), strict=True)
+                       for e in (pl.col(c).is_null().alias(f"{c}_null"), key)])
 
 
 def _bounds(parts: Sequence[Part], keeps: Sequence[Keep], lead: list[str],
-            bucket_rows: int) -> pl.Series:
+            bucket_rows: int, schema: pl.Schema) -> pl.Series:
     """The first value of the leading keys (as ``_order``) of each bucket but the first,
-    in sort order."""
-    counts = pl.concat([keep(pl.scan_parquet(_source(p))).select(lead).group_by(lead).len()
+    in sort order: every ``bucket_rows``-th row of the sort, estimated from a sample of
+    ``SAMPLES_PER_BUCKET`` rows per bucket (every k-th row of each part). Any bounds
+    give the same object; they only size the buckets, and a sample sizes them within a
+    few per cent while holding 1/64 of the rows' keys (counting every distinct key of a
+    day held 70 MiB: bench/README.md, *Compaction's moment*)."""
+    every = max(bucket_rows // SAMPLES_PER_BUCKET, 1)
+    keys = _keys(lead, schema)
+    sample = pl.concat([keep(pl.scan_parquet(_source(p))).select(keys).gather_every(every)
                         .collect() for p, keep in zip(parts, keeps, strict=True)],
-                       how="vertical_relaxed")
-    counts = counts.group_by(lead).agg(pl.col("len").sum()).sort(lead, nulls_last=True)
-    bucket = (pl.col("len").cum_sum() - pl.col("len")) // bucket_rows
-    return counts.filter(bucket != bucket.shift(1, fill_value=0)).select(_order(lead)) \
-        .to_series()
+                       how="vertical_relaxed").sort(lead, nulls_last=True)
+    step = max(bucket_rows // every, 1)
+    return sample.select(_order(lead, sample.schema)).to_series() \
+        .gather_every(step, offset=step).unique(maintain_order=True)
 
 
-def _bucket_of(lead: list[str], bounds: pl.Series) -> pl.Expr:
+def _bucket_of(lead: list[str], bounds: pl.Series, schema: pl.Schema) -> pl.Expr:
     """A row's bucket: how many buckets' bounds its leading keys come at or after."""
-    return pl.lit(bounds).search_sorted(_order(lead), side="right").alias("_bucket")
+    return pl.lit(bounds).search_sorted(_order(lead, schema), side="right").alias("_bucket")
 
 
 class _RowGroups:
     """Sorted rows in; row groups of exactly ``size`` rows out (the last may be short),
     each written as soon as it is full: at most a row group and a bucket wait in memory.
 
+    Rows wait as Arrow (each bucket made Arrow once, as it comes, and its Polars frame
+    let go): a row group is then sliced from them without a copy, where waiting Polars
+    rows were copied to Arrow whole at each write, and both were held.
+
     PyArrow writes them (Polars has no writer that appends row groups). PyArrow's
     default, a dictionary for every column, made a day of ``gpu_minute`` 6 % larger
     than Polars' writer does; with ``DICTIONARY_SHARE`` it is 0.6 % smaller."""
 
     def __init__(self, path: Path, schema: pl.Schema, size: int) -> None:
-        self.path, self.schema, self.size = path, schema, size
-        self.pending = pl.DataFrame(schema=schema)
+        self.path, self.size = path, size
+        self.pending = pl.DataFrame(schema=schema).to_arrow()
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
         """Rows added so far."""
@@ -121,21 +139,22 @@ class _RowGroups:
     def add(self, rows: pl.DataFrame) -> None:
         self.rows += rows.height
         # chunks side by side, not copied into one: PyArrow writes a row group of them
-        self.pending = (pl.concat([self.pending, rows], rechunk=False) if self.pending.height
-                        else rows)
-        while self.pending.height >= self.size:
+        self.pending = pa.concat_tables([self.pending, rows.to_arrow()]) \
+            if self.pending.num_rows else rows.to_arrow()
+        while self.pending.num_rows >= self.size:
             self._write(self.pending.slice(0, self.size))
             self.pending = self.pending.slice(self.size)
 
     def close(self) -> None:
-        if self.pending.height or self.writer is None:
+        if self.pending.num_rows or self.writer is None:
             self._write(self.pending)
         assert self.writer is not None
         self.writer.close()
 
-    def _write(self, rows: pl.DataFrame) -> None:
-        table = rows.to_arrow()
+    def _write(self, table: pa.Table) -> None:
         if self.writer is None:
+            rows = pl.from_arrow(table, rechunk=False)
+            assert isinstance(rows, pl.DataFrame)
             limit = DICTIONARY_SHARE * rows.height
             dictionary = [c for c in rows.columns if rows[c].n_unique() <= limit]
             self.writer = pq.ParquetWriter(
@@ -236,7 +255,7 @@ class _Spill:
 def _spill(spill: _Spill, parts: Sequence[Part], keeps: Sequence[Keep], sizes: list[int],
            lead: list[str], bucket_rows: int, schema: pl.Schema) -> None:
     """Each part's rows, spilled slice by slice to their buckets."""
-    bucket = _bucket_of(lead, _bounds(parts, keeps, lead, bucket_rows))
+    bucket = _bucket_of(lead, _bounds(parts, keeps, lead, bucket_rows, schema), schema)
     for part, keep, rows_in in zip(parts, keeps, sizes, strict=True):
         for lazy in _slices(part, rows_in, bucket_rows, schema):
             spill.add(keep(lazy).with_columns(bucket).collect())

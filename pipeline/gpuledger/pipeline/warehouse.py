@@ -253,6 +253,9 @@ class Warehouse:
             suffix = "" if unit == "warehouse" else unit
             day_path = self.part_path(table, day, False, suffix)
             paths = ([day_path] if day_path in manifest.files else []) + hours
+            # what the step before (or the table before) freed goes back first: each
+            # table's sort then starts from the state's memory, not from a past peak
+            self.release_memory(force=True)
             try:
                 self._sorted_day(table, day_path, paths, suffix)
             except _SpillFailed as failure:  # $TMPDIR full or unwritable: the hours stay
