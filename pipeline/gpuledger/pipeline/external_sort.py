@@ -5,10 +5,11 @@ in memory, a day of ``gpu_minute`` (829,440 rows for 576 GPUs) and its sorted co
 tripled the processor's RSS once a day. Here no more than one part (read in slices)
 and one bucket of rows are in memory at a time:
 
-1. Count the rows of each value of the leading keys (the first two sort keys), reading
-   those columns alone. In sort order, the values are cut into buckets of about
-   ``bucket_rows`` rows; rows with equal leading keys share a bucket, so buckets are
-   ranges of the sort order, and a bucket is known by its first value (its bound).
+1. Sample the leading keys (the first two sort keys: every k-th row of each part, those
+   columns alone) and cut the sorted sample into buckets of about ``bucket_rows`` rows.
+   A bucket is a range of the sort order, known by its first value (its bound); rows
+   with equal leading keys share a bucket. Any bounds give the same object: they only
+   size the buckets.
 2. Read each part once, in slices. A row's bucket is the number of bounds at or before
    its leading keys (one binary search per row); each slice's rows are appended to their
    buckets' files (an Arrow IPC stream per bucket, in a temporary folder: ``$TMPDIR``).
@@ -83,7 +84,7 @@ def _slices(part: Part, rows: int, size: int, schema: pl.Schema) -> list[pl.Lazy
 def _keys(lead: list[str], schema: pl.Schema) -> list[pl.Expr]:
     """The leading keys as they are compared: a time as its integer, which orders alike
     (a group-by on integers holds a third of the memory a group-by on times does, and
-    takes half the time: bench/README.md, *Compaction's moment*)."""
+    takes half the time: bench/README.md, *Compaction's memory, second pass*)."""
     return [pl.col(c).to_physical() if schema[c].is_temporal() else pl.col(c) for c in lead]
 
 
@@ -100,8 +101,9 @@ def _bounds(parts: Sequence[Part], keeps: Sequence[Keep], lead: list[str],
     in sort order: every ``bucket_rows``-th row of the sort, estimated from a sample of
     ``SAMPLES_PER_BUCKET`` rows per bucket (every k-th row of each part). Any bounds
     give the same object; they only size the buckets, and a sample sizes them within a
-    few per cent while holding 1/64 of the rows' keys (counting every distinct key of a
-    day held 70 MiB: bench/README.md, *Compaction's moment*)."""
+    few per cent while holding 1/64 of the rows' keys at the default bucket size
+    (counting every distinct key of a day held 70 MiB: bench/README.md, *Compaction's
+    memory, second pass*). At most ``MAX_BUCKETS``."""
     every = max(bucket_rows // SAMPLES_PER_BUCKET, 1)
     keys = _keys(lead, schema)
     sample = pl.concat([keep(pl.scan_parquet(_source(p))).select(keys).gather_every(every)
@@ -109,7 +111,7 @@ def _bounds(parts: Sequence[Part], keeps: Sequence[Keep], lead: list[str],
                        how="vertical_relaxed").sort(lead, nulls_last=True)
     step = max(bucket_rows // every, 1)
     return sample.select(_order(lead, sample.schema)).to_series() \
-        .gather_every(step, offset=step).unique(maintain_order=True)
+        .gather_every(step, offset=step).unique(maintain_order=True).head(MAX_BUCKETS - 1)
 
 
 def _bucket_of(lead: list[str], bounds: pl.Series, schema: pl.Schema) -> pl.Expr:
