@@ -50,8 +50,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
         before = newest - timedelta(seconds=config.warehouse.compact_after_s)
     days = 0
-    for unit in sorted(manifests):
-        days += warehouse.compact_unit(unit, before)
+    with warehouse.compaction_round():
+        for unit in sorted(manifests):
+            days += warehouse.compact_unit(unit, before)
     warehouse.publish_catalog()
     removed = 0
     for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s):

@@ -174,6 +174,10 @@ class WarehouseOptions:
     """Compaction sorts a day in buckets of about this many rows, spilled to ``$TMPDIR``
     (``external_sort.py``); a day of at most this many rows is sorted in memory. Larger
     buckets: less CPU, more memory (bench/README.md, *Memory, bounded compaction*)."""
+    compact_worker: bool = True
+    """Compaction's sorts run in a child process started for each round of compaction
+    and ended with it (``sort_worker.py``): the processor's memory stays that of its
+    state. false: they run in the processor itself."""
     catalog_interval_s: float = 30.0
     """``catalog.duckdb`` is rebuilt at most this often while processing (and at every
     stop and end of input)."""

@@ -26,6 +26,8 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -44,6 +46,7 @@ from gpuledger.pipeline.generations import (
     unit_of,
 )
 from gpuledger.pipeline.memory import PeriodicRelease
+from gpuledger.pipeline.sort_worker import SortWorker, SortWorkerDied
 from gpuledger.pipeline.store import Store, open_store
 
 log = logging.getLogger("gpuledger.warehouse")
@@ -111,6 +114,10 @@ class Warehouse:
         self.release_memory = PeriodicRelease()
         """Free heap back to the system after commits: without it, RSS crept up by
         ~25 MiB a simulated day (bench/memory_flat.py)."""
+        self._sorter: SortWorker | None = None
+        """The child process of the compaction round under way (``compaction_round``)."""
+        self.compaction_peak_rss_kib = 0
+        """The largest peak resident memory of compaction's child processes so far."""
 
     @property
     def location(self) -> str:
@@ -239,10 +246,33 @@ class Warehouse:
         compacted = 0
         if closed is not None and self.options.compact:
             horizon = closed - timedelta(seconds=self.options.compact_after_s)
-            for unit in list(self.publisher.manifests):
-                compacted += self.compact_unit(unit, horizon)
+            with self.compaction_round():
+                for unit in list(self.publisher.manifests):
+                    compacted += self.compact_unit(unit, horizon)
         self.publisher.commit(wait=wait)
         self.release_memory(force=compacted > 0)
+
+    @property
+    def compaction_child(self) -> int | None:
+        """The process id of compaction's child while a round runs one; else None."""
+        return None if self._sorter is None else self._sorter.pid
+
+    @contextmanager
+    def compaction_round(self) -> Iterator[None]:
+        """The days compacted inside are sorted in one child process (started at the
+        first sort, if any, and ended here: ``sort_worker.py``), unless
+        ``options.compact_worker`` is off."""
+        if not self.options.compact_worker or self._sorter is not None:
+            yield
+            return
+        self._sorter = SortWorker()
+        try:
+            yield
+        finally:
+            sorter, self._sorter = self._sorter, None
+            sorter.close()
+            self.compaction_peak_rss_kib = max(self.compaction_peak_rss_kib,
+                                               sorter.peak_rss_kib)
 
     def compact_unit(self, unit: str, before: datetime) -> int:
         """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in
@@ -263,6 +293,10 @@ class Warehouse:
                 log.warning("compaction of %s put off, its hourly files stay (the spill "
                             "folder failed: %s: %s); tried again at the next commit",
                             day_path, type(exc).__name__, exc)
+                continue
+            except SortWorkerDied as exc:
+                log.warning("compaction of %s put off, its hourly files stay (%s); tried "
+                            "again at the next commit", day_path, exc)
                 continue
             for h in hours:
                 self.publisher.drop(unit, h)
@@ -304,10 +338,15 @@ class Warehouse:
             if not parts:
                 return None
             out = Path(tmp) / "day.parquet"
+            order = compaction.sort_order(table, sort_by)
+            files = [p for p in parts if isinstance(p, Path)]
             try:
-                rows = external_sort.sort_into(
-                    out, parts, compaction.sort_order(table, sort_by), compaction.ROW_GROUP_ROWS,
-                    self.options.compact_bucket_rows, keep=keep)
+                if self._sorter is not None and keep is None and len(files) == len(parts):
+                    rows = self._sorter.sort_into(out, files, order, compaction.ROW_GROUP_ROWS,
+                                                  self.options.compact_bucket_rows)
+                else:
+                    rows = external_sort.sort_into(out, parts, order, compaction.ROW_GROUP_ROWS,
+                                                   self.options.compact_bucket_rows, keep=keep)
             except OSError as exc:
                 raise _SpillFailed from exc
             if not rows and not empty:
