@@ -159,3 +159,16 @@ def _running(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_child_that_cannot_start_is_named_with_its_exit_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter that exits at once (here ``false`` stands in for one that cannot
+    import gpuledger) is reported with its exit status, not as a hang or a pipe error."""
+    import sys
+
+    part = tmp_path / "part.parquet"
+    pl.DataFrame({"k": [3, 1, 2]}).write_parquet(part)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with SortWorker() as worker, pytest.raises(SortWorkerDied, match="exit status 1; its error"):
+        worker.sort_into(tmp_path / "a.parquet", [part], ["k"], 10, 1000)

@@ -83,9 +83,10 @@ class SortWorker:
             line = b""
         if not line:
             code = self._end()
-            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            how = (f"killed by signal {-code}" + ("; for memory?" if -code == 9 else "")
+                   if code < 0 else f"exit status {code}; its error is on stderr above")
             raise SortWorkerDied(f"the compaction's child process ended before its sort "
-                                 f"did ({how}; killed for memory?)")
+                                 f"did ({how})")
         reply = json.loads(line)
         self.peak_rss_kib = max(self.peak_rss_kib, reply["peak_rss_kib"])
         if "error" in reply:
