@@ -104,18 +104,25 @@ def main() -> None:
         source = Path(tmp) / "built"
         build(source)
         for run in range(args.runs):
-            copy = Path(tmp) / f"run{run}"
-            shutil.copytree(source, copy)
-            child = subprocess.run(
-                [sys.executable, __file__, "--child", str(copy),
-                 "--bucket-rows", str(args.bucket_rows)],
-                capture_output=True, text=True, check=True)
-            rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
+            rows.append(on_a_copy(source, Path(tmp) / f"run{run}", [
+                __file__, "--child", "{copy}", "--bucket-rows", str(args.bucket_rows)]))
             print(json.dumps(rows[-1]), flush=True)
-            shutil.rmtree(copy)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)
+
+
+def on_a_copy(source: Path, copy: Path, argv: list[str]) -> dict[str, Any]:
+    """Run ``python argv`` (``{copy}`` replaced by the copy's path) on a copy of the
+    warehouse folder ``source``; the JSON object its last line printed. The copy is
+    removed after."""
+    shutil.copytree(source, copy)
+    try:
+        child = subprocess.run([sys.executable, *(a.replace("{copy}", str(copy)) for a in argv)],
+                               capture_output=True, text=True, check=True)
+        return dict(json.loads(child.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(copy)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from compaction_moment import build
+from compaction_moment import build, on_a_copy
 
 ROUND = r"""
 import hashlib, json, os, sys, time
@@ -61,14 +58,9 @@ def main() -> None:
         build(source)
         for run in range(args.runs):
             for worker in ("on", "off"):
-                copy = Path(tmp) / f"run{run}-{worker}"
-                shutil.copytree(source, copy)
-                child = subprocess.run([sys.executable, "-c", ROUND, str(copy), worker],
-                                       capture_output=True, text=True, check=True)
-                rows.append({"compact_worker": worker,
-                             **json.loads(child.stdout.strip().splitlines()[-1])})
+                rows.append({"compact_worker": worker, **on_a_copy(
+                    source, Path(tmp) / f"run{run}-{worker}", ["-c", ROUND, "{copy}", worker])})
                 print(json.dumps(rows[-1]), flush=True)
-                shutil.rmtree(copy)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)
