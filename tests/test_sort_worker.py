@@ -172,3 +172,16 @@ def test_a_child_that_cannot_start_is_named_with_its_exit_status(
     monkeypatch.setattr(sys, "executable", "/bin/false")
     with SortWorker() as worker, pytest.raises(SortWorkerDied, match="exit status 1; its error"):
         worker.sort_into(tmp_path / "a.parquet", [part], ["k"], 10, 1000)
+
+
+def test_an_interpreter_that_is_not_there_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing interpreter is said as such (not as the spill folder's failure, which an
+    ``OSError`` from the sort would be taken for)."""
+    import sys
+
+    part = tmp_path / "part.parquet"
+    pl.DataFrame({"k": [1]}).write_parquet(part)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    with SortWorker() as worker, pytest.raises(SortWorkerDied, match=r"did not start .*no-python"):
+        worker.sort_into(tmp_path / "a.parquet", [part], ["k"], 10, 1000)

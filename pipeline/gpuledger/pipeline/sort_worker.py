@@ -58,16 +58,20 @@ class SortWorker:
     def _start(self) -> subprocess.Popen[bytes]:
         env = {**CHILD_ENV, **os.environ}  # what the user set wins
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the caller's imports
-        return subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+        try:
+            return subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=env)
+        except OSError as exc:  # not the spill folder's: said as what it is
+            raise SortWorkerDied(f"the compaction's child process did not start "
+                                 f"({sys.executable}: {exc.strerror or exc})") from exc
 
     def sort_into(self, out: Path, parts: list[Path], sort_by: list[str],
                   row_group_size: int, bucket_rows: int) -> int:
         """``external_sort.sort_into`` of files ``parts`` into the file ``out``, in the
         child; the number of rows. An ``OSError`` there is raised here as one (errno
         and message kept); any other failure as ``RuntimeError`` with its message (the
-        child prints its traceback on the processor's stderr). A
-        child that died raises :class:`SortWorkerDied`, and the next sort starts a new
+        child prints its traceback on the processor's stderr). A child that did not
+        start or died raises :class:`SortWorkerDied`, and the next sort starts a new
         child."""
         if self._child is None:
             self._child = self._start()
@@ -153,6 +157,11 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # Ctrl-C reaches the whole process group: the processor decides, and closes stdin,
+    # after which this ends once the sort under way is written (no traceback of ours)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     protocol = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not break the replies
     _serve(sys.stdin.buffer, protocol)
