@@ -185,3 +185,15 @@ def test_an_interpreter_that_is_not_there_is_named(
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     with SortWorker() as worker, pytest.raises(SortWorkerDied, match=r"did not start .*no-python"):
         worker.sort_into(tmp_path / "a.parquet", [part], ["k"], 10, 1000)
+
+
+def test_a_round_cut_off_ends_its_child_at_once(tmp_path: Path) -> None:
+    """An exception through the ``with`` block (a stop, Ctrl-C in the processor) ends
+    the child by a signal, not by waiting for it to finish; the error goes on."""
+    part = tmp_path / "part.parquet"
+    pl.DataFrame({"k": [3, 1, 2]}).write_parquet(part)
+    with pytest.raises(KeyboardInterrupt), SortWorker() as worker:
+        worker.sort_into(tmp_path / "a.parquet", [part], ["k"], 10, 1000)
+        child = worker.pid
+        raise KeyboardInterrupt
+    assert child is not None and not _running(child) and worker.pid is None

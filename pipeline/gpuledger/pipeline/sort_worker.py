@@ -59,8 +59,11 @@ class SortWorker:
         env = {**CHILD_ENV, **os.environ}  # what the user set wins
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the caller's imports
         try:
+            # a session of its own: a Ctrl-C at the terminal reaches the processor alone,
+            # which stops the child (``stop``); Polars' collect would turn it into a
+            # traceback of the child's even with SIGINT ignored
             return subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, env=env)
+                                    stdout=subprocess.PIPE, env=env, start_new_session=True)
         except OSError as exc:  # not the spill folder's: said as what it is
             raise SortWorkerDied(f"the compaction's child process did not start "
                                  f"({sys.executable}: {exc.strerror or exc})") from exc
@@ -114,12 +117,22 @@ class SortWorker:
         """End the child process (waits for it: its memory is back when this returns)."""
         self._end()
 
+    def stop(self) -> None:
+        """End the child process now, in the middle of a sort if one runs (the processor
+        is stopping: the sort's output is not wanted)."""
+        if self._child is not None and self._child.poll() is None:
+            self._child.terminate()
+        self._end()
+
     def __enter__(self) -> SortWorker:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        if kind is None:
+            self.close()
+        else:
+            self.stop()
 
 
 def _peak_rss_kib() -> int:
@@ -157,11 +170,6 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
-    import signal
-
-    # Ctrl-C reaches the whole process group: the processor decides, and closes stdin,
-    # after which this ends once the sort under way is written (no traceback of ours)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     protocol = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not break the replies
     _serve(sys.stdin.buffer, protocol)

@@ -265,12 +265,12 @@ class Warehouse:
         if not self.options.compact_worker or self._sorter is not None:
             yield
             return
-        self._sorter = SortWorker()
+        self._sorter = sorter = SortWorker()
         try:
-            yield
+            with sorter:  # ended at once if the round is cut off (a stop, Ctrl-C)
+                yield
         finally:
-            sorter, self._sorter = self._sorter, None
-            sorter.close()
+            self._sorter = None
             self.compaction_peak_rss_kib = max(self.compaction_peak_rss_kib,
                                                sorter.peak_rss_kib)
 
