@@ -273,6 +273,9 @@ class Warehouse:
             self._sorter = None
             self.compaction_peak_rss_kib = max(self.compaction_peak_rss_kib,
                                                sorter.peak_rss_kib)
+            if sorter.peak_rss_kib:
+                log.info("compaction round done; its child process peaked at %.0f MiB",
+                         sorter.peak_rss_kib / 1024)
 
     def compact_unit(self, unit: str, before: datetime) -> int:
         """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in
