@@ -101,8 +101,8 @@ def run(hours: float, worker: str = "on") -> tuple[int, int, int, int, int, floa
                               capture_output=True, text=True, check=True,
                               cwd=tempfile.gettempdir())
     producer.wait()
-    peak, worker, rss, pss, samples, wall = consumer.stdout.split()
-    return int(peak), int(worker), int(rss), int(pss), int(samples), float(wall)
+    peak, child, rss, pss, samples, wall = consumer.stdout.split()
+    return int(peak), int(child), int(rss), int(pss), int(samples), float(wall)
 
 
 def main() -> None:
