@@ -21,6 +21,7 @@ beside them. Requests and replies are one JSON line each, on its stdin and stdou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -110,7 +111,10 @@ class SortWorker:
             return 0
         for pipe in (child.stdin, child.stdout):
             if pipe is not None:
-                pipe.close()
+                # a request left in the buffer of a dead child's stdin fails its flush
+                # again here (BrokenPipeError); the pipe is closed all the same
+                with contextlib.suppress(OSError):
+                    pipe.close()
         return child.wait()
 
     def close(self) -> None:
