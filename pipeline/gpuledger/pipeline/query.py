@@ -5,10 +5,12 @@ tests, the benchmarks) opens it through :func:`connect`, which makes the connect
 read-only **by construction**:
 
 1. the views of ``sql/*.sql`` over the files of the newest published generation
-   (``generations.py``) are built in a private temporary database, which is then opened
-   with ``read_only=True``: one connection sees every table as of one commit, for its
-   whole life, on a folder or an ``s3://`` warehouse alike (a bucket is read through the
-   same PyArrow filesystem as the processor writes it, ``store.py``);
+   (``generations.py``) are in a private temporary database, which is opened with
+   ``read_only=True``: one connection sees every table as of one commit, for its whole
+   life, on a folder or an ``s3://`` warehouse alike (a bucket is read through the same
+   PyArrow filesystem as the processor writes it, ``store.py``). That database is a copy
+   of the published ``catalog.duckdb`` when the catalog's mark says it was built from the
+   same statements, and is built here otherwise;
 2. external access is off except for the warehouse's ``facts/`` (folder or bucket
    prefix), which the views read (``enable_external_access = false``,
    ``allowed_directories``): no other file, no URL, no ``ATTACH``, no
@@ -46,14 +48,18 @@ from typing import Any
 
 import duckdb
 
-from gpuledger.pipeline.store import StoreError
+from gpuledger.pipeline.store import Store, StoreError
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import (
+    CATALOG,
     FACTS,
     SCHEMA_FILE,
     attach_store,
+    build_views,
     catalog_statements,
     open_snapshot,
+    statements_digest,
+    views_mark,
 )
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -106,17 +112,13 @@ def connect(warehouse: str | Path, threads: int | None = None,
                               "temp_directory": spill}
     if threads is not None:
         config["threads"] = threads
-    views = str(Path(spill) / "views.duckdb")  # the generation's views, opened read-only
+    views = Path(spill) / "views.duckdb"  # the generation's views, opened read-only
+    statements = catalog_statements(store, snapshot)
     try:
-        build = duckdb.connect(views, config={"autoinstall_known_extensions": False,
-                                              "autoload_known_extensions": False})
-        try:
-            attach_store(build, store, snapshot.sizes)
-            for statement in catalog_statements(store, snapshot):
-                build.execute(statement)
-        finally:
-            build.close()
-        con = duckdb.connect(views, read_only=True, config=config)
+        con = _published_views(store, views, statements_digest(statements), config)
+        if con is None:
+            build_views(views, store, snapshot, statements)
+            con = duckdb.connect(str(views), read_only=True, config=config)
     except duckdb.Error as exc:
         shutil.rmtree(spill, ignore_errors=True)
         raise QueryError(f"{store.url}: cannot open the views: {_one_line(exc)}") from None
@@ -131,6 +133,28 @@ def connect(warehouse: str | Path, threads: int | None = None,
         con.execute("SET TimeZone = ?", [timezone])
     con.execute("SET lock_configuration = true")
     return con
+
+
+def _published_views(store: Store, views: Path, digest: str,
+                     config: dict[str, Any]) -> duckdb.DuckDBPyConnection | None:
+    """The published ``catalog.duckdb`` copied to ``views`` and opened, when it was built
+    for this very generation and SQL (its mark is ``digest``): binding the views costs a
+    quarter of a CPU-second, fetching the catalog a read. None otherwise (no catalog yet,
+    one of an older generation, a newer DuckDB's, not readable), and ``views`` is gone."""
+    try:
+        data = store.read(CATALOG)
+        if data is None:
+            return None
+        views.write_bytes(data)
+        con = duckdb.connect(str(views), read_only=True, config=config)
+    except (duckdb.Error, OSError, StoreError):
+        views.unlink(missing_ok=True)
+        return None
+    if views_mark(con) == digest:
+        return con
+    con.close()
+    views.unlink(missing_ok=True)
+    return None
 
 
 # --------------------------------------------------------------------------- the wall

@@ -411,19 +411,13 @@ class Warehouse:
     def _build_catalog(self) -> None:
         snapshot = read_snapshot(self.store)
         statements = catalog_statements(self.store, snapshot)
-        digest = hashlib.sha256("\n".join(statements).encode()).hexdigest()
+        digest = statements_digest(statements)
         stamp = f".{CATALOG}.sha256"
         if self.store.read(stamp) == digest.encode() and self.store.exists(CATALOG):
             return
         with tempfile.TemporaryDirectory(prefix="gpuledger-catalog-") as tmp:
             path = Path(tmp) / CATALOG
-            con = duckdb.connect(str(path))
-            try:
-                attach_store(con, self.store, snapshot.sizes)
-                for statement in statements:
-                    con.execute(statement)
-            finally:
-                con.close()
+            build_views(path, self.store, snapshot, statements)
             self.store.write(CATALOG, path.read_bytes())
         self.store.write(stamp, digest.encode())
 
@@ -587,6 +581,44 @@ def catalog_statements(store: Store, snapshot: Snapshot) -> list[str]:
         text = path.read_text().replace("{facts}", facts)
         out.append(_fill(text, files))
     return out
+
+
+CATALOG_SCHEMA = "gpuledger"
+CATALOG_MARK = f"{CATALOG_SCHEMA}.catalog"
+"""A one-row table in every views database (``catalog.duckdb`` and a reader's own):
+``statements_sha256``, the digest of the statements that built it, which names the
+generation and the SQL it holds."""
+
+
+def statements_digest(statements: list[str]) -> str:
+    """What ``CATALOG_MARK`` holds for these statements."""
+    return hashlib.sha256("\n".join(statements).encode()).hexdigest()
+
+
+def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
+    """Create the database ``path`` with the views of ``statements`` (from
+    ``catalog_statements(store, snapshot)``) and their mark."""
+    con = duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
+                                            "autoload_known_extensions": False})
+    try:
+        attach_store(con, store, snapshot.sizes)
+        for statement in statements:
+            con.execute(statement)
+        con.execute(f"CREATE SCHEMA {CATALOG_SCHEMA}")
+        con.execute(f"CREATE TABLE {CATALOG_MARK} AS SELECT ? AS statements_sha256",
+                    [statements_digest(statements)])
+    finally:
+        con.close()
+
+
+def views_mark(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The digest a views database was built from; None when it has no mark (a catalog
+    from before the mark, or not a catalog)."""
+    try:
+        row = con.execute(f"SELECT statements_sha256 FROM {CATALOG_MARK}").fetchone()
+    except duckdb.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 def _fill(text: str, files: Any) -> str:

@@ -1,0 +1,101 @@
+"""A reader opens the published ``catalog.duckdb`` when it was built for the very
+generation and SQL the reader sees (its mark), and builds its own views otherwise: a
+catalog of an older generation, one without a mark, or bytes that are no catalog."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from events import alloc, at, frames, inventory, job, series
+
+from gpuledger.pipeline import query
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import (
+    CATALOG,
+    Warehouse,
+    catalog_statements,
+    open_snapshot,
+    statements_digest,
+)
+
+JOBS = "SELECT job_id, allocated_gpu_hours FROM job_attempts ORDER BY job_id"
+
+
+def _job(name: str, start: int) -> list[Any]:
+    return [job("submitted", name, at(start), team="nlp"),
+            job("started", name, at(start), allocation=alloc("n1", 0)),
+            job("finished", name, at(start + 5))]
+
+
+def _builds(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The views databases that ``query.connect`` builds itself, from now on."""
+    built: list[Path] = []
+    real: Callable[..., None] = query.build_views
+
+    def counted(path: Path, *args: Any) -> None:
+        built.append(path)
+        real(path, *args)
+
+    monkeypatch.setattr(query, "build_views", counted)
+    return built
+
+
+@pytest.fixture
+def processor(tmp_path: Path) -> tuple[Processor, Path]:
+    root = tmp_path / "wh"
+    proc = Processor(ProcessorConfig(), Warehouse(root))
+    proc.process(frames([inventory("n1", at(0), gpus=2), *_job("a", 0),
+                         *series("n1", 0, at(0), 5, sm=0.5)]), validated=True)
+    proc.flush()
+    return proc, root
+
+
+def test_a_catalog_of_this_generation_is_opened_not_built_again(
+        processor: tuple[Processor, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    _proc, root = processor
+    store, snapshot = open_snapshot(root)
+    mark = duckdb.connect(str(root / CATALOG), read_only=True).execute(
+        "SELECT statements_sha256 FROM gpuledger.catalog").fetchall()
+    assert mark == [(statements_digest(catalog_statements(store, snapshot)),)]
+    built = _builds(monkeypatch)
+    published = query.run(root, JOBS)
+    assert built == []
+    (root / CATALOG).unlink()                       # the same answer from views built here
+    assert query.run(root, JOBS) == published
+    assert len(built) == 1
+    assert published[1] == [("a", pytest.approx(5 / 60))]    # one GPU for 5 minutes
+
+
+def test_a_stale_unmarked_or_broken_catalog_is_not_used(
+        processor: tuple[Processor, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, root = processor
+    old = (root / CATALOG).read_bytes()
+    proc.process(frames([*_job("b", 30), *series("n1", 0, at(30), 5, sm=0.5)]),
+                 validated=True)
+    proc.flush()                                    # a second generation, its own catalog
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
+    built = _builds(monkeypatch)
+
+    (root / CATALOG).write_bytes(old)               # the first generation's catalog
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
+    assert len(built) == 1
+
+    unmarked = root.parent / "unmarked.duckdb"      # as catalogs were before the mark
+    store, snapshot = open_snapshot(root)
+    con = duckdb.connect(str(unmarked))
+    for statement in catalog_statements(store, snapshot):
+        con.execute(statement)
+    con.close()
+    (root / CATALOG).write_bytes(unmarked.read_bytes())
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
+    assert len(built) == 2
+
+    (root / CATALOG).write_bytes(b"not a database" * 100)
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
+    assert len(built) == 3
+    assert not built[-1].exists()                   # the reader's own copy went with it
