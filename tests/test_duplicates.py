@@ -82,16 +82,24 @@ def test_every_batch_sent_twice_gives_the_same_facts(tmp_path: Path) -> None:
     assert peaks["a"] == 4_000.0 + 10 * 71 and peaks["b"] == 5_000.0 - 10 * 6  # own processes
 
 
+@pytest.fixture(scope="module")
+def once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The history, each record once, in one batch."""
+    base = tmp_path_factory.mktemp("base")
+    _run(base, [_history()])
+    return base
+
+
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(repeat=st.lists(st.integers(0, 10_000), min_size=1, max_size=40),
        cuts=st.lists(st.integers(0, 10_000), max_size=4), seed=st.integers(0, 1000))
 def test_any_subset_repeated_anywhere_gives_the_same_facts(
-    tmp_path_factory: pytest.TempPathFactory, repeat: list[int], cuts: list[int], seed: int,
+    tmp_path_factory: pytest.TempPathFactory, once: Path, repeat: list[int], cuts: list[int],
+    seed: int,
 ) -> None:
     recs = _history()
-    base = tmp_path_factory.mktemp("base")
-    _run(base, [recs])
+    base = once
     extra = [recs[i % len(recs)] for i in repeat]
     mixed = list(recs)
     rnd = random.Random(seed)
