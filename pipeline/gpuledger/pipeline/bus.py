@@ -71,13 +71,14 @@ class EmbeddedBus:
         """Mark a micro-batch boundary (the producer's flush)."""
         self._batch_marks.append(self._count)
 
-    def publish_batch(self, batch: Batch) -> None:
-        """Publish a frame per record type and mark the batch boundary."""
+    def publish_batch(self, batch: Batch, end: bool = True) -> None:
+        """Publish a frame per record type and (``end``) mark the batch boundary."""
         for record_type in RECORD_TYPES:
             frame = batch.get(record_type)
             if frame is not None:
                 self.publish(record_type, frame)
-        self.end_batch()
+        if end:
+            self.end_batch()
 
     def batches(self) -> Iterator[Batch]:
         """Decode and yield one micro-batch per producer flush."""

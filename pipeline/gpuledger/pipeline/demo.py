@@ -9,6 +9,7 @@ from pathlib import Path
 from gpuledger.pipeline.bus import EmbeddedBus
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
+from gpuledger.pipeline.ingest import LONGEST_SLICE, SLICE_SAMPLES
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
 from gpuledger.pipeline.warehouse import Warehouse
@@ -38,13 +39,26 @@ def run_demo(
         on_processor(processor)
     total_minutes = sim.hours * 60
     done = 0.0
+    pending_minutes, pending_samples = 0, 0
     for batch in simulate(sim):
-        bus.publish_batch(batch)
-        for consumed in bus.batches():
-            processor.process(consumed)
-            bus.commit()
+        # the simulator's chunks go out as they come; a micro-batch ends (and the
+        # processor takes it, one close pass) at about SLICE_SAMPLES samples or an
+        # hour, as ingest feeds a recorded history
+        bus.publish_batch(batch, end=False)
+        pending_minutes += sim.chunk_minutes
+        pending_samples += batch["telemetry"].height if "telemetry" in batch else 0
         done += sim.chunk_minutes
+        if (pending_samples >= SLICE_SAMPLES or pending_minutes * 60
+                >= LONGEST_SLICE.total_seconds() or done >= total_minutes):
+            bus.end_batch()
+            for consumed in bus.batches():
+                processor.process(consumed)
+                bus.commit()
+            pending_minutes, pending_samples = 0, 0
         if on_progress is not None:
             on_progress(min(done / total_minutes, 1.0))
+    for consumed in bus.batches():
+        processor.process(consumed)
+        bus.commit()
     processor.flush()
     return DemoResult(processor.counters, bus.published_bytes)

@@ -1,0 +1,63 @@
+"""How much event time ingest and the demo feed per batch: about SLICE_SAMPLES telemetry
+samples, between ten minutes and an hour (each batch costs a close pass)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fact_views import assert_same_facts
+from test_simulate import SMALL
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.demo import run_demo
+from gpuledger.pipeline.ingest import ingest, telemetry_slice
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+
+SPARSE = ("blocked_minute", "preemptions", "candidates", "recommendations",
+          "pending_minute")
+
+
+@pytest.mark.parametrize(("gpus", "interval_s", "minutes"), [
+    (24, 60, 60),        # a small cluster: an hour a batch
+    (576, 10, 28),       # the built-in cluster: 3,456 samples a minute
+    (9_216, 1, 10),      # a large one: ten minutes, as before
+])
+def test_the_slice_holds_about_the_samples_aimed_at(gpus: int, interval_s: int,
+                                                     minutes: int) -> None:
+    span = timedelta(hours=6)
+    samples = gpus * int(span.total_seconds()) // interval_s
+    assert telemetry_slice(samples, span) == timedelta(minutes=minutes)
+
+
+def _batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Telemetry rows of every batch the processor takes from now on."""
+    seen: list[int] = []
+    real = Processor.process
+
+    def counted(self: Processor, batch: Any, *args: Any, **kwargs: Any) -> None:
+        telemetry = batch.get("telemetry")
+        seen.append(0 if telemetry is None else telemetry.height)
+        real(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(Processor, "process", counted)
+    return seen
+
+
+def test_ingest_and_the_demo_feed_hours_of_a_small_cluster_with_the_same_facts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = SimConfig(hours=4, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    seen = _batches(monkeypatch)
+    run_demo(sim, ProcessorConfig(), tmp_path / "demo")
+    demo_batches = list(seen)
+    seen.clear()
+    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "ingest",
+           ProcessorConfig())
+    assert len(demo_batches) == 4                   # an hour a batch, not 24 of 10 minutes
+    assert 4 <= len(seen) <= 5                       # (the first hour may start mid-minute)
+    assert sum(seen) == sum(demo_batches) > 0
+    assert_same_facts(tmp_path / "ingest", tmp_path / "demo", SPARSE)
