@@ -38,8 +38,8 @@ SLICE_SAMPLES = 100_000
 close pass (about 0.3 CPU-seconds of fixed cost), so a small cluster's history goes an
 hour at a time; the samples of a batch are held while it is processed, so the built-in
 cluster (576 GPUs, 10 s) goes about half an hour at a time and a large one ten minutes
-at a time, as before (the demo: 33 CPU-s and 470 MiB at the peak, against 48 CPU-s and
-391 MiB ten minutes at a time, and 30 CPU-s and 592 MiB an hour at a time)."""
+at a time, as before (the demo: about 35 user CPU-s and 460 MiB at the peak, against 51
+and 390 MiB ten minutes at a time, and 30 and 592 MiB an hour at a time; bench/README.md)."""
 HISTORY_SLICE = timedelta(days=1)
 """Event time fed per batch of a history without telemetry."""
 
