@@ -95,7 +95,20 @@ def test_a_stale_unmarked_or_broken_catalog_is_not_used(
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 2
 
-    (root / CATALOG).write_bytes(b"not a database" * 100)
+    hostile = root.parent / "hostile.duckdb"          # its mark a view that reads a file
+    con = duckdb.connect(str(hostile))
+    for statement in catalog_statements(store, snapshot):
+        con.execute(statement)
+    con.execute("CREATE SCHEMA gpuledger")
+    digest = statements_digest(catalog_statements(store, snapshot))
+    con.execute(f"CREATE VIEW gpuledger.catalog AS SELECT '{digest}' AS statements_sha256 "
+                "FROM read_text('/etc/hostname')")
+    con.close()
+    (root / CATALOG).write_bytes(hostile.read_bytes())
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 3
+
+    (root / CATALOG).write_bytes(b"not a database" * 100)
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
+    assert len(built) == 4
     assert not built[-1].exists()                   # the reader's own copy went with it

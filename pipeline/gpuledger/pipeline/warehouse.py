@@ -613,8 +613,15 @@ def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[s
 
 def views_mark(con: duckdb.DuckDBPyConnection) -> str | None:
     """The digest a views database was built from; None when it has no mark (a catalog
-    from before the mark, or not a catalog)."""
+    from before the mark, or not a catalog). The mark must be a stored table: a reader
+    looks at it before its connection is locked down, so nothing it reads may run a
+    query of the file's choosing (a view in its place)."""
     try:
+        tables = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+            CATALOG_MARK.split(".")).fetchone()
+        if not tables or tables[0] != 1:
+            return None
         row = con.execute(f"SELECT statements_sha256 FROM {CATALOG_MARK}").fetchone()
     except duckdb.Error:
         return None
