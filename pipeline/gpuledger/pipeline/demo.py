@@ -40,6 +40,13 @@ def run_demo(
     total_minutes = sim.hours * 60
     done = 0.0
     pending_minutes, pending_samples = 0, 0
+
+    def drain() -> None:
+        bus.end_batch()
+        for consumed in bus.batches():
+            processor.process(consumed)
+            bus.commit()
+
     for batch in simulate(sim):
         # the simulator's chunks go out as they come; a micro-batch ends (and the
         # processor takes it, one close pass) at about SLICE_SAMPLES samples or an
@@ -48,17 +55,12 @@ def run_demo(
         pending_minutes += sim.chunk_minutes
         pending_samples += batch["telemetry"].height if "telemetry" in batch else 0
         done += sim.chunk_minutes
-        if (pending_samples >= SLICE_SAMPLES or pending_minutes * 60
-                >= LONGEST_SLICE.total_seconds() or done >= total_minutes):
-            bus.end_batch()
-            for consumed in bus.batches():
-                processor.process(consumed)
-                bus.commit()
+        if (pending_samples >= SLICE_SAMPLES or done >= total_minutes
+                or pending_minutes * 60 >= LONGEST_SLICE.total_seconds()):
+            drain()
             pending_minutes, pending_samples = 0, 0
         if on_progress is not None:
             on_progress(min(done / total_minutes, 1.0))
-    for consumed in bus.batches():
-        processor.process(consumed)
-        bus.commit()
+    drain()  # whatever a simulator past its hours left
     processor.flush()
     return DemoResult(processor.counters, bus.published_bytes)
