@@ -182,7 +182,10 @@ def _read_arrow(messages: Sequence[Message], record_type: RecordType,
     frames: list[pl.DataFrame] = []
     for _schema, members in groups:
         try:
-            frame = _frame(pa.concat_tables([t for _m, t in members]), record_type, contract)
+            # one chunk before Polars: from_arrow of a chunk per message took 3x longer,
+            # and the concatenated frame was rechunked after it anyway
+            frame = _frame(pa.concat_tables([t for _m, t in members]).combine_chunks(),
+                           record_type, contract)
         except Exception:  # one of them is bad: find it
             for m, table in members:
                 try:
