@@ -1053,22 +1053,62 @@ class Processor:
         done = sorted(
             (hour, part) for hour, part in keys
             if final or (closed is not None and hour + timedelta(hours=1) <= closed))
+        hourly = self._hourly_rollups(done)
         days: set[tuple[datetime, int]] = set()
         for hour, part in done:
-            self._write_hour(hour, part)
+            self._write_hour(hour, part, hourly.get((hour, part)))
             if (hour.replace(hour=0), part) in self.day_hourly:
                 days.add((hour.replace(hour=0), part))
+        daily = self._daily_rollups(days)
         for day, part in sorted(days):  # once per day, however many of its hours closed
-            self._write_daily(day, part)
+            self._write_daily(day, part, daily[(day, part)])
 
-    def _write_hour(self, hour: datetime, partition: int) -> None:
-        """Write the buffered parts of ``hour`` (partial ones stay buffered)."""
+    def _hourly_rollups(self, keys: list[tuple[datetime, int]]
+                        ) -> dict[tuple[datetime, int], pl.DataFrame]:
+        """``gpu_hourly`` rows of each (hour, partition) of ``keys`` that has partials:
+        one roll-up for all of them (the partition is a key of the partials), split."""
+        partials = [f for key in keys for f in self.rollup_parts.get(key, ())]
+        if not partials:
+            return {}
+        rows = rollup.hourly(pl.concat(partials, how="vertical_relaxed"))
+        out: dict[tuple[datetime, int], pl.DataFrame] = {}
+        for (hour, part), frame in rows.partition_by(
+                ["hour", "partition"], as_dict=True, maintain_order=True).items():
+            assert isinstance(hour, datetime) and isinstance(part, int)
+            out[(hour, part)] = self._shape("gpu_hourly", frame)
+        return out
+
+    def _daily_rollups(self, keys: set[tuple[datetime, int]]
+                       ) -> dict[tuple[datetime, int], pl.DataFrame]:
+        """``gpu_daily`` rows of each (day, partition) of ``keys``, from the hourly rows
+        kept for the day: one roll-up for all of them, split."""
+        if not keys:
+            return {}
+        rows = rollup.daily(pl.concat([
+            kept[h].with_columns(pl.lit(part, pl.Int64).alias("partition"),
+                                 pl.lit(day).alias("_day"))
+            for day, part in sorted(keys)
+            for kept in (self.day_hourly[(day, part)],) for h in sorted(kept)]),
+            by=("partition", "_day"))
+        out: dict[tuple[datetime, int], pl.DataFrame] = {}
+        for (part, day), frame in rows.partition_by(
+                ["partition", "_day"], as_dict=True, maintain_order=True).items():
+            assert isinstance(day, datetime) and isinstance(part, int)
+            out[(day, part)] = self._shape("gpu_daily", frame)
+        for key in keys:  # a day whose hours hold no row still gets its (empty) file
+            out.setdefault(key, self._shape("gpu_daily", rows.clear()))
+        return out
+
+    def _write_hour(self, hour: datetime, partition: int,
+                    hourly: pl.DataFrame | None) -> None:
+        """Write the buffered parts of ``hour`` (partial ones stay buffered); ``hourly``:
+        its ``gpu_hourly`` rows, when it has roll-up partials."""
         closed = self.closed_until
         complete = closed is not None and hour + timedelta(hours=1) <= closed
         suffix = self.suffix(partition)
         partials = self.rollup_parts.get((hour, partition))
         if partials:
-            hourly = self._shape("gpu_hourly", rollup.hourly(pl.concat(partials)))
+            assert hourly is not None
             self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
                                       suffix=suffix)
             self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
@@ -1091,9 +1131,8 @@ class Processor:
             else:
                 self.hour_parts[key] = [frame]
 
-    def _write_daily(self, day: datetime, partition: int) -> None:
+    def _write_daily(self, day: datetime, partition: int, daily: pl.DataFrame) -> None:
         kept = self.day_hourly[(day, partition)]
-        daily = self._shape("gpu_daily", rollup.daily(pl.concat([kept[h] for h in sorted(kept)])))
         self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"],
                                   hourly=False, suffix=self.suffix(partition))
         closed = self.closed_until

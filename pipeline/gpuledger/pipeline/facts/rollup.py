@@ -100,10 +100,11 @@ def hourly(partials: pl.DataFrame) -> pl.DataFrame:
         ["hour", *DIMENSIONS], nulls_last=True)
 
 
-def daily(hourly_rows: pl.DataFrame) -> pl.DataFrame:
-    """Roll hourly rows up to the day."""
+def daily(hourly_rows: pl.DataFrame, by: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Roll hourly rows up to the day (``by``: more keys kept apart, such as the
+    telemetry partition, so that one pass serves them all)."""
     return (
-        hourly_rows.group_by(["date", *DIMENSIONS])
+        hourly_rows.group_by([*by, "date", *DIMENSIONS])
         .agg([pl.col(m).sum() for m in MEASURES])
-        .sort(["date", *DIMENSIONS], nulls_last=True)
+        .sort([*by, "date", *DIMENSIONS], nulls_last=True)
     )
