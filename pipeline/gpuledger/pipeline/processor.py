@@ -1095,8 +1095,9 @@ class Processor:
                 ["partition", "_day"], as_dict=True, maintain_order=True).items():
             assert isinstance(day, datetime) and isinstance(part, int)
             out[(day, part)] = self._shape("gpu_daily", frame)
-        for key in keys:  # a day whose hours hold no row still gets its (empty) file
-            out.setdefault(key, self._shape("gpu_daily", rows.clear()))
+        for key in keys - out.keys():  # a day whose hours hold no row: its (empty) file
+            kept = self.day_hourly[key]
+            out[key] = self._shape("gpu_daily", rollup.daily(pl.concat([kept[h] for h in kept])))
         return out
 
     def _write_hour(self, hour: datetime, partition: int,
@@ -1108,7 +1109,8 @@ class Processor:
         suffix = self.suffix(partition)
         partials = self.rollup_parts.get((hour, partition))
         if partials:
-            assert hourly is not None
+            if hourly is None:  # its partials hold no row: its (empty) file
+                hourly = self._shape("gpu_hourly", rollup.hourly(pl.concat(partials)))
             self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
                                       suffix=suffix)
             self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
