@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -1067,16 +1067,12 @@ class Processor:
                         ) -> dict[tuple[datetime, int], pl.DataFrame]:
         """``gpu_hourly`` rows of each (hour, partition) of ``keys`` that has partials:
         one roll-up for all of them (the partition is a key of the partials), split."""
-        partials = [f for key in keys for f in self.rollup_parts.get(key, ())]
-        if not partials:
+        wanted = [key for key in keys if self.rollup_parts.get(key)]
+        if not wanted:
             return {}
-        rows = rollup.hourly(pl.concat(partials, how="vertical_relaxed"))
-        out: dict[tuple[datetime, int], pl.DataFrame] = {}
-        for (hour, part), frame in rows.partition_by(
-                ["hour", "partition"], as_dict=True, maintain_order=True).items():
-            assert isinstance(hour, datetime) and isinstance(part, int)
-            out[(hour, part)] = self._shape("gpu_hourly", frame)
-        return out
+        rows = rollup.hourly(pl.concat([f for key in wanted for f in self.rollup_parts[key]],
+                                       how="vertical_relaxed"))
+        return self._split_rollup("gpu_hourly", rows, ["hour", "partition"], wanted)
 
     def _daily_rollups(self, keys: set[tuple[datetime, int]]
                        ) -> dict[tuple[datetime, int], pl.DataFrame]:
@@ -1084,21 +1080,28 @@ class Processor:
         kept for the day: one roll-up for all of them, split."""
         if not keys:
             return {}
-        rows = rollup.daily(pl.concat([
-            kept[h].with_columns(pl.lit(part, pl.Int64).alias("partition"),
-                                 pl.lit(day).alias("_day"))
-            for day, part in sorted(keys)
-            for kept in (self.day_hourly[(day, part)],) for h in sorted(kept)]),
-            by=("partition", "_day"))
+        hours: list[pl.DataFrame] = []
+        for day, part in sorted(keys):
+            kept = self.day_hourly[(day, part)]
+            hours += [kept[h].with_columns(pl.lit(day).alias("_day"),
+                                           pl.lit(part, pl.Int64).alias("partition"))
+                      for h in sorted(kept)]
+        rows = rollup.daily(pl.concat(hours), by=("partition", "_day"))
+        return self._split_rollup("gpu_daily", rows, ["_day", "partition"], keys)
+
+    def _split_rollup(self, table: str, rows: pl.DataFrame, by: list[str],
+                      keys: Collection[tuple[datetime, int]]
+                      ) -> dict[tuple[datetime, int], pl.DataFrame]:
+        """``rows`` of ``table`` for every partition, per (time, partition) key of
+        ``keys``: a key with no row gets an empty frame (its file is written empty)."""
         out: dict[tuple[datetime, int], pl.DataFrame] = {}
-        for (part, day), frame in rows.partition_by(
-                ["partition", "_day"], as_dict=True, maintain_order=True).items():
-            assert isinstance(day, datetime) and isinstance(part, int)
-            out[(day, part)] = self._shape("gpu_daily", frame)
-        for key in keys - out.keys():  # a day whose hours hold no row: its (empty) file
-            kept = self.day_hourly[key]
-            out[key] = self._shape("gpu_daily", rollup.daily(pl.concat([kept[h] for h in kept])))
-        return out
+        for (when, part), frame in rows.partition_by(by, as_dict=True,
+                                                     maintain_order=True).items():
+            assert isinstance(when, datetime) and isinstance(part, int)
+            out[(when, part)] = self._shape(table, frame)
+        assert out.keys() <= set(keys), "a roll-up row of a key not asked for"
+        empty = self._shape(table, rows.clear())
+        return {key: out.get(key, empty) for key in keys}
 
     def _write_hour(self, hour: datetime, partition: int,
                     hourly: pl.DataFrame | None) -> None:
@@ -1109,8 +1112,7 @@ class Processor:
         suffix = self.suffix(partition)
         partials = self.rollup_parts.get((hour, partition))
         if partials:
-            if hourly is None:  # its partials hold no row: its (empty) file
-                hourly = self._shape("gpu_hourly", rollup.hourly(pl.concat(partials)))
+            assert hourly is not None  # every hour with partials is rolled up
             self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
                                       suffix=suffix)
             self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
