@@ -13,8 +13,12 @@ telemetry has 1.7 M node-minutes a day but a few thousand changes):
    on it change, with the node's free whole GPUs ``f`` on each piece;
 2. a **histogram** per minute: how many nodes of each pool, card type and size have
    each number of free GPUs (a few rows per pool and minute);
-3. fragmentation (``fragmentation.py``), blocked jobs and the demand-weighted rate
-   (``demand.py``) from the histogram.
+3. pending jobs per minute and **cohort** (team, queue, pool, card type, GPUs: jobs that
+   every pending fact treats alike), by a sweep over the pending intervals' ends, so a
+   queue of thousands costs a row per cohort and minute, not per job and minute;
+4. fragmentation (``fragmentation.py``), blocked demand and the demand-weighted rate
+   (``demand.py``) from the histogram and the cohorts; only ``blocked_minute``, a row
+   per blocked job and minute, goes back to the jobs of the cohorts blocked.
 """
 
 from __future__ import annotations
@@ -31,14 +35,24 @@ from gpuledger.pipeline.facts.minutes import (
     HALF_MINUTE_MS,
     MINUTE_MS,
     ceil_minute_ms,
-    expand_to_minutes,
+    middle_span,
     ms,
+    sweep_minutes,
     to_time,
 )
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 
 NODE = ["node"]
 BIN = ["pool", "card_type", "node_gpus", "free"]
+COHORT = ["team", "queue", "pool", "card_type", "gpus"]
+"""Pending jobs alike for every pending fact: counted together, never one by one."""
+_JOBS, _GPUS, _BLOCKED = pl.col("jobs"), pl.col("gpus") * pl.col("jobs"), pl.col("blocked")
+_DEMAND = (
+    _JOBS.sum().cast(pl.Int64).alias("pending_jobs"),
+    _GPUS.sum().cast(pl.Int64).alias("pending_gpus"),
+    _JOBS.filter(_BLOCKED).sum().cast(pl.Int64).alias("blocked_jobs"),
+    _GPUS.filter(_BLOCKED).sum().cast(pl.Int64).alias("blocked_gpus"),
+)
 
 
 @dataclass
@@ -114,17 +128,8 @@ def histogram(segments: pl.LazyFrame) -> pl.DataFrame:
     """Per minute, pool, card type and node size: how many schedulable, healthy nodes
     have each number of free GPUs (``nodes``)."""
     ok = segments.filter(pl.col("node_ok"))
-    deltas = pl.concat([
-        ok.select(*BIN, pl.col("u").alias("t"), pl.lit(1, pl.Int64).alias("d")),
-        ok.select(*BIN, pl.col("v").alias("t"), pl.lit(-1, pl.Int64).alias("d")),
-    ]).group_by([*BIN, "t"]).agg(pl.col("d").sum()).sort([*BIN, "t"])
-    steps = deltas.with_columns(
-        pl.col("d").cum_sum().over(BIN).alias("nodes"),
-        pl.col("t").shift(-1).over(BIN).alias("t_next"),
-    ).filter((pl.col("nodes") > 0) & pl.col("t_next").is_not_null())
-    return engines.step_frame(steps.with_columns(
-        pl.int_ranges(pl.col("t"), pl.col("t_next"), MINUTE_MS).alias("minute")
-    ).explode("minute").select(to_time(pl.col("minute")).alias("minute"), *BIN, "nodes"))
+    return engines.step_frame(sweep_minutes(ok, BIN, "u", "v").select(
+        to_time(pl.col("minute")).alias("minute"), *BIN, pl.col("n").alias("nodes")))
 
 
 def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,
@@ -142,24 +147,20 @@ def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,
     if not frag.is_empty():
         last = frag.filter(pl.col("minute") == pl.col("minute").max())
         free_blocks = last.select("pool", "card_type", "largest_free_block")
-    pend = expand_to_minutes(pending, "queued_at", "end", a, b).join(
-        attrs.select("job_id", "team", "queue", "pool", "card_type", "gpus", "priority"),
-        on="job_id", how="left",
-    ).with_columns(pl.col("gpus").fill_null(1))
-    blocked = demand.blocked_jobs(pend.select(
-        "minute", "job_id", "attempt", "team", "queue", "pool", "card_type", "gpus",
-        "priority"), hist)
+    spans = engines.step_frame(middle_span(pending, "queued_at", "end", a, b).join(
+        attrs.lazy().select("job_id", *COHORT[:-1], "gpus", "priority"), on="job_id",
+        how="left",
+    ).with_columns(pl.col("gpus").fill_null(1)))
+    # pending jobs per minute and cohort, by a sweep: a long queue costs a row per cohort
+    # and minute, not per job and minute
+    pend = engines.step_frame(sweep_minutes(spans.lazy(), COHORT, "_first", "_stop").select(
+        to_time(pl.col("minute")).alias("minute"), *COHORT, pl.col("n").alias("jobs")))
+    blocked = demand.blocked_jobs(pend, hist)
     weighted = demand.demand_weighted(pend, starts, hist, a, b)
     # a job that accepts any card type is demand on each card type of its pool
     cards = hist.select("minute", "pool", "card_type").unique()
     counts = demand.any_card_to_each(blocked, cards).group_by(
-        ["minute", "pool", "card_type"]).agg(
-        pl.len().cast(pl.Int64).alias("pending_jobs"),
-        pl.col("gpus").sum().alias("pending_gpus"),
-        pl.col("blocked").sum().cast(pl.Int64).alias("blocked_jobs"),
-        pl.when(pl.col("blocked")).then(pl.col("gpus")).otherwise(0).sum()
-        .alias("blocked_gpus"),
-    )
+        ["minute", "pool", "card_type"]).agg(*_DEMAND)
     frag_out = (
         frag.join(weighted, on=["minute", "pool", "card_type"], how="left")
         .join(counts, on=["minute", "pool", "card_type"], how="left")
@@ -168,13 +169,8 @@ def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,
         .with_columns(pl.col("minute").dt.date().alias("date"))
     )
     pending_out = blocked.group_by(["minute", "queue", "pool", "card_type", "team"]).agg(
-        pl.len().cast(pl.Int64).alias("pending_jobs"),
-        pl.col("gpus").sum().alias("pending_gpus"),
-        pl.col("blocked").sum().cast(pl.Int64).alias("blocked_jobs"),
-        pl.when(pl.col("blocked")).then(pl.col("gpus")).otherwise(0).sum()
-        .alias("blocked_gpus"),
-    ).with_columns(pl.col("minute").dt.date().alias("date"))
-    blocked_out = blocked.filter(pl.col("blocked")).with_columns(
+        *_DEMAND).with_columns(pl.col("minute").dt.date().alias("date"))
+    blocked_out = blocked_job_minutes(spans, blocked).with_columns(
         pl.col("minute").dt.date().alias("date"))
     return ClusterFacts(
         frag_out.select(TABLE_SCHEMAS["frag_minute"].names()),
@@ -182,6 +178,21 @@ def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,
         blocked_out.select(TABLE_SCHEMAS["blocked_minute"].names()),
         free_blocks,
     )
+
+
+def blocked_job_minutes(spans: pl.DataFrame, blocked: pl.DataFrame) -> pl.DataFrame:
+    """A row per blocked job and minute (``blocked_minute``): the pending ``spans`` of the
+    cohorts blocked in some minute, expanded to their minutes and kept where their cohort
+    is blocked."""
+    hit = blocked.lazy().filter(pl.col("blocked")).select(
+        "minute", *COHORT, "free_gpus", "largest_free_block")
+    return engines.step_frame(
+        spans.lazy().join(hit.select(COHORT).unique(), on=COHORT, how="semi", nulls_equal=True)
+        .with_columns(pl.int_ranges(pl.col("_first"), pl.col("_stop"), MINUTE_MS)
+                      .alias("minute"))
+        .explode("minute")
+        .with_columns(to_time(pl.col("minute")).alias("minute"))
+        .join(hit, on=["minute", *COHORT], how="inner", nulls_equal=True))
 
 
 def starts_window(a: datetime) -> datetime:

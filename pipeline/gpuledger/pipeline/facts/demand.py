@@ -38,7 +38,8 @@ def _capacity(hist: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 
 def blocked_jobs(pending: pl.DataFrame, hist: pl.DataFrame) -> pl.DataFrame:
-    """Per pending job-minute: the free GPUs it could see and whether it is blocked."""
+    """Per row of pending demand (a job and minute, or a cohort of alike jobs and a
+    minute): the free GPUs it could see and whether it is blocked."""
     if pending.is_empty():
         return pending.with_columns(
             pl.lit(None, pl.Int64()).alias("free_gpus"),
@@ -108,14 +109,15 @@ def _started_weights(starts: pl.DataFrame, cards: pl.DataFrame, a: datetime,
 
 def demand_weighted(pending: pl.DataFrame, started_sizes: pl.DataFrame, hist: pl.DataFrame,
                     a: datetime, b: datetime) -> pl.DataFrame:
-    """Demand-weighted frag per minute, pool and card type, with its weight source."""
+    """Demand-weighted frag per minute, pool and card type, with its weight source.
+    ``pending``: pending jobs per minute, pool, card type and size (``jobs``)."""
     schema = {"minute": pl.Datetime("ms", "UTC"), "pool": pl.String(), "card_type": pl.String(),
               "frag_demand": pl.Float64(), "demand_source": pl.String()}
     parts: list[pl.DataFrame] = []
     cards = hist.select("minute", "pool", "card_type").unique()
-    typed = any_card_to_each(pending.select([*_KEYS, "gpus"]), cards)
+    typed = any_card_to_each(pending.select([*_KEYS, "gpus", "jobs"]), cards)
     if not typed.is_empty():
-        weights = typed.group_by([*_KEYS, "gpus"]).agg(pl.len().alias("jobs"))
+        weights = typed.group_by([*_KEYS, "gpus"]).agg(pl.col("jobs").sum())
         parts.append(_frag_for_sizes(hist, weights, "pending"))
     if not started_sizes.is_empty():
         weights = _started_weights(started_sizes, cards.select("pool", "card_type").unique(),

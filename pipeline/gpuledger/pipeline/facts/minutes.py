@@ -22,6 +22,7 @@ from datetime import datetime
 
 import polars as pl
 
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.columns import TIME_DTYPE
 
 MINUTE_MS = 60_000
@@ -47,6 +48,20 @@ def to_time(expr: pl.Expr) -> pl.Expr:
     return expr.cast(pl.Datetime("ms")).dt.replace_time_zone("UTC")
 
 
+def middle_span(intervals: pl.DataFrame | pl.LazyFrame, start: str, end: str,
+                range_start: datetime, range_end: datetime) -> pl.LazyFrame:
+    """Add ``_first``/``_stop`` (ms): the minutes ``[_first, _stop)`` of
+    ``[range_start, range_end)`` whose middle ``[start, end)`` covers (``end`` null: still
+    open), keeping the intervals that cover at least one."""
+    lo, hi = ms(range_start), ms(range_end)
+    start_ms = pl.col(start).cast(pl.Int64)
+    end_ms = pl.col(end).cast(pl.Int64).fill_null(hi + MINUTE_MS)
+    return intervals.lazy().with_columns(
+        pl.max_horizontal(ceil_minute_ms(start_ms - HALF_MINUTE_MS), pl.lit(lo)).alias("_first"),
+        pl.min_horizontal(ceil_minute_ms(end_ms - HALF_MINUTE_MS), pl.lit(hi)).alias("_stop"),
+    ).filter(pl.col("_first") < pl.col("_stop"))
+
+
 def expand_to_minutes(
     intervals: pl.DataFrame,
     start: str,
@@ -58,21 +73,33 @@ def expand_to_minutes(
 
     ``end`` may be null (still open). Adds a ``minute`` column (UTC, ms).
     """
-    lo, hi = ms(range_start), ms(range_end)
-    start_ms = pl.col(start).cast(pl.Int64)
-    end_ms = pl.col(end).cast(pl.Int64).fill_null(hi + MINUTE_MS)
-    first = pl.max_horizontal(ceil_minute_ms(start_ms - HALF_MINUTE_MS), pl.lit(lo))
-    stop = pl.min_horizontal(ceil_minute_ms(end_ms - HALF_MINUTE_MS), pl.lit(hi))
     return (
-        intervals.with_columns(first.alias("_first"), stop.alias("_stop"))
-        .filter(pl.col("_first") < pl.col("_stop"))
+        middle_span(intervals, start, end, range_start, range_end)
         .with_columns(
             pl.int_ranges(pl.col("_first"), pl.col("_stop"), MINUTE_MS).alias("minute")
         )
         .explode("minute")
         .with_columns(to_time(pl.col("minute")).alias("minute"))
         .drop("_first", "_stop")
-    )
+    ).pipe(engines.step_frame)
+
+
+def sweep_minutes(spans: pl.LazyFrame, by: list[str], start: str, stop: str) -> pl.LazyFrame:
+    """Per ``by`` key and minute: how many of ``spans`` cover it (``n``), where a span
+    covers the minutes ``[start, stop)`` (whole minutes, ms). A sweep over the spans'
+    ends: the cost follows the changes of each key's count, never a row per span and
+    minute. Only minutes with ``n > 0``; ``minute`` in ms."""
+    deltas = pl.concat([
+        spans.select(*by, pl.col(start).alias("t"), pl.lit(1, pl.Int64).alias("d")),
+        spans.select(*by, pl.col(stop).alias("t"), pl.lit(-1, pl.Int64).alias("d")),
+    ]).group_by([*by, "t"]).agg(pl.col("d").sum()).sort([*by, "t"])
+    steps = deltas.with_columns(
+        pl.col("d").cum_sum().over(by).alias("n"),
+        pl.col("t").shift(-1).over(by).alias("t_next"),
+    ).filter((pl.col("n") > 0) & pl.col("t_next").is_not_null())
+    return steps.select(
+        pl.int_ranges(pl.col("t"), pl.col("t_next"), MINUTE_MS).alias("minute"), *by, "n",
+    ).explode("minute")
 
 
 def clip_ms(frame: pl.DataFrame | pl.LazyFrame, start: str, end: str, lo: pl.Expr | int,
