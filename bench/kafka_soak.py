@@ -2,9 +2,10 @@
 
 Against a broker it starts itself (``tests/kafka_broker.py``) or ``--bootstrap``:
 
-- a producer process simulates the default cluster (576 GPUs, 10 s samples) over a
-  long span and publishes it with ``KafkaSink`` as fast as it can (gzip, acks=all), in
-  batches of CHUNK_MINUTES (one message per node per batch);
+- a producer process simulates the default cluster (576 GPUs, 10 s samples; ``--arrivals``
+  scales its job arrivals) over a long span and publishes it with ``KafkaSink`` as fast
+  as it can (gzip, acks=all), in batches of CHUNK_MINUTES (one message per node per
+  batch);
 - the service runs as its own process, as ``gpuledger process --kafka ...`` (the command a
   deployment runs) sets it up (``--cli`` runs that very command; by default a child
   process builds the same service with a workaround for a cold-start crash, see
@@ -23,7 +24,7 @@ remembered 24 h): about 20 minutes at full rate here. Prints one JSON object; ``
 writes it too. Usage:
 
     python bench/kafka_soak.py [--minutes 30] [--warmup-minutes 10] [--chunk-minutes 1]
-        [--format jsonl-v1] [--cli] [--bootstrap HOST:PORT]
+        [--format jsonl-v1] [--arrivals 1.0] [--cli] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ def _write_atomic(path: str, doc: dict[str, Any]) -> None:
 
 
 def _producer(bootstrap: str, prefix: str, fmt: str, sim_hours: float, chunk_minutes: int,
-              compression: str, out: str, stop: Any) -> None:
+              compression: str, arrivals: float, out: str, stop: Any) -> None:
     """Child process: publish the simulation as fast as possible until ``stop``."""
+    from cluster_scale import scaled_cluster
+
     from gpuledger.pipeline.kafka.producer import KafkaSink
     from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics
     from gpuledger.pipeline.kafka.wire import ARROW, JSONL
@@ -88,7 +91,9 @@ def _producer(bootstrap: str, prefix: str, fmt: str, sim_hours: float, chunk_min
     samples = 0
     exhausted = True
     t0 = time.perf_counter()
-    for batch in simulate(SimConfig(hours=sim_hours, chunk_minutes=chunk_minutes)):
+    cluster = None if arrivals == 1.0 else scaled_cluster(1.0, arrivals)
+    for batch in simulate(SimConfig(hours=sim_hours, chunk_minutes=chunk_minutes,
+                                    cluster=cluster)):
         if stop.is_set():
             exhausted = False
             break
@@ -259,6 +264,11 @@ def main() -> None:
                         "enough for ~27,000 GPU-samples/s, at most 1000: the simulator plans "
                         "the span up front, 400 h in ~40 s, 1000 h in ~5 minutes, inside the "
                         "warm-up; the run ends early when the producer has sent it all)")
+    parser.add_argument("--arrivals", type=float, default=1.0,
+                        help="scale the default cluster's job arrivals (1: as packaged, whose "
+                        "queue grows without bound, 73 to 3,319 pending jobs in 29 simulated "
+                        "days, and the processor's state with it; 0.9: a busy queue that "
+                        "stays under about 400, for a soak that measures leaks alone)")
     parser.add_argument("--bootstrap", default=None, help="use this broker (PLAINTEXT)")
     parser.add_argument("--cli", action="store_true",
                         help="run the service as `gpuledger process --kafka` (no workaround)")
@@ -273,7 +283,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"), "minutes": args.minutes,
         "warmup_minutes": warmup, "format": args.format, "compression": args.compression,
-        "chunk_minutes": args.chunk_minutes,
+        "chunk_minutes": args.chunk_minutes, "arrivals": args.arrivals,
         "sim_hours_available": sim_hours, "loadavg_at_start": os.getloadavg(),
     }
     with tempfile.TemporaryDirectory(prefix="kafka-soak-") as tmp_name, \
@@ -289,7 +299,7 @@ def main() -> None:
         prod_out = tmp / "producer.json"
         producer = ctx.Process(target=_producer, daemon=True, args=(
             bootstrap, prefix, args.format, sim_hours, args.chunk_minutes, args.compression,
-            str(prod_out), stop))
+            args.arrivals, str(prod_out), stop))
         producer.start()
         service_log = tmp / "service.log"
         service = ServiceProcess(args.cli, ctx, bootstrap, prefix, group, tmp / "wh",
