@@ -148,7 +148,7 @@ def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,
         last = frag.filter(pl.col("minute") == pl.col("minute").max())
         free_blocks = last.select("pool", "card_type", "largest_free_block")
     spans = engines.step_frame(middle_span(pending, "queued_at", "end", a, b).join(
-        attrs.lazy().select("job_id", *COHORT[:-1], "gpus", "priority"), on="job_id",
+        attrs.lazy().select("job_id", *COHORT, "priority"), on="job_id",
         how="left",
     ).with_columns(pl.col("gpus").fill_null(1)))
     # pending jobs per minute and cohort, by a sweep: a long queue costs a row per cohort
