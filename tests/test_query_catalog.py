@@ -15,6 +15,7 @@ from events import alloc, at, frames, inventory, job, series
 from gpuledger.pipeline import query
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import (
     CATALOG,
     Warehouse,
@@ -69,6 +70,23 @@ def test_a_catalog_of_this_generation_is_opened_not_built_again(
     assert query.run(root, JOBS) == published
     assert len(built) == 1
     assert published[1] == [("a", pytest.approx(5 / 60))]    # one GPU for 5 minutes
+
+
+VIEW_ADDS = {"recommendations": ["diagnosis", "diagnosis_remedy"]}
+"""Columns a view adds to its table's (the advisor's diagnosis, joined in)."""
+EXPANDED = {"gpu_span"}
+"""Tables read through another view (spans through ``gpu_minute``), not a view of
+their own."""
+
+
+def test_every_fact_view_has_its_tables_columns_each_once(
+        processor: tuple[Processor, Path]) -> None:
+    _proc, root = processor
+    for table, schema in TABLE_SCHEMAS.items():
+        if table in EXPANDED:
+            continue
+        columns = query.run(root, f"SELECT * FROM {table} LIMIT 0")[0]
+        assert columns == [*schema.names(), *VIEW_ADDS.get(table, [])], table
 
 
 def test_a_stale_unmarked_or_broken_catalog_is_not_used(
