@@ -4,6 +4,7 @@ from the fact tables of a simulated warehouse."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from sim_warehouse import build, table
 
-from gpuledger.pipeline.query import connect
+from gpuledger.pipeline.query import connect, render, run
 
 DIMS = ["team", "pool", "card_type", "job_type", "queue"]
 
@@ -368,3 +369,38 @@ def test_queue_wait_views_with_mean_and_both_percentiles(
     got = sql(con, f"SELECT * FROM {view}")
     assert got.height == want.height
     same(got, want, keys or ["attempts"])
+
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "analyst-guide.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+
+
+def guide_examples(text: str) -> list[tuple[str, str | None]]:
+    """The SQL blocks of a Markdown text, each with the plain block right after it (what
+    the guide shows it prints), or None."""
+    blocks = [(m.start(), m.end(), m.group(1), m.group(2)) for m in FENCE.finditer(text)]
+    out: list[tuple[str, str | None]] = []
+    for i, (_start, end, lang, body) in enumerate(blocks):
+        if lang != "sql":
+            continue
+        after = blocks[i + 1] if i + 1 < len(blocks) else None
+        shown = after[3] if after and after[2] == "" and not text[end:after[0]].strip() \
+            else None
+        out.append((body, shown))
+    return out
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.strip().splitlines()]
+
+
+def test_the_analyst_guides_examples_run_and_print_what_it_shows(root: Path) -> None:
+    """The guide's warehouse is this one (``gpuledger demo --hours 3 --interval 30``): each
+    SQL example runs on the read-only connection, and where the guide shows the output,
+    ``gpuledger query`` prints exactly that."""
+    examples = guide_examples(GUIDE.read_text())
+    assert len(examples) >= 8 and sum(shown is not None for _, shown in examples) >= 3
+    for text, shown in examples:
+        columns, rows = run(root, text)
+        if shown is not None:
+            assert _lines(render(columns, rows, "table")) == _lines(shown), text
