@@ -164,3 +164,12 @@ def test_what_a_history_lacks_is_said(process: Callable[..., Facts]) -> None:
     w = run_whatif(facts.root, PolicySet(policies=parse_policies(
         {"policies": [{"name": "as-run"}]}).policies))
     assert w.weakened == gaps
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_tolerance_or_interval_that_is_no_finite_number_is_refused(value: float) -> None:
+    for doc, key in (({"tolerance": {"queue_wait_minutes": value}},
+                      "tolerance.queue_wait_minutes"),
+                     ({"scheduler": {"interval_s": value}}, "scheduler.interval_s")):
+        with pytest.raises(ValueError, match=f"{key}: must be a finite number"):
+            parse_policies({"policies": [{"name": "a"}], **doc})

@@ -121,3 +121,56 @@ def test_the_poll_bound_defaults_to_the_service_and_refuses_nonsense(
         build_parser().parse_args(["process", "--kafka", "h:1", "--max-poll-samples", "0"])
     assert exit_.value.code == 2
     assert "--max-poll-samples must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "value", "says"), [
+    ("demo", "nan", "--hours must be a finite number, got 'nan'"),
+    ("demo", "inf", "--hours must be a finite number, got 'inf'"),
+    ("demo", "8785", "--hours must be at most 8,784, got 8785"),
+    ("simulate", "1e12", "--hours must be at most 8,784, got 1e12"),
+    ("feed", "nan", "--hours must be a finite number"),
+])
+def test_a_span_that_is_no_number_or_too_long_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, value: str,
+        says: str) -> None:
+    out = ["--out", str(tmp_path / "out")] if command == "simulate" else \
+        ["--kafka", "127.0.0.1:1"] if command == "feed" else \
+        ["--warehouse", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--hours", value, *out])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_time_limit_may_be_inf_but_not_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuledger.cli.arguments import time_limit
+
+    assert time_limit("--timeout")("inf") == float("inf")
+    with pytest.raises(SystemExit):
+        main(["query", "--timeout", "nan", "SELECT 1"])
+    assert "--timeout must be a number of seconds, got 'nan'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "no such file"),
+    ("dir", "is a directory, not a file"),
+    (b"pools: [\n", "not valid YAML at line 2, column 1"),
+    (b"\xef\xff\xfe", "not UTF-8 text (byte 0)"),
+    (b"pools: 5\n", "cluster.pools: unknown key"),
+])
+def test_a_cluster_spec_that_cannot_be_used_is_one_line_naming_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str | None,
+        says: str) -> None:
+    spec = tmp_path / "cluster.yaml"
+    if content == "dir":
+        spec.mkdir()
+    elif isinstance(content, bytes):
+        spec.write_bytes(content)
+    for command, out in (("demo", "--warehouse"), ("simulate", "--out")):
+        assert main([command, "--cluster", str(spec), "--hours", "1",
+                     out, str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--cluster: {spec}: {says}" in err, err
+        assert not (tmp_path / "out").exists()

@@ -107,3 +107,49 @@ def test_a_pod_scheduled_after_the_window_is_pending_at_its_end(tmp_path: Path) 
     assert ("late", "submitted") in events
     assert [e for j, e in events if j == "late"] == ["submitted"]
     assert [e for j, e in events if j == "inside"] == ["submitted", "started", "finished"]
+
+
+def _tiny_trace(tmp_path: Path) -> tuple[Path, Path]:
+    """One 8-GPU node; its last pod ends 9,000 s (2.5 h) after the trace's start."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,8,A100\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                    "creation_time,deletion_time,scheduled_time\n"
+                    "a,4000,16384,1,1000,,LS,Running,100,900,200\n"
+                    "b,4000,16384,2,1000,,LS,Running,3000,9000,4000\n")
+    return nodes, pods
+
+
+@pytest.mark.parametrize(("window", "says"), [
+    (["--from-hours", "-1"], "--from-hours must be >= 0, got -1"),
+    (["--from-hours", "nan"], "--from-hours must be a finite number, got 'nan'"),
+    (["--from-hours", "1e12"], "at or after its end: its last GPU pod ends 2.5 h after"),
+    (["--from-hours", "2.5"], "at or after its end: its last GPU pod ends 2.5 h after"),
+])
+def test_a_window_outside_the_trace_is_refused_with_its_length(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], window: list[str],
+        says: str) -> None:
+    nodes, pods = _tiny_trace(tmp_path)
+    args = ["import", "openb", "--nodes", str(nodes), "--pods", str(pods), *window,
+            "--quiet", "--warehouse", str(tmp_path / "wh")]
+    try:
+        code = main(args)
+    except SystemExit as usage:  # argparse refuses the value itself
+        code = usage.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_a_window_past_the_traces_end_ends_where_the_trace_does(tmp_path: Path) -> None:
+    nodes, pods = _tiny_trace(tmp_path)
+    for hours, root in (("1e12", tmp_path / "long"), (None, tmp_path / "whole")):
+        assert main(["import", "openb", "--nodes", str(nodes), "--pods", str(pods),
+                     "--from-hours", "0.5", *(["--hours", hours] if hours else []),
+                     "--quiet", "--warehouse", str(root)]) == 0
+    sql = "SELECT min(minute), max(minute), count(*), sum(alloc_fraction) FROM gpu_minute"
+    assert query.run(tmp_path / "long", sql)[1] == query.run(tmp_path / "whole", sql)[1]
+    last = query.run(tmp_path / "long", "SELECT max(minute) FROM gpu_minute")[1][0][0]
+    assert last.hour == 2 and last.minute == 29          # 9,000 s: the minute before 2:30

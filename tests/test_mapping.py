@@ -92,6 +92,10 @@ def test_every_section(tmp_path: Path) -> None:
     ({"job_types": {"rules": [{"type": "training"}]}}, "mapping.job_types.rules[0]: a rule"),
     ({"job_types": {"default": "batch"}}, "mapping.job_types.default: 'batch' is not one of"),
     ({"card_types": {"memory_mib": {"X": -1}}}, "mapping.card_types.memory_mib.X: expected"),
+    ({"card_types": {"memory_mib": {"X": float("nan")}}},
+     "mapping.card_types.memory_mib.X: expected a number > 0, got nan"),
+    ({"card_types": {"memory_mib": {"X": float("inf")}}},
+     "mapping.card_types.memory_mib.X: expected a number > 0, got inf"),
     ({"preemptible": {"qos": "low"}}, "mapping.preemptible.qos: expected a list"),
     ({"colour": 1}, "mapping.colour: unknown key"),
 ])

@@ -282,6 +282,10 @@ def test_invalid_specs_name_the_bad_key() -> None:
         parse_cluster(broken("workloads.0.gpus", {"12": 1}))
     with pytest.raises(ValueError, match=r"cluster\.queues\[0\]\.pool: unknown pool"):
         parse_cluster(broken("queues.0.pool", "gpu-heaven"))
+    for nan_or_inf in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"cluster\.workloads\[0\]\.arrivals_per_hour: "
+                           "must be a finite number"):
+            parse_cluster(broken("workloads.0.arrivals_per_hour", nan_or_inf))
 
 
 # --- output shape -------------------------------------------------------------------

@@ -11,6 +11,7 @@ Errors name the bad key: ``attribution.kubernetes.refresh_s: expected a number, 
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import types
@@ -191,6 +192,10 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
             number = hint(value)
         except (TypeError, ValueError):
             raise AgentConfigError(f"{path}: expected a number, got {value!r}") from None
+        except OverflowError:  # int(inf)
+            raise AgentConfigError(f"{path}: expected a finite number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise AgentConfigError(f"{path}: expected a finite number, got {value!r}")
         if hint is int and isinstance(value, float) and value != number:
             raise AgentConfigError(f"{path}: expected a whole number, got {value!r}")
         return number

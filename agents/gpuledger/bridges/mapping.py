@@ -19,6 +19,7 @@ Pure Python (PyYAML only): the bridges are as lean as the node agent.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping as AbstractMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,7 +283,8 @@ def parse_mapping(raw: Any, where: str = "mapping") -> Mapping:
     memory = dict(DEFAULT_CARD_MEMORY_MIB)
     for key, value in _mapping_of(f"{where}.card_types.memory_mib",
                                   cards.get("memory_mib")).items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
+                or math.isinf(value):
             raise MappingError(f"{where}.card_types.memory_mib.{key}: expected a number > 0, "
                                f"got {value!r}")
         memory[str(key)] = float(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,17 +11,44 @@ from typing import Any
 
 from gpuledger.cli.errors import CliError
 
+SIMULATED_HOURS_MAX = 8784
+"""The longest simulated span a command takes (366 days): the simulator runs a day in
+tens of CPU-seconds, and times must stay within the calendar."""
 
-def positive(kind: type, name: str) -> Callable[[str], Any]:
-    """An argparse ``type`` for a number > 0 of ``kind`` (int or float) named ``name``."""
+
+def positive(kind: type, name: str, infinite: bool = False,
+             at_most: float | None = None) -> Callable[[str], Any]:
+    """An argparse ``type`` for a number > 0 of ``kind`` (int or float) named ``name``:
+    finite, unless ``infinite`` (then ``inf`` is allowed too); never NaN; at most
+    ``at_most`` when given."""
     def parse(text: str) -> Any:
+        what = "a whole number" if kind is int else "a number"
         try:
             value = kind(text)
         except ValueError:
-            what = "a whole number" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
+        if math.isnan(value) or (math.isinf(value) and not infinite):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'a finite number' if not infinite else what}, got {text!r}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        if at_most is not None and value > at_most:
+            raise argparse.ArgumentTypeError(f"{name} must be at most {at_most:,g}, got {text}")
+        return value
+    return parse
+
+
+def non_negative(name: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number >= 0 named ``name``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {text!r}")
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
         return value
     return parse
 
@@ -43,12 +71,16 @@ def warehouse_location(text: str | None, config: Path | None = None) -> str | Pa
 
 def time_limit(name: str) -> Callable[[str], float]:
     """An argparse ``type`` for a time limit in seconds: > 0, ``inf`` for none."""
-    number = positive(float, name)
+    number = positive(float, name, infinite=True)
 
     def parse(text: str) -> float:
-        value: float = number(text)
-        if value != value:  # NaN
-            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}")
+        try:
+            value: float = number(text)
+        except argparse.ArgumentTypeError as exc:
+            if "> 0" in str(exc):
+                raise
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a number of seconds, got {text!r}") from None
         return value
     return parse
 

@@ -17,7 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import positive, time_limit, warehouse_location
+from gpuledger.cli.arguments import (
+    SIMULATED_HOURS_MAX,
+    non_negative,
+    positive,
+    time_limit,
+    warehouse_location,
+)
 from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
 
 DEFAULT_WAREHOUSE = Path("warehouse")
@@ -71,7 +77,10 @@ def _sim_config(args: argparse.Namespace) -> Any:
     if args.start is not None:
         kw["start"] = args.start
     if args.cluster is not None:
-        kw["cluster"] = load_cluster(args.cluster)
+        try:
+            kw["cluster"] = load_cluster(args.cluster)
+        except ValueError as exc:  # ClusterSpecError: the file and the reason
+            raise CliError(f"--cluster: {exc}") from None
     return SimConfig(**kw)
 
 
@@ -380,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def sim_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--hours", type=positive(float, "--hours"), default=24.0,
-                       help="simulated span in hours (default 24)")
+        p.add_argument("--hours", type=positive(float, "--hours", at_most=SIMULATED_HOURS_MAX),
+                       default=24.0, help="simulated span in hours (default 24, at most "
+                       f"{SIMULATED_HOURS_MAX:,}: 366 days)")
         p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
         p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                        help="telemetry sample interval in seconds (default 10)")
@@ -494,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "pods that cannot be placed are reported.")
     q.add_argument("--nodes", type=Path, required=True, help="openb_node_list_*.csv")
     q.add_argument("--pods", type=Path, required=True, help="openb_pod_list_*.csv")
-    q.add_argument("--from-hours", type=float, default=0.0,
+    q.add_argument("--from-hours", type=non_negative("--from-hours"), default=0.0,
                    help="window start, hours after the trace start (default 0)")
     q.add_argument("--hours", type=positive(float, "--hours"), default=None,
                    help="window length in hours (default: to the end of the trace)")

@@ -8,6 +8,7 @@ error names the bad key. The thresholds are recorded in the facts they produce.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -304,6 +305,10 @@ def _coerce(path: str, value: Any, default: Any) -> Any:
             number = float(value) if isinstance(default, float) else int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+        except OverflowError:  # int(inf)
+            raise ConfigError(f"{path}: expected a finite number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{path}: expected a finite number, got {value!r}")
         return number
     if isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"{path}: expected text, got {value!r}")

@@ -29,6 +29,7 @@ mapping: {...}                          # docs/mapping.md
 from __future__ import annotations
 
 import base64
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,8 @@ def _bool(where: str, value: Any, default: bool) -> bool:
 def _seconds(where: str, value: Any, default: float) -> float:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
+            or math.isinf(value):
         raise ConfigError(f"{where}: expected a number of seconds > 0, got {value!r}")
     return float(value)
 

@@ -24,6 +24,7 @@ must be one of best-fit, worst-fit, fgd, topology``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,8 @@ def _number(obj: Mapping[str, Any], key: str, where: str, default: float,
     value = obj.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(f"{where}.{key}" if where else key, "must be a number")
+    if not math.isfinite(value):
+        raise _fail(f"{where}.{key}" if where else key, "must be a finite number")
     if value < minimum:
         raise _fail(f"{where}.{key}" if where else key, f"must be >= {minimum:g}")
     return float(value)

@@ -147,6 +147,13 @@ def load_openb(
     lo = float(window_from_s) if window_from_s is not None else 0.0
     hi = float(window_to_s) if window_to_s is not None else float("inf")
     gpu_pods = pods.filter(pl.col("num_gpu") > 0)
+    last = gpu_pods["deletion_time"].max()
+    if lo > 0 and isinstance(last, (int, float)) and lo >= last:
+        raise OpenbImportError(
+            f"the window starts {lo / 3600:,.6g} h after the trace's start, at or after "
+            f"its end: its last GPU pod ends {last / 3600:,.1f} h after the start")
+    if window_to_s is not None and isinstance(last, (int, float)) and window_to_s >= last:
+        window_to_s = None  # a window past the trace's end ends where the trace does
     result = OpenbImport({}, pods_total=pods.height,
                          pods_cpu_only=pods.height - gpu_pods.height,
                          window_end=None if window_to_s is None else start + timedelta(

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import positive
+from gpuledger.cli.arguments import SIMULATED_HOURS_MAX, positive
 from gpuledger.cli.errors import CliError
 
 log = logging.getLogger("gpuledger.feed")
@@ -46,7 +46,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
     if args.cluster is not None:
         try:
             kw["cluster"] = load_cluster(args.cluster)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:  # ClusterSpecError: the file and the reason
             raise CliError(f"--cluster: {exc}") from None
     sim = SimConfig(**kw)
     try:
@@ -106,7 +106,8 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
                    help="HOST:PORT[,HOST:PORT] (default $GPULEDGER_KAFKA_BOOTSTRAP)")
     p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
-    p.add_argument("--hours", type=positive(float, "--hours"), default=168.0,
+    p.add_argument("--hours", type=positive(float, "--hours", at_most=SIMULATED_HOURS_MAX),
+                   default=168.0,
                    help="simulated span in hours (default 168, a week); with --loop, "
                    "how far back a --speed above 1 starts")
     p.add_argument("--speed", type=positive(float, "--speed"), default=1.0,

@@ -6,7 +6,12 @@ Modules: :mod:`.cluster` (spec, YAML), :mod:`.layout` (nodes and GPUs as arrays)
 :mod:`.run` (``simulate``, ``write_jsonl``).
 """
 
-from gpuledger.pipeline.simulate.cluster import ClusterSpec, load_cluster, parse_cluster
+from gpuledger.pipeline.simulate.cluster import (
+    ClusterSpec,
+    ClusterSpecError,
+    load_cluster,
+    parse_cluster,
+)
 from gpuledger.pipeline.simulate.run import (
     Plan,
     SimConfig,
@@ -19,6 +24,7 @@ from gpuledger.pipeline.simulate.run import (
 
 __all__ = [
     "ClusterSpec",
+    "ClusterSpecError",
     "Plan",
     "SimConfig",
     "SimSummary",

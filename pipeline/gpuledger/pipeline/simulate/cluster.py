@@ -20,6 +20,7 @@ Model vocabulary:
 from __future__ import annotations
 
 import importlib.resources
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,17 +185,44 @@ class ClusterSpec:
         return next(q for q in self.queues if q.name == name)
 
 
+class ClusterSpecError(ValueError):
+    """A cluster spec that cannot be read or is not valid: the file and the reason."""
+
+
 def load_cluster(path: Path | None = None) -> ClusterSpec:
-    """Read and validate a cluster spec from YAML; ``None`` loads the packaged default."""
+    """Read and validate a cluster spec from YAML; ``None`` loads the packaged default.
+
+    A file that cannot be read (missing, a directory, not UTF-8), is not YAML, or breaks
+    a rule raises :class:`ClusterSpecError` naming the file and, where known, the key or
+    the line."""
     if path is None:
         text = (
             importlib.resources.files("gpuledger.pipeline.simulate")
             .joinpath("default_cluster.yaml")
             .read_text(encoding="utf-8")
         )
-    else:
+        return parse_cluster(yaml.safe_load(text))
+    try:
         text = Path(path).read_text(encoding="utf-8")
-    return parse_cluster(yaml.safe_load(text))
+    except IsADirectoryError:
+        raise ClusterSpecError(f"{path}: is a directory, not a file") from None
+    except FileNotFoundError:
+        raise ClusterSpecError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ClusterSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ClusterSpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ClusterSpecError(f"{path}: not valid YAML{where}: {problem}") from None
+    try:
+        return parse_cluster(raw)
+    except ValueError as exc:
+        raise ClusterSpecError(f"{path}: {exc}") from None
 
 
 # --- validation helpers -------------------------------------------------------------
@@ -259,6 +287,8 @@ def _num(
     value = obj.get(key, default) if default is not None else _get(obj, key, where)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(f"{where}.{key}", "must be a number")
+    if not math.isfinite(value):
+        raise _fail(f"{where}.{key}", "must be a finite number")
     return _bounded(float(value), f"{where}.{key}", minimum, maximum, positive)
 
 
