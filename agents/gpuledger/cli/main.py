@@ -507,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--from-hours", type=non_negative("--from-hours"), default=0.0,
                    help="window start, hours after the trace start (default 0)")
     q.add_argument("--hours", type=positive(float, "--hours"), default=None,
-                   help="window length in hours (default: to the end of the trace)")
+                   help="window length in hours (default, or past the trace's end: to "
+                   "the end of the trace)")
     q.add_argument("--start", type=_start_time, default=None,
                    help="wall-clock time of the trace's second 0 (default 2026-01-01T00:00Z)")
     common(q)

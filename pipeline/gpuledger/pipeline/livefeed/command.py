@@ -108,8 +108,9 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
     p.add_argument("--hours", type=positive(float, "--hours", at_most=SIMULATED_HOURS_MAX),
                    default=168.0,
-                   help="simulated span in hours (default 168, a week); with --loop, "
-                   "how far back a --speed above 1 starts")
+                   help="simulated span in hours (default 168, a week; at most "
+                   f"{SIMULATED_HOURS_MAX:,}); with --loop, how far back a --speed above 1 "
+                   "starts")
     p.add_argument("--speed", type=positive(float, "--speed"), default=1.0,
                    help="simulated seconds per wall-clock second (default 1: real time); "
                    "never ahead of the wall clock: above 1 the simulated clock starts in "
