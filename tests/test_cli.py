@@ -174,3 +174,28 @@ def test_a_cluster_spec_that_cannot_be_used_is_one_line_naming_the_file(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--cluster: {spec}: {says}" in err, err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["demo", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["ingest", "x.jsonl", "--show-rejects", "-1"], "--show-rejects must be >= 0, got -1"),
+    (["report", "--width", "0"], "--width must be > 0, got 0"),
+    (["report", "--width", "5"], "--width must be at least 40 columns, got 5"),
+    (["whatif", "--width", "39"], "--width must be at least 40 columns, got 39"),
+])
+def test_counts_seeds_and_widths_out_of_range_are_usage_errors(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_show_rejects_zero_lists_none_and_says_how_many(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"v": 1}\n{"v": 1}\n')
+    assert main(["ingest", str(bad), "--show-rejects", "0", "--quiet",
+                 "--warehouse", str(tmp_path / "w")]) == 0
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1:" not in err and "... and 2 more (SELECT * FROM rejects)" in err

@@ -38,6 +38,39 @@ def positive(kind: type, name: str, infinite: bool = False,
     return parse
 
 
+def whole_count(name: str) -> Callable[[str], int]:
+    """An argparse ``type`` for a whole number >= 0 (a count, a seed)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
+        return value
+    return parse
+
+
+TERMINAL_COLUMNS_MIN = 40
+"""The narrowest terminal the tables are drawn for (below it a cell is cut every few
+characters)."""
+
+
+def terminal_width(name: str) -> Callable[[str], int]:
+    """An argparse ``type`` for a terminal width: a whole number of columns, at least
+    :data:`TERMINAL_COLUMNS_MIN`."""
+    number = positive(int, name)
+
+    def parse(text: str) -> int:
+        value: int = number(text)
+        if value < TERMINAL_COLUMNS_MIN:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be at least {TERMINAL_COLUMNS_MIN} columns, got {text}")
+        return value
+    return parse
+
+
 def non_negative(name: str) -> Callable[[str], float]:
     """An argparse ``type`` for a finite number >= 0 named ``name``."""
     def parse(text: str) -> float:

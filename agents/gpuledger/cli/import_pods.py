@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gpuledger.cli.arguments import whole_count
 from gpuledger.cli.errors import CliError, check_input_files
 
 FILE_KEYS = ("columns", "mapping")
@@ -111,7 +112,7 @@ examples:
     q.add_argument("--nodes", type=Path, default=None, metavar="FILE",
                    help="node list CSV: node,gpus[,card_type,pool,gpu_mem_mib] (needed to "
                    "place pods that have no node)")
-    q.add_argument("--show-bad", type=int, default=20, metavar="N",
+    q.add_argument("--show-bad", type=whole_count("--show-bad"), default=20, metavar="N",
                    help="print at most N bad rows (default 20)")
     common(q)
     q.set_defaults(func=cmd_import_pods)

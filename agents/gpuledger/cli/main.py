@@ -23,6 +23,7 @@ from gpuledger.cli.arguments import (
     positive,
     time_limit,
     warehouse_location,
+    whole_count,
 )
 from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
 
@@ -392,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--hours", type=positive(float, "--hours", at_most=SIMULATED_HOURS_MAX),
                        default=24.0, help="simulated span in hours (default 24, at most "
                        f"{SIMULATED_HOURS_MAX:,}: 366 days)")
-        p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+        p.add_argument("--seed", type=whole_count("--seed"), default=7,
+                       help="random seed (default 7)")
         p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                        help="telemetry sample interval in seconds (default 10)")
         p.add_argument("--start", type=_start_time, default=None,
@@ -490,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--strict", action="store_true",
                    help="exit with status 1 when any line was rejected")
-    p.add_argument("--show-rejects", type=int, default=20, metavar="N",
+    p.add_argument("--show-rejects", type=whole_count("--show-rejects"), default=20, metavar="N",
                    help="print at most N rejected lines (default 20)")
     p.set_defaults(func=cmd_ingest)
 

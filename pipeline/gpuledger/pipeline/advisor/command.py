@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import iso_time, positive
+from gpuledger.cli.arguments import TERMINAL_COLUMNS_MIN, iso_time, positive, terminal_width
 from gpuledger.cli.errors import CliError, need_pipeline
 
 
@@ -93,8 +93,9 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
                    help="sample frag(k) and blocked demand every MINUTES (default: 1, more "
                    "for long windows)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
-    p.add_argument("--width", type=int, default=None,
-                   help="terminal width for the tables (default: the terminal's)")
+    p.add_argument("--width", type=terminal_width("--width"), default=None,
+                   help="terminal width for the tables, at least "
+                   f"{TERMINAL_COLUMNS_MIN} (default: the terminal's)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_whatif)
 

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuledger.cli.arguments import iso_time, positive, time_limit
+from gpuledger.cli.arguments import (
+    TERMINAL_COLUMNS_MIN,
+    iso_time,
+    positive,
+    terminal_width,
+    time_limit,
+)
 from gpuledger.cli.errors import CliError
 
 
@@ -86,8 +92,9 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--top", type=positive(int, "--top"), default=10,
                    help="rows shown in long tables (default 10); in HTML the next ones "
                    "are folded under the table")
-    p.add_argument("--width", type=int, default=None,
-                   help="terminal width for the tables (default: the terminal's)")
+    p.add_argument("--width", type=terminal_width("--width"), default=None,
+                   help="terminal width for the tables, at least "
+                   f"{TERMINAL_COLUMNS_MIN} (default: the terminal's)")
     p.add_argument("--quiet", action="store_true",
                    help="with --html: do not print the tables")
     p.add_argument("--timeout", type=time_limit("--timeout"), default=300.0,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import SIMULATED_HOURS_MAX, positive
+from gpuledger.cli.arguments import SIMULATED_HOURS_MAX, positive, whole_count
 from gpuledger.cli.errors import CliError
 
 log = logging.getLogger("gpuledger.feed")
@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    "(in real time once the simulated clock has reached now)")
     p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                    help="telemetry sample interval in seconds (default 10)")
-    p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    p.add_argument("--seed", type=whole_count("--seed"), default=7, help="random seed (default 7)")
     p.add_argument("--cluster", type=Path, default=None,
                    help="cluster spec YAML (default: the built-in 576-GPU cluster)")
     p.add_argument("--quiet", action="store_true", help="log only warnings")
