@@ -83,6 +83,13 @@ def test_cli_generate_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (tmp_path / f"{JOB}.json").write_text(json.dumps(board))
     assert main(["dashboards", "generate", "--check", "--dir", str(tmp_path)]) == 2
     assert JOB in capsys.readouterr().err
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert main(["dashboards", "generate", "--dir", str(a_file)]) == 2
+    assert capsys.readouterr().err.strip() == f"gpuledger: error: --dir {a_file}: not a folder"
+    assert main(["dashboards", "generate", "--dir", str(a_file / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write the boards into {a_file / 'sub'}" in err
 
 
 @pytest.mark.parametrize("uid", UIDS)

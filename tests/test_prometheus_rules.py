@@ -117,3 +117,18 @@ def test_death_rules_follow_the_configured_jobs(tmp_path: Path) -> None:
     assert not any(name.startswith("GpuledgerBridge") for name in by)   # not deployed
     with pytest.raises(ConfigError, match=r"alerts\.agent_job"):
         load_config(cfg, environ={"GPULEDGER_ALERTS__AGENT_JOB": 'x"} or vector(1)'})
+
+
+def test_an_output_that_cannot_be_written_or_is_missing_is_said_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert main(["alerts", "generate", "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err.strip() == f"gpuledger: error: --out {a_file}: not a folder"
+    assert main(["alerts", "generate", "--out", str(a_file / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write the rule files into {a_file / 'sub'}" in err
+    assert main(["alerts", "check", "--out", str(tmp_path / "none")]) == 1
+    out = capsys.readouterr().out
+    assert out.count("missing; run gpuledger alerts generate") == 2, out
+    assert a_file.read_text() == "x"

@@ -38,13 +38,25 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         raise CliError(f"configuration: {exc}") from None
+    if args.out.exists() and not args.out.is_dir():
+        raise CliError(f"--out {args.out}: not a folder")
     if args.action == "generate":
-        for path in write(config, args.out):
+        try:
+            paths = write(config, args.out)
+        except OSError as exc:
+            raise CliError(f"cannot write the rule files into {args.out}: "
+                           f"{exc.strerror or exc}") from None
+        for path in paths:
             print(path)
         return 0
-    stale = [name for name, text in generate(config).items()
-             if not (args.out / name).is_file() or (args.out / name).read_text() != text]
-    for name in stale:
-        print(f"{args.out / name}: differs from the configuration; run "
-              "gpuledger alerts generate")
+    stale = 0
+    for name, text in generate(config).items():
+        path = args.out / name
+        if not path.is_file():
+            print(f"{path}: missing; run gpuledger alerts generate")
+        elif path.read_text(errors="replace") != text:
+            print(f"{path}: differs from the configuration; run gpuledger alerts generate")
+        else:
+            continue
+        stale += 1
     return 1 if stale else 0

@@ -27,6 +27,8 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
                        "pip install 'gpuledger[ops]'") from None
 
     folder: Path = args.dir or repo_dashboards_dir()
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"--dir {folder}: not a folder")
     if args.action == "generate":
         if args.check:
             stale = stale_boards(folder)
@@ -35,7 +37,12 @@ def cmd_dashboards(args: argparse.Namespace) -> int:
                                "(run: gpuledger dashboards generate)")
             print(f"{folder}: up to date")
             return 0
-        for path in write_boards(folder):
+        try:
+            paths = write_boards(folder)
+        except OSError as exc:
+            raise CliError(f"cannot write the boards into {folder}: "
+                           f"{exc.strerror or exc}") from None
+        for path in paths:
             print(path)
         return 0
     # push
