@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,34 @@ def test_show_rejects_zero_lists_none_and_says_how_many(
                  "--warehouse", str(tmp_path / "w")]) == 0
     err = capsys.readouterr().err
     assert "bad.jsonl:1:" not in err and "... and 2 more (SELECT * FROM rejects)" in err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--kafka", "broker:99999"], "bootstrap 'broker:99999': port 99999 is not 1-65535"),
+    (["--topic-prefix", "team a."], "topic prefix 'team a.': Kafka topic names hold only"),
+    (["--topic-prefix", "x" * 240], "the topic names would be 266 characters, Kafka allows 249"),
+    (["--metrics-address", "nowhere"], "--metrics-address: 'nowhere': expected HOST:PORT"),
+])
+def test_the_service_refuses_bad_settings_before_it_waits_for_a_broker(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+        says: str) -> None:
+    started = time.monotonic()
+    code = main(["process", "--kafka", "127.0.0.1:9", *args, "--exit-when-idle", "1",
+                 "--warehouse", str(tmp_path / "w")])
+    assert code == 2 and time.monotonic() - started < 10   # no broker at 127.0.0.1:9
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--group", ""], "--group must not be empty"),
+    (["--instance-id", " "], "--instance-id must not be empty"),
+    (["--session-timeout-ms", "99999999999"],
+     "--session-timeout-ms must be at most 2,147,483,647, got 99999999999"),
+])
+def test_the_services_options_out_of_range_are_usage_errors(
+        capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["process", "--kafka", "127.0.0.1:9", *args])
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err

@@ -11,6 +11,8 @@ from typing import Any
 
 from gpuledger.cli.errors import CliError
 
+INT32_MAX = 2**31 - 1
+"""The largest value of a Kafka client's 32-bit settings (timeouts in ms)."""
 SIMULATED_HOURS_MAX = 8784
 """The longest simulated span a command takes (366 days): the simulator runs a day in
 tens of CPU-seconds, and times must stay within the calendar."""
@@ -33,7 +35,8 @@ def positive(kind: type, name: str, infinite: bool = False,
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
         if at_most is not None and value > at_most:
-            raise argparse.ArgumentTypeError(f"{name} must be at most {at_most:,g}, got {text}")
+            limit = f"{int(at_most):,}" if float(at_most).is_integer() else f"{at_most:g}"
+            raise argparse.ArgumentTypeError(f"{name} must be at most {limit}, got {text}")
         return value
     return parse
 
@@ -49,6 +52,15 @@ def whole_count(name: str) -> Callable[[str], int]:
         if value < 0:
             raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
         return value
+    return parse
+
+
+def nonempty(name: str) -> Callable[[str], str]:
+    """An argparse ``type`` for text that is not empty or blank."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{name} must not be empty")
+        return text
     return parse
 
 

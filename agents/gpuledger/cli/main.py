@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.cli.arguments import (
+    INT32_MAX,
     SIMULATED_HOURS_MAX,
     non_negative,
+    nonempty,
     positive,
     time_limit,
     warehouse_location,
@@ -327,8 +329,14 @@ def cmd_process(args: argparse.Namespace) -> int:
         raise CliError(f"--heartbeat-interval-ms ({options.heartbeat_interval_ms}) must be at "
                        f"most a third of --session-timeout-ms ({options.session_timeout_ms})")
     config = _proc_config(args)
-    service = KafkaProcessorService(settings, config, args.warehouse, options)
+    # the ops surface first: a bad --metrics-address is said before the broker is waited for
     ops = _ops(args, config, None if args.no_alerts else settings)
+    try:
+        service = KafkaProcessorService(settings, config, args.warehouse, options)
+    except BaseException:
+        if ops is not None:
+            ops.close()
+        raise
     if ops is not None:
         ops.follow_service(service)
     service.install_signal_handlers()
@@ -449,8 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "checkpoints and commits.")
     kafka_args(p)
     common(p)
-    p.add_argument("--group", default="gpuledger-processor", help="consumer group id")
-    p.add_argument("--instance-id", default=None,
+    p.add_argument("--group", type=nonempty("--group"), default="gpuledger-processor",
+                   help="consumer group id")
+    p.add_argument("--instance-id", type=nonempty("--instance-id"), default=None,
                    help="static group membership id (a restarted instance keeps its "
                    "partitions without waiting for a rebalance)")
     p.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"),
@@ -466,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{MAX_POLL_SAMPLES:,}; environment "
                    "GPULEDGER_KAFKA_MAX_POLL_SAMPLES)")
     for flag, env, default, what in SERVICE_TIMEOUTS:
-        p.add_argument(flag, type=positive(int, flag), metavar="MS",
+        p.add_argument(flag, type=positive(int, flag, at_most=INT32_MAX), metavar="MS",
                        default=os.environ.get(env, str(default)),
                        help=f"{what} (default {default}; environment {env})")
     _ops_args(p)

@@ -21,6 +21,7 @@ Environment (all optional except the bootstrap, which may also come from ``--kaf
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ CODECS = {"zstd": "zstandard", "lz4": "lz4", "gzip": None, "snappy": "snappy", "
 class KafkaSettingsError(ValueError):
     """A Kafka setting is missing or wrong; the message names the variable."""
 
+
+TOPIC_CHARACTERS = re.compile(r"[A-Za-z0-9._-]+")
+"""What Kafka allows in a topic name."""
+TOPIC_NAME_MAX = 249
+"""Kafka's longest topic name."""
 
 @dataclass(frozen=True)
 class Topics:
@@ -140,6 +146,8 @@ def load_settings(bootstrap: str | None = None,
         host, _, port = server.rpartition(":")
         if not host or not port.isdigit():
             raise KafkaSettingsError(f"bootstrap {server!r}: expected HOST:PORT")
+        if not 0 < int(port) < 65536:
+            raise KafkaSettingsError(f"bootstrap {server!r}: port {port} is not 1-65535")
     protocol = env.get("GPULEDGER_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
     if protocol not in PROTOCOLS:
         raise KafkaSettingsError(
@@ -158,6 +166,15 @@ def load_settings(bootstrap: str | None = None,
                 f"{protocol} needs GPULEDGER_KAFKA_SASL_USERNAME and "
                 "GPULEDGER_KAFKA_SASL_PASSWORD (or their _FILE variants)")
     prefix = env.get("GPULEDGER_KAFKA_TOPIC_PREFIX", "")
+    if prefix and not TOPIC_CHARACTERS.fullmatch(prefix):
+        raise KafkaSettingsError(
+            f"topic prefix {prefix!r}: Kafka topic names hold only ASCII letters, digits, "
+            "'.', '_' and '-'")
+    longest = max(len(name) for name in vars(Topics().prefixed(prefix)).values())
+    if longest > TOPIC_NAME_MAX:
+        raise KafkaSettingsError(
+            f"topic prefix {prefix[:20]!r}...: the topic names would be {longest} characters, "
+            f"Kafka allows {TOPIC_NAME_MAX}")
     client = env.get("GPULEDGER_KAFKA_CLIENT", "kafka-python").lower()
     if client not in CLIENTS:
         raise KafkaSettingsError(
