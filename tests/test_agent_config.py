@@ -100,7 +100,7 @@ def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
 
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
-    with pytest.raises(AgentConfigError, match="cannot read"):
+    with pytest.raises(AgentConfigError, match="absent.yaml: no such file"):
         load_agent_config(tmp_path / "absent.yaml", {})
     with pytest.raises(AgentConfigError, match="not valid YAML"):
         load_agent_config(_write(tmp_path, "a: [b\n"), {})

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from gpuledger.yaml_file import YamlFileError, read_yaml
+
 ENV_PREFIX = "GPULEDGER_AGENT__"
 SOURCES = ("nvml", "dcgm-exporter", "simulator")
 METHODS = ("slurm", "kubernetes", "mapping_dir", "static")
@@ -268,11 +270,9 @@ def load_agent_config(path: Path | None = None,
     raw: Any = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise AgentConfigError(f"cannot read {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise AgentConfigError(f"{path}: not valid YAML: {exc}") from None
+            raw = read_yaml(path) or {}
+        except YamlFileError as exc:
+            raise AgentConfigError(str(exc)) from None
         if not isinstance(raw, dict):
             raise AgentConfigError(f"{path}: expected a mapping at the top level")
     raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuledger.contract.schema import JOB_TYPES
+from gpuledger.yaml_file import YamlFileError, read_yaml
 
 
 class MappingError(ValueError):
@@ -327,11 +326,9 @@ def load_mapping(path: Path | None) -> Mapping:
     if path is None:
         return Mapping()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MappingError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise MappingError(f"{path}: not valid YAML: {exc}") from None
+        raw = read_yaml(path)
+    except YamlFileError as exc:
+        raise MappingError(str(exc)) from None
     if isinstance(raw, dict) and "mapping" in raw:
         raw = raw["mapping"]
     return parse_mapping(raw)

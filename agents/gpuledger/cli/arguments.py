@@ -18,11 +18,11 @@ SIMULATED_HOURS_MAX = 8784
 tens of CPU-seconds, and times must stay within the calendar."""
 
 
-def positive(kind: type, name: str, infinite: bool = False,
-             at_most: float | None = None) -> Callable[[str], Any]:
-    """An argparse ``type`` for a number > 0 of ``kind`` (int or float) named ``name``:
-    finite, unless ``infinite`` (then ``inf`` is allowed too); never NaN; at most
-    ``at_most`` when given."""
+def bounded(kind: type, name: str, *, zero: bool = False, infinite: bool = False,
+            at_most: float | None = None) -> Callable[[str], Any]:
+    """An argparse ``type`` for a number of ``kind`` (int or float) named ``name``: > 0
+    (``zero``: >= 0), finite unless ``infinite`` (then ``inf`` too), never NaN, and at
+    most ``at_most`` when given."""
     def parse(text: str) -> Any:
         what = "a whole number" if kind is int else "a number"
         try:
@@ -32,8 +32,9 @@ def positive(kind: type, name: str, infinite: bool = False,
         if math.isnan(value) or (math.isinf(value) and not infinite):
             raise argparse.ArgumentTypeError(
                 f"{name} must be {'a finite number' if not infinite else what}, got {text!r}")
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"{name} must be {'>=' if zero else '>'} 0, "
+                                             f"got {text}")
         if at_most is not None and value > at_most:
             limit = f"{int(at_most):,}" if float(at_most).is_integer() else f"{at_most:g}"
             raise argparse.ArgumentTypeError(f"{name} must be at most {limit}, got {text}")
@@ -41,18 +42,20 @@ def positive(kind: type, name: str, infinite: bool = False,
     return parse
 
 
+def positive(kind: type, name: str, infinite: bool = False,
+             at_most: float | None = None) -> Callable[[str], Any]:
+    """A number > 0 of ``kind`` (see :func:`bounded`)."""
+    return bounded(kind, name, infinite=infinite, at_most=at_most)
+
+
 def whole_count(name: str) -> Callable[[str], int]:
-    """An argparse ``type`` for a whole number >= 0 (a count, a seed)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a whole number, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
-        return value
-    return parse
+    """A whole number >= 0 (a count, a seed)."""
+    return bounded(int, name, zero=True)
+
+
+def non_negative(name: str) -> Callable[[str], float]:
+    """A finite number >= 0."""
+    return bounded(float, name, zero=True)
 
 
 def nonempty(name: str) -> Callable[[str], str]:
@@ -79,21 +82,6 @@ def terminal_width(name: str) -> Callable[[str], int]:
         if value < TERMINAL_COLUMNS_MIN:
             raise argparse.ArgumentTypeError(
                 f"{name} must be at least {TERMINAL_COLUMNS_MIN} columns, got {text}")
-        return value
-    return parse
-
-
-def non_negative(name: str) -> Callable[[str], float]:
-    """An argparse ``type`` for a finite number >= 0 named ``name``."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {text!r}")
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
         return value
     return parse
 

@@ -14,17 +14,16 @@ FILE_KEYS = ("columns", "mapping")
 
 def _mapping_file(path: Path | None) -> tuple[dict[str, str], Any]:
     """The ``columns:`` and ``mapping:`` sections of ``--mapping FILE``."""
-    import yaml
-
     from gpuledger.bridges.mapping import Mapping, MappingError, parse_mapping
     from gpuledger.pipeline.importers.pods import FIELDS
+    from gpuledger.yaml_file import YamlFileError, read_yaml
 
     if path is None:
         return {}, Mapping()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise CliError(f"--mapping: cannot read {path}: {exc}") from None
+        raw = read_yaml(path) or {}
+    except YamlFileError as exc:
+        raise CliError(f"--mapping: {exc}") from None
     if not isinstance(raw, dict):
         raise CliError(f"{path}: expected a mapping with columns: and/or mapping:")
     if not set(raw) & set(FILE_KEYS):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpuledger.yaml_file import YamlFileError, read_yaml
 
 
 class ConfigError(ValueError):
@@ -381,11 +381,9 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
     raw: Any = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            raw = read_yaml(path) or {}
+        except YamlFileError as exc:
+            raise ConfigError(str(exc)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     for key in raw:

@@ -12,9 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuledger.contract.schema import TELEMETRY
+from gpuledger.yaml_file import YamlFileError, parse_yaml, read_text
 
 KINDS = ("gauge", "delta", "rate")
 TELEMETRY_FIELDS = frozenset(f.name for f in TELEMETRY)
@@ -102,11 +101,13 @@ def load_field_spec(nvml: Any, path: str | Path | None = None) -> FieldSpec:
         text = resources.files("gpuledger.agent.sources").joinpath("nvml_fields.yaml").read_text()
         origin = "nvml_fields.yaml"
     else:
-        text, origin = Path(path).read_text(), str(path)
+        origin = str(path)
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise FieldFileError(f"{origin}: not valid YAML: {err}") from err
+        if path is not None:
+            text = read_text(Path(path))
+        raw = parse_yaml(text, origin)
+    except YamlFileError as err:
+        raise FieldFileError(str(err)) from None
     if not isinstance(raw, dict):
         raise FieldFileError(f"{origin}: expected a mapping at the top")
     unknown = set(raw) - {"fields", "mig_fields", "mig_parent_omit", "xid", "fatal_xids",

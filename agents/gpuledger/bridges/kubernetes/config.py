@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuledger.bridges.kubernetes.api import Connection
 from gpuledger.bridges.kubernetes.translate import (
     DEFAULT_NODE_LABELS,
@@ -44,6 +42,7 @@ from gpuledger.bridges.kubernetes.translate import (
     Options,
 )
 from gpuledger.bridges.mapping import Mapping, MappingError, parse_mapping
+from gpuledger.yaml_file import YamlFileError, read_yaml
 
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _TOP = ("kubernetes", "mapping")
@@ -173,11 +172,9 @@ def load_config(path: Path | None) -> BridgeConfig:
     if path is None:
         return BridgeConfig()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raw = read_yaml(path)
+    except YamlFileError as exc:
+        raise ConfigError(str(exc)) from None
     return parse_config(raw, str(path))
 
 
@@ -206,9 +203,9 @@ def _from_kubeconfig(config: BridgeConfig) -> Connection:
     assert config.kubeconfig is not None
     where = str(config.kubeconfig)
     try:
-        raw = yaml.safe_load(config.kubeconfig.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"kubernetes.kubeconfig: cannot read {where}: {exc}") from None
+        raw = read_yaml(config.kubeconfig)
+    except YamlFileError as exc:
+        raise ConfigError(f"kubernetes.kubeconfig: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"kubernetes.kubeconfig: {where} is not a kubeconfig")
     name = config.context or raw.get("current-context")

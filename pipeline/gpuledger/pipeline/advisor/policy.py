@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from gpuledger.yaml_file import YamlFileError, parse_yaml, read_text
+
 PLACEMENTS = ("best-fit", "worst-fit", "fgd", "topology")
 QUOTA_MODES = ("borrow", "fixed")
 BASELINE = "as-run"
@@ -140,15 +142,10 @@ def load_policies(path: Path | None) -> PolicySet:
     if path is None:
         return DEFAULT
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise PolicyError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        text = read_text(Path(path))
+        raw = parse_yaml(text, path)
+    except YamlFileError as exc:
+        raise PolicyError(str(exc)) from None
     try:
         return parse_policies(raw)
     except PolicyError as exc:

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from gpuledger.contract.schema import JOB_TYPES
+from gpuledger.yaml_file import YamlFileError, read_yaml
 
 PROFILES = (
     "training",  # healthy training: high activity, dips at checkpoints
@@ -203,22 +204,9 @@ def load_cluster(path: Path | None = None) -> ClusterSpec:
         )
         return parse_cluster(yaml.safe_load(text))
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise ClusterSpecError(f"{path}: is a directory, not a file") from None
-    except FileNotFoundError:
-        raise ClusterSpecError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ClusterSpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ClusterSpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ClusterSpecError(f"{path}: not valid YAML{where}: {problem}") from None
+        raw = read_yaml(path)
+    except YamlFileError as exc:
+        raise ClusterSpecError(str(exc)) from None
     try:
         return parse_cluster(raw)
     except ValueError as exc:

@@ -1,0 +1,87 @@
+"""Every YAML file a user hands over fails the same way: one line naming the file and
+why, for each command and loader that reads one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuledger.agent.config import load_agent_config
+from gpuledger.bridges.kubernetes.config import load_config as load_bridge_config
+from gpuledger.bridges.mapping import load_mapping
+from gpuledger.cli.main import main
+from gpuledger.pipeline.advisor.policy import load_policies
+from gpuledger.pipeline.config import load_config
+from gpuledger.pipeline.simulate import load_cluster
+from gpuledger.yaml_file import YamlFileError, read_yaml
+
+BAD: list[tuple[str, bytes | None, str]] = [
+    ("missing", None, "no such file"),
+    ("folder", b"", "is a directory, not a file"),
+    ("latin-1", "team: Zürich\n".encode("latin-1"), "not UTF-8 text (byte 7)"),
+    ("broken", b"a: [1, 2\nb: 3\n", "not valid YAML at line 2, column 2"),
+    ("tab", b"a:\n\t- 1\n", "not valid YAML at line 2, column 1"),
+]
+
+
+def _make(tmp_path: Path, kind: str, content: bytes | None) -> Path:
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize(("kind", "content", "says"), BAD)
+def test_the_reason_is_one_line_naming_the_file(tmp_path: Path, kind: str,
+                                                content: bytes | None, says: str) -> None:
+    path = _make(tmp_path, kind, content)
+    with pytest.raises(YamlFileError) as err:
+        read_yaml(path)
+    assert str(err.value).startswith(f"{path}: {says}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+LOADERS: dict[str, Callable[[Path], Any]] = {
+    "processor configuration": load_config,
+    "agent configuration": load_agent_config,
+    "mapping": load_mapping,
+    "Kubernetes bridge configuration": load_bridge_config,
+    "cluster spec": load_cluster,
+    "what-if policies": load_policies,
+}
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+@pytest.mark.parametrize(("kind", "content", "says"), BAD)
+def test_every_loader_says_the_same(tmp_path: Path, loader: str, kind: str,
+                                    content: bytes | None, says: str) -> None:
+    path = _make(tmp_path, kind, content)
+    with pytest.raises(ValueError) as err:  # each loader's own error type
+        LOADERS[loader](path)
+    assert f"{path}: {says}" in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(("option", "command"), [
+    ("--mapping", ["import", "pods", "{csv}", "--mapping"]),
+    ("--mapping", ["import", "slurm-sacct", "{csv}", "--mapping"]),
+    ("--config", ["ingest", "{csv}", "--config"]),
+    ("--cluster", ["simulate", "--hours", "1", "--out", "{out}", "--cluster"]),
+])
+@pytest.mark.parametrize(("kind", "content", "says"), BAD[2:])
+def test_commands_print_it_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      option: str, command: list[str], kind: str,
+                                      content: bytes | None, says: str) -> None:
+    path = _make(tmp_path, kind, content)
+    csv = tmp_path / "input.csv"
+    csv.write_text("x\n1\n")
+    args = [a.format(csv=csv, out=tmp_path / "out") for a in command]
+    assert main([*args, str(path), "--warehouse" if command[0] != "simulate" else "--quiet",
+                 *([str(tmp_path / "wh")] if command[0] != "simulate" else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: {says}" in err, err
+    assert not (tmp_path / "wh").exists() and not (tmp_path / "out").exists()
