@@ -116,7 +116,7 @@ def test_polars_reads_the_published_files(s3_env: str, local: Path, events: list
 
 
 @pytest.mark.parametrize("location", ["gs://bucket/wh", "foo://x/y", "S3X://b/p",
-                                      "s3://key:secret@bucket/wh", "s3:///wh"])
+                                      "s3://key:secret@bucket/wh", "s3:///wh", "", " "])
 def test_a_location_not_served_is_refused_in_one_line(location: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     done = _cli("query", "--warehouse", location, "SELECT 1", env=env, cwd=tmp_path)

@@ -42,6 +42,9 @@ def check_location(location: str | Path) -> str | Path:
     :class:`StoreError` that says why not. Nothing is opened."""
     if isinstance(location, Path):
         return location
+    if not location.strip():
+        raise StoreError("the warehouse location is empty: name a folder or "
+                         "s3://bucket/prefix")
     match = _SCHEME.match(location)
     if match is None:
         return Path(location)
