@@ -3,6 +3,7 @@ samples, between ten minutes and an hour (each batch costs a close pass)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,48 @@ def test_ingest_and_the_demo_feed_hours_of_a_small_cluster_with_the_same_facts(
     assert 4 <= len(seen) <= 5                       # (the first hour may start mid-minute)
     assert sum(seen) == sum(demo_batches) > 0
     assert_same_facts(tmp_path / "ingest", tmp_path / "demo", SPARSE)
+
+
+def _split(events: Path, at_iso: str, before: Path, after: Path) -> None:
+    """Each JSON-lines file of ``events`` cut in two by event time (``at_iso`` starts the
+    second piece)."""
+    for path in sorted(events.glob("*.jsonl")):
+        lines = path.read_text().splitlines()
+        early = [line for line in lines if json.loads(line)["time"] < at_iso]
+        late = [line for line in lines if json.loads(line)["time"] >= at_iso]
+        for folder, part in ((before, early), (after, late)):
+            folder.mkdir(exist_ok=True)
+            (folder / path.name).write_text("".join(f"{line}\n" for line in part))
+
+
+@pytest.mark.parametrize("cut", ["2026-01-05T02:00:00", "2026-01-05T01:37:00"])
+def test_an_ingest_in_two_pieces_writes_the_facts_of_one(tmp_path: Path, cut: str) -> None:
+    """Yesterday's file, then today's: jobs the first piece left running are finished by
+    the second (one attempt each, charged from start to end), and every view equals one
+    ingest of the whole. The second piece says where it went on from."""
+    sim = SimConfig(hours=3, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "whole",
+           ProcessorConfig())
+    _split(tmp_path / "events", cut, tmp_path / "one", tmp_path / "two")
+    first = ingest(sorted((tmp_path / "one").glob("*.jsonl")), tmp_path / "pieces",
+                   ProcessorConfig())
+    second = ingest(sorted((tmp_path / "two").glob("*.jsonl")), tmp_path / "pieces",
+                    ProcessorConfig())
+    assert first.continued_from is None
+    assert second.continued_from is not None
+    assert second.continued_from.isoformat().startswith(cut[:16])
+    assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
+
+
+def test_an_input_reaching_back_before_the_last_ingest_is_processed_afresh(
+        tmp_path: Path) -> None:
+    """Re-running the same files does not continue the previous run: the same facts."""
+    sim = SimConfig(hours=2, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    files = sorted((tmp_path / "events").glob("*.jsonl"))
+    ingest(files, tmp_path / "once", ProcessorConfig())
+    ingest(files, tmp_path / "twice", ProcessorConfig())
+    again = ingest(files, tmp_path / "twice", ProcessorConfig())
+    assert again.continued_from is None and again.counters.late_telemetry == 0
+    assert_same_facts(tmp_path / "twice", tmp_path / "once", SPARSE)

@@ -193,3 +193,20 @@ def test_an_allocation_of_a_gpu_no_inventory_knows_adds_no_capacity(
     assert gm["gpu_index"].max() == 1
     assert not gm["allocated"].any()
     assert facts.table("gpu_hourly")["gpu_hours"].sum() * 60 == pytest.approx(2 * 5)
+
+
+def test_a_job_ending_hours_after_a_burst_of_submissions_is_not_an_outlier(
+        tmp_path: Path) -> None:
+    """200 jobs submitted within a minute, one of them run for three hours: its start and
+    end are ordinary times, not a clock from another year."""
+    recs = [inventory("n1", at(0), gpus=1)]
+    recs += [job("submitted", f"q{i}", at(0, seconds=i * 0.25)) for i in range(200)]
+    recs += [job("started", "q0", at(1), allocation=alloc("n1", 0)),
+             job("finished", "q0", at(180))]
+    events = tmp_path / "burst.jsonl"
+    events.write_bytes(jsonl(recs))
+    result = ingest([events], tmp_path / "wh", ProcessorConfig())
+    assert result.rejects.height == 0, result.rejects["reason"].to_list()
+    attempts = read_table(tmp_path / "wh", "job_attempts")
+    assert attempts.filter(pl.col("job_id") == "q0")["allocated_gpu_hours"].to_list() == \
+        [pytest.approx(179 / 60)]

@@ -232,6 +232,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     finally:
         stop()
     rej = result.rejects
+    if result.continued_from is not None:
+        print(f"continuing the previous ingest into {args.warehouse}/, which had closed up to "
+              f"{result.continued_from:%Y-%m-%d %H:%M} UTC (its running jobs go on)",
+              file=sys.stderr)
     print(f"ingested {result.records['telemetry']:,} telemetry, {result.records['job']:,} job "
           f"and {result.records['inventory']:,} inventory records into {args.warehouse}/; "
           f"{rej.height:,} bad line(s)")
@@ -496,7 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Decode, validate and process contract JSON-lines files "
                        "into the warehouse. Bad lines are reported (file:line: reason) and "
                        "kept in the rejects table; the rest goes through. Re-running on "
-                       "the same files writes the same facts.")
+                       "the same files writes the same facts; files that start where the "
+                       "previous ingest into the warehouse stopped continue it (jobs it "
+                       "left running go on; docs/warehouse.md).")
     p.add_argument("files", nargs="+", type=Path, help="JSON-lines files (any mix of types)")
     common(p)
     p.add_argument("--strict", action="store_true",

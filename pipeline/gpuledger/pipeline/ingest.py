@@ -21,6 +21,7 @@ from pathlib import Path
 import polars as pl
 
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
+from gpuledger.pipeline.checkpoint import CheckpointStore, merge_section
 from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
@@ -53,6 +54,10 @@ def telemetry_slice(samples: int, span: timedelta) -> timedelta:
                                      LONGEST_SLICE.total_seconds() / 60)))
 
 
+INGEST_STATE = "state/ingest"
+"""Where ``ingest`` keeps its engine's state between runs, in the warehouse."""
+
+
 @dataclass
 class IngestResult:
     """What an ingest did."""
@@ -60,6 +65,34 @@ class IngestResult:
     records: dict[str, int]
     rejects: pl.DataFrame
     counters: Counters
+    continued_from: datetime | None = None
+    """Where the previous ingest into this warehouse had closed, when this one went on
+    from it (its input starting there or later)."""
+
+
+def ingest_state(processor: Processor) -> CheckpointStore:
+    """The checkpoint of ``ingest`` runs into ``processor``'s warehouse."""
+    return CheckpointStore(processor.warehouse.store.child(INGEST_STATE), "ingest")
+
+
+def continue_previous(processor: Processor, state: CheckpointStore,
+                      first: datetime) -> datetime | None:
+    """Take the previous ingest's engine state (its job and inventory books, open hours,
+    usage so far) into ``processor`` when the new input's first event is at or after the
+    point it had closed: its jobs go on (a job started then, finished now). Input that
+    reaches back before that point is processed afresh, as a re-run (the same files
+    write the same facts). Returns the point continued from, or None."""
+    sections = {p: state.read_partition(p) for p in sorted(processor.held)}
+    closed = [s.closed for s in sections.values() if s is not None and s.closed is not None]
+    if not closed or len(closed) < len(sections) or first < max(closed):
+        return None
+    if state.load_global(processor) is None:
+        return None
+    for sec in sections.values():
+        assert sec is not None
+        merge_section(processor, sec)
+    processor.counters = Counters()  # this run's own counts
+    return max(closed)
 
 
 def import_history(
@@ -117,12 +150,18 @@ def feed_in_time_order(
     processor.flush(until)
 
 
+OUTLIER_MARGIN = timedelta(days=7)
+"""The least distance from the bulk of an ingest's event times at which an event is set
+aside as an outlier (``set_aside_outliers``)."""
+
+
 def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: ProcessorConfig
                        ) -> tuple[dict[RecordType, pl.DataFrame], pl.DataFrame]:
     """Events far outside the input's own time range are set aside as rejects, with their
     reason: further before its 1st percentile of event times than ``windows.max_behind_s``
-    or after its 99th than ``windows.max_ahead_s``, and than the input's own span between
-    the two (a line from a wrong year, a clock months ahead). They would otherwise make
+    or after its 99th than ``windows.max_ahead_s``, than the input's own span between the
+    two, and than :data:`OUTLIER_MARGIN` (a line from a wrong year, a clock months ahead;
+    not a job that ends hours after a burst of submissions). They would otherwise make
     the processor walk the empty years between, or close minutes no other event reached."""
     times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
         if any(not f.is_empty() for f in frames.values()) else None
@@ -131,9 +170,9 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
                           pl.col("time").quantile(0.99, "higher").alias("h")).row(0)
     w = config.windows
-    span = hi - lo
-    early = lo - max(timedelta(seconds=w.max_behind_s), span)
-    late = hi + max(timedelta(seconds=w.max_ahead_s), span)
+    margin = max(hi - lo, OUTLIER_MARGIN)
+    early = lo - max(timedelta(seconds=w.max_behind_s), margin)
+    late = hi + max(timedelta(seconds=w.max_ahead_s), margin)
     fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
     kept: dict[RecordType, pl.DataFrame] = {}
     out: list[pl.DataFrame] = []
@@ -181,9 +220,14 @@ def ingest(
     if not outliers.is_empty():
         all_rejects = pl.concat([all_rejects, outliers])
     processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
+    state = ingest_state(processor)
+    times: list[datetime] = [f.select(pl.col("time").min()).item() for f in frames.values()
+                             if not f.is_empty()]
+    continued = continue_previous(processor, state, min(times)) if times else None
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height
     feed_in_time_order(processor, frames, on_progress)
+    state.save(processor, {}, {p: {} for p in processor.held})
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
-                        processor.counters)
+                        processor.counters, continued)
