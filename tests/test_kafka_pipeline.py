@@ -282,4 +282,5 @@ def test_sasl_and_credentials_never_logged(kafka: Broker, tmp_path: Path,
          kafka.sasl_bootstrap, "--topic-prefix", prefix],
         env=bad_env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2
-    assert "GPULEDGER_KAFKA_SASL_PASSWORD_FILE: cannot read" in refused.stderr
+    assert f"GPULEDGER_KAFKA_SASL_PASSWORD_FILE: {tmp_path / 'nope'}: no such file" \
+        in refused.stderr

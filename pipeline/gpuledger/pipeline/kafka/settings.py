@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gpuledger.yaml_file import YamlFileError, read_text
+
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 CLIENTS = ("kafka-python", "confluent")
@@ -127,10 +129,15 @@ def _secret(environ: dict[str, str], name: str) -> str | None:
     if value is not None and path is not None:
         raise KafkaSettingsError(f"{name} and {name}_FILE are both set; use one")
     if path is not None:
+        if not path.strip():
+            raise KafkaSettingsError(f"{name}_FILE is set but empty: name the file")
         try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            raise KafkaSettingsError(f"{name}_FILE: cannot read {path}: {exc.strerror}") from None
+            text = read_text(Path(path)).strip()
+        except YamlFileError as exc:  # missing, a folder, unreadable, not UTF-8
+            raise KafkaSettingsError(f"{name}_FILE: {exc}") from None
+        if not text:
+            raise KafkaSettingsError(f"{name}_FILE: {path} is empty")
+        return text
     return value
 
 
@@ -183,8 +190,17 @@ def load_settings(bootstrap: str | None = None,
     if compression not in CODECS:
         raise KafkaSettingsError(f"GPULEDGER_KAFKA_COMPRESSION: {compression!r} is not one "
                                  f"of {', '.join(CODECS)}")
+    cafile = env.get("GPULEDGER_KAFKA_SSL_CAFILE") or None
+    if cafile is not None and protocol in ("SSL", "SASL_SSL"):
+        try:
+            pem = read_text(Path(cafile))
+        except YamlFileError as exc:
+            raise KafkaSettingsError(f"GPULEDGER_KAFKA_SSL_CAFILE: {exc}") from None
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise KafkaSettingsError(f"GPULEDGER_KAFKA_SSL_CAFILE: {cafile}: no PEM "
+                                     "certificate in it (-----BEGIN CERTIFICATE-----)")
     return KafkaSettings(
         bootstrap=servers, security_protocol=protocol, sasl_mechanism=mechanism,
-        username=username, password=password, ssl_cafile=env.get("GPULEDGER_KAFKA_SSL_CAFILE"),
+        username=username, password=password, ssl_cafile=cafile,
         topics=Topics().prefixed(prefix), client=client, compression=compression,
     )
