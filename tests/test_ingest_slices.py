@@ -107,3 +107,15 @@ def test_an_input_reaching_back_before_the_last_ingest_is_processed_afresh(
     again = ingest(files, tmp_path / "twice", ProcessorConfig())
     assert again.continued_from is None and again.counters.late_telemetry == 0
     assert_same_facts(tmp_path / "twice", tmp_path / "once", SPARSE)
+
+
+def test_a_damaged_ingest_state_is_said_and_the_input_processed_afresh(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sim = SimConfig(hours=1, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    files = sorted((tmp_path / "events").glob("*.jsonl"))
+    ingest(files, tmp_path / "wh", ProcessorConfig())
+    (tmp_path / "wh" / "state" / "ingest" / "partition-p000.checkpoint").write_bytes(b"junk")
+    again = ingest(files, tmp_path / "wh", ProcessorConfig())
+    assert again.continued_from is None
+    assert "the previous ingest's state cannot be read" in caplog.text

@@ -13,6 +13,7 @@ it is fed (about 150 bytes per telemetry sample): split very long histories by d
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,6 +30,8 @@ from gpuledger.pipeline.decode import decode_jsonl_files, encode_jsonl
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
+
+log = logging.getLogger(__name__)
 
 SLICE = timedelta(minutes=10)
 """The least event time fed per batch while there is telemetry."""
@@ -82,7 +85,13 @@ def continue_previous(processor: Processor, state: CheckpointStore,
     point it had closed: its jobs go on (a job started then, finished now). Input that
     reaches back before that point is processed afresh, as a re-run (the same files
     write the same facts). Returns the point continued from, or None."""
-    sections = {p: state.read_partition(p) for p in sorted(processor.held)}
+    try:
+        sections = {p: state.read_partition(p) for p in sorted(processor.held)}
+    except Exception as exc:  # another release's state, or a damaged file: start afresh
+        log.warning("%s: the previous ingest's state cannot be read (%s); processing this "
+                    "input afresh", INGEST_STATE, str(exc).splitlines()[0] if str(exc) else
+                    type(exc).__name__)
+        return None
     closed = [s.closed for s in sections.values() if s is not None and s.closed is not None]
     if not closed or len(closed) < len(sections) or first < max(closed):
         return None
