@@ -61,12 +61,17 @@ ORDER BY waste_gpu_hours DESC, job_id, attempt
 LIMIT n;
 
 -- Attempts that held or waited for GPUs in [since, until): queued or started before
--- `until` and not ended before `since` (running and pending ones have no end yet).
+-- `until` and not ended before `since`. Running and pending ones have no end yet: they
+-- are known up to the end of the facts (the last hour of gpu_hourly), not beyond. An
+-- empty or inverted window holds none.
 CREATE OR REPLACE MACRO attempts_between(since := NULL, until := NULL) AS TABLE
 SELECT * FROM attempts
-WHERE coalesce(ended_at, 'infinity'::TIMESTAMPTZ)
+WHERE coalesce(ended_at, (SELECT max(hour) + INTERVAL 1 HOUR FROM gpu_hourly),
+               'infinity'::TIMESTAMPTZ)
           > coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
   AND coalesce(started_at, queued_at, '-infinity'::TIMESTAMPTZ)
+          < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ)
+  AND coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
           < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ);
 
 -- 2. Who over-requests memory -----------------------------------------------------------
@@ -74,7 +79,7 @@ WHERE coalesce(ended_at, 'infinity'::TIMESTAMPTZ)
 -- GPU; peak_of_held = peak / held (over-sized below 0.25, docs/metrics.md).
 CREATE OR REPLACE VIEW memory_requests AS
 SELECT job_id, attempt, team, "user", queue, pool, job_type,
-       coalesce(card_type, suggested_card_type) AS requested_card_type,
+       card_type AS requested_card_type,
        allocated_gpus, allocated_gpu_hours,
        gpu_mem_mib AS requested_mib, mem_held_mib AS held_mib, mem_peak_mib AS peak_mib,
        mem_peak_mib / nullif(mem_held_mib, 0) AS peak_of_held,
@@ -160,17 +165,26 @@ FROM attempts WHERE queue_wait_s IS NOT NULL AND started_at IS NOT NULL
 GROUP BY ALL;
 
 -- Pending demand per queue over time (mean over the bucket's minutes).
+-- Means are per minute of the bucket that the facts cover (a minute with nothing pending
+-- counts as 0: pending_minute has rows only where something is pending).
 CREATE OR REPLACE MACRO pending_over_time(bucket := INTERVAL 1 HOUR) AS TABLE
 WITH per_minute AS (
     SELECT minute, queue, sum(pending_jobs)::BIGINT AS pending_jobs,
            sum(pending_gpus)::BIGINT AS pending_gpus, sum(blocked_jobs)::BIGINT AS blocked_jobs
     FROM pending_minute GROUP BY minute, queue
+), covered AS (
+    SELECT time_bucket(bucket::INTERVAL, minute) AS bucket_start, count(*) AS minutes
+    FROM (SELECT minute FROM frag_minute UNION SELECT minute FROM pending_minute)
+    GROUP BY 1
 )
-SELECT time_bucket(bucket::INTERVAL, minute) AS bucket_start, queue,
-       avg(pending_jobs) AS mean_pending_jobs, max(pending_jobs) AS max_pending_jobs,
-       avg(pending_gpus) AS mean_pending_gpus, max(pending_gpus) AS max_pending_gpus,
-       avg(blocked_jobs) AS mean_blocked_jobs
-FROM per_minute GROUP BY ALL;
+SELECT time_bucket(bucket::INTERVAL, p.minute) AS bucket_start, p.queue,
+       sum(p.pending_jobs) / any_value(c.minutes) AS mean_pending_jobs,
+       max(p.pending_jobs) AS max_pending_jobs,
+       sum(p.pending_gpus) / any_value(c.minutes) AS mean_pending_gpus,
+       max(p.pending_gpus) AS max_pending_gpus,
+       sum(p.blocked_jobs) / any_value(c.minutes) AS mean_blocked_jobs
+FROM per_minute p JOIN covered c ON c.bucket_start = time_bucket(bucket::INTERVAL, p.minute)
+GROUP BY 1, 2;
 
 -- Queue wait of the attempts that started in [since, until): by queue and GPU count
 -- (level 'queue_gpus'), by GPU count alone ('gpus') and over all ('all'), in one pass.

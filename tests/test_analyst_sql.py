@@ -149,9 +149,12 @@ def test_memory_requests(con: duckdb.DuckDBPyConnection, attempts: pl.DataFrame)
         "job_id", "attempt", "team",
         pl.col("gpu_mem_mib").alias("requested_mib"), pl.col("mem_held_mib").alias("held_mib"),
         pl.col("mem_peak_mib").alias("peak_mib"), "peak_of_held", "unused_mib",
-        "memory_oversized")
+        "memory_oversized", pl.col("card_type").alias("requested_card_type"))
     got = sql(con, "SELECT job_id, attempt, team, requested_mib, held_mib, peak_mib, "
-                   "peak_of_held, unused_mib, memory_oversized FROM memory_requests")
+                   "peak_of_held, unused_mib, memory_oversized, requested_card_type "
+                   "FROM memory_requests")
+    # the card asked for, never the advisor's suggestion ("any card" jobs: null)
+    assert got["requested_card_type"].null_count() > 0
     same(got, want, ["job_id", "attempt"])
 
 
@@ -266,11 +269,21 @@ def test_queue_wait_over_time(con: duckdb.DuckDBPyConnection, attempts: pl.DataF
 def test_pending_over_time(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     per_minute = table(root, "pending_minute").group_by("minute", "queue").agg(
         pl.col("pending_jobs").sum(), pl.col("pending_gpus").sum())
+    # a minute with nothing pending has no row but counts as 0: the mean is per minute of
+    # the bucket the facts cover
+    minutes = pl.concat([table(root, "frag_minute").select("minute"),
+                         table(root, "pending_minute").select("minute")]).unique() \
+        .group_by(pl.col("minute").dt.truncate("1h").alias("bucket_start")).agg(
+            pl.len().alias("minutes"))
     want = per_minute.with_columns(bucket_start=pl.col("minute").dt.truncate("1h")) \
         .group_by("bucket_start", "queue").agg(
-            pl.col("pending_jobs").mean().alias("mean_pending_jobs"),
+            pl.col("pending_jobs").sum().alias("mean_pending_jobs"),
             pl.col("pending_jobs").max().alias("max_pending_jobs"),
-            pl.col("pending_gpus").mean().alias("mean_pending_gpus"))
+            pl.col("pending_gpus").sum().alias("mean_pending_gpus")) \
+        .join(minutes, on="bucket_start").with_columns(
+            pl.col("mean_pending_jobs") / pl.col("minutes"),
+            pl.col("mean_pending_gpus") / pl.col("minutes")).drop("minutes")
+    assert minutes["minutes"].max() == 60
     got = sql(con, "SELECT bucket_start, queue, mean_pending_jobs, max_pending_jobs, "
                    "mean_pending_gpus FROM pending_over_time()")
     same(got, want, ["bucket_start", "queue"])
@@ -404,3 +417,31 @@ def test_the_analyst_guides_examples_run_and_print_what_it_shows(root: Path) -> 
         columns, rows = run(root, text)
         if shown is not None:
             assert _lines(render(columns, rows, "table")) == _lines(shown), text
+
+
+@pytest.mark.parametrize(("since_h", "until_h"), [(1, 2), (0.5, 2.25), (2.9, None), (None, 0.5)])
+def test_attempts_between(con: duckdb.DuckDBPyConnection, root: Path, attempts: pl.DataFrame,
+                          since_h: float | None, until_h: float | None) -> None:
+    """Held or waited in [since, until): running and pending attempts are known up to the
+    end of the facts, not beyond."""
+    start = table(root, "gpu_hourly")["hour"].min()
+    end = table(root, "gpu_hourly")["hour"].max() + timedelta(hours=1)
+    since = None if since_h is None else start + timedelta(hours=since_h)
+    until = None if until_h is None else start + timedelta(hours=until_h)
+    last = pl.coalesce(pl.col("ended_at"), pl.lit(end))
+    first = pl.coalesce(pl.col("started_at"), pl.col("queued_at"))
+    want = attempts.filter((last > since) if since else pl.lit(True)).filter(
+        (first < until) if until else pl.lit(True))
+    arg = ", ".join(f"{k} := TIMESTAMPTZ '{v.isoformat()}'" for k, v in
+                    (("since", since), ("until", until)) if v is not None)
+    got = sql(con, f"SELECT job_id, attempt FROM attempts_between({arg})")
+    assert got.height == want.height > 0
+    assert sorted(got.rows()) == sorted(want.select("job_id", "attempt").rows())
+
+
+def test_attempts_between_an_empty_or_later_window_holds_none(
+        con: duckdb.DuckDBPyConnection) -> None:
+    for window in ("since := TIMESTAMPTZ '2026-01-05 03:00Z', "
+                   "until := TIMESTAMPTZ '2026-01-05 02:00Z'",
+                   "since := TIMESTAMPTZ '2030-01-01 00:00Z'"):
+        assert sql(con, f"SELECT count(*) AS n FROM attempts_between({window})")["n"][0] == 0

@@ -7,6 +7,7 @@ was made."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import socket
@@ -346,3 +347,15 @@ def test_ctrl_c_exits_130_with_one_line(warehouse: Path) -> None:
         proc.kill()
     assert proc.returncode == 130, err
     assert err == "gpuledger: interrupted\n" and out == ""
+
+
+def test_a_query_that_is_not_utf8_is_one_line(warehouse: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    latin = b"SELECT 1 -- caf\xe9\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(latin)))
+    assert main(["query", "--warehouse", str(warehouse), "-"]) == 2
+    assert capsys.readouterr().err == "gpuledger: error: the query is not UTF-8 text\n"
+    argument = latin.decode("utf-8", "surrogateescape")      # as Python hands over argv
+    assert main(["query", "--warehouse", str(warehouse), argument]) == 2
+    assert capsys.readouterr().err == "gpuledger: error: the query is not UTF-8 text\n"

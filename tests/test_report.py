@@ -473,3 +473,21 @@ def test_time_charts_stay_inside_the_window(root: Path, report: Report) -> None:
         points = [p[0] for s in payload["series"] for p in s["points"]]
         assert points and all(x0 <= x <= x1 for x in points)
         assert max(points) == x0 + 70 * 60_000              # the middle of 01:00-01:20
+
+
+def test_states_of_allocation_add_up_on_a_scheduler_only_history(tmp_path: Path) -> None:
+    """A pod list without telemetry: allocated = no telemetry; idle stays 0, never
+    negative (no-telemetry hours are a state of their own, not taken from idle)."""
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus\n"
+                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("node,gpus,card_type,pool\nn1,4,H100,p\n")
+    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 0
+    a = _answer(answer_all(tmp_path / "wh"), "allocation")
+    row = dict(zip(a.columns, a.rows[0], strict=True))
+    assert row["allocated"] == pytest.approx(2.0) == row["no_telemetry"]
+    assert row["idle"] == pytest.approx(0.0)
+    assert row["busy"] + row["inefficient"] + row["idle"] + row["no_telemetry"] == \
+        pytest.approx(row["allocated"])

@@ -357,7 +357,11 @@ def cmd_query(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline import query
 
-    sql = args.sql if args.sql != "-" else sys.stdin.read()
+    try:
+        sql = args.sql if args.sql != "-" else sys.stdin.buffer.read().decode("utf-8")
+        sql.encode("utf-8")  # an argument's undecodable bytes come as lone surrogates
+    except UnicodeError:
+        raise CliError("the query is not UTF-8 text") from None
     try:
         columns, rows = query.run(args.warehouse, sql, args.timeout)
     except query.QueryError as exc:

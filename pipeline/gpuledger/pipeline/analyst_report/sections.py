@@ -119,7 +119,7 @@ SECTIONS: tuple[Section, ...] = (
                   sum(allocated_gpu_hours) AS allocated, sum(used_gpu_hours) AS used,
                   sum(allocated_busy_gpu_hours) AS busy,
                   sum(allocated_inefficient_gpu_hours) AS inefficient,
-                  sum(allocated_idle_gpu_hours - no_telemetry_gpu_hours) AS idle,
+                  sum(allocated_idle_gpu_hours) AS idle,
                   sum(no_telemetry_gpu_hours) AS no_telemetry,
                   sum(free_gpu_hours) AS free,
                   sum(unaccounted_use_gpu_hours) AS unaccounted,
