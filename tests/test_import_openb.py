@@ -153,3 +153,36 @@ def test_a_window_past_the_traces_end_ends_where_the_trace_does(tmp_path: Path) 
     assert query.run(tmp_path / "long", sql)[1] == query.run(tmp_path / "whole", sql)[1]
     last = query.run(tmp_path / "long", "SELECT max(minute) FROM gpu_minute")[1][0][0]
     assert last.hour == 2 and last.minute == 29          # 9,000 s: the minute before 2:30
+
+
+def test_the_trace_shares_gpus_only_in_one_gpu_pods() -> None:
+    """Why a share with num_gpu > 1 is refused as damage: the trace never has one."""
+    pods = pl.read_csv(PODS)
+    gpu = pods.filter(pl.col("num_gpu") > 0)
+    assert gpu.filter(pl.col("gpu_milli") < 1000)["num_gpu"].unique().to_list() == [1]
+    assert gpu["gpu_milli"].min() >= 1  # type: ignore[operator]
+    load_openb(NODES, PODS, window_from_s=LO, window_to_s=HI)  # passes every rule
+
+
+@pytest.mark.parametrize(("row", "error"), [
+    ("b,1,1,1,1000,,LS,Running,100,50,200",
+     ":3: deletion_time 50 is before creation_time 100"),
+    ("b,1,1,1,1000,,LS,Running,100,500,50",
+     ":3: scheduled_time 50 is before creation_time 100"),
+    ("b,1,1,1,1000,,LS,Running,100,500,600",
+     ":3: scheduled_time 600 is after deletion_time 500"),
+    ("b,1,1,1,0,,LS,Running,100,500,200",
+     ":3: gpu_milli 0 with num_gpu 1: a GPU pod uses 1-1000 thousandths"),
+    ("b,1,1,2,500,,LS,Running,100,500,200",
+     ":3: gpu_milli 500 with num_gpu 2: only one-GPU pods share a GPU"),
+])
+def test_a_damaged_pod_row_refuses_the_trace(row: str, error: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = _tiny_trace(tmp_path)
+    pods.write_text(pods.read_text().splitlines()[0] + "\n"
+                    "a,4000,16384,1,1000,,LS,Running,100,900,200\n" + row + "\n")
+    assert main(["import", "openb", "--nodes", str(nodes), "--pods", str(pods),
+                 "--quiet", "--warehouse", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{pods}{error}" in err, err
+    assert not (tmp_path / "wh").exists()

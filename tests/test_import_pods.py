@@ -184,5 +184,69 @@ def test_without_a_node_list_inventory_comes_from_the_placements(tmp_path: Path)
     assert ("b", "finished") not in events and ("a", "finished") in events
     with pytest.raises(PodsImportError, match="need --nodes"):
         other = tmp_path / "q.csv"
-        other.write_text("name,created,scheduled,gpus\nx,0,60,1\n")
+        other.write_text("name,created,scheduled,gpus\nx,1767600000,1767600060,1\n")
         load_pods(other)
+
+
+NODES_CSV = "node,gpus,card_type,pool\nn1,2,H100,p\nn2,4,H100,p\n"
+
+
+def _gpu_hours(warehouse: Path) -> dict[str, float]:
+    _, rows = query.run(warehouse, "SELECT job_id, allocated_gpu_hours FROM attempts")
+    return dict(rows)
+
+
+def test_a_time_before_2000_is_a_bad_row_not_the_inventory_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES_CSV)
+    path = tmp_path / "ep.csv"
+    path.write_text("name,created,scheduled,deleted,gpus\n"
+                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,1\n"
+                    "z,0,,,1\n"
+                    "y,-1,2026-01-05T00:10:00Z,2026-01-05T00:20:00Z,1\n")
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 0
+    out = capsys.readouterr().out
+    assert "2 bad row(s)" in out and "rejected" not in out, out
+    assert f"{path}:3: created: '0' is before 2000-01-01" in out
+    assert f"{path}:4: created: '-1' is before 2000-01-01" in out
+    assert _gpu_hours(tmp_path / "wh") == {"a": pytest.approx(1.0)}
+
+
+def test_given_indices_are_checked(tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES_CSV)
+    path = tmp_path / "g.csv"
+    span = "2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z"
+    path.write_text("name,created,scheduled,deleted,gpus,node,gpu_indices\n"
+                    f"twice,{span},2,n1,\"0,0\"\n"
+                    f"beyond,{span},1,n1,[5]\n"
+                    f"ok,{span},2,n1,\"[0, 1]\"\n"
+                    f"elsewhere,{span},1,n9,0\n")
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 0
+    out = capsys.readouterr().out
+    assert "3 bad row(s)" in out, out
+    assert f"{path}:2: gpu_indices: GPU 0 is listed twice" in out
+    assert f"{path}:5: node: 'n9' is not in --nodes" in out
+    assert f"{path}:3: gpu_indices: GPU 5 is not on node n1 (2 GPUs in --nodes)" in out
+    assert _gpu_hours(tmp_path / "wh") == {"ok": pytest.approx(2.0)}
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("name,created,gpus,gpus\nh,2026-01-05T00:00:00Z,1,2\n",
+     "q.csv:1: column 'gpus' appears twice in the header"),
+    ("name,created,gpus\nh,2026-01-05T00:00:00Z,1\nh,2026-01-05T00:00:00Z,1\n",
+     "q.csv:3: pod 'h' appears twice (first on line 2)"),
+    ("", "q.csv: empty file"),
+])
+def test_files_refused_whole_say_why(text: str, error: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "q.csv"
+    path.write_text(text)
+    assert main(["import", "pods", str(path), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and error in err, err

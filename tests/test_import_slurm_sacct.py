@@ -217,3 +217,82 @@ def test_bad_files_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["import", "slurm-sacct", str(bad_time), "--warehouse",
                  str(tmp_path / "wh"), "--quiet"]) == 2
     assert "b.txt:2: Submit: 'yesterday' is not a time" in capsys.readouterr().err
+
+
+PROBE_HEADER = ("JobID|JobIDRaw|JobName|Account|User|Partition|QOS|Priority|Submit|Start|"
+                "End|State|ExitCode|AllocTRES|ReqTRES|NodeList")
+
+
+def _probe(job: str, submit: str, start: str, end: str, state: str = "COMPLETED",
+           tres: str = "gres/gpu=1", nodes: str = "gpu-1") -> str:
+    return (f"{job}|{job}|x|a|u|gpu|n|1|{T}{submit}|{T}{start}|{T}{end}|{state}|0:0|"
+            f"{tres}|{tres}|{nodes}")
+
+
+def _import(tmp_path: Path, capsys: pytest.CaptureFixture[str], *lines: str
+            ) -> tuple[Path, str]:
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "\n" + "\n".join(lines) + "\n")
+    root = tmp_path / "wh"
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(root),
+                 "--quiet"]) == 0
+    return root, capsys.readouterr().out
+
+
+def test_a_last_attempt_requeued_ends_at_end_and_the_job_waits_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root, _ = _import(tmp_path, capsys, _probe("401", "00:00:00", "00:10:00", "00:30:00",
+                                               "REQUEUED"))
+    got = _sql(root, "SELECT attempt, ended_at, end_event, allocated_gpu_hours, status "
+                     "FROM attempts WHERE job_id = '401' ORDER BY attempt")
+    assert got.rows() == [(0, datetime(2026, 1, 5, 0, 30, tzinfo=UTC), "requeued",
+                           pytest.approx(20 / 60), "ended"),
+                          (1, None, None, None, "pending")]
+
+
+def test_lines_out_of_order_and_repeated_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _probe("503", "00:00:00", "00:10:00", "00:30:00")
+    root, out = _import(tmp_path, capsys,
+                        _probe("501", "00:00:00", "01:00:00", "00:30:00"),
+                        _probe("502", "02:00:00", "01:00:00", "03:00:00"), good, good)
+    assert "1 repeated identical line(s) dropped, 2 bad line(s)" in out, out
+    assert f"{tmp_path / 'sacct.txt'}:2: End is before Start" in out
+    assert f"{tmp_path / 'sacct.txt'}:3: Start is before Submit" in out
+    got = _sql(root, "SELECT job_id, attempt, end_event, allocated_gpu_hours FROM attempts")
+    assert got.rows() == [("503", 0, "finished", pytest.approx(20 / 60))]
+
+
+@pytest.mark.parametrize(("state", "tres", "nodes", "error"), [
+    ("BOGUS_STATE", "gres/gpu=1", "gpu-1",
+     "State 'BOGUS_STATE' is not a job state the importer knows (COMPLETED, CANCELLED"),
+    ("", "gres/gpu=1", "gpu-1", "State '' is not a job state"),
+    ("COMPLETED", "gres/gpu=1.5", "gpu-1", "TRES 'gres/gpu=1.5': the GPU count is not a"),
+    ("COMPLETED", "gres/gpu= 2", "gpu-1", "TRES 'gres/gpu= 2': the GPU count"),
+    ("COMPLETED", "gres/gpu=-1", "gpu-1", "TRES 'gres/gpu=-1': the GPU count"),
+    ("COMPLETED", "gres/gpu=1e3", "gpu-1", "TRES 'gres/gpu=1e3': the GPU count"),
+    ("COMPLETED", "gres/gpu=\uff12", "gpu-1", "TRES 'gres/gpu=\uff12': the GPU count is not"),
+    ("COMPLETED", "gres/gpu:h100=1,gres/gpu=1,gres/gpu=3", "gpu-1",
+     "TRES 'gres/gpu:h100=1,gres/gpu=1,gres/gpu=3': gres/gpu appears twice"),
+    ("COMPLETED", "gres/gpu=1", "gpu-[1-2", "NodeList 'gpu-[1-2' is not a host list"),
+    ("COMPLETED", "gres/gpu=3", "gpu-[001-003,x]",
+     "NodeList 'gpu-[001-003,x]' is not a host list"),
+])
+def test_lines_that_say_something_impossible_are_left_out(
+        state: str, tres: str, nodes: str, error: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root, out = _import(tmp_path, capsys,
+                        _probe("601", "00:00:00", "00:10:00", "00:30:00", state, tres, nodes),
+                        _probe("602", "00:00:00", "00:10:00", "00:30:00",
+                               nodes="gpu-[001-002],login1"))
+    assert "1 bad line(s)" in out and f"sacct.txt:2: {error}" in out, out
+    assert _sql(root, "SELECT job_id FROM attempts").rows() == [("602",)]
+
+
+def test_a_cpu_only_file_rejects_nothing(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    root, out = _import(tmp_path, capsys,
+                        _probe("701", "00:00:00", "00:10:00", "00:30:00", tres="cpu=1"),
+                        _probe("702", "00:00:00", "00:10:00", "00:30:00", tres="cpu=2"))
+    assert "2 CPU-only jobs" in out and "rejected" not in out, out
+    assert _sql(root, "SELECT count(*) FROM rejects").rows() == [(0,)]

@@ -10,6 +10,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
+from gpuledger.cli.arguments import whole_count
 from gpuledger.cli.errors import CliError, check_input_files
 
 
@@ -53,12 +54,20 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     print(f"slurm-sacct: {r.lines:,} lines: {r.jobs:,} GPU jobs ({r.attempts:,} attempts) "
           f"imported into {args.warehouse}/; skipped {r.steps_skipped:,} step lines, "
           f"{r.cpu_only_skipped:,} CPU-only jobs, {r.pending_arrays_skipped:,} pending array "
-          f"ranges; GPU indices chosen by the importer for {r.placed_by_importer:,} attempts"
+          "ranges"
+          + (f", {r.duplicates_dropped:,} repeated identical line(s) dropped"
+             if r.duplicates_dropped else "")
+          + (f", {len(r.bad_lines):,} bad line(s)" if r.bad_lines else "")
+          + f"; GPU indices chosen by the importer for {r.placed_by_importer:,} attempts"
           + (f"; {len(r.unplaced):,} started without a node list (e.g. "
              f"{', '.join(r.unplaced[:5])})" if r.unplaced else "")
           + (f"; inventory inferred for {len(r.nodes_inferred):,} nodes (pass --nodes)"
              if r.nodes_inferred else "")
           + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
+    for line, reason in r.bad_lines[:args.show_bad]:
+        print(f"{args.file}:{line}: {reason}")
+    if len(r.bad_lines) > args.show_bad:
+        print(f"... and {len(r.bad_lines) - args.show_bad:,} more bad lines")
     return 0
 
 
@@ -80,5 +89,7 @@ def register(fmt: Any, common: Any) -> None:
     q.add_argument("--tz", type=_timezone, default=None, metavar="ZONE",
                    help="time zone of times without an offset (default UTC; sacct prints "
                    "local time, so export with TZ=UTC or pass the cluster's zone)")
+    q.add_argument("--show-bad", type=whole_count("--show-bad"), default=20, metavar="N",
+                   help="print at most N bad lines (default 20)")
     common(q)
     q.set_defaults(func=cmd_import_slurm_sacct)

@@ -38,9 +38,15 @@ def csv_rows(path: Path, error: type[Exception], delimiter: str = ","
 def header_and_rows(path: Path, error: type[Exception], delimiter: str = ","
                     ) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
     """The header of ``path`` (empty for an empty file) and its rows as dicts by column
-    name (missing trailing fields are empty)."""
+    name (missing trailing fields are empty). A column named twice raises ``error``:
+    which of the two holds the values is not known."""
     rows = csv_rows(path, error, delimiter)
-    header = next(rows, (0, []))[1]
+    number, header = next(rows, (0, []))
+    seen: set[str] = set()
+    for name in header:
+        if name and name in seen:
+            raise error(f"{path}:{number}: column {name!r} appears twice in the header")
+        seen.add(name)
 
     def as_dicts() -> Iterator[tuple[int, dict[str, str]]]:
         for number, fields in rows:

@@ -133,6 +133,34 @@ def read_table(path: Path, columns: dict[str, tuple[type[pl.DataType], bool, flo
     return pl.DataFrame(out)
 
 
+POD_RULES: list[tuple[pl.Expr, str]] = [
+    (pl.col("deletion_time") < pl.col("creation_time"),
+     "deletion_time {deletion_time:g} is before creation_time {creation_time:g}"),
+    (pl.col("scheduled_time") < pl.col("creation_time"),
+     "scheduled_time {scheduled_time:g} is before creation_time {creation_time:g}"),
+    (pl.col("scheduled_time") > pl.col("deletion_time"),
+     "scheduled_time {scheduled_time:g} is after deletion_time {deletion_time:g}"),
+    ((pl.col("num_gpu") > 0) & (pl.col("gpu_milli") < 1),
+     "gpu_milli {gpu_milli} with num_gpu {num_gpu}: a GPU pod uses 1-1000 thousandths"),
+    ((pl.col("num_gpu") > 1) & (pl.col("gpu_milli") < 1000),
+     "gpu_milli {gpu_milli} with num_gpu {num_gpu}: only one-GPU pods share a GPU "
+     "(gpu_milli < 1000)"),
+]
+"""What a pod row must not say (the published trace never does): the first row that does
+refuses the file, with its line."""
+
+
+def check_pods(path: Path, pods: pl.DataFrame) -> None:
+    """Refuse ``pods`` (read by :func:`read_table`) at its first row that breaks one of
+    :data:`POD_RULES`, naming the line and the values."""
+    for rule, what in POD_RULES:
+        mask = pods.select(rule.fill_null(False)).to_series()
+        if mask.any():
+            row = int(mask.arg_true()[0])
+            raise OpenbImportError(f"{path}:{row + 2}: "
+                                   + what.format(**pods.row(row, named=True)))
+
+
 def load_openb(
     nodes_csv: Path, pods_csv: Path, *, start: datetime = DEFAULT_START,
     window_from_s: float | None = None, window_to_s: float | None = None,
@@ -141,6 +169,7 @@ def load_openb(
     (:class:`OpenbImportError` when a file cannot be read as the trace's)."""
     nodes = read_table(nodes_csv, NODE_COLUMNS).filter(pl.col("gpu") > 0).sort("sn")
     pods = read_table(pods_csv, POD_COLUMNS)
+    check_pods(pods_csv, pods)
     twice = nodes.filter(pl.col("sn").is_duplicated())
     if twice.height:
         raise OpenbImportError(f"{nodes_csv}: node {twice['sn'][0]!r} appears twice")

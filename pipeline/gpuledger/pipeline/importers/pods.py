@@ -22,8 +22,9 @@ file); a field's default column is its own name. Fields (``docs/import.md``):
 Events: ``submitted`` at ``created``; ``started`` at ``scheduled`` with the placement;
 at ``deleted``: ``failed`` (status failed, or unplaced), ``cancelled`` (never
 scheduled), else ``finished``. Rows without a name, a creation time or a GPU count,
-or with unreadable values, are reported by row number and skipped; ``gpus = 0`` rows
-are CPU-only and skipped.
+or with unreadable values, times before 2000 (``validate.MIN_TIME``), repeated GPU
+indices or, with ``--nodes``, indices the node does not have, are reported by row number
+and skipped; ``gpus = 0`` rows are CPU-only and skipped.
 
 Placement: a pod with a node and indices is placed there; with a node only, on that
 node's lowest free indices (best fit for a share); with neither, by the best-fit policy
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +52,7 @@ from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer, Slot
 from gpuledger.contract.schema import JOB_TYPES
 from gpuledger.pipeline.columns import conform
 from gpuledger.pipeline.importers.csv_text import header_and_rows
+from gpuledger.pipeline.validate import MIN_TIME
 
 FIELDS = ("name", "created", "gpus", "scheduled", "deleted", "gpu_milli", "node",
           "gpu_indices", "namespace", "team", "user", "queue", "pool", "priority",
@@ -132,6 +133,9 @@ class _Pod:
 
 def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
     header, rows = header_and_rows(path, PodsImportError)
+    if not header:
+        raise PodsImportError(f"{path}: empty file (expected node,gpus and one row per "
+                              "node)")
     if not {"node", "gpus"} <= set(header):
         raise PodsImportError(f"{path}: needs the columns node and gpus")
     nodes = []
@@ -154,6 +158,9 @@ def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
 def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
                result: PodsImport) -> list[_Pod]:
     names, rows = header_and_rows(path, PodsImportError)
+    if not names:
+        raise PodsImportError(f"{path}: empty file (expected a header line and one row "
+                              "per pod)")
     header = set(names)
     wanted = {name: columns.get(name, name) for name in FIELDS}
     for name, column in columns.items():
@@ -192,10 +199,14 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
         if not row.get(name):
             return None
         try:
-            return parse_time(row[name])
+            t = parse_time(row[name])
         except ValueError:
             raise ValueError(f"{name}: {row[name]!r} is neither ISO 8601 nor epoch "
                              "seconds") from None
+        if t < MIN_TIME:
+            raise ValueError(f"{name}: {row[name]!r} is before {MIN_TIME:%Y-%m-%d} (no "
+                             "event is older)")
+        return t
 
     try:
         gpus_f = float(row["gpus"])
@@ -225,6 +236,9 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
     bad = next((i for i in indices or [] if not 0 <= i < MAX_GPUS_PER_NODE), None)
     if bad is not None:
         raise ValueError(f"gpu_indices: {bad} is not in 0-{MAX_GPUS_PER_NODE - 1}")
+    twice = next((i for i in indices or [] if (indices or []).count(i) > 1), None)
+    if twice is not None:
+        raise ValueError(f"gpu_indices: GPU {twice} is listed twice")
     ns = row.get("namespace") or None
     queue = row.get("queue") or None
     job_type = row.get("job_type") or mapping.job_type(name=row["name"], namespace=ns,
@@ -244,6 +258,23 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
     return _Pod(n, row["name"], created, gpus, share, scheduled, deleted,
                 row.get("node") or None, indices,
                 row.get("status", "").lower() in FAILED, attrs)
+
+
+def _indices_fit(pod: _Pod, width: dict[str, int], result: PodsImport) -> bool:
+    """Whether the pod's given GPU indices exist on its node of ``--nodes`` (when there
+    is a node list); a bad row is reported otherwise."""
+    if pod.indices is None or not width:
+        return True
+    count = width.get(pod.node or "")
+    if count is None:
+        result.bad_rows.append((pod.row, f"node: {pod.node!r} is not in --nodes"))
+        return False
+    bad = [i for i in pod.indices if i >= count]
+    if bad:
+        result.bad_rows.append((pod.row, f"gpu_indices: GPU {bad[0]} is not on node "
+                                         f"{pod.node} ({count} GPUs in --nodes)"))
+        return False
+    return True
 
 
 def _place(pods: list[_Pod], placer: Placer, strict_nodes: bool) -> dict[str, list[Slot]]:
@@ -279,12 +310,18 @@ def load_pods(pods_csv: Path, *, columns: dict[str, str] | None = None,
     mapping = mapping or Mapping()
     result = PodsImport({})
     pods = _read_pods(pods_csv, columns or {}, mapping, result)
-    twice = [n for n, k in Counter(p.name for p in pods).items() if k > 1]
-    if twice:
-        raise PodsImportError(f"{pods_csv}: pod {twice[0]!r} appears twice; names must be "
-                              "unique")
+    first_row: dict[str, int] = {}
+    for pod in pods:
+        if pod.name in first_row:
+            raise PodsImportError(f"{pods_csv}:{pod.row}: pod {pod.name!r} appears twice "
+                                  f"(first on line {first_row[pod.name]}); names must be "
+                                  "unique")
+        first_row[pod.name] = pod.row
     nodes = _read_nodes(nodes_csv, mapping) if nodes_csv else []
-    placer = Placer({n["node"]: n["gpu_count"] for n in nodes})
+    listed = {n["node"]: n["gpu_count"] for n in nodes}
+    pods = [p for p in pods if _indices_fit(p, listed, result)]
+    result.bad_rows.sort()
+    placer = Placer(listed)
     if not nodes and any(p.node is None and p.scheduled is not None for p in pods):
         raise PodsImportError("pods without a node need --nodes (node,gpus CSV) to be "
                               "placed")

@@ -28,7 +28,11 @@ Rules:
   ``preempted`` at End first (and ``cancelled`` when no attempt follows); COMPLETED →
   ``finished``; CANCELLED → ``cancelled``; FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
   BOOT_FAIL, DEADLINE → ``failed`` with the state and exit code; RUNNING (End
-  ``Unknown``) → no end; PENDING → submitted only;
+  ``Unknown``) → no end; PENDING → submitted only; a last line in REQUEUED ends with
+  ``requeued`` at its End (pending after);
+* a line with another state, times out of order, a GPU TRES count that is not a whole
+  number or a malformed NodeList is left out and listed (``bad_lines``); a line
+  identical to an earlier one is dropped and counted;
 * allocation: ``GresIDX`` when present; else the GPUs are spread evenly over the
   ``NodeList`` nodes and the indices chosen by the shared best-fit placement inside
   each node (``gpuledger.bridges.placement``), in event-time order;
@@ -42,6 +46,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
@@ -68,7 +73,16 @@ from gpuledger.pipeline.importers.csv_text import csv_rows
 REQUIRED = ("JobID", "Submit", "Start", "End", "State")
 FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
           "REVOKED", "SPECIAL_EXIT")
+KNOWN_STATES = ("COMPLETED", "CANCELLED", *FAILED, "PREEMPTED", "REQUEUED", "RUNNING",
+                "PENDING", "SUSPENDED")
 _UNSET = ("", "Unknown", "None", "N/A")
+_NO_NODES = ("", "(null)", "None assigned")
+_HOST = r"[^\[\],\s]*"
+_RANGES = r"\[[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*\]"
+_ITEM = rf"(?=[^,]){_HOST}(?:{_RANGES}{_HOST})?"
+HOSTLIST = re.compile(rf"{_ITEM}(?:,{_ITEM})*")
+"""A host list the importer can expand: names, each with at most one bracket group of
+numbers and ascending ranges (``gpu-[001-003,7],login1``)."""
 
 
 class SacctError(ValueError):
@@ -87,8 +101,11 @@ class SacctImport:
     jobs: int = 0
     attempts: int = 0
     placed_by_importer: int = 0
+    duplicates_dropped: int = 0
     unplaced: list[str] = field(default_factory=list)
     nodes_inferred: list[str] = field(default_factory=list)
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    """(line, reason) of each line left out (the rest is imported)."""
 
 
 @dataclass
@@ -132,12 +149,47 @@ def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
     return out
 
 
+class _BadLine(Exception):
+    """A line that is left out, with the reason (the rest of the file is imported)."""
+
+
+def _check_tres(text: str) -> None:
+    """GPU entries of a TRES string are whole ASCII numbers, each key once (what
+    :func:`parse_tres_gpus` reads silently otherwise)."""
+    seen: set[str] = set()
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key != "gres/gpu" and not key.startswith("gres/gpu:"):
+            continue
+        if not re.fullmatch(r"[0-9]+", value):
+            raise _BadLine(f"TRES {item!r}: the GPU count is not a whole number")
+        if key in seen:
+            raise _BadLine(f"TRES {text[:80]!r}: {key} appears twice")
+        seen.add(key)
+
+
+def _check_line(line: _Line) -> None:
+    """The state is one the importer knows and the times are in order."""
+    if line.state not in KNOWN_STATES:
+        raise _BadLine(f"State {line.row['State'].strip()!r} is not a job state the "
+                       f"importer knows ({', '.join(KNOWN_STATES)})")
+    if line.start is not None and line.start < line.submit:
+        raise _BadLine("Start is before Submit")
+    if line.end is not None and line.start is not None and line.end < line.start:
+        raise _BadLine("End is before Start")
+    if line.end is not None and line.end < line.submit:
+        raise _BadLine("End is before Submit")
+
+
 def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
     """Parse the file into job lines (steps, CPU-only jobs, pending arrays left out).
 
     The file is refused whole (:class:`SacctError`, ``file:line: reason``) at its first
     unreadable line: not UTF-8, a field over the CSV reader's limit, too few fields, a
-    bad time, a GPU count, index list or node list no cluster has."""
+    bad time, a GPU count, index list or node list no cluster has. A line that reads but
+    says something impossible (an unknown state, times out of order, a GPU count that is
+    not a whole number, a malformed node list) is left out and listed in ``bad_lines``;
+    a line identical to an earlier one is dropped and counted."""
     result = SacctImport({})
     rows = csv_rows(path, SacctError, delimiter="|")
     first = next(rows, None)
@@ -152,10 +204,15 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
                          f"(got {'|'.join(header)}); export with sacct --parsable2 "
                          "--format ... (docs/import.md)")
     lines: list[_Line] = []
+    seen: set[tuple[str, ...]] = set()
     for number, values in rows:
         if not values or values == [""]:
             continue
         result.lines += 1
+        if tuple(values) in seen:
+            result.duplicates_dropped += 1
+            continue
+        seen.add(tuple(values))
         where = f"{path}:{number}"
         if len(values) < len(header):
             raise SacctError(f"{where}: {len(values)} fields, the header has "
@@ -169,6 +226,8 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
             result.pending_arrays_skipped += 1
             continue
         try:
+            for column in ("AllocTRES", "ReqTRES"):
+                _check_tres(row.get(column) or "")
             gpu_type, gpus = parse_tres_gpus(row.get("AllocTRES"))
             if not gpus:
                 gpu_type, gpus = parse_tres_gpus(row.get("ReqTRES"))
@@ -178,16 +237,25 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
             submit = _time(row["Submit"], tz, f"{where}: Submit")
             if submit is None:
                 raise SacctError(f"{where}: Submit is empty")
-            nodes = expand_hostlist(row.get("NodeList", "").strip() or None)
+            hostlist = row.get("NodeList", "").strip()
+            if hostlist not in _NO_NODES and not HOSTLIST.fullmatch(hostlist):
+                raise _BadLine(f"NodeList {hostlist[:80]!r} is not a host list "
+                               "(e.g. gpu-[1-3,5],login1)")
+            nodes = expand_hostlist(hostlist or None)
             indices = _gres_idx(row.get("GresIDX", ""), nodes)
+            line = _Line(
+                row=row, job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
+                state=row["State"].split()[0].upper() if row["State"].strip() else "",
+                submit=submit, start=_time(row["Start"], tz, f"{where}: Start"),
+                end=_time(row["End"], tz, f"{where}: End"), gpus=gpus, gpu_type=gpu_type,
+                nodes=nodes, indices=indices)
+            _check_line(line)
         except SlurmParseError as exc:
             raise SacctError(f"{where}: {exc}") from None
-        lines.append(_Line(
-            row=row, job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
-            state=row["State"].split()[0].upper() if row["State"].strip() else "UNKNOWN",
-            submit=submit, start=_time(row["Start"], tz, f"{where}: Start"),
-            end=_time(row["End"], tz, f"{where}: End"), gpus=gpus, gpu_type=gpu_type,
-            nodes=nodes, indices=indices))
+        except _BadLine as exc:
+            result.bad_lines.append((number, str(exc)))
+            continue
+        lines.append(line)
     return lines, result
 
 
@@ -249,8 +317,11 @@ def _ends(job_id: str, a: _Line, following: _Line | None
         out.append((following.submit, 1, job_id, "requeued",
                     {"reason": f"requeued by Slurm ({a.state.lower()})"}))
         return out
-    if a.end is None or a.state in ("PENDING", "RUNNING", "REQUEUED", "PREEMPTED",
-                                    "SUSPENDED"):
+    if a.state == "REQUEUED" and a.end is not None:
+        # the last attempt known was requeued at End: the job waits again (pending)
+        out.append((a.end, 1, job_id, "requeued", {"reason": "requeued by Slurm"}))
+        return out
+    if a.end is None or a.state in ("PENDING", "RUNNING", "PREEMPTED", "SUSPENDED"):
         return out
     exit_code = a.row.get("ExitCode", "").strip()
     if a.state == "COMPLETED":
@@ -347,10 +418,12 @@ def _assemble(result: SacctImport,
         inventory.append({"time": first, **record})
     for record in inventory:
         record["labels"] = json.dumps(record.get("labels") or {}, separators=(",", ":"))
-    jobs = pl.DataFrame(rows, infer_schema_length=None).with_columns(
-        pl.lit(1).alias("v"), pl.lit("job").alias("type")) if rows else pl.DataFrame()
-    inv = pl.DataFrame(inventory, infer_schema_length=None).with_columns(
-        pl.lit(1).alias("v"), pl.lit("inventory").alias("type")) if inventory \
-        else pl.DataFrame()
+    # an empty list still needs its columns: a frame without any would be one null row
+    jobs = pl.DataFrame(rows or {"time": [], "event": [], "job_id": []},
+                        infer_schema_length=None).with_columns(
+        pl.lit(1).alias("v"), pl.lit("job").alias("type"))
+    inv = pl.DataFrame(inventory or {"time": [], "node": []},
+                       infer_schema_length=None).with_columns(
+        pl.lit(1).alias("v"), pl.lit("inventory").alias("type"))
     result.frames = {"inventory": conform(inv, "inventory"), "job": conform(jobs, "job")}
     return result
