@@ -57,6 +57,13 @@ def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFix
     assert main(["query", "--warehouse", str(warehouse), "--format", "json",
                  "SELECT count(*) AS n FROM gpu_minute"]) == 0
     assert capsys.readouterr().out == '{"n": 10}\n'
+    # JSON has no NaN or infinity: null; DECIMAL stays a number; a name twice is refused
+    assert main(["query", "--warehouse", str(warehouse), "--format", "json",
+                 "SELECT 1/0 AS inf, 'nan'::DOUBLE AS nan, 2.5 AS d"]) == 0
+    assert capsys.readouterr().out == '{"inf": null, "nan": null, "d": 2.5}\n'
+    assert main(["query", "--warehouse", str(warehouse), "--format", "json",
+                 "SELECT 1 AS a, 2 AS a"]) == 2
+    assert "column name(s) a appear more than once" in capsys.readouterr().err
     assert main(["query", "--warehouse", str(warehouse), "DELETE FROM gpu_minute"]) == 2
     assert "only read-only" in capsys.readouterr().err
     assert main(["query", "--warehouse", str(warehouse / "nope"), "SELECT 1"]) == 2

@@ -364,9 +364,10 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise CliError("the query is not UTF-8 text") from None
     try:
         columns, rows = query.run(args.warehouse, sql, args.timeout)
+        text = query.render(columns, rows, args.format)
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
-    sys.stdout.write(query.render(columns, rows, args.format))
+    sys.stdout.write(text)
     return 0
 
 

@@ -43,6 +43,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -362,11 +363,25 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
         writer.writerows([[_plain(v) for v in r] for r in rows])
         return out.getvalue()
     if fmt == "json":
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise QueryError(f"column name(s) {', '.join(twice)} appear more than once; JSON "
+                             "objects need one name per column (use AS)")
         return "".join(
-            json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, default=str)
-            + "\n" for r in rows
+            json.dumps({c: _json_value(v) for c, v in zip(columns, r, strict=True)},
+                       default=str, allow_nan=False) + "\n" for r in rows
         )
     return table_text(columns, rows)
+
+
+def _json_value(value: Any) -> Any:
+    """A value as JSON holds it: a number as a number (DECIMAL too), NaN and infinities
+    (which JSON has not) as null."""
+    if isinstance(value, Decimal):
+        value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return _plain(value)
 
 
 def _cell(value: Any) -> str:
