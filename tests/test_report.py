@@ -8,7 +8,7 @@ import json
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -446,7 +446,7 @@ def test_window_narrows_the_sections(root: Path, report: Report) -> None:
     narrow = answer_all(root, since=t0, until=t1)  # type: ignore[arg-type]
     want = hourly.filter((pl.col("hour") >= t0) & (pl.col("hour") < t1)
                          & pl.col("team").is_not_null()).group_by("team").agg(
-        (pl.col("allocated_idle_gpu_hours") - pl.col("no_telemetry_gpu_hours")).sum())
+        pl.col("allocated_idle_gpu_hours").sum())
     got = {r[0]: r[3] for r in _answer(narrow, "waste_team").rows}
     assert got == {t: pytest.approx(v) for t, v in want.iter_rows()}
     frag = table(root, "frag_minute").filter((pl.col("minute") >= t0) & (pl.col("minute") < t1))
@@ -459,14 +459,32 @@ def test_window_narrows_the_sections(root: Path, report: Report) -> None:
         for r in _answer(report, "borrowing").rows]
 
 
+def test_a_window_inside_hours_is_taken_as_whole_hours_and_says_so(root: Path,
+                                                                    report: Report) -> None:
+    """The GPU-hour facts are hourly: --since 00:30 --until 01:20 covers 00:00-02:00 in
+    every section (before, the hourly sections silently covered 01:00-02:00)."""
+    start = report.window.start
+    assert start is not None
+    narrow = answer_all(root, since=start + timedelta(minutes=30),
+                        until=start + timedelta(minutes=80))
+    assert (narrow.window.start, narrow.window.end) == (start, start + timedelta(hours=2))
+    asked = narrow.window.asked()
+    assert asked is not None and "taken as the whole hours" in asked
+    whole = answer_all(root, since=start, until=start + timedelta(hours=2))
+    assert _answer(narrow, "allocation").rows == [
+        tuple(pytest.approx(v) if isinstance(v, float) else v for v in r)
+        for r in _answer(whole, "allocation").rows]
+
+
 def test_time_charts_stay_inside_the_window(root: Path, report: Report) -> None:
-    """A window that ends inside an hour: the last hour's point sits in the part of the
-    hour that is in the window, not past the end of the axis."""
+    """Data that ends inside an hour: the last hour's point sits in the part of the hour
+    that is in the window, not past the end of the axis."""
     start = report.window.start
     assert start is not None
     narrow = answer_all(root, since=start, until=start + timedelta(minutes=80))
+    ends_inside = replace(narrow.window, until=start + timedelta(minutes=80))
     for key in ("frag_time", "blocked_time"):
-        payload = report_html.chart_payload(_answer(narrow, key), "c", narrow.window, TOP)
+        payload = report_html.chart_payload(_answer(narrow, key), "c", ends_inside, TOP)
         assert payload is not None
         x0, x1 = payload["x0"], payload["x1"]
         assert x1 - x0 == 80 * 60_000

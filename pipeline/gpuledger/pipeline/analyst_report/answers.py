@@ -26,6 +26,9 @@ class Window:
     data_end: datetime | None
     since: datetime | None = None
     until: datetime | None = None
+    asked_since: datetime | None = None
+    asked_until: datetime | None = None
+    """What --since/--until said, when the window was widened to whole hours."""
 
     @property
     def start(self) -> datetime | None:
@@ -52,9 +55,17 @@ class Window:
         """The --since/--until window, when one was asked for."""
         if not self.narrowed:
             return None
-        lo = when(self.since) if self.since else "the start"
-        hi = when(self.until) if self.until else "the end"
-        return f"Window asked: {lo} – {hi} UTC; borrowing and reclaim cover all the data."
+        since = self.asked_since or self.since
+        until = self.asked_until or self.until
+        lo = when(since) if since else "the start"
+        hi = when(until) if until else "the end"
+        widened = ""
+        if (since, until) != (self.since, self.until):
+            lo_h = when(self.since) if self.since else "the start"
+            hi_h = when(self.until) if self.until else "the end"
+            widened = f", taken as the whole hours {lo_h} – {hi_h} (the GPU-hour facts are hourly)"
+        return (f"Window asked: {lo} – {hi} UTC{widened}; borrowing and reclaim cover all "
+                "the data.")
 
     def text(self) -> str:
         """``2026-01-05 00:00 – 2026-01-06 00:00 UTC (24 h)``."""
@@ -93,6 +104,20 @@ def _utc(value: Any) -> datetime | None:
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def whole_hours(since: datetime | None, until: datetime | None
+                ) -> tuple[datetime | None, datetime | None]:
+    """The window widened to whole hours (the roll-ups' grain): ``since`` down to its
+    hour, ``until`` up to the next one, so that every section covers the same time."""
+    def floor(t: datetime) -> datetime:
+        return t.replace(minute=0, second=0, microsecond=0)
+
+    lo = floor(since) if since is not None else None
+    hi = None
+    if until is not None:
+        hi = floor(until) if floor(until) == until else floor(until) + timedelta(hours=1)
+    return lo, hi
+
+
 def data_span(con: duckdb.DuckDBPyConnection) -> tuple[datetime | None, datetime | None]:
     """The first minute of the facts and the end of the last one: from the fragmentation
     facts (one row per pool, card type and minute, small), else to the hour from the
@@ -111,8 +136,10 @@ def answer_all(warehouse: Path, since: datetime | None = None, until: datetime |
     """Each section's rows, in order, and the window they cover; ``timeout_s`` bounds
     each query (Ctrl-C interrupts it too)."""
     con = query.connect(warehouse, timezone="UTC")  # time buckets and times in UTC
+    asked = (since, until)
+    since, until = whole_hours(since, until)
     try:
-        window = Window(*data_span(con), since, until)
+        window = Window(*data_span(con), since, until, *asked)
         out = []
         for section in sections:
             lo, hi = (since, until) if section.windowed else (None, None)
