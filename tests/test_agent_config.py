@@ -68,7 +68,49 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "env", "message"), [
     ("intervall_s: 3\n", {}, "intervall_s: unknown key"),
     ("interval_s: soon\n", {}, "interval_s: expected a number, got 'soon'"),
-    ("interval_s: 0\n", {}, "interval_s: must be > 0"),
+    ("interval_s: 0\n", {}, "interval_s: must be between 0.1 and 86400, got 0"),
+    ("interval_s: 0.0001\n", {}, "interval_s: must be between 0.1 and 86400"),
+    ("interval_s: 1000000000000\n", {}, "interval_s: must be between 0.1 and 86400"),
+    ("interval_s: 1.0e+300\n", {}, "interval_s: must be between 0.1 and 86400"),
+    ("simulator: {seed: -1}\n", {}, "simulator.seed: must be between 0 and"),
+    ("simulator: {hours: 1.0e+300}\n", {}, "simulator.hours: must be between"),
+    ("kafka: {send_timeout_s: 1.0e+300}\n", {}, "kafka.send_timeout_s: must be between"),
+    ("inventory: {check_s: 1.0e+300}\n", {}, "inventory.check_s: must be between"),
+    ("dcgm_exporter: {timeout_s: 1.0e+300}\n", {}, "dcgm_exporter.timeout_s: must be between"),
+    ("dcgm_exporter: {url: 'file:///etc/passwd'}\n", {},
+     "dcgm_exporter.url: expected an http:// or https:// URL"),
+    ("dcgm_exporter: {url: 'not a url'}\n", {}, "dcgm_exporter.url: expected an http://"),
+    ("dcgm_exporter: {url: 'http://h:99999/metrics'}\n", {}, "dcgm_exporter.url: expected"),
+    ("dcgm_exporter: {url: 'http:///metrics'}\n", {}, "dcgm_exporter.url: expected"),
+    ("attribution: {slurm: {job_id: '{id:>99999999999}'}}\n", {},
+     "attribution.slurm.job_id: '{id:>99999999999}' is not a valid template: only the "
+     "placeholders {id} are allowed, as they are"),
+    ("attribution: {slurm: {job_id: '{id.__class__}'}}\n", {}, "attribution.slurm.job_id: "),
+    ("attribution: {slurm: {job_id: '{id[0]}'}}\n", {}, "attribution.slurm.job_id: "),
+    ("attribution: {slurm: {job_id: '{id!r}'}}\n", {}, "attribution.slurm.job_id: "),
+    ("attribution: {slurm: {job_id: '{}'}}\n", {}, "attribution.slurm.job_id: "),
+    ("attribution: {slurm: {job_id: '{id'}}\n", {}, "attribution.slurm.job_id: "),
+    ("attribution: {slurm: {job_id: ' '}}\n", {},
+     "attribution.slurm.job_id: a job id must not be empty"),
+    ("attribution: {kubernetes: {job_id: '{pod:x}'}}\n", {},
+     "attribution.kubernetes.job_id: "),
+    ("attribution: {static: {job_id: '   '}}\n", {},
+     "attribution.static.job_id: a job id must not be empty or blank, got '   '"),
+    ("attribution: {static: {job_id: \"a\\0b\"}}\n", {},
+     "attribution.static.job_id: a job id must not hold control characters"),
+    ("attribution: {static: {job_id: \"a\\tb\"}}\n", {},
+     "attribution.static.job_id: a job id must not hold control characters"),
+    (f"attribution: {{static: {{job_id: {'x' * 100_000}}}}}\n", {},
+     "attribution.static.job_id: a job id is at most 256 characters (this one has 100000), "
+     "got 'xxx"),
+    ("attribution: {static: {gpus: {0: ''}}}\n", {},
+     "attribution.static.gpus.0: a job id must not be empty"),
+    ("inventory: {labels: {~: y}}\n", {}, "inventory.labels: a key is empty or null (None)"),
+    ("inventory: {labels: {'': y}}\n", {}, "inventory.labels: a key is empty or null"),
+    ("node: '  '\n", {}, "node: must not be empty"),
+    ("node: \"a\\nb\"\n", {}, "node: must be printable text"),
+    ("metrics: {listen: 'not a host!:9466'}\n", {}, "metrics.listen: expected HOST:PORT"),
+    ("kafka: {batch: 0}\n", {}, "kafka.batch: must be between 1 and"),
     ("interval_s: .nan\n", {}, "interval_s: expected a finite number, got nan"),
     ("simulator: {hours: .inf}\n", {}, "simulator.hours: expected a finite number, got inf"),
     ("spool: {max_bytes: .inf}\n", {}, "spool.max_bytes: expected a finite number, got inf"),
@@ -87,7 +129,25 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     ("spool: {max_bytes: 10000, segment_bytes: 65536}\n", {}, "spool.max_bytes: must be at"),
     ("spool: {segment_bytes: 1.5}\n", {}, "spool.segment_bytes: expected a whole number"),
     ("metrics: {listen: 'localhost'}\n", {}, "metrics.listen: expected HOST:PORT"),
-    ("", {"GPULEDGER_AGENT__KAFKA__BATCH": "many"}, "kafka.batch: expected a number"),
+    ("", {"GPULEDGER_AGENT__KAFKA__BATCH": "many"},
+     "kafka.batch: expected a whole number, got 'many' (set by GPULEDGER_AGENT__KAFKA__BATCH)"),
+    ("", {"GPULEDGER_AGENT__KAFKA__BATCH": "5.5"}, "kafka.batch: expected a whole number"),
+    ("", {"GPULEDGER_AGENT__KAFKA__BATCH": "x" * 100},
+     "kafka.batch: expected a whole number, got '" + "x" * 39 + "…"),
+    ("", {"GPULEDGER_AGENT__ATTRIBUTION__METHODS": "[slurm"},
+     "attribution.methods: not valid YAML at line 1, column 7"),
+    ("", {"GPULEDGER_AGENT__ATTRIBUTION__STATIC__GPUS": "{0: job"},
+     "(set by GPULEDGER_AGENT__ATTRIBUTION__STATIC__GPUS)"),
+    ("", {"GPULEDGER_AGENT__ATTRIBUTION__STATIC__GPUS": "!!python/object:os.system {}"},
+     "attribution.static.gpus: not valid YAML"),
+    ("", {"GPULEDGER_AGENT__ATTRIBUTION__METHODS": "[!!python/object:os.system {}]"},
+     "attribution.methods: not valid YAML"),
+    ("", {"GPULEDGER_AGENT__ATTRIBUTION__STATIC__JOB_ID": " "},
+     "attribution.static.job_id: a job id must not be empty or blank, got ' ' (set by "
+     "GPULEDGER_AGENT__ATTRIBUTION__STATIC__JOB_ID)"),
+    ("", {"GPULEDGER_AGENT__KAFKA": "{batch: 5}"},
+     "kafka: expected a mapping, got '{batch: 5}' (a section's keys are set one by one, e.g. "
+     "GPULEDGER_AGENT__KAFKA__BOOTSTRAP=...)"),
     ("", {"GPULEDGER_AGENT__SPOOOL__PATH": "/x"}, "spoool: unknown key"),
     ("kafka: 3\n", {}, "kafka: expected a mapping"),
     ("- a\n- b\n", {}, "expected a mapping at the top level"),
@@ -100,7 +160,33 @@ def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
 
 
 def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
-    with pytest.raises(AgentConfigError, match="absent.yaml: no such file"):
+    with pytest.raises(AgentConfigError, match=r"absent\.yaml: no such file"):
         load_agent_config(tmp_path / "absent.yaml", {})
     with pytest.raises(AgentConfigError, match="not valid YAML"):
         load_agent_config(_write(tmp_path, "a: [b\n"), {})
+
+
+def test_numbers_in_every_spelling(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``1e3`` as text; whole values like '5.0' fit an int key."""
+    c = load_agent_config(_write(tmp_path, "interval_s: 1e3\nkafka: {batch: 1e3}\n"), {})
+    assert c.interval_s == 1000.0 and c.kafka.batch == 1000
+    c = load_agent_config(None, {"GPULEDGER_AGENT__KAFKA__BATCH": "5.0",
+                                 "GPULEDGER_AGENT__SPOOL__MAX_BYTES": "1073741824"})
+    assert c.kafka.batch == 5 and isinstance(c.kafka.batch, int)
+    assert c.spool.max_bytes == 1 << 30
+
+
+def test_empty_node_means_the_host_name(tmp_path: Path) -> None:
+    """An empty value, in the file or a variable, is null: the key's default."""
+    c = load_agent_config(_write(tmp_path, "node: ''\n"), {})
+    assert c.node is None and c.node_name
+    assert load_agent_config(None, {"GPULEDGER_AGENT__NODE": ""}).node is None
+
+
+def test_good_urls_and_templates_pass(tmp_path: Path) -> None:
+    c = load_agent_config(_write(tmp_path, """
+dcgm_exporter: {url: "https://[::1]:9400/metrics", timeout_s: 3600}
+attribution: {slurm: {job_id: "slurm-{id}"}, kubernetes: {job_id: "{namespace}.{pod}.{container}"}}
+metrics: {listen: "[::1]:0"}
+"""), {})
+    assert c.dcgm_exporter.url.startswith("https://")

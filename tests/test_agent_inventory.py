@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from gpuledger.agent.inventory import (
     InventoryPublisher,
@@ -59,3 +62,19 @@ def test_publisher_on_change_and_republish() -> None:
     never = InventoryPublisher(republish_s=0)
     never.mark(a, 0.0)
     assert not never.due(a, 1e9)
+
+
+def test_a_bad_labels_file_is_one_warning(tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "labels"
+    path.write_bytes(b"\xff\xfe=\xff\n")
+    with caplog.at_level(logging.WARNING):
+        assert read_labels_file(path) == {}
+        assert read_labels_file(tmp_path) == {}                    # a folder
+        path.write_text("=x\nrack=r1\n")
+        assert read_labels_file(path) == {"rack": "r1"}            # no empty label name
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 3 and all("\n" not in m for m in said)
+    assert "cannot read the labels file" in said[0] and "not UTF-8 text (byte 0)" in said[0]
+    assert "is a directory" in said[1]
+    assert "line 1: no label name" in said[2]

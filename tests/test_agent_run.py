@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from agent_sources import TinySource
 
 from gpuledger.agent.attribution import Chain
 from gpuledger.agent.attribution.static import StaticAttribution
 from gpuledger.agent.config import AgentConfig, InventoryConfig
 from gpuledger.agent.run import Agent, SharedSpool
+from gpuledger.agent.spool import SpoolError
 from gpuledger.pipeline.decode import decode_jsonl
 
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
@@ -138,3 +141,69 @@ def test_seq_continues_from_the_spool_without_the_seq_file(tmp_path: Path) -> No
     assert again.seq == 9
     again.close()
     assert (tmp_path / "spool" / "agent.seq").read_text() == "9"
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("-50", "out of range"),
+    ("99999999999999999999999999", "out of range"),
+    ("lots", "not a whole number"),
+    ("\xff", "ordinal not in range"),
+])
+def test_a_bad_seq_file_is_said_and_the_sequence_restarts_safely(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, reason: str) -> None:
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    (folder / "agent.seq").write_text(text, encoding="latin-1")
+    with caplog.at_level(logging.WARNING):
+        agent = _agent(folder, TinySource(gpus=2))
+    assert agent.seq == 0
+    said = [r.getMessage() for r in caplog.records if "seq file" in r.getMessage()]
+    assert len(said) == 1 and reason in said[0] and "\n" not in said[0]
+    agent.cycle(T0)
+    seqs = [r["seq"] for topic, _, recs in _spooled(agent) if topic == TEL for r in recs]
+    assert seqs == [0, 1]
+
+
+def test_a_seq_folder_is_a_start_up_error_and_writing_never_crashes(tmp_path: Path) -> None:
+    folder = tmp_path / "spool"
+    (folder / "agent.seq").mkdir(parents=True)
+    with pytest.raises(SpoolError, match=r"agent\.seq is a folder, not a file"):
+        _agent(folder, TinySource(gpus=1))
+    (folder / "agent.seq").rmdir()
+    agent = _agent(folder, TinySource(gpus=1))
+    (folder / "agent.seq").mkdir()             # made a folder while the agent runs
+    agent.cycle(T0)                            # writes the seq file: a warning, no crash
+    agent.close()
+    assert not (folder / "agent.tmp").exists()
+
+
+def test_the_run_loop_survives_a_failing_cycle(tmp_path: Path) -> None:
+    agent = _agent(tmp_path / "spool", TinySource(gpus=1))
+    calls: list[int] = []
+
+    def broken(now: datetime | None = None) -> list[dict[str, object]]:
+        calls.append(1)
+        if len(calls) >= 3:
+            stop.set()
+        raise OSError("disk gone")
+
+    agent.cycle = broken  # type: ignore[method-assign]
+    stop = threading.Event()
+    agent.run(stop)
+    assert len(calls) >= 3
+
+
+def test_the_spool_ignores_files_that_are_not_its_segments(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "spool"
+    spool = SharedSpool(folder, max_bytes=1 << 20, segment_bytes=1 << 16)
+    spool.append(TEL, b"k", b"v")
+    (folder / "zzz.seg").write_text("")
+    (folder / "12.seg").write_bytes(b"junk")
+    with caplog.at_level(logging.WARNING):
+        again = SharedSpool(folder, max_bytes=1 << 20, segment_bytes=1 << 16)
+    assert [m.value for m in again.pending()] == [b"v"]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("not a segment name" in m for m in said)
+    with pytest.raises(SpoolError, match="is a file, not a folder"):
+        SharedSpool(folder / "zzz.seg")

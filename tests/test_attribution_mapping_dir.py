@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuledger.agent.attribution import Chain
 from gpuledger.agent.attribution.mapping_dir import MappingDirAttribution
@@ -57,3 +60,36 @@ def test_missing_folder_means_no_jobs_and_files_are_reread(tmp_path: Path) -> No
     third = _records()
     Chain([method]).apply(third)
     assert third[1]["processes"] == []
+
+
+def test_files_with_invalid_ids_are_skipped_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No job rather than an invented one: not UTF-8, NUL, blank-looking, too long."""
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    (folder / "0").write_bytes(b"\xff\xfe=\xff\n")
+    (folder / "1").write_bytes(b"42\x00\n")
+    (folder / "3").write_text("x" * 300_000)
+    (folder / "4").write_text("a" * 257 + "\n")
+    (folder / "5").write_text("4711\n")                     # a good one still counts
+    method = MappingDirAttribution(folder)
+    with caplog.at_level(logging.WARNING):
+        records = _records()
+        Chain([method]).apply(records)
+        Chain([method]).apply(_records())                   # said once, not per cycle
+    assert records[1]["processes"] == []
+    assert records[0]["processes"] == [{"pid": 11, "used_mib": 1.0, "job_id": None}]
+    assert records[4]["processes"] == [{"pid": 33, "used_mib": 1.0, "job_id": None}]
+    assert records[5]["processes"] == []
+    assert records[6]["processes"] == [{"pid": 0, "used_mib": 0.0, "job_id": "4711"}]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and method.errors == 4
+    assert any("0 skipped (no job attributed): not UTF-8 text (byte 0)" in m for m in lines)
+    assert any("1 skipped" in m and "control characters" in m for m in lines)
+    assert any("3 skipped" in m and "larger than 65536 bytes" in m for m in lines)
+    assert any("4 skipped" in m and "at most 256 characters" in m for m in lines)
+    assert all("\n" not in m for m in lines)
+    (folder / "0").write_text("4242\n")                     # fixed by the prolog
+    fixed = _records()
+    Chain([method]).apply(fixed)
+    assert fixed[0]["processes"] == [{"pid": 11, "used_mib": 1.0, "job_id": "4242"}]

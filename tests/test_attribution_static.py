@@ -25,3 +25,10 @@ def test_node_job_per_gpu_overrides_and_env() -> None:
     assert env.device_jobs(_records()[0]) == ["991"]
     unset = StaticAttribution(job_id=None, env="SLURM_JOB_ID", environ={})
     assert unset.device_jobs(_records()[0]) == []
+
+
+def test_an_invalid_job_id_in_the_environment_is_ignored() -> None:
+    for bad in ("   ", "9\x0091", "x" * 300):
+        env = StaticAttribution(job_id="fallback", env="SLURM_JOB_ID",
+                                environ={"SLURM_JOB_ID": bad})
+        assert env.device_jobs(_records()[0]) == ["fallback"]

@@ -13,20 +13,36 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
+import string
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpuledger.yaml_file import YamlFileError, read_yaml
+from gpuledger.agent.attribution import job_id_problem
+from gpuledger.yaml_file import YamlFileError, read_yaml, yaml_problem
 
 ENV_PREFIX = "GPULEDGER_AGENT__"
 SOURCES = ("nvml", "dcgm-exporter", "simulator")
 METHODS = ("slurm", "kubernetes", "mapping_dir", "static")
+SHOW_CHARS = 40
+"""Values in error messages are cut after this many characters."""
+MIN_INTERVAL_S = 0.1
+DAY_S = 86400.0
+"""Bounds of ``interval_s``, ``inventory.check_s`` and ``attribution.kubernetes.refresh_s``."""
+MIN_TIMEOUT_S = 0.001
+MAX_TIMEOUT_S = 3600.0
+"""Bounds of every ``timeout_s``."""
+MAX_NAME = 256
+"""The longest ``node`` and ``agent_id``."""
+MAX_SEGMENT_BYTES = 1 << 30
+_HOST = re.compile(r"[A-Za-z0-9._\-\[\]:%]*")
 
 
 class AgentConfigError(ValueError):
@@ -171,6 +187,46 @@ _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 
 
+def _show(value: Any) -> str:
+    """``repr(value)``, cut to :data:`SHOW_CHARS` characters for error messages."""
+    text = repr(value)
+    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "…"
+
+
+def _yaml_value(path: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(f"{path}: {yaml_problem(exc)}") from None
+
+
+def _number(path: str, value: Any, hint: type) -> int | float:
+    """A float, or for ``int`` a whole number ('5', 5.0, '5.0' and '1e3' are whole)."""
+    kind = "a whole number" if hint is int else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise AgentConfigError(f"{path}: expected {kind}, got {_show(value)}")
+    if hint is int and isinstance(value, int):
+        return value
+    if hint is int and isinstance(value, str):
+        try:
+            return int(value)            # exact, however many digits
+        except ValueError:
+            pass
+    try:
+        number = float(value)
+    except ValueError:
+        raise AgentConfigError(f"{path}: expected {kind}, got {_show(value)}") from None
+    except OverflowError:                # float(10 ** 400)
+        raise AgentConfigError(f"{path}: expected a finite number, got {_show(value)}") from None
+    if not math.isfinite(number):
+        raise AgentConfigError(f"{path}: expected a finite number, got {_show(value)}")
+    if hint is float:
+        return number
+    if not number.is_integer():
+        raise AgentConfigError(f"{path}: expected a whole number, got {_show(value)}")
+    return int(number)
+
+
 def _coerce(path: str, value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -186,50 +242,48 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
             return value
         if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
             return value.lower() in _TRUE
-        raise AgentConfigError(f"{path}: expected true or false, got {value!r}")
+        raise AgentConfigError(f"{path}: expected true or false, got {_show(value)}")
     if hint in (int, float):
-        if isinstance(value, bool):
-            raise AgentConfigError(f"{path}: expected a number, got {value!r}")
-        try:
-            number = hint(value)
-        except (TypeError, ValueError):
-            raise AgentConfigError(f"{path}: expected a number, got {value!r}") from None
-        except OverflowError:  # int(inf)
-            raise AgentConfigError(f"{path}: expected a finite number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise AgentConfigError(f"{path}: expected a finite number, got {value!r}")
-        if hint is int and isinstance(value, float) and value != number:
-            raise AgentConfigError(f"{path}: expected a whole number, got {value!r}")
-        return number
+        return _number(path, value, hint)
     if hint is str:
         if isinstance(value, str | int | float) and not isinstance(value, bool):
             return str(value)
-        raise AgentConfigError(f"{path}: expected text, got {value!r}")
+        raise AgentConfigError(f"{path}: expected text, got {_show(value)}")
     if hint is Path:
         if isinstance(value, str) and value:
             return Path(value)
-        raise AgentConfigError(f"{path}: expected a path, got {value!r}")
+        raise AgentConfigError(f"{path}: expected a path, got {_show(value)}")
     if origin is list:
         if isinstance(value, str):
-            value = (yaml.safe_load(value) if value.strip().startswith("[")
+            value = (_yaml_value(path, value) if value.strip().startswith("[")
                      else [v.strip() for v in value.split(",") if v.strip()])
         if not isinstance(value, list):
-            raise AgentConfigError(f"{path}: expected a list, got {value!r}")
+            raise AgentConfigError(f"{path}: expected a list, got {_show(value)}")
         return [_coerce(f"{path}[{i}]", v, args[0]) for i, v in enumerate(value)]
     if origin is dict:
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip() else {}
+            value = _yaml_value(path, value) if value.strip() else {}
         if not isinstance(value, dict):
-            raise AgentConfigError(f"{path}: expected a mapping, got {value!r}")
-        return {str(k): _coerce(f"{path}.{k}", v, args[1]) for k, v in value.items()}
+            raise AgentConfigError(f"{path}: expected a mapping, got {_show(value)}")
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if k is None or isinstance(k, bool) or not str(k).strip():
+                raise AgentConfigError(f"{path}: a key is empty or null ({_show(k)})")
+            out[str(k)] = _coerce(f"{path}.{k}", v, args[1])
+        return out
     raise AgentConfigError(f"{path}: unsupported type {hint!r}")  # pragma: no cover
 
 
 def _build(path: str, cls: Any, raw: Any) -> Any:
     if raw is None:
         return cls()
+    if isinstance(raw, str) and path:
+        example = f"{ENV_PREFIX}{path.upper().replace('.', '__')}__{fields(cls)[0].name.upper()}"
+        raise AgentConfigError(f"{path}: expected a mapping, got {_show(raw)} (a section's keys "
+                               f"are set one by one, e.g. {example}=...)")
     if not isinstance(raw, dict):
-        raise AgentConfigError(f"{path or 'configuration'}: expected a mapping, got {raw!r}")
+        raise AgentConfigError(f"{path or 'configuration'}: expected a mapping, got "
+                               f"{_show(raw)}")
     hints = typing.get_type_hints(cls)
     known = [f.name for f in fields(cls)]
     values: dict[str, Any] = {}
@@ -241,7 +295,9 @@ def _build(path: str, cls: Any, raw: Any) -> Any:
     return cls(**values)
 
 
-def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+def _env_overrides(raw: dict[str, Any], environ: dict[str, str],
+                   origins: dict[str, str] | None = None) -> dict[str, Any]:
+    """``raw`` with the variables applied; ``origins`` gets key path → variable."""
     merged: dict[str, Any] = _copy(raw)
     for var, value in sorted(environ.items()):
         if not var.startswith(ENV_PREFIX):
@@ -257,7 +313,18 @@ def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, An
                 raise AgentConfigError(f"{where}: set by {var} but not a mapping")
             target = nested
         target[parts[-1]] = value
+        if origins is not None:
+            origins[".".join(parts)] = var
     return merged
+
+
+def _naming_variable(message: str, origins: dict[str, str]) -> str:
+    """``message`` with the variable that set its key, when one did."""
+    key = message.partition(":")[0]
+    hits = [p for p in origins if key == p or key.startswith((p + ".", p + "["))]
+    if not hits:
+        return message
+    return f"{message} (set by {origins[max(hits, key=len)]})"
 
 
 def _copy(raw: dict[str, Any]) -> dict[str, Any]:
@@ -275,76 +342,122 @@ def load_agent_config(path: Path | None = None,
             raise AgentConfigError(str(exc)) from None
         if not isinstance(raw, dict):
             raise AgentConfigError(f"{path}: expected a mapping at the top level")
-    raw = _env_overrides(raw, dict(os.environ) if environ is None else environ)
-    config: AgentConfig = _build("", AgentConfig, raw)
-    validate(config)
+    origins: dict[str, str] = {}
+    raw = _env_overrides(raw, dict(os.environ) if environ is None else environ, origins)
+    try:
+        config: AgentConfig = _build("", AgentConfig, raw)
+        validate(config)
+    except AgentConfigError as exc:
+        raise AgentConfigError(_naming_variable(str(exc), origins)) from None
     return config
 
 
 def _template(path: str, template: str, **sample: str) -> None:
+    """Only plain ``{name}`` placeholders of ``sample`` (no format spec, conversion,
+    attribute or index), and a sample rendering must be a valid job id."""
+    names = ", ".join("{" + k + "}" for k in sample)
     try:
-        template.format(**sample)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise AgentConfigError(
-            f"{path}: {template!r} is not a valid template (placeholders: "
-            f"{', '.join('{' + k + '}' for k in sample)}): {exc}") from None
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise AgentConfigError(f"{path}: {_show(template)} is not a valid template "
+                               f"(placeholders: {names}): {exc}") from None
+    for _text, name, spec, conversion in parts:
+        if name is not None and (name not in sample or spec or conversion):
+            raise AgentConfigError(
+                f"{path}: {_show(template)} is not a valid template: only the placeholders "
+                f"{names} are allowed, as they are (no format spec, conversion, attribute "
+                "or index)")
+    _job_id(path, template.format(**sample))
+
+
+def _job_id(path: str, job_id: str) -> None:
+    problem = job_id_problem(job_id)
+    if problem:
+        raise AgentConfigError(f"{path}: {problem}, got {_show(job_id)}")
+
+
+def _within(path: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise AgentConfigError(f"{path}: must be between {low:g} and {high:g}, got {value:g}")
 
 
 def _host_port(path: str, text: str) -> None:
-    port = text.rpartition(":")[2]
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise AgentConfigError(f"{path}: expected HOST:PORT, got {text!r}")
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) < 65536 or not _HOST.fullmatch(host):
+        raise AgentConfigError(f"{path}: expected HOST:PORT, got {_show(text)}")
+
+
+def _http_url(path: str, url: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a bad port)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+            or not url.isprintable() or any(c.isspace() for c in url):
+        raise AgentConfigError(f"{path}: expected an http:// or https:// URL "
+                               f"(http://HOST[:PORT]/PATH), got {_show(url)}")
+
+
+def _name(path: str, value: str | None) -> None:
+    if value is None:
+        return
+    if not value.strip():
+        raise AgentConfigError(f"{path}: must not be empty")
+    if len(value) > MAX_NAME or not value.isprintable():
+        raise AgentConfigError(f"{path}: must be printable text of at most {MAX_NAME} "
+                               f"characters, got {_show(value)}")
 
 
 def validate(c: AgentConfig) -> None:
     """Ranges and cross-key rules; raises :class:`AgentConfigError` naming the key."""
-    if c.node is not None and not c.node.strip():
-        raise AgentConfigError("node: must not be empty")
-    if c.interval_s <= 0:
-        raise AgentConfigError(f"interval_s: must be > 0, got {c.interval_s}")
+    _name("node", c.node)
+    _name("agent_id", c.agent_id)
+    _within("interval_s", c.interval_s, MIN_INTERVAL_S, DAY_S)
     if c.source not in SOURCES:
-        raise AgentConfigError(f"source: {c.source!r} is not one of {', '.join(SOURCES)}")
+        raise AgentConfigError(f"source: {_show(c.source)} is not one of {', '.join(SOURCES)}")
     a = c.attribution
     for i, method in enumerate(a.methods):
         if method not in METHODS:
-            raise AgentConfigError(f"attribution.methods[{i}]: {method!r} is not one of "
+            raise AgentConfigError(f"attribution.methods[{i}]: {_show(method)} is not one of "
                                    f"{', '.join(METHODS)}")
         if method in a.methods[:i]:
             raise AgentConfigError(f"attribution.methods[{i}]: {method!r} is listed twice")
     if "mapping_dir" in a.methods and a.mapping_dir.path is None:
         raise AgentConfigError("attribution.mapping_dir.path: required when the "
                                "mapping_dir method is used")
-    if a.slurm.walk_parents < 0:
-        raise AgentConfigError("attribution.slurm.walk_parents: must be >= 0")
+    _within("attribution.slurm.walk_parents", a.slurm.walk_parents, 0, 4096)
     _template("attribution.slurm.job_id", a.slurm.job_id, id="1")
     _template("attribution.kubernetes.job_id", a.kubernetes.job_id, namespace="ns",
               pod="p", container="c")
-    for name in ("timeout_s", "refresh_s"):
-        if getattr(a.kubernetes, name) <= 0:
-            raise AgentConfigError(f"attribution.kubernetes.{name}: must be > 0")
-    if c.dcgm_exporter.timeout_s <= 0:
-        raise AgentConfigError("dcgm_exporter.timeout_s: must be > 0")
-    if c.simulator.hours <= 0:
-        raise AgentConfigError("simulator.hours: must be > 0")
+    _within("attribution.kubernetes.timeout_s", a.kubernetes.timeout_s, MIN_TIMEOUT_S,
+            MAX_TIMEOUT_S)
+    _within("attribution.kubernetes.refresh_s", a.kubernetes.refresh_s, MIN_INTERVAL_S, DAY_S)
+    if a.static.job_id is not None:
+        _job_id("attribution.static.job_id", a.static.job_id)
+    for gpu, job in a.static.gpus.items():
+        _job_id(f"attribution.static.gpus.{gpu}", job)
+    _http_url("dcgm_exporter.url", c.dcgm_exporter.url)
+    _within("dcgm_exporter.timeout_s", c.dcgm_exporter.timeout_s, MIN_TIMEOUT_S, MAX_TIMEOUT_S)
+    _within("simulator.seed", c.simulator.seed, 0, 2**63 - 1)
+    _within("simulator.hours", c.simulator.hours, 0.01, 366 * 24)
     inv = c.inventory
     if inv.pool is not None and not inv.pool.strip():
         raise AgentConfigError("inventory.pool: must not be empty")
-    if inv.check_s <= 0:
-        raise AgentConfigError("inventory.check_s: must be > 0")
-    if inv.republish_s < 0:
-        raise AgentConfigError("inventory.republish_s: must be >= 0")
+    _within("inventory.check_s", inv.check_s, MIN_INTERVAL_S, DAY_S)
+    _within("inventory.republish_s", inv.republish_s, 0, 366 * DAY_S)
     k = c.kafka
     if k.bootstrap is not None:
         for i, server in enumerate(k.bootstrap.split(",")):
             _host_port(f"kafka.bootstrap[{i}]" if "," in k.bootstrap else "kafka.bootstrap",
                        server.strip())
-    if k.send_timeout_s <= 0:
-        raise AgentConfigError("kafka.send_timeout_s: must be > 0")
-    if k.batch <= 0:
-        raise AgentConfigError("kafka.batch: must be > 0")
+    _within("kafka.send_timeout_s", k.send_timeout_s, MIN_TIMEOUT_S, MAX_TIMEOUT_S)
+    _within("kafka.batch", k.batch, 1, 1_000_000)
     s = c.spool
     if s.segment_bytes < 4096:
         raise AgentConfigError("spool.segment_bytes: must be at least 4096")
+    if s.segment_bytes > MAX_SEGMENT_BYTES:
+        raise AgentConfigError(f"spool.segment_bytes: must be at most {MAX_SEGMENT_BYTES}")
     if s.max_bytes < s.segment_bytes:
         raise AgentConfigError("spool.max_bytes: must be at least spool.segment_bytes "
                                f"({s.max_bytes} < {s.segment_bytes})")

@@ -20,24 +20,33 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gpuledger.yaml_file import YamlFileError, read_text
+
 log = logging.getLogger("gpuledger.agent.inventory")
 
 DEFAULT_POOL = "default"
 
 
 def read_labels_file(path: Path) -> dict[str, str]:
-    """``key=value`` lines; blank lines and ``#`` comments skipped."""
+    """``key=value`` lines; blank lines and ``#`` comments skipped.
+
+    A file that cannot be read (missing, a folder, not UTF-8) and a line without a label
+    name are one warning each; the agent goes on with the labels it has."""
     labels: dict[str, str] = {}
     try:
-        text = path.read_text()
-    except OSError as exc:
-        log.warning("cannot read the labels file %s: %s", path, exc.strerror)
+        text = read_text(path)
+    except YamlFileError as exc:    # missing, a folder, unreadable, not UTF-8
+        log.warning("cannot read the labels file %s", exc)
         return labels
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
         key, _, value = line.partition("=")
+        if not key.strip():
+            log.warning("labels file %s, line %d: no label name before '='; skipped",
+                        path, number)
+            continue
         labels[key.strip()] = value.strip()
     return labels
 

@@ -42,10 +42,25 @@ from gpuledger.agent.spool import Message, Spool, _read_frames
 log = logging.getLogger("gpuledger.agent")
 
 SEQ_FILE = "agent.seq"
+MAX_SEQ = 2**63 - 1
+"""The contract's seq is an int64 >= 0."""
 STOP_MARGIN_S = 2.0
 """After the grace period, how long the agent still waits for a blocked Kafka call."""
 SEQ_SAVE_S = 60.0
 """How often the seq file is rewritten (the spool's newest sample is the main record)."""
+
+
+def _valid_seq(value: object) -> int:
+    """``value`` as a sequence number (an int64 >= 0), else ValueError saying why."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"not a whole number: {str(value)[:40]!r}")
+    try:
+        seq = int(value)
+    except ValueError:
+        raise ValueError(f"not a whole number: {str(value)[:40]!r}") from None
+    if not 0 <= seq <= MAX_SEQ:
+        raise ValueError(f"out of range (0 to 2**63 - 1): {str(value)[:40]!r}")
+    return seq
 
 
 class Source(Protocol):
@@ -60,6 +75,8 @@ class SharedSpool(Spool):
     every batch; after a restart, or when an outage outgrows the cache, messages are
     read from disk as before until the backlog is sent.
     """
+
+    state_files = (*Spool.state_files, SEQ_FILE, Path(SEQ_FILE).with_suffix(".tmp").name)
 
     def __init__(self, folder: Path, max_bytes: int = 256 << 20,
                  segment_bytes: int = 8 << 20, cache_bytes: int = 4 << 20) -> None:
@@ -160,19 +177,25 @@ class Agent:
 
     def _read_seq(self) -> int:
         """The next sequence number: after the newest sample still in the spool (the
-        spool keeps its newest segment after sending), or from the seq file."""
+        spool keeps its newest segment after sending), or from the seq file.
+
+        A seq file or spooled seq that is unreadable or not an int64 >= 0 is said in one
+        warning and not used (the sequence restarts from what else is known, else 0)."""
         path = self._seq_path()
-        try:
-            saved = int(path.read_text().strip()) if path is not None else 0
-        except (OSError, ValueError):
-            saved = 0
+        saved = 0
+        if path is not None and path.exists():
+            try:
+                saved = _valid_seq(path.read_text(encoding="ascii").strip())
+            except (OSError, ValueError) as exc:
+                log.warning("ignoring the seq file %s: %s", path,
+                            getattr(exc, "strerror", None) or exc)
         last = None
         if isinstance(self.spool, SharedSpool):
             last = self.spool.last_message(self.telemetry_topic)
         if last is not None:
             lines = last.value.rstrip(b"\n").rsplit(b"\n", 1)
             try:
-                saved = max(saved, int(json.loads(lines[-1])["seq"]) + 1)
+                saved = max(saved, _valid_seq(json.loads(lines[-1])["seq"]) + 1)
             except (ValueError, KeyError, TypeError):
                 log.warning("the newest spooled sample has no readable seq")
         return saved
@@ -182,8 +205,13 @@ class Agent:
         if path is None:
             return
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(self.seq))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(str(self.seq))
+            os.replace(tmp, path)
+        except OSError as exc:
+            if tmp.is_file():
+                tmp.unlink()
+            log.warning("cannot write the seq file %s: %s", path, exc.strerror or exc)
 
     # -- one collection ------------------------------------------------------------
 
@@ -216,7 +244,11 @@ class Agent:
                   ) -> dict[str, Any] | None:
         """The node's inventory record now (None when the source cannot tell)."""
         inv = self.config.inventory
-        labels = node_labels(inv.labels, inv.labels_file)
+        try:
+            labels = node_labels(inv.labels, inv.labels_file)
+        except Exception as exc:         # never stop the agent for a labels file
+            log.warning("reading the labels failed: %s", exc)
+            labels = dict(inv.labels)
         when = now or datetime.now(UTC)
         explicit = explicit_pool(inv.pool, inv.pool_label, labels)
         build = getattr(self.source, "inventory", None)
@@ -296,7 +328,10 @@ class Agent:
         tick = time.monotonic()
         try:
             while not stop.is_set():
-                self.cycle()
+                try:
+                    self.cycle()
+                except Exception as exc:    # a bad runtime file must not stop the agent
+                    log.warning("collection cycle failed: %s: %s", type(exc).__name__, exc)
                 tick += interval
                 delay = tick - time.monotonic()
                 if delay < 0:       # fell behind (a slow source): skip, do not burst
@@ -317,14 +352,14 @@ class Agent:
         assert self.sender is not None and self.spool is not None
         sender, spool = self.sender, self.spool
         while not stop.is_set():
-            delivered = sender.drain()
+            delivered = self._drain(sender)
             if delivered == 0:
                 # woken by the next collection; retry sooner while a backlog waits
                 self._wake.wait(1.0 if spool.backlog else 30.0)
                 self._wake.clear()
         deadline = self._stop_deadline or time.monotonic() + self.config.kafka.send_timeout_s
         while spool.backlog and time.monotonic() < deadline:
-            if sender.drain() == 0:
+            if self._drain(sender) == 0:
                 time.sleep(0.2)
         if spool.backlog:
             log.warning("stopping with %d messages in the spool; they are sent at the "
@@ -333,6 +368,16 @@ class Agent:
             sender.close(max(deadline - time.monotonic(), 0.0))
         except Exception as exc:
             log.warning("closing the Kafka producer failed: %s", exc)
+
+    @staticmethod
+    def _drain(sender: Sender) -> int:
+        """One delivery attempt; a failure (e.g. the spool's disk) is a warning, and the
+        sender thread keeps going."""
+        try:
+            return sender.drain()
+        except Exception as exc:
+            log.warning("sending from the spool failed: %s: %s", type(exc).__name__, exc)
+            return 0
 
     def close(self) -> None:
         if self.spool is not None and self.seq:

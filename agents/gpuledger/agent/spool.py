@@ -7,6 +7,10 @@ the original timestamps (they are inside the messages). When it is full, the old
 segment is dropped and exactly how many messages and bytes were lost is counted and
 logged. Pure Python, no dependencies: the agent stays lean.
 
+Files in the folder that are not named like a segment are ignored (with a warning); a
+folder where a segment, ``cursor`` or a temporary file should be is a start-up error
+(:class:`SpoolError`).
+
 Layout of the spool folder::
 
     00000000000000000042.seg     segments, named by their first message number
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +35,7 @@ log = logging.getLogger("gpuledger.agent.spool")
 _HEAD = struct.Struct("<I")
 _SHORT = struct.Struct("<H")
 SUFFIX = ".seg"
+_SEGMENT_NAME = re.compile(r"[0-9]{20}" + re.escape(SUFFIX))
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,23 @@ def _read_frames(path: Path) -> tuple[list[tuple[str, bytes, bytes]], int]:
     return out, pos
 
 
+class SpoolError(ValueError):
+    """The spool folder cannot be used: one line naming the path and why."""
+
+
+def check_file(path: Path) -> None:
+    """:class:`SpoolError` when something other than a plain file is at ``path``."""
+    if path.is_dir():
+        raise SpoolError(f"{path} is a folder, not a file: remove it")
+    if path.exists() and not path.is_file():
+        raise SpoolError(f"{path} is not a plain file: remove it")
+
+
 class Spool:
     """Append, read in order, acknowledge; bounded by ``max_bytes``."""
+
+    state_files: tuple[str, ...] = ("cursor", ".cursor.tmp")
+    """Files the spool writes besides its segments (each must be a plain file)."""
 
     def __init__(self, folder: Path, max_bytes: int = 256 << 20,
                  segment_bytes: int = 8 << 20) -> None:
@@ -80,9 +101,18 @@ class Spool:
         self.segment_bytes = segment_bytes
         self.dropped_messages = 0
         self.dropped_bytes = 0
+        if folder.exists() and not folder.is_dir():
+            raise SpoolError(f"{folder} is a file, not a folder")
+        for name in self.state_files:
+            check_file(folder / name)
         folder.mkdir(parents=True, exist_ok=True)
         self._segments: list[tuple[int, int, int]] = []  # (first number, count, bytes)
         for path in sorted(folder.glob(f"*{SUFFIX}")):
+            if not _SEGMENT_NAME.fullmatch(path.name):
+                log.warning("spool: ignoring %s (not a segment name: 20 digits + %s)",
+                            path, SUFFIX)
+                continue
+            check_file(path)
             frames, length = _read_frames(path)
             if length < path.stat().st_size:
                 with open(path, "r+b") as f:  # drop a torn tail

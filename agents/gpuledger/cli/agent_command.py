@@ -79,6 +79,7 @@ def _serve(config: Any) -> int:
     from gpuledger.agent.producer import kafka_settings, producer_factory
     from gpuledger.agent.run import Agent, SharedSpool
     from gpuledger.agent.sender import Sender
+    from gpuledger.agent.spool import SpoolError
     from gpuledger.pipeline.kafka.settings import KafkaSettingsError
 
     try:
@@ -86,14 +87,21 @@ def _serve(config: Any) -> int:
     except KafkaSettingsError as exc:
         raise CliError(f"kafka: {exc} (or set kafka.bootstrap in the configuration)") from None
     try:
-        spool = SharedSpool(config.spool.path, config.spool.max_bytes,
-                            config.spool.segment_bytes)
-    except OSError as exc:
-        raise CliError(f"spool.path: cannot use {config.spool.path}: {exc.strerror}") from None
-    try:
         source = build_source(config)
     except SourceError as exc:
         raise CliError(str(exc)) from None
+    created = _missing_folders(config.spool.path)
+    try:
+        spool = SharedSpool(config.spool.path, config.spool.max_bytes,
+                            config.spool.segment_bytes)
+    except SpoolError as exc:
+        _close(source)
+        raise CliError(f"spool.path: {exc}") from None
+    except OSError as exc:
+        _close(source)
+        _remove_empty(created)
+        raise CliError(f"spool.path: cannot use {config.spool.path}: "
+                       f"{exc.strerror or exc}") from None
     sender = Sender(spool, producer_factory(settings, config.kafka.send_timeout_s),
                     batch=config.kafka.batch, send_timeout_s=config.kafka.send_timeout_s)
     agent = Agent(config, source, build_chain(config), spool, sender,
@@ -108,8 +116,9 @@ def _serve(config: Any) -> int:
                                    agent.health)
         except OSError as exc:
             agent.close()
+            _remove_empty(created)
             raise CliError(f"metrics.listen: cannot listen on {config.metrics.listen}: "
-                           f"{exc.strerror}") from None
+                           f"{exc.strerror or exc}") from None
         logging.getLogger("gpuledger.agent").info(
             "self-metrics on http://%s:%d/metrics", host or "0.0.0.0", server.port)
     stop = threading.Event()
@@ -130,3 +139,28 @@ def _serve(config: Any) -> int:
             server.close()
         agent.close()
     return 0
+
+
+def _close(source: Any) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first."""
+    missing: list[Path] = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Undo the folders start-up created when it then fails (only while still empty)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return

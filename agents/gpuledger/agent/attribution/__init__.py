@@ -21,6 +21,25 @@ from typing import Any
 
 Record = dict[str, Any]
 
+MAX_JOB_ID = 256
+"""The longest job id the agent reports (characters)."""
+
+
+def job_id_problem(job_id: str) -> str | None:
+    """Why ``job_id`` cannot be a job id, or None when it can.
+
+    A job id is not blank, at most :data:`MAX_JOB_ID` characters, and printable (no
+    control characters, NUL, line breaks or tabs): the contract's ``job_id`` is a
+    non-empty string (docs/events.md) and ids are compared with the scheduler's.
+    """
+    if not job_id.strip():
+        return "a job id must not be empty or blank"
+    if len(job_id) > MAX_JOB_ID:
+        return f"a job id is at most {MAX_JOB_ID} characters (this one has {len(job_id)})"
+    if not job_id.isprintable():
+        return "a job id must not hold control characters (tab, line break, NUL, ...)"
+    return None
+
 
 class Method:
     """One attribution method. Subclasses override what they can answer."""

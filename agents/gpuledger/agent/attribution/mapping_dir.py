@@ -5,7 +5,10 @@ reads a folder that the workload manager's prolog and epilog keep up to date: on
 per GPU, named by the GPU's index (``0``, ``1``, ...), or ``<gpu>.<gpu instance>`` for a
 MIG instance (``2.0``), holding the ids of the jobs on it, one per line; an empty or
 missing file means no job. The same folder can serve dcgm-exporter and this agent.
-Files named by GPU UUID (``GPU-...`` / ``MIG-...``) are read too.
+Files named by GPU UUID (``GPU-...`` / ``MIG-...``) are read too. A file that is not
+UTF-8, larger than 64 KiB, or holds an id that is not a valid job id (blank, control
+characters, over 256 characters) is skipped with one warning: no job rather than an
+invented one.
 """
 
 from __future__ import annotations
@@ -13,9 +16,28 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gpuledger.agent.attribution import Method, Record, mig_gi
+from gpuledger.agent.attribution import Method, Record, job_id_problem, mig_gi
 
 log = logging.getLogger("gpuledger.agent.attribution.mapping_dir")
+
+MAX_FILE_BYTES = 64 << 10
+"""A mapping file larger than this is not a list of job ids."""
+
+
+def _job_ids(data: bytes) -> tuple[list[str], str | None]:
+    """The job ids of one file, or why the file is not a valid one."""
+    if len(data) > MAX_FILE_BYTES:
+        return [], f"larger than {MAX_FILE_BYTES} bytes"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], f"not UTF-8 text (byte {exc.start})"
+    ids = [line.strip() for line in text.splitlines() if line.strip()]
+    for number, job in enumerate(ids, 1):
+        problem = job_id_problem(job)
+        if problem:
+            return [], f"job {number}: {problem}"
+    return ids, None
 
 
 class MappingDirAttribution(Method):
@@ -26,6 +48,8 @@ class MappingDirAttribution(Method):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._jobs: dict[str, list[str]] = {}
+        self._warned: dict[str, str] = {}
+        """File name → the problem last warned about (each is said once, not per cycle)."""
 
     def begin_cycle(self) -> None:
         jobs: dict[str, list[str]] = {}
@@ -37,16 +61,26 @@ class MappingDirAttribution(Method):
             self.errors += 1
             log.warning("cannot read the job mapping folder %s: %s", self.path, exc)
             entries = []
+        problems: dict[str, str] = {}
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             try:
-                text = entry.read_text(errors="replace")
+                with open(entry, "rb") as f:
+                    data = f.read(MAX_FILE_BYTES + 1)
             except OSError:
                 continue          # a directory, or removed by the epilog meanwhile
-            ids = [line.strip() for line in text.splitlines() if line.strip()]
-            if ids:
+            ids, problem = _job_ids(data)
+            if problem:
+                problems[entry.name] = problem
+            elif ids:
                 jobs[entry.name] = ids
+        for name, problem in problems.items():
+            if self._warned.get(name) != problem:
+                self.errors += 1
+                log.warning("job mapping file %s skipped (no job attributed): %s",
+                            self.path / name, problem)
+        self._warned = problems
         self._jobs = jobs
 
     def device_jobs(self, record: Record) -> list[str]:
