@@ -66,3 +66,43 @@ def test_wrong_token_and_bad_config_are_clear_errors(
                  "--once"])
     assert code == 2
     assert "kubernetes.watch_timeout: unknown key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("token", "message"), [
+    (b"\xff\xfe\x00", "not a token (not UTF-8 text)"),
+    (b"abc\r\nX-Evil: 1", "not a token"),
+    (None, "no such file"),
+])
+def test_a_bad_token_file_fails_at_start_and_creates_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], token: bytes | None,
+        message: str) -> None:
+    token_file = tmp_path / "token"
+    if token is not None:
+        token_file.write_bytes(token)
+    out, state = tmp_path / "new" / "o.jsonl", tmp_path / "s"
+    code = main(["bridge", "kubernetes", "--config",
+                 str(_config(tmp_path, "http://127.0.0.1:1", token_file)),
+                 "--out", str(out), "--state", str(state), "--once", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"kubernetes.token_file: {token_file}: {message}" in err
+    assert "Evil" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.parent.exists() and not state.exists()
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b'{"memory": 5, "outbox": 7}',
+                                     b'{"version": 1, "outbox": {"position": -1}}',
+                                     b'{"memory": {}}'])
+def test_a_bad_state_file_fails_at_start_and_creates_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    state = tmp_path / "s"
+    state.write_bytes(content)
+    out = tmp_path / "new" / "o.jsonl"
+    code = main(["bridge", "kubernetes", "--config",
+                 str(_config(tmp_path, "http://127.0.0.1:1", token)),
+                 "--out", str(out), "--state", str(state), "--once", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--state {state}: not a " in err
+    assert not out.parent.exists()

@@ -149,3 +149,41 @@ def test_kafka_spool_sink_to_a_real_broker_exactly_once(tmp_path: Path, kafka: A
             assert (topic, key) == (jobs_topic, record["job_id"])
         else:
             assert (topic, key) == (inv_topic, record["node"])
+
+
+def _inv(node: str) -> Record:
+    return {"v": 1, "type": "inventory", "time": "2026-01-01T00:00:00Z", "node": node}
+
+
+def test_file_sink_complete_never_pads_or_cuts_a_file(tmp_path: Path) -> None:
+    batch = [_inv("a"), _inv("b")]
+    data = b"".join(encode(r) for r in batch)
+    # a torn batch (a prefix of it is there): the rest is appended
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b"old\n" + data[:7])
+    FileSink(torn).complete(4, batch)
+    assert torn.read_bytes() == b"old\n" + data
+    # all there: nothing changes
+    FileSink(torn).complete(4, batch)
+    assert torn.read_bytes() == b"old\n" + data
+    # a new, shorter file (rotated): the batch at its end, no NUL bytes
+    short = tmp_path / "short.jsonl"
+    short.write_bytes(b"x\n")
+    FileSink(short).complete(4096, batch)
+    assert short.read_bytes() == b"x\n" + data
+    # other bytes at the position (another file): appended on a line of its own
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(b"0123456789" * 10)
+    FileSink(other).complete(4, batch)
+    assert other.read_bytes() == b"0123456789" * 10 + b"\n" + data
+
+
+@pytest.mark.parametrize("content", ["\xff\xfe\x00", '{"memory": 5, "outbox": 7}',
+                                     '{"outbox": {"position": -1, "records": []}}',
+                                     '{"outbox": {"position": 0, "records": [{"type": "x"}]}}',
+                                     "NaN", "[1]"])
+def test_load_state_refuses_what_is_not_a_state_file(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "st"
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(StateError, match="not a bridge state file"):
+        load_state(path)

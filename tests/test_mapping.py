@@ -98,6 +98,12 @@ def test_every_section(tmp_path: Path) -> None:
      "mapping.card_types.memory_mib.X: expected a number > 0, got inf"),
     ({"preemptible": {"qos": "low"}}, "mapping.preemptible.qos: expected a list"),
     ({"colour": 1}, "mapping.colour: unknown key"),
+    ({"priorities": {"default": 10**26}},
+     "mapping.priorities.default: 100000000000000000000000000 does not fit a 64-bit integer"),
+    ({"priorities": {"qos": {"hi": -(2**63) - 1}}},
+     "mapping.priorities.qos.hi: -9223372036854775809 does not fit a 64-bit integer"),
+    ({"card_types": {"memory_mib": {"H100-SXM5-80GB": 1.0e308}}},
+     "mapping.card_types.memory_mib.H100-SXM5-80GB: at most 1,048,576 MiB (1 TiB)"),
 ])
 def test_errors_name_the_key(raw: object, message: str) -> None:
     with pytest.raises(MappingError) as err:
@@ -106,7 +112,7 @@ def test_errors_name_the_key(raw: object, message: str) -> None:
 
 
 def test_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(MappingError, match="missing.yaml: no such file"):
+    with pytest.raises(MappingError, match=r"missing\.yaml: no such file"):
         load_mapping(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("teams: [unclosed\n")
@@ -118,3 +124,20 @@ def test_empty_file_is_identity(tmp_path: Path) -> None:
     path = tmp_path / "empty.yaml"
     path.write_text("")
     assert load_mapping(path) == Mapping()
+
+
+def test_bounds_are_inclusive() -> None:
+    m = parse_mapping({"priorities": {"default": 2**63 - 1, "qos": {"lo": -(2**63)}},
+                       "card_types": {"memory_mib": {"X": 1_048_576}}})
+    assert m.priority() == 2**63 - 1 and m.priority("lo") == -(2**63)
+    assert m.card_memory("X") == 1_048_576.0
+
+
+def test_mapping_keys_beside_mapping_are_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("mapping: {}\nteams: {accounts: {root: XTEAM}}\n")
+    with pytest.raises(MappingError, match=r"m\.yaml: teams: a mapping key beside `mapping:`"):
+        load_mapping(path)
+    # other sections (a bridge's own settings) may share the file
+    path.write_text("mapping: {teams: {default: ml}}\nkubernetes: {kueue: false}\n")
+    assert load_mapping(path).team() == "ml"

@@ -52,6 +52,8 @@ DEFAULT_CARD_MEMORY_MIB: dict[str, float] = {
     "L40S-48GB": 46_068.0,
     "A10-24GB": 23_028.0,
 }
+MAPPING_KEYS = ("teams", "pools", "queues", "priorities", "job_types", "card_types",
+                "preemptible")
 QUEUE_SOURCES = ("partition", "qos", "partition/qos")
 _RULE_KEYS = ("type", "name", "qos", "partition", "account", "namespace", "queue", "labels")
 
@@ -220,9 +222,19 @@ def _string_map(path: str, raw: Any) -> dict[str, str]:
     return {str(k): _string(f"{path}.{k}", v) for k, v in _mapping_of(path, raw).items()}
 
 
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
+"""A priority is a 64-bit integer (what the event contract's decoder stores)."""
+MEMORY_MIB_MAX = 1_048_576.0
+"""The most memory per GPU, MiB: the processor's default ``limits.memory_max_mib`` (a record
+above it would be rejected at ingest)."""
+
+
 def _int(path: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise MappingError(f"{path}: expected an integer, got {value!r}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise MappingError(f"{path}: {value} does not fit a 64-bit integer "
+                           f"({PRIORITY_MIN}..{PRIORITY_MAX})")
     return value
 
 
@@ -251,8 +263,7 @@ def _rules(path: str, raw: Any) -> tuple[JobTypeRule, ...]:
 
 def parse_mapping(raw: Any, where: str = "mapping") -> Mapping:
     """Build a :class:`Mapping` from parsed YAML; raise :class:`MappingError` naming the key."""
-    top = _mapping_of(where, raw, ("teams", "pools", "queues", "priorities", "job_types",
-                                    "card_types", "preemptible"))
+    top = _mapping_of(where, raw, MAPPING_KEYS)
     teams = _mapping_of(f"{where}.teams", top.get("teams"),
                         ("accounts", "namespaces", "label", "default"))
     pools = _mapping_of(f"{where}.pools", top.get("pools"),
@@ -286,6 +297,9 @@ def parse_mapping(raw: Any, where: str = "mapping") -> Mapping:
                 or math.isinf(value):
             raise MappingError(f"{where}.card_types.memory_mib.{key}: expected a number > 0, "
                                f"got {value!r}")
+        if value > MEMORY_MIB_MAX:
+            raise MappingError(f"{where}.card_types.memory_mib.{key}: at most "
+                               f"{MEMORY_MIB_MAX:,.0f} MiB (1 TiB), got {value!r}")
         memory[str(key)] = float(value)
     raw_qos = preempt.get("qos")
     if raw_qos is None:
@@ -330,5 +344,9 @@ def load_mapping(path: Path | None) -> Mapping:
     except YamlFileError as exc:
         raise MappingError(str(exc)) from None
     if isinstance(raw, dict) and "mapping" in raw:
+        beside = sorted(str(k) for k in raw if k in MAPPING_KEYS)
+        if beside:
+            raise MappingError(f"{path}: {beside[0]}: a mapping key beside `mapping:` "
+                               "(move it under `mapping:`)")
         raw = raw["mapping"]
     return parse_mapping(raw)

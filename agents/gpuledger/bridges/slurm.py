@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuledger.bridges.output import Sink
 from gpuledger.bridges.slurm_events import SlurmTracker, StepStats
@@ -31,7 +32,7 @@ from gpuledger.bridges.slurm_parse import (
     parse_sinfo_json,
     parse_squeue_json,
 )
-from gpuledger.bridges.state import load_state, save_state
+from gpuledger.bridges.state import StateError, load_state, save_state
 
 log = logging.getLogger("gpuledger.bridges.slurm")
 
@@ -91,6 +92,16 @@ class SlurmSource:
         return parse_scontrol_nodes(self.runner(["scontrol", "-o", "show", "node", "-d"]))
 
 
+def load_memory(tracker: SlurmTracker, doc: dict[str, Any], state_path: Path) -> None:
+    """Give ``tracker`` the saved memory of a state file; :class:`StateError` when it is
+    not a Slurm bridge's."""
+    try:
+        tracker.load_json(doc.get("memory", {}))
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise StateError(f"{state_path}: not a Slurm bridge state file (memory: "
+                         f"{type(exc).__name__}: {exc})") from None
+
+
 @dataclass
 class BridgeTotals:
     polls: int = 0
@@ -117,11 +128,11 @@ class SlurmBridge:
         self.inventory_every = max(1, inventory_every)
         self.totals = BridgeTotals()
         doc = load_state(state_path)
-        tracker.load_json(doc.get("memory", {}))
+        load_memory(tracker, doc, state_path)
         outbox = doc.get("outbox")
         if outbox:
             records = outbox["records"]
-            sink.complete(int(outbox["position"]), records)
+            sink.complete(outbox["position"], records)
             self.totals.recovered = len(records)
             log.info("completed an interrupted batch of %d records", len(records))
             save_state(state_path, {"memory": tracker.to_json(), "outbox": None})

@@ -28,20 +28,52 @@ class StateError(ValueError):
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    """The saved state, or ``{}`` when there is none yet."""
+    """The saved state, or ``{}`` when there is none yet; :class:`StateError` for a file
+    that is not a bridge state file (checked: an object whose ``outbox`` is null or
+    ``{position: int >= 0, records: [objects]}`` and whose ``memory`` is an object)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
+    except IsADirectoryError:
+        raise StateError(f"{path}: is a directory, not a file") from None
     except OSError as exc:
         raise StateError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise StateError(f"{path}: not a bridge state file (not UTF-8 text, byte "
+                         f"{exc.start})") from None
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
         raise StateError(f"{path}: not a bridge state file ({exc})") from None
+    problem = _shape_problem(doc)
+    if problem:
+        raise StateError(f"{path}: not a bridge state file ({problem})")
+    return dict(doc)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _shape_problem(doc: Any) -> str | None:
     if not isinstance(doc, dict):
-        raise StateError(f"{path}: not a bridge state file")
-    return doc
+        return f"expected a JSON object, got {type(doc).__name__}"
+    if not isinstance(doc.get("memory", {}), dict):
+        return "memory: expected an object"
+    outbox = doc.get("outbox")
+    if outbox is None:
+        return None
+    if not isinstance(outbox, dict):
+        return "outbox: expected an object or null"
+    position = outbox.get("position")
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        return "outbox.position: expected a whole number >= 0"
+    records = outbox.get("records")
+    if not isinstance(records, list) or not all(
+            isinstance(r, dict) and r.get("type") in ("job", "inventory") for r in records):
+        return "outbox.records: expected a list of job and inventory records"
+    return None
 
 
 def save_state(path: Path, doc: dict[str, Any]) -> None:

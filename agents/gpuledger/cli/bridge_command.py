@@ -14,6 +14,7 @@ import argparse
 import importlib
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,24 @@ from gpuledger.cli.errors import CliError
 
 # Modules of further bridges (``register(bridges, helpers)``), e.g. the Kubernetes one.
 BRIDGE_MODULES: tuple[str, ...] = ("gpuledger.cli.bridge_kubernetes",)
+
+
+INTERVAL_MIN_S = 0.1
+"""The shortest ``--interval``: each poll is two controller RPCs (a tenth of a second
+already polls ten times a second; tests use 0.3 s, production 10 s or more)."""
+
+
+def poll_interval(name: str) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number of seconds, at least :data:`INTERVAL_MIN_S`."""
+    number = positive(float, name)
+
+    def parse(text: str) -> float:
+        value: float = number(text)
+        if value < INTERVAL_MIN_S:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be at least {INTERVAL_MIN_S:g} seconds, got {text}")
+        return value
+    return parse
 
 
 def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
@@ -45,8 +64,9 @@ def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
     p.add_argument("--spool", type=Path, default=None, metavar="DIR",
                    help="with --kafka: on-disk spool that holds records while Kafka is "
                    "unreachable (default: STATE.spool/)")
-    p.add_argument("--interval", type=positive(float, "--interval"), default=10.0,
-                   metavar="SECONDS", help="seconds between polls (default 10)")
+    p.add_argument("--interval", type=poll_interval("--interval"), default=10.0,
+                   metavar="SECONDS",
+                   help=f"seconds between polls, at least {INTERVAL_MIN_S:g} (default 10)")
     p.add_argument("--once", action="store_true", help="poll once, hand over, and exit")
     p.add_argument("--quiet", action="store_true", help="log only warnings")
     p.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
@@ -79,12 +99,86 @@ def mapping_of(args: argparse.Namespace) -> Any:
         raise CliError(f"mapping: {exc}") from None
 
 
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _probe_folder(option: str, folder: Path, shown: Path) -> None:
+    """Something can be created in the existing ``folder`` (tried, then removed)."""
+    try:
+        Path(tempfile.mkdtemp(prefix=".gpuledger-probe-", dir=folder)).rmdir()
+    except OSError as exc:
+        raise CliError(f"{option}: cannot create {shown}: {_reason(exc)}") from None
+
+
+def _existing_ancestor(option: str, path: Path) -> Path:
+    """The nearest folder above ``path`` that exists (it must be a folder)."""
+    above = path.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise CliError(f"{option}: cannot create {path}: {above} is not a directory")
+    return above
+
+
+def check_file_place(option: str, path: Path, shown: Path | None = None) -> None:
+    """``path`` is a regular file that can be appended to, or can be created; nothing is
+    created or changed. A :class:`CliError` naming ``option`` says why not."""
+    shown = shown or path
+    if path.is_dir():
+        raise CliError(f"{option}: {path} is a directory")
+    if path.exists():
+        if not path.is_file():
+            raise CliError(f"{option}: {path} is not a regular file")
+        try:
+            open(path, "ab").close()
+        except OSError as exc:
+            raise CliError(f"{option}: cannot write {path}: {_reason(exc)}") from None
+        return
+    _probe_folder(option, _existing_ancestor(option, path), shown)
+
+
+def check_folder_place(option: str, path: Path) -> None:
+    """``path`` is a folder that files can be created in, or can be created."""
+    if path.exists():
+        if not path.is_dir():
+            raise CliError(f"{option}: {path} is not a directory")
+        _probe_folder(option, path, path)
+        return
+    _probe_folder(option, _existing_ancestor(option, path), path)
+
+
+def check_state(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--state`` file, read and checked, and its folder able to hold it and its
+    ``.tmp``: before anything is created. The saved state (``{}`` when none)."""
+    from gpuledger.bridges.state import StateError, load_state
+
+    try:
+        doc = load_state(args.state)
+    except StateError as exc:
+        raise CliError(f"--state {exc}") from None
+    if getattr(args, "scheduler", None) == "kubernetes" and doc:
+        from gpuledger.bridges.kubernetes.bridge import STATE_VERSION
+
+        if doc.get("version") != STATE_VERSION:
+            raise CliError(f"--state {args.state}: not a Kubernetes bridge state file "
+                           f"(version {doc.get('version')!r})")
+    check_file_place("--state", args.state.with_name(args.state.name + ".tmp"), args.state)
+    return doc
+
+
 def open_sink(args: argparse.Namespace) -> Any:
-    """The sink chosen by ``--kafka`` / ``--out``."""
+    """The sink chosen by ``--kafka`` / ``--out``, after checking ``--state`` and the
+    output's place: a failure creates nothing."""
     from gpuledger.bridges.output import FileSink, KafkaSpoolSink, kafka_producer_factory
 
+    check_state(args)
     if args.out is not None:
-        return FileSink(args.out)
+        check_file_place("--out", args.out)
+        try:
+            return FileSink(args.out)
+        except OSError as exc:
+            raise CliError(f"--out: cannot create {args.out}: {_reason(exc)}") from None
     try:
         import kafka  # noqa: F401
     except ImportError:
@@ -101,8 +195,12 @@ def open_sink(args: argparse.Namespace) -> Any:
     except KafkaSettingsError as exc:
         raise CliError(f"kafka: {exc}") from None
     spool = args.spool or args.state.with_name(args.state.name + ".spool")
-    return KafkaSpoolSink(spool, kafka_producer_factory(settings), settings.topics.jobs,
-                          settings.topics.inventory)
+    check_folder_place("--spool", spool)
+    try:
+        return KafkaSpoolSink(spool, kafka_producer_factory(settings), settings.topics.jobs,
+                              settings.topics.inventory)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--spool: {spool}: {exc}") from None
 
 
 def stop_on_signals() -> threading.Event:
@@ -125,18 +223,22 @@ def _logging(quiet: bool) -> None:
 
 
 def cmd_bridge_slurm(args: argparse.Namespace) -> int:
-    from gpuledger.bridges.slurm import SlurmBridge, SlurmSource
+    from gpuledger.bridges.slurm import SlurmBridge, SlurmSource, load_memory
     from gpuledger.bridges.slurm_events import SlurmTracker
     from gpuledger.bridges.state import StateError
 
     _logging(args.quiet)
     tracker = SlurmTracker(mapping_of(args), job_id_prefix=args.job_id_prefix,
                            inventory_refresh_s=args.inventory_refresh)
+    try:
+        load_memory(tracker, check_state(args), args.state)
+    except StateError as exc:
+        raise CliError(f"--state {exc}") from None
     sink = open_sink(args)
     try:
         bridge = SlurmBridge(SlurmSource(fmt=args.format), tracker, sink, args.state)
     except StateError as exc:
-        raise CliError(f"state: {exc}") from None
+        raise CliError(f"--state {exc}") from None
     t = bridge.totals
     server = serve_metrics(args, "slurm", lambda: {
         "polls": t.polls, "failed_polls": t.failed_polls, "records": t.events + t.inventory})
@@ -148,6 +250,7 @@ def cmd_bridge_slurm(args: argparse.Namespace) -> int:
     if t.polls and t.failed_polls == t.polls:
         raise CliError("could not read Slurm (see the warnings above); is SLURM_CONF right "
                        "and the controller up?")
+    unsent = unsent_records(sink)
     print(f"slurm bridge: {t.polls} poll(s) ({t.failed_polls} failed), {t.events} job events, "
           f"{t.inventory} inventory records"
           + (f", {t.recovered} completed from an interrupted batch" if t.recovered else "")
@@ -156,8 +259,16 @@ def cmd_bridge_slurm(args: argparse.Namespace) -> int:
           + (f"; {t.before_bridge} job(s) had run before the first poll (not observed)"
              if t.before_bridge else "")
           + (f"; {t.requeue_unseen} requeue(s) of an attempt not seen running"
-             if t.requeue_unseen else ""), file=sys.stderr)
-    return 0
+             if t.requeue_unseen else "")
+          + (f"; {unsent} record(s) spooled in {sink.spool.folder}, not sent to Kafka yet "
+             "(the next run sends them)" if unsent else ""), file=sys.stderr)
+    return 1 if args.once and unsent else 0
+
+
+def unsent_records(sink: Any) -> int:
+    """Records a Kafka sink still holds in its spool (0 for a file)."""
+    spool = getattr(sink, "spool", None)
+    return int(spool.backlog) if spool is not None else 0
 
 
 def register(subparsers: Any, common: Any) -> None:

@@ -51,9 +51,103 @@ class Connection:
     insecure: bool = False
 
     def bearer(self) -> str | None:
+        """The bearer token, re-read from its file; :class:`TokenError` when the file
+        cannot be read or does not hold a token."""
         if self.token_file is not None:
-            return self.token_file.read_text(encoding="utf-8").strip()
+            return read_token(self.token_file)
+        if self.token is not None and token_problem(self.token):
+            raise TokenError(f"token: {token_problem(self.token)}")
         return self.token
+
+
+class TokenError(OSError):
+    """A token file that cannot be read or holds no usable token (never echoed)."""
+
+
+def token_problem(token: str) -> str | None:
+    """Why ``token`` cannot go into an HTTP header, or None: a bearer token is printable
+    ASCII without spaces (a line break inside could inject a header)."""
+    if not token:
+        return "empty"
+    if not all("!" <= c <= "~" for c in token):
+        return "not a token (it holds spaces, control or non-ASCII characters)"
+    return None
+
+
+def read_token(path: Path) -> str:
+    """The token in the file ``path`` (surrounding white space removed)."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except IsADirectoryError:
+        raise TokenError(f"{path}: is a directory, not a file") from None
+    except FileNotFoundError:
+        raise TokenError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TokenError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TokenError(f"{path}: not a token (not UTF-8 text)") from None
+    problem = token_problem(text)
+    if problem:
+        raise TokenError(f"{path}: {problem}")
+    return text
+
+
+class TlsError(ValueError):
+    """A CA or client certificate that cannot be loaded; ``what`` is the Connection field
+    (``ca_file``, ``ca_data``, ``cert_file``)."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
+def tls_context(connection: Connection) -> ssl.SSLContext:
+    """The TLS context of an https connection, or :class:`TlsError` naming the file."""
+    def reason(exc: Exception) -> str:
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror
+        return str(getattr(exc, "reason", None) or exc).splitlines()[0]
+
+    try:
+        ctx = ssl.create_default_context(
+            cafile=str(connection.ca_file) if connection.ca_file else None)
+    except (OSError, ValueError) as exc:
+        raise TlsError("ca_file", f"{connection.ca_file}: not a readable PEM CA "
+                       f"certificate ({reason(exc)})") from None
+    if connection.ca_data:
+        try:
+            ctx.load_verify_locations(cadata=connection.ca_data)
+        except (OSError, ValueError) as exc:
+            raise TlsError("ca_data", f"not a PEM CA certificate ({reason(exc)})") from None
+    if connection.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if connection.cert_file:
+        try:
+            ctx.load_cert_chain(str(connection.cert_file),
+                                str(connection.key_file) if connection.key_file else None)
+        except (OSError, ValueError) as exc:
+            raise TlsError("cert_file", f"{connection.cert_file}"
+                           + (f" / {connection.key_file}" if connection.key_file else "")
+                           + f": not a readable PEM certificate and key ({reason(exc)})"
+                           ) from None
+    return ctx
+
+
+def server_problem(server: str) -> str | None:
+    """Why ``server`` is not an API server URL (``http(s)://HOST[:PORT][/PATH]``), or
+    None."""
+    url = urlsplit(server)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return "not an http(s)://HOST[:PORT] URL"
+    try:
+        if url.port == 0:
+            return "port 0"
+    except ValueError as exc:  # "Port out of range 0-65535", "Port could not be cast..."
+        return str(exc)
+    if any(c.isspace() or not c.isprintable() for c in server):
+        return "holds spaces or control characters"
+    return None
 
 
 class ApiClient:
@@ -64,25 +158,15 @@ class ApiClient:
         self.connection = connection
         self.request_timeout_s = request_timeout_s
         self.page_size = page_size
+        problem = server_problem(connection.server)
+        if problem:
+            raise ValueError(f"server {connection.server!r}: {problem}")
         url = urlsplit(connection.server)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"server {connection.server!r} is not an http(s) URL")
         self._https = url.scheme == "https"
-        self._host = url.hostname
+        self._host = url.hostname or ""
         self._port = url.port or (443 if self._https else 80)
         self._prefix = url.path.rstrip("/")
-        self._ssl: ssl.SSLContext | None = None
-        if self._https:
-            ctx = ssl.create_default_context(
-                cafile=str(connection.ca_file) if connection.ca_file else None,
-                cadata=connection.ca_data)
-            if connection.insecure:
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            if connection.cert_file:
-                ctx.load_cert_chain(str(connection.cert_file),
-                                    str(connection.key_file) if connection.key_file else None)
-            self._ssl = ctx
+        self._ssl = tls_context(connection) if self._https else None
 
     def _request(self, path: str, params: dict[str, Any],
                  timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:

@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuledger.bridges.kubernetes.api import Connection
+from gpuledger.bridges.kubernetes.api import (
+    Connection,
+    TlsError,
+    TokenError,
+    server_problem,
+    tls_context,
+)
 from gpuledger.bridges.kubernetes.translate import (
     DEFAULT_NODE_LABELS,
     DEFAULT_UNSCHEDULABLE_TAINTS,
@@ -107,13 +113,38 @@ def _bool(where: str, value: Any, default: bool) -> bool:
     return value
 
 
+SECONDS_MAX = 86_400.0
+"""The longest timeout or grace a key takes (a day)."""
+
+
 def _seconds(where: str, value: Any, default: float) -> float:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
-            or math.isinf(value):
+    number = value
+    if isinstance(value, str):  # YAML 1.1 reads 1e3 (no dot) as a string
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0 \
+            or math.isinf(number):
         raise ConfigError(f"{where}: expected a number of seconds > 0, got {value!r}")
-    return float(value)
+    if number > SECONDS_MAX:
+        raise ConfigError(f"{where}: at most {SECONDS_MAX:,.0f} seconds (a day), "
+                          f"got {value!r}")
+    return float(number)
+
+
+def _server(where: str, value: Any) -> str | None:
+    server = _str(where, value)
+    if server is None:
+        return None
+    if not server.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: expected an http(s):// URL, got {server!r}")
+    problem = server_problem(server)
+    if problem:
+        raise ConfigError(f"{where}: {server!r}: {problem}")
+    return server
 
 
 def _strings(where: str, value: Any, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -132,9 +163,7 @@ def parse_config(raw: Any, where: str = "config") -> BridgeConfig:
     top = _check(raw, where, _TOP)
     kube = _check(top.get("kubernetes"), f"{where}.kubernetes", _KUBE)
     k = f"{where}.kubernetes"
-    server = _str(f"{k}.server", kube.get("server"))
-    if server is not None and not server.startswith(("http://", "https://")):
-        raise ConfigError(f"{k}.server: expected an http(s):// URL, got {server!r}")
+    server = _server(f"{k}.server", kube.get("server"))
     try:
         mapping = parse_mapping(top.get("mapping"), f"{where}.mapping")
     except MappingError as exc:
@@ -184,19 +213,42 @@ def connection(config: BridgeConfig, environ: dict[str, str] | None = None,
     env = os.environ if environ is None else environ
     if config.kubeconfig is not None and config.server is None:
         return _from_kubeconfig(config)
+    keys = {"token": "kubernetes.token_file", "ca_file": "kubernetes.ca_file",
+            "ca_data": "kubernetes.ca_file", "cert_file": "kubernetes.ca_file"}
     server = config.server
     token_file, ca_file = config.token_file, config.ca_file
     if server is None and env.get("KUBERNETES_SERVICE_HOST"):
         host, port = env["KUBERNETES_SERVICE_HOST"], env.get("KUBERNETES_SERVICE_PORT", "443")
         host = f"[{host}]" if ":" in host else host
         server = f"https://{host}:{port}"
+        if server_problem(server):
+            raise ConfigError(f"KUBERNETES_SERVICE_HOST/PORT: {server!r}: "
+                              f"{server_problem(server)}")
         token_file = token_file or in_cluster / "token"
         ca_file = ca_file or in_cluster / "ca.crt"
+        keys = {"token": "kubernetes.token_file (in-cluster service account)",
+                "ca_file": "kubernetes.ca_file (in-cluster service account)"}
+        keys["ca_data"] = keys["cert_file"] = keys["ca_file"]
     if server is None:
         raise ConfigError("kubernetes.server: not set, not running in a cluster "
                           "(no KUBERNETES_SERVICE_HOST) and no kubernetes.kubeconfig")
-    return Connection(server=server, token_file=token_file, ca_file=ca_file,
-                      insecure=config.insecure)
+    return checked(Connection(server=server, token_file=token_file, ca_file=ca_file,
+                              insecure=config.insecure), keys)
+
+
+def checked(conn: Connection, keys: dict[str, str]) -> Connection:
+    """``conn`` once its token and TLS files are usable: at start, not at the first
+    request; errors name the key (``keys``: token, ca_file, ca_data, cert_file → key)."""
+    try:
+        conn.bearer()
+    except TokenError as exc:
+        raise ConfigError(f"{keys['token']}: {exc}") from None
+    if conn.server.startswith("https://"):
+        try:
+            tls_context(conn)
+        except TlsError as exc:
+            raise ConfigError(f"{keys[exc.what]}: {exc}") from None
+    return conn
 
 
 def _from_kubeconfig(config: BridgeConfig) -> Connection:
@@ -208,34 +260,70 @@ def _from_kubeconfig(config: BridgeConfig) -> Connection:
         raise ConfigError(f"kubernetes.kubeconfig: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"kubernetes.kubeconfig: {where} is not a kubeconfig")
+
+    def bad(key: str, problem: str) -> ConfigError:
+        return ConfigError(f"kubernetes.kubeconfig {where}: {key}: {problem}")
+
     name = config.context or raw.get("current-context")
 
-    def named(section: str, wanted: Any) -> dict[str, Any]:
-        for entry in raw.get(section) or []:
+    def named(section: str, wanted: Any) -> tuple[str, dict[str, Any]]:
+        entries = raw.get(section) or []
+        if not isinstance(entries, list):
+            raise bad(section, f"expected a list, got {type(entries).__name__}")
+        for entry in entries:
             if isinstance(entry, dict) and entry.get("name") == wanted:
                 value = entry.get(section[:-1])
                 if isinstance(value, dict):
-                    return value
+                    return f"{section}[{wanted}].{section[:-1]}", value
         raise ConfigError(f"kubernetes.kubeconfig: {where} has no {section[:-1]} {wanted!r}")
 
-    ctx = named("contexts", name)
-    cluster, user = named("clusters", ctx.get("cluster")), named("users", ctx.get("user"))
+    _, ctx = named("contexts", name)
+    ckey, cluster = named("clusters", ctx.get("cluster"))
+    ukey, user = named("users", ctx.get("user"))
     base = config.kubeconfig.parent
 
-    def rel(value: Any) -> Path | None:
-        return (base / str(value)).resolve() if value else None
+    def rel(key: str, value: Any) -> Path | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise bad(key, f"expected a file name, got {value!r}")
+        return (base / value).resolve()
 
     if user.get("exec") or user.get("auth-provider"):
         raise ConfigError("kubernetes.kubeconfig: exec/auth-provider users are not "
                           "supported; use a token, a token file or a client certificate")
     ca_data = None
     if cluster.get("certificate-authority-data") and not config.ca_file:
-        ca_data = base64.b64decode(str(cluster["certificate-authority-data"])).decode()
+        try:
+            ca_data = base64.b64decode(str(cluster["certificate-authority-data"]),
+                                       validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise bad(f"{ckey}.certificate-authority-data",
+                      "not base64 of a PEM certificate") from None
     server = cluster.get("server")
     if not isinstance(server, str):
         raise ConfigError(f"kubernetes.kubeconfig: cluster of context {name!r} has no server")
-    return Connection(
-        server=server, token=user.get("token"), token_file=rel(user.get("tokenFile")),
-        ca_file=config.ca_file or rel(cluster.get("certificate-authority")), ca_data=ca_data,
-        cert_file=rel(user.get("client-certificate")), key_file=rel(user.get("client-key")),
-        insecure=config.insecure or bool(cluster.get("insecure-skip-tls-verify")))
+    problem = server_problem(server)
+    if problem:
+        raise bad(f"{ckey}.server", f"{server!r}: {problem}")
+    skip = cluster.get("insecure-skip-tls-verify", False)
+    if not isinstance(skip, bool):  # bool("false") is True: only YAML booleans
+        raise bad(f"{ckey}.insecure-skip-tls-verify", f"expected true or false, got {skip!r}")
+    token = user.get("token")
+    if token is not None and not isinstance(token, str):
+        raise bad(f"{ukey}.token", "expected a string")
+    keys = {"token": f"kubernetes.kubeconfig {where}: {ukey}."
+                     + ("tokenFile" if user.get("tokenFile") else "token"),
+            "ca_file": "kubernetes.ca_file" if config.ca_file
+            else f"kubernetes.kubeconfig {where}: {ckey}.certificate-authority",
+            "ca_data": f"kubernetes.kubeconfig {where}: {ckey}.certificate-authority-data",
+            "cert_file": f"kubernetes.kubeconfig {where}: {ukey}.client-certificate"}
+    return checked(Connection(
+        server=server, token=token,
+        token_file=rel(f"{ukey}.tokenFile", user.get("tokenFile")),
+        ca_file=config.ca_file or rel(f"{ckey}.certificate-authority",
+                                      cluster.get("certificate-authority")),
+        ca_data=ca_data,
+        cert_file=rel(f"{ukey}.client-certificate", user.get("client-certificate")),
+        key_file=rel(f"{ukey}.client-key", user.get("client-key")),
+        insecure=config.insecure or skip), keys)
