@@ -35,6 +35,7 @@ from gpuledger.pipeline.compaction import PART_TIME
 from gpuledger.pipeline.config import ProcessorConfig, WarehouseOptions
 from gpuledger.pipeline.generations import read_manifests
 from gpuledger.pipeline.ingest import ingest
+from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
 from gpuledger.pipeline.store import open_store
 from gpuledger.pipeline.warehouse import Warehouse, published_files, read_table
@@ -368,3 +369,30 @@ def test_a_failing_spill_folder_puts_compaction_off_and_loses_nothing(
         {"facts/preemptions/date=2026-01-05/preemptions-2026-01-05.parquet"}
     assert sorted(read_table(tmp_path / "wh", "preemptions")["job_id"].to_list()) == \
         ["j0", "j1", "j2"]
+
+
+def test_every_job_a_reader_sees_on_a_gpu_mid_run_is_an_attempt(tmp_path: Path) -> None:
+    """While the service's engine runs (no flush yet), every job that held a GPU in the
+    published minutes is in `attempts`, ended or running: the running snapshot and the
+    ended attempts are written in the step's generation (before, the snapshot only at a
+    stop and ended attempts when their hour was complete: jobs in neither)."""
+    config = ProcessorConfig(warehouse=WarehouseOptions(snapshot_interval_s=0))
+    root = tmp_path / "wh"
+    proc = Processor(config, Warehouse(root, options=config.warehouse), telemetry_clock=True)
+    batches = list(simulate(SimConfig(hours=4, seed=3, sample_interval_s=60, start=START,
+                                      cluster=parse_cluster(SMALL))))
+    checked = 0
+    for i, batch in enumerate(batches):
+        proc.process(batch)
+        if i < 11 or i % 6 != 5:   # after each simulated hour from the second
+            continue
+        _cols, rows = query.run(root, """
+            SELECT (SELECT count(DISTINCT job_id) FROM gpu_minute),
+                   (SELECT count(DISTINCT job_id) FROM gpu_minute
+                    WHERE job_id NOT IN (SELECT job_id FROM attempts)),
+                   (SELECT count(*) FROM attempts WHERE status = 'running')""")
+        jobs, missing, running = rows[0]
+        assert jobs > 0 and running > 0
+        assert missing == 0, (i, missing)
+        checked += 1
+    assert checked >= 2

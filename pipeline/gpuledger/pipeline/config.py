@@ -182,6 +182,11 @@ class WarehouseOptions:
     catalog_interval_s: float = 30.0
     """``catalog.duckdb`` is rebuilt at most this often while processing (and at every
     stop and end of input)."""
+    snapshot_interval_s: float = 30.0
+    """The Kafka service refreshes the snapshots of running attempts and candidates at
+    most this often, in the generation of the close step that writes them (and at every
+    stop): readers see the jobs that run now, not those of the last stop. A history
+    (ingest, import) writes them at its end."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,8 @@ class ProcessorConfig:
                      "catchup_close_interval_s"):
             if getattr(w, name) < 0:
                 raise ConfigError(f"windows.{name}: must be >= 0")
-        for name in ("retain_s", "compact_after_s", "catalog_interval_s"):
+        for name in ("retain_s", "compact_after_s", "catalog_interval_s",
+                     "snapshot_interval_s"):
             if getattr(self.warehouse, name) < 0:
                 raise ConfigError(f"warehouse.{name}: must be >= 0")
         if self.warehouse.compact_bucket_rows < 1_000:

@@ -200,6 +200,8 @@ class Processor:
         """Minutes the watermark has passed wait to be closed (catching up, see
         :meth:`advance`)."""
         self._last_close = time.monotonic()
+        self._snapshot_at: float | None = None
+        """When the running-attempt snapshot was last written (monotonic), if ever."""
         if partitioning is None:
             self.part_closed = {}
         for table, schema in TABLE_SCHEMAS.items():
@@ -653,6 +655,8 @@ class Processor:
             self._write_hours(final=False)
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
+            if self._snapshot_due():   # running attempts as of this step, in its generation
+                self._write_snapshots()
             self.warehouse.commit(closed)  # the step's files become one generation
             self.sample_keys.forget_before(ms(closed))
             horizon = closed - timedelta(seconds=self.config.windows.handover_retention_s)
@@ -1062,6 +1066,13 @@ class Processor:
         daily = self._daily_rollups(days)
         for day, part in sorted(days):  # once per day, however many of its hours closed
             self._write_daily(day, part, daily[(day, part)])
+        # ended attempts (and the other merged tables) are published by the step that
+        # ends them, not when their hour is complete: with the running snapshot of the
+        # same step, a reader sees every attempt ended or running, never neither
+        written = set(done)
+        for table, hour, part in sorted(k for k in self.hour_parts
+                                        if k[0] in MERGED_TABLES and k[1:] not in written):
+            self._write_table_hour(table, hour, part, complete=False)
 
     def _hourly_rollups(self, keys: list[tuple[datetime, int]]
                         ) -> dict[tuple[datetime, int], pl.DataFrame]:
@@ -1121,19 +1132,25 @@ class Processor:
             else:
                 self.rollup_parts[(hour, partition)] = [pl.concat(partials)]
         for table in HOURLY_TABLES:
-            key = (table, hour, partition)
-            parts = self.hour_parts.get(key)
-            if not parts:
-                continue
-            frame = pl.concat(parts, how="vertical_relaxed")
-            merge = table in MERGED_TABLES
-            self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge,
-                                      suffix=suffix)
-            self.counters.add_rows(table, frame.height)
-            if complete or merge:
-                del self.hour_parts[key]
-            else:
-                self.hour_parts[key] = [frame]
+            self._write_table_hour(table, hour, partition, complete)
+
+    def _write_table_hour(self, table: str, hour: datetime, partition: int,
+                          complete: bool) -> None:
+        """Write ``table``'s buffered rows of ``hour`` (a merged table's are added to what
+        is there; another table's partial hour stays buffered, to be rewritten whole)."""
+        key = (table, hour, partition)
+        parts = self.hour_parts.get(key)
+        if not parts:
+            return
+        frame = pl.concat(parts, how="vertical_relaxed")
+        merge = table in MERGED_TABLES
+        self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge,
+                                  suffix=self.suffix(partition))
+        self.counters.add_rows(table, frame.height)
+        if complete or merge:
+            del self.hour_parts[key]
+        else:
+            self.hour_parts[key] = [frame]
 
     def _write_daily(self, day: datetime, partition: int, daily: pl.DataFrame) -> None:
         kept = self.day_hourly[(day, partition)]
@@ -1162,8 +1179,35 @@ class Processor:
             self.warehouse.write_snapshot("rejects", rows.drop("partition"),
                                           ["source", "line", "reason"], suffix=self.suffix(part))
 
-    def _write_snapshots(self) -> None:
+    def _running_as_of_closed(self) -> pl.DataFrame:
+        """The attempts running or pending at the closed point: those that have not
+        ended, and those whose end the books know but whose minute is not closed yet (an
+        attempt is published as ended by the step that closes its end)."""
         running = self.jobs.running_attempts()
+        closed = self.closed_until
+        if closed is None:
+            return running
+        limbo = [a for a in self.jobs.ended_attempts if a["ended_at"] > closed]
+        if not limbo:
+            return running
+        ends = pl.DataFrame(limbo, schema=ATTEMPT_SCHEMA).with_columns(
+            pl.lit(None, TIME_DTYPE).alias("ended_at"), pl.lit(None, pl.String).alias("end_event"),
+            pl.lit(None, pl.String).alias("reason"), pl.lit(0.0).alias("lost_gpu_hours"))
+        return pl.concat([running, ends.select(running.columns)])
+
+    def _snapshot_due(self) -> bool:
+        """A live service (``telemetry_clock``) refreshes the running snapshot every
+        ``warehouse.snapshot_interval_s``; a history (ingest, import, the demo) writes it
+        at its end, so that a re-run never puts an older snapshot over a newer one."""
+        if not self.telemetry_clock:
+            return False
+        interval = self.config.warehouse.snapshot_interval_s
+        return self._snapshot_at is None or \
+            time.monotonic() - self._snapshot_at >= interval
+
+    def _write_snapshots(self) -> None:
+        self._snapshot_at = time.monotonic()
+        running = self._running_as_of_closed()
         keys = ["job_id", "attempt"]
         acc = self.acc
         if self.exchanges:
@@ -1182,7 +1226,8 @@ class Processor:
         suffix = self.suffix(0)
         self.warehouse.write_snapshot("running_attempts", self._shape("running_attempts", snap),
                                       keys, suffix=suffix)
-        cands = recommendations.candidates(running, self.last_free_blocks, LOW_PRIORITY)
+        cands = recommendations.candidates(self.jobs.running_attempts(), self.last_free_blocks,
+                                           LOW_PRIORITY)  # not those whose end is read
         self.warehouse.write_snapshot("candidates", self._shape("candidates", cands),
                                       [*keys, "kind"], suffix=suffix)
 
