@@ -64,6 +64,10 @@ def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFix
     assert main(["query", "--warehouse", str(warehouse), "--format", "json",
                  "SELECT 1 AS a, 2 AS a"]) == 2
     assert "column name(s) a appear more than once" in capsys.readouterr().err
+    # a newline in a value stays on its row in the table
+    assert main(["query", "--warehouse", str(warehouse),
+                 "SELECT 'bob' || chr(10) || 'x' AS u, 1 AS n"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "bob\\nx  1"
     assert main(["query", "--warehouse", str(warehouse), "DELETE FROM gpu_minute"]) == 2
     assert "only read-only" in capsys.readouterr().err
     assert main(["query", "--warehouse", str(warehouse / "nope"), "SELECT 1"]) == 2

@@ -384,12 +384,17 @@ def _json_value(value: Any) -> Any:
     return _plain(value)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {ord("\n"): "\\n", ord("\t"): "\\t",
+                                                    ord("\r"): "\\r", 127: "\\x7f"}
+"""Control characters as escapes in a table cell (a newline in a value broke its row)."""
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.1f}"
-    return str(_plain(value))
+    return str(_plain(value)).translate(_CONTROL)
 
 
 def table_text(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
