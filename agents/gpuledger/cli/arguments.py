@@ -19,10 +19,11 @@ tens of CPU-seconds, and times must stay within the calendar."""
 
 
 def bounded(kind: type, name: str, *, zero: bool = False, infinite: bool = False,
-            at_most: float | None = None) -> Callable[[str], Any]:
+            at_most: float | None = None, at_least: float | None = None,
+            unit: str = "") -> Callable[[str], Any]:
     """An argparse ``type`` for a number of ``kind`` (int or float) named ``name``: > 0
     (``zero``: >= 0), finite unless ``infinite`` (then ``inf`` too), never NaN, and at
-    most ``at_most`` when given."""
+    least ``at_least`` / at most ``at_most`` (of ``unit``) when given."""
     def parse(text: str) -> Any:
         what = "a whole number" if kind is int else "a number"
         try:
@@ -35,6 +36,9 @@ def bounded(kind: type, name: str, *, zero: bool = False, infinite: bool = False
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"{name} must be {'>=' if zero else '>'} 0, "
                                              f"got {text}")
+        if at_least is not None and value < at_least:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be at least {at_least:g}{' ' + unit if unit else ''}, got {text}")
         if at_most is not None and value > at_most:
             limit = f"{int(at_most):,}" if float(at_most).is_integer() else f"{at_most:g}"
             raise argparse.ArgumentTypeError(f"{name} must be at most {limit}, got {text}")
@@ -73,17 +77,8 @@ characters)."""
 
 
 def terminal_width(name: str) -> Callable[[str], int]:
-    """An argparse ``type`` for a terminal width: a whole number of columns, at least
-    :data:`TERMINAL_COLUMNS_MIN`."""
-    number = positive(int, name)
-
-    def parse(text: str) -> int:
-        value: int = number(text)
-        if value < TERMINAL_COLUMNS_MIN:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be at least {TERMINAL_COLUMNS_MIN} columns, got {text}")
-        return value
-    return parse
+    """A terminal width: a whole number of columns, at least :data:`TERMINAL_COLUMNS_MIN`."""
+    return bounded(int, name, at_least=TERMINAL_COLUMNS_MIN, unit="columns")
 
 
 def warehouse_location(text: str | None, config: Path | None = None) -> str | Path:

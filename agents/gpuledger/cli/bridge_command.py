@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpuledger.cli.arguments import positive
+from gpuledger.cli.arguments import bounded, positive
 from gpuledger.cli.errors import CliError
 
 # Modules of further bridges (``register(bridges, helpers)``), e.g. the Kubernetes one.
@@ -34,16 +34,8 @@ already polls ten times a second; tests use 0.3 s, production 10 s or more)."""
 
 
 def poll_interval(name: str) -> Callable[[str], float]:
-    """An argparse ``type``: a finite number of seconds, at least :data:`INTERVAL_MIN_S`."""
-    number = positive(float, name)
-
-    def parse(text: str) -> float:
-        value: float = number(text)
-        if value < INTERVAL_MIN_S:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be at least {INTERVAL_MIN_S:g} seconds, got {text}")
-        return value
-    return parse
+    """A finite number of seconds, at least :data:`INTERVAL_MIN_S`."""
+    return bounded(float, name, at_least=INTERVAL_MIN_S, unit="seconds")
 
 
 def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
