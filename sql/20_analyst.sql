@@ -3,6 +3,14 @@
 -- defaults, so `FROM macro()` works and `FROM macro(since := TIMESTAMPTZ '2026-01-05')`
 -- narrows it. Time windows are half-open: since <= t < until (NULL = unbounded).
 
+-- Parameters out of range are an error that names them, never an empty or unbounded
+-- answer (a NULL count used to return every row, a NULL bucket NULL buckets).
+CREATE OR REPLACE MACRO bucket_interval(bucket) AS
+CASE WHEN bucket IS NULL OR bucket::INTERVAL <= INTERVAL 0 SECOND
+     THEN error('bucket must be a positive interval such as INTERVAL 1 HOUR, got '
+                || coalesce(bucket::VARCHAR, 'NULL'))
+     ELSE bucket::INTERVAL END;
+
 -- 1. Where idle and inefficient GPU-hours come from -----------------------------------
 -- One row per (dimension, value) for dimension in team, pool, card_type, job_type, queue,
 -- over the hours in [since, until). `value` is '(none)' for GPU-hours without that
@@ -58,7 +66,10 @@ SELECT job_id, attempt, team, "user", queue, pool, job_type, card_type, held_car
 FROM attempts
 WHERE allocated_gpu_hours > 0 AND (team_name IS NULL OR team = team_name)
 ORDER BY waste_gpu_hours DESC, job_id, attempt
-LIMIT n;
+LIMIT CASE WHEN n IS NULL OR n < 1 OR n <> trunc(n)
+           THEN error('top_waste_jobs: n must be a whole number >= 1, got '
+                      || coalesce(n::VARCHAR, 'NULL'))
+           ELSE n END;
 
 -- Attempts that held or waited for GPUs in [since, until): queued or started before
 -- `until` and not ended before `since`. Running and pending ones have no end yet: they
@@ -102,6 +113,10 @@ SELECT team, "user",
        sum(unused_mib * allocated_gpus) FILTER (WHERE peak_of_held < max_peak_ratio)
            AS unused_mib_held
 FROM memory_requests
+WHERE CASE WHEN max_peak_ratio IS NULL OR NOT (max_peak_ratio > 0 AND max_peak_ratio <= 1)
+           THEN error('memory_overrequesters: max_peak_ratio must be in (0, 1], got '
+                      || coalesce(max_peak_ratio::VARCHAR, 'NULL'))
+           ELSE true END
 GROUP BY team, "user";
 
 CREATE OR REPLACE VIEW memory_overrequest_by_team AS
@@ -140,12 +155,16 @@ GROUP BY b.job_id, b.attempt;
 CREATE OR REPLACE VIEW blocked_jobs AS SELECT * FROM blocked_jobs_between();
 
 CREATE OR REPLACE MACRO blocked_longer_than(minutes := 30) AS TABLE
-SELECT * FROM blocked_jobs WHERE blocked_minutes > minutes
+SELECT * FROM blocked_jobs
+WHERE blocked_minutes > CASE WHEN minutes IS NULL OR minutes < 0
+                             THEN error('blocked_longer_than: minutes must be >= 0, got '
+                                        || coalesce(minutes::VARCHAR, 'NULL'))
+                             ELSE minutes END
 ORDER BY blocked_minutes DESC, job_id, attempt;
 
 -- Blocked demand per pool and card type and time bucket: mean blocked jobs and GPUs.
 CREATE OR REPLACE MACRO blocked_demand_over_time(bucket := INTERVAL 1 HOUR) AS TABLE
-SELECT time_bucket(bucket::INTERVAL, minute) AS bucket_start, pool, card_type,
+SELECT time_bucket(bucket_interval(bucket), minute) AS bucket_start, pool, card_type,
        avg(blocked_jobs) AS mean_blocked_jobs, max(blocked_jobs) AS max_blocked_jobs,
        avg(blocked_gpus) AS mean_blocked_gpus, avg(free_gpus) AS mean_free_gpus,
        avg(frag_demand) AS mean_frag_demand
@@ -154,7 +173,7 @@ FROM frag_minute GROUP BY ALL;
 -- 4. Queue wait by queue over time -------------------------------------------------------
 -- Attempts that started, by queue and the time bucket of their start.
 CREATE OR REPLACE MACRO queue_wait_over_time(bucket := INTERVAL 1 HOUR) AS TABLE
-SELECT time_bucket(bucket::INTERVAL, started_at) AS bucket_start, queue,
+SELECT time_bucket(bucket_interval(bucket), started_at) AS bucket_start, queue,
        count(*) AS attempts,
        avg(queue_wait_s) AS mean_s,
        quantile_cont(queue_wait_s, 0.5) AS p50_s,
@@ -173,17 +192,17 @@ WITH per_minute AS (
            sum(pending_gpus)::BIGINT AS pending_gpus, sum(blocked_jobs)::BIGINT AS blocked_jobs
     FROM pending_minute GROUP BY minute, queue
 ), covered AS (
-    SELECT time_bucket(bucket::INTERVAL, minute) AS bucket_start, count(*) AS minutes
+    SELECT time_bucket(bucket_interval(bucket), minute) AS bucket_start, count(*) AS minutes
     FROM (SELECT minute FROM frag_minute UNION SELECT minute FROM pending_minute)
     GROUP BY 1
 )
-SELECT time_bucket(bucket::INTERVAL, p.minute) AS bucket_start, p.queue,
+SELECT time_bucket(bucket_interval(bucket), p.minute) AS bucket_start, p.queue,
        sum(p.pending_jobs) / any_value(c.minutes) AS mean_pending_jobs,
        max(p.pending_jobs) AS max_pending_jobs,
        sum(p.pending_gpus) / any_value(c.minutes) AS mean_pending_gpus,
        max(p.pending_gpus) AS max_pending_gpus,
        sum(p.blocked_jobs) / any_value(c.minutes) AS mean_blocked_jobs
-FROM per_minute p JOIN covered c ON c.bucket_start = time_bucket(bucket::INTERVAL, p.minute)
+FROM per_minute p JOIN covered c ON c.bucket_start = time_bucket(bucket_interval(bucket), p.minute)
 GROUP BY 1, 2;
 
 -- Queue wait of the attempts that started in [since, until): by queue and GPU count

@@ -445,3 +445,21 @@ def test_attempts_between_an_empty_or_later_window_holds_none(
                    "until := TIMESTAMPTZ '2026-01-05 02:00Z'",
                    "since := TIMESTAMPTZ '2030-01-01 00:00Z'"):
         assert sql(con, f"SELECT count(*) AS n FROM attempts_between({window})")["n"][0] == 0
+
+
+@pytest.mark.parametrize(("call", "says"), [
+    ("top_waste_jobs(n := NULL)", "top_waste_jobs: n must be a whole number >= 1, got NULL"),
+    ("top_waste_jobs(n := 2.7)", "top_waste_jobs: n must be a whole number >= 1, got 2.7"),
+    ("queue_wait_over_time(bucket := NULL)", "bucket must be a positive interval"),
+    ("pending_over_time(bucket := INTERVAL 0 MINUTE)", "bucket must be a positive interval"),
+    ("blocked_demand_over_time(bucket := NULL)", "bucket must be a positive interval"),
+    ("memory_overrequesters(max_peak_ratio := NULL)", "max_peak_ratio must be in (0, 1]"),
+    ("blocked_longer_than(minutes := -1)", "blocked_longer_than: minutes must be >= 0"),
+])
+def test_a_parameter_out_of_range_is_an_error_naming_it(con: duckdb.DuckDBPyConnection,
+                                                        call: str, says: str) -> None:
+    """Never an unbounded or empty answer for a parameter that makes no sense (a NULL
+    count returned every row, a NULL bucket NULL buckets)."""
+    with pytest.raises(duckdb.Error, match=re.escape(says)):
+        con.sql(f"SELECT count(*) FROM {call}").fetchall()
+    assert sql(con, "SELECT count(*) AS n FROM top_waste_jobs(n := 3)")["n"][0] == 3
