@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import time
@@ -362,9 +363,11 @@ def cmd_query(args: argparse.Namespace) -> int:
         sql.encode("utf-8")  # an argument's undecodable bytes come as lone surrogates
     except UnicodeError:
         raise CliError("the query is not UTF-8 text") from None
+    started = time.monotonic()   # the time limit covers the query and its output
+    deadline = None if math.isinf(args.timeout) else started + args.timeout
     try:
         columns, rows = query.run(args.warehouse, sql, args.timeout)
-        text = query.render(columns, rows, args.format)
+        text = query.render(columns, rows, args.format, deadline, args.timeout)
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
     sys.stdout.write(text)

@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -354,13 +355,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
-    """Render rows as ``table``, ``csv`` or ``json`` (one object per line)."""
+RENDER_CHUNK = 10_000
+"""Rows rendered between two looks at the time limit."""
+
+
+def _chunks(rows: list[tuple[Any, ...]], deadline: float | None,
+            timeout_s: float | None) -> Iterator[list[tuple[Any, ...]]]:
+    """``rows`` a chunk at a time; :class:`QueryError` once ``deadline`` has passed."""
+    for i in range(0, len(rows), RENDER_CHUNK):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise QueryError(f"the query and its output took longer than {timeout_s:g} s "
+                             "and were stopped (raise the limit with --timeout SECONDS, or "
+                             "select fewer rows)")
+        yield rows[i:i + RENDER_CHUNK]
+
+
+def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str,
+           deadline: float | None = None, timeout_s: float | None = None) -> str:
+    """Render rows as ``table``, ``csv`` or ``json`` (one object per line); stopped with a
+    :class:`QueryError` once ``deadline`` (``time.monotonic()``) has passed."""
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([[_plain(v) for v in r] for r in rows])
+        for chunk in _chunks(rows, deadline, timeout_s):
+            writer.writerows([[_plain(v) for v in r] for r in chunk])
         return out.getvalue()
     if fmt == "json":
         twice = sorted({c for c in columns if columns.count(c) > 1})
@@ -369,9 +388,10 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
                              "objects need one name per column (use AS)")
         return "".join(
             json.dumps({c: _json_value(v) for c, v in zip(columns, r, strict=True)},
-                       default=str, allow_nan=False) + "\n" for r in rows
+                       default=str, allow_nan=False) + "\n"
+            for chunk in _chunks(rows, deadline, timeout_s) for r in chunk
         )
-    return table_text(columns, rows)
+    return table_text(columns, rows, deadline, timeout_s)
 
 
 def _json_value(value: Any) -> Any:
@@ -397,9 +417,11 @@ def _cell(value: Any) -> str:
     return str(_plain(value)).translate(_CONTROL)
 
 
-def table_text(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+def table_text(columns: list[str], rows: list[tuple[Any, ...]],
+               deadline: float | None = None, timeout_s: float | None = None) -> str:
     """A plain aligned text table."""
-    cells = [[_cell(v) for v in r] for r in rows]
+    cells = [[_cell(v) for v in r] for chunk in _chunks(rows, deadline, timeout_s)
+             for r in chunk]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)),
              "  ".join("-" * w for w in widths)]
