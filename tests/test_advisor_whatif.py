@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
@@ -16,8 +17,9 @@ from sim_warehouse import table
 from gpuledger.cli.main import main
 from gpuledger.pipeline import query
 from gpuledger.pipeline.advisor.answers import FRAGS, answers
-from gpuledger.pipeline.advisor.history import load_history
-from gpuledger.pipeline.advisor.policy import PolicySet, parse_policies
+from gpuledger.pipeline.advisor.calibration import key_order
+from gpuledger.pipeline.advisor.history import HistoryError, load_history
+from gpuledger.pipeline.advisor.policy import PolicySet, load_policies, parse_policies
 from gpuledger.pipeline.advisor.replay import as_run
 from gpuledger.pipeline.advisor.whatif import run_whatif
 from gpuledger.pipeline.config import ProcessorConfig
@@ -173,3 +175,36 @@ def test_a_tolerance_or_interval_that_is_no_finite_number_is_refused(value: floa
                      ({"scheduler": {"interval_s": value}}, "scheduler.interval_s")):
         with pytest.raises(ValueError, match=f"{key}: must be a finite number"):
             parse_policies({"policies": [{"name": "a"}], **doc})
+
+
+def test_a_window_where_nothing_started_claims_no_queue_wait(day: Path) -> None:
+    # 30 seconds inside the data with no attempt started: no wait is observed, none is
+    # invented (0.0), and no calibration is claimed for one
+    _, rows = query.run(day, "SELECT started_at FROM attempts WHERE started_at IS NOT NULL "
+                             "ORDER BY 1")
+    starts = [r[0] for r in rows]
+    since = next(a for a, b in zip(starts[len(starts) // 2:], starts[len(starts) // 2 + 1:],
+                                   strict=False) if b - a > timedelta(minutes=2))
+    since += timedelta(seconds=30)
+    w = run_whatif(day, load_policies(None), ["as-run"], since, since + timedelta(seconds=30))
+    waits = w.calibration.filter(pl.col("answer").str.contains("queue wait"))
+    assert waits["observed"].null_count() == waits.height
+    assert waits["within"].null_count() == waits.height
+    assert w.comparison().filter(pl.col("answer").str.contains("queue wait"))[
+        "observed"].null_count() == waits.height
+
+
+def test_job_sizes_sort_by_number() -> None:
+    keys = pl.DataFrame({"key": ["GPUs 16", "GPUs 2", "all", "GPUs <1", "GPUs 32", "GPUs 1"]})
+    assert keys.sort(key_order(), "key", nulls_last=True)["key"].to_list() == [
+        "GPUs <1", "GPUs 1", "GPUs 2", "GPUs 16", "GPUs 32", "all"]
+
+
+def test_a_window_outside_the_data_says_so(day: Path) -> None:
+    _, rows = query.run(day, "SELECT min(minute), max(minute) FROM gpu_minute")
+    lo, hi = rows[0]
+    with pytest.raises(HistoryError, match=r"--since .* is after the data ends \(the data "
+                       r"spans .* – .* UTC\)"):
+        load_history(day, hi + timedelta(days=1000))
+    with pytest.raises(HistoryError, match=r"--until .* is before the data starts"):
+        load_history(day, None, lo - timedelta(days=1))

@@ -60,11 +60,17 @@ def long_form(a: Answers) -> pl.DataFrame:
 
 
 def calibrate(observed: Answers, baseline: Answers, tol: Tolerance) -> pl.DataFrame:
-    """One row per answer and key (module docstring)."""
+    """One row per answer and key (module docstring). A GPU-hours answer missing on one
+    side is 0; a queue wait or frag(k) missing on one side (nothing started, no minute
+    sampled) stays null, and so do its error and ``within``: nothing to compare."""
+    hours = pl.col("answer").str.contains("GPU-hours")
     both = long_form(observed).join(long_form(baseline), on=["answer", "key"], how="full",
                                     coalesce=True, suffix="_b").select(
-        "answer", "key", pl.col("value").fill_null(0.0).alias("observed"),
-        pl.col("value_b").fill_null(0.0).alias("baseline"))
+        "answer", "key",
+        pl.when(hours).then(pl.col("value").fill_null(0.0)).otherwise(pl.col("value"))
+        .alias("observed"),
+        pl.when(hours).then(pl.col("value_b").fill_null(0.0)).otherwise(pl.col("value_b"))
+        .alias("baseline"))
     obs = pl.col("observed").abs()
     answer = pl.col("answer")
     tolerance = (
@@ -80,4 +86,12 @@ def calibrate(observed: Answers, baseline: Answers, tol: Tolerance) -> pl.DataFr
         tolerance.alias("tolerance"),
     ).with_columns(
         (pl.col("error").abs() <= pl.col("tolerance") + 1e-9).alias("within"),
-    ).select(list(CHECK_SCHEMA)).sort("answer", "key")
+    ).select(list(CHECK_SCHEMA)).sort("answer", key_order(), "key")
+
+
+def key_order() -> pl.Expr:
+    """Sort key of an answer's ``key``: job sizes ("GPUs <1", "GPUs 2", …) by number,
+    "<1" first; other keys null (then sorted by text)."""
+    size = pl.col("key").str.extract(r"^GPUs (<1|\d+)$")
+    return pl.when(size == "<1").then(pl.lit(0.5)).otherwise(
+        size.cast(pl.Float64, strict=False))

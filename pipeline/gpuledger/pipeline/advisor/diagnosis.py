@@ -330,14 +330,20 @@ def update(state: DiagnosisState, rows: pl.DataFrame,
 
 def finish(state: DiagnosisState, ended: pl.DataFrame,
            cfg: DiagnosisConfig = DEFAULT_CONFIG) -> Finished:
-    """Classify the rest of the ``ended`` attempts (``job_id``, ``attempt``) and return
-    their ``job_diagnosis`` rows; the state forgets them."""
+    """Classify the rest of the ``ended`` attempts (``job_id``, ``attempt``, optionally
+    ``ended_at``: null for an attempt still running) and return their ``job_diagnosis``
+    rows; the state forgets them. Without an ``ended_at`` column, an attempt ends after
+    its last minute seen."""
     keys = ended.select(pl.col("job_id").cast(pl.String), pl.col("attempt").cast(pl.Int64))
     mine = state.window.join(keys, on=ATTEMPT, how="semi")
     done = _classify(mine, state.meta, pl.lit(True), cfg)
     totals = _accumulate(state.totals.join(keys, on=ATTEMPT, how="semi"), done)
-    rows = _rows(totals, state.meta.join(keys, on=ATTEMPT, how="semi"),
-                 state.hourly.join(keys, on=ATTEMPT, how="semi"))
+    meta = state.meta.join(keys, on=ATTEMPT, how="semi").with_columns(
+        (pl.col("last_minute") + pl.duration(minutes=1)).alias("ended_at"))
+    if "ended_at" in ended.columns:
+        ends = keys.with_columns(ended["ended_at"].cast(TIME_DTYPE).alias("ended_at"))
+        meta = meta.drop("ended_at").join(ends, on=ATTEMPT, how="left")
+    rows = _rows(totals, meta, state.hourly.join(keys, on=ATTEMPT, how="semi"))
     rest = replace(
         state, window=state.window.join(keys, on=ATTEMPT, how="anti"),
         meta=state.meta.join(keys, on=ATTEMPT, how="anti"),
@@ -348,8 +354,10 @@ def finish(state: DiagnosisState, ended: pl.DataFrame,
 
 def peek(state: DiagnosisState, keys: pl.DataFrame,
          cfg: DiagnosisConfig = DEFAULT_CONFIG) -> pl.DataFrame:
-    """``job_diagnosis`` rows of running attempts so far (nothing is forgotten)."""
-    return finish(state, keys, cfg).rows
+    """``job_diagnosis`` rows of running attempts so far (nothing is forgotten;
+    ``ended_at`` null)."""
+    running = keys.select(*ATTEMPT).with_columns(pl.lit(None, TIME_DTYPE).alias("ended_at"))
+    return finish(state, running, cfg).rows
 
 
 def diagnose(rows: pl.DataFrame, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> pl.DataFrame:
@@ -436,8 +444,8 @@ def _rows(totals: pl.DataFrame, meta: pl.DataFrame, hourly: pl.DataFrame) -> pl.
         mean("nvl_sum", "nvl_n").alias("mean_nvlink_bytes_s"),
         pl.col("no_process").alias("no_process_minutes"),
         pl.col("pattern").replace_strict(remedy, return_dtype=pl.String).alias("remedy"),
-        (pl.col("last_minute") + pl.duration(minutes=1)).alias("ended_at"),
-    ).with_columns(_evidence().alias("evidence"), pl.col("ended_at").dt.date().alias("date"))
+    ).with_columns(_evidence().alias("evidence"), pl.coalesce(
+        "ended_at", pl.col("last_minute") + pl.duration(minutes=1)).dt.date().alias("date"))
     return out.select(list(JOB_DIAGNOSIS)).cast(dict(JOB_DIAGNOSIS)).sort(  # type: ignore[arg-type]
         *ATTEMPT, "gpu_hours", descending=[False, False, True])
 

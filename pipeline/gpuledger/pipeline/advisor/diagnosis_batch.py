@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from gpuledger.pipeline import query
 from gpuledger.pipeline.advisor.diagnosis import (
     ATTEMPT,
     DEFAULT_CONFIG,
@@ -29,13 +30,14 @@ from gpuledger.pipeline.advisor.diagnosis import (
     update,
 )
 from gpuledger.pipeline.advisor.history import HistoryError
-from gpuledger.pipeline.advisor.patterns import PATTERNS, UNKNOWN
+from gpuledger.pipeline.advisor.patterns import CATALOGUE, PATTERNS, UNKNOWN
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.generations import WHOLE
 from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_files
 
 TABLE = "job_diagnosis"
 SORT = ["job_id", "attempt", "pattern"]
+UNSEEN_MIN_GPU_MINUTES = 0.01  # below: rounding, not minutes left out
 COLUMNS = ["minute", "node", "gpu_index", "state", "alloc_fraction", "occupied_share",
            "jobs_on_gpu", "job_id",
            "attempt", "team", "queue", "job_type", "card_type", "activity", "telemetry_samples",
@@ -98,13 +100,16 @@ def diagnose_warehouse(root: Path, *, write: bool = True,
         done = ended.filter(pl.col("ended_at") <= limit).join(state.meta, on=ATTEMPT,
                                                               how="semi")
         if not done.is_empty():
-            state, rows = finish(state, done.select(ATTEMPT), cfg)
+            state, rows = finish(state, done.select(*ATTEMPT, "ended_at"), cfg)
             parts.append(rows)
         progress((i + 1) / len(hours))
-    state, rows = finish(state, state.meta.select(ATTEMPT), cfg)
+    # still running (ended_at null), or ended after the last GPU-minute read
+    rest = state.meta.select(ATTEMPT).join(ended, on=ATTEMPT, how="left")
+    state, rows = finish(state, rest, cfg)
     parts.append(rows)
     out = pl.concat(parts, how="vertical_relaxed") if parts else pl.DataFrame(
         schema=JOB_DIAGNOSIS)
+    out = with_unseen(out, _attempts(root))
     written = _write(root, out) if write else 0
     return Diagnosed(out.sort(SORT), written)
 
@@ -115,11 +120,74 @@ def _write(root: Path, rows: pl.DataFrame) -> int:
         wh.publisher.drop(WHOLE, old)  # replaced in the same generation
     wh.ensure_schema(TABLE, JOB_DIAGNOSIS)
     for (hour,), part in rows.with_columns(
-            (pl.col("ended_at") - pl.duration(milliseconds=1)).dt.truncate("1h").alias("_h")
+            (pl.coalesce("ended_at", pl.col("last_minute") + pl.duration(minutes=1))
+             - pl.duration(milliseconds=1)).dt.truncate("1h").alias("_h")
     ).group_by("_h", maintain_order=True):
         wh.write_part(TABLE, hour, part.drop("_h"), SORT)
     wh.publish_catalog()
     return wh.files_written
+
+
+def _attempts(root: Path) -> pl.DataFrame:
+    """Per attempt that ran: its attributes and idle + inefficient GPU-hours (``attempts``)."""
+    try:
+        con = query.connect(root)
+    except query.QueryError as exc:
+        raise HistoryError(str(exc)) from None
+    try:
+        frame: pl.DataFrame = con.sql("""
+            SELECT job_id, attempt, team, queue, job_type, card_type, gpus, started_at,
+                   ended_at, coalesce(idle_gpu_hours, 0) + coalesce(inefficient_gpu_hours, 0)
+                   AS waste_gpu_hours
+            FROM attempts WHERE started_at IS NOT NULL""").pl()
+    finally:
+        con.close()
+    return frame.with_columns(pl.col(pl.Datetime).cast(TIME_DTYPE))
+
+
+def _unseen_words(gpu_hours: pl.Expr) -> pl.Expr:
+    return (gpu_hours * 60).round(0).cast(pl.Int64).cast(pl.String) + pl.lit(
+        " GPU-minutes on a GPU shared with another job (no GPU-minute row names this attempt)")
+
+
+def with_unseen(rows: pl.DataFrame, attempts: pl.DataFrame) -> pl.DataFrame:
+    """Classify as ``unknown`` the idle and inefficient GPU-hours ``attempts`` counts but no
+    GPU-minute row names the attempt on (``gpu_minute`` names one job per GPU, so the other
+    job of a shared GPU is not named): added to the attempt's ``unknown`` row, or a new one
+    spanning the attempt; shares recomputed."""
+    seen = rows.group_by(ATTEMPT).agg(pl.col("gpu_hours").sum().alias("_seen"))
+    gap = attempts.join(seen, on=ATTEMPT, how="left").with_columns(
+        (pl.col("waste_gpu_hours") - pl.col("_seen").fill_null(0.0)).alias("_gap")
+    ).filter(pl.col("_gap") * 60 >= UNSEEN_MIN_GPU_MINUTES)
+    if gap.is_empty():
+        return rows
+    unknown = rows.filter(pl.col("pattern") == UNKNOWN)
+    add = rows.join(gap.join(unknown, on=ATTEMPT, how="semi").select(*ATTEMPT, "_gap"),
+                    on=ATTEMPT, how="left").with_columns(
+        pl.when(pl.col("pattern") == UNKNOWN).then(pl.col("_gap")).alias("_gap"))
+    topped = add.with_columns(
+        (pl.col("gpu_hours") + pl.col("_gap").fill_null(0.0)).alias("gpu_hours"),
+        pl.when(pl.col("_gap").is_not_null())
+        .then(pl.col("evidence") + pl.lit("; ") + _unseen_words(pl.col("_gap")))
+        .otherwise(pl.col("evidence")).alias("evidence")).drop("_gap")
+    last = rows["last_minute"].max()
+    end = pl.lit(last, TIME_DTYPE) if last is not None else pl.col("started_at")
+    first = pl.col("started_at").dt.truncate("1m")
+    new = gap.join(unknown, on=ATTEMPT, how="anti").with_columns(
+        pl.lit(UNKNOWN).alias("pattern"), pl.col("_gap").alias("gpu_hours"),
+        first.alias("first_minute"),
+        pl.max_horizontal(first, pl.coalesce(
+            (pl.col("ended_at") - pl.duration(milliseconds=1)).dt.truncate("1m"), end))
+        .alias("last_minute"),
+        _unseen_words(pl.col("_gap")).alias("evidence"),
+        pl.lit(CATALOGUE[UNKNOWN].remedy).alias("remedy"),
+    ).with_columns(pl.coalesce("ended_at", pl.col("last_minute") + pl.duration(minutes=1))
+                   .dt.date().alias("date"))
+    new = new.select([pl.col(c) if c in new.columns else pl.lit(None).alias(c)
+                      for c in JOB_DIAGNOSIS]).cast(dict(JOB_DIAGNOSIS))  # type: ignore[arg-type]
+    return pl.concat([topped, new]).with_columns(
+        (pl.col("gpu_hours") / pl.col("gpu_hours").sum().over(ATTEMPT)).alias("share")
+    ).sort(*ATTEMPT, "gpu_hours", descending=[False, False, True])
 
 
 def summary_text(result: Diagnosed, top: int = 10) -> str:

@@ -122,7 +122,13 @@ def load_history(warehouse: str | Path, since: datetime | None = None,
             hi + timedelta(minutes=1))
         start, end = start.astimezone(UTC), end.astimezone(UTC)
         if end <= start:
-            raise HistoryError(f"{warehouse}: the window {start} – {end} holds no GPU-minutes")
+            first, last = lo.astimezone(UTC), (hi + timedelta(minutes=1)).astimezone(UTC)
+            span = f"the data spans {first:%Y-%m-%d %H:%M} – {last:%Y-%m-%d %H:%M} UTC"
+            if since is not None and _utc(since) >= last:
+                raise HistoryError(f"{warehouse}: --since {_utc(since):%Y-%m-%d %H:%M} UTC "
+                                   f"is after the data ends ({span})")
+            raise HistoryError(f"{warehouse}: --until {_utc(until or last):%Y-%m-%d %H:%M} "
+                               f"UTC is before the data starts ({span})")
         span_min = int((end - start).total_seconds() // 60)
         n_gpus = int(con.sql("SELECT count(DISTINCT (node, gpu_index)) FROM gpu_minute")
                      .fetchall()[0][0])

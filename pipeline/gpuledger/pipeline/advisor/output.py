@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuledger.pipeline.advisor.answers import Answers
-from gpuledger.pipeline.advisor.calibration import long_form
+from gpuledger.pipeline.advisor.calibration import key_order, long_form
 from gpuledger.pipeline.advisor.policy import PolicySet
 
 ORDER = ("queue wait p50 (min)", "queue wait p90 (min)", "queue wait p99 (min)",
@@ -58,7 +58,7 @@ class WhatIf:
         rank = {name: i for i, name in enumerate(ORDER)}
         return out.with_columns(
             pl.col("answer").replace_strict(rank, default=len(ORDER)).alias("_rank")
-        ).sort("_rank", "key").drop("_rank")
+        ).sort("_rank", key_order(), "key", nulls_last=True).drop("_rank")
 
 
 def _num(v: Any, digits: int = 1) -> str:
@@ -76,7 +76,8 @@ def print_whatif(w: WhatIf, console: Console) -> None:
                   f"{w.end:%Y-%m-%d %H:%M} UTC ({hours:.1f} h, grid every "
                   f"{w.step_minutes} min). Baseline: [bold]{base}[/bold].")
     console.print(f"Calibration: the baseline replay is within tolerance for "
-                  f"{int(cal['within'].sum())} of {cal.height} answers "
+                  f"{int(cal['within'].sum())} of {cal.height - cal['within'].null_count()} "
+                  f"answers with both sides observed "
                   f"(error = {base} − observed, shown beside every answer).")
     for line in w.notes:
         console.print(f"  note: {line}")
@@ -93,11 +94,11 @@ def print_whatif(w: WhatIf, console: Console) -> None:
         for r in rows.iter_rows(named=True):
             mark = "✓" if r["within"] else "✗"
             cells = [_num(r["observed"], digits), _num(r["baseline"], digits),
-                     f"{r['error']:+,.{digits}f} {mark}"]
+                     "" if r["error"] is None else f"{r['error']:+,.{digits}f} {mark}"]
             for name in others:
                 v = r[name]
-                cells.append("" if v is None else
-                             f"{_num(v, digits)} ({v - r['baseline']:+,.{digits}f})")
+                cells.append("" if v is None else _num(v, digits) if r["baseline"] is None
+                             else f"{_num(v, digits)} ({v - r['baseline']:+,.{digits}f})")
             table.add_row(str(r["key"]), *cells)
         console.print(table)
 
@@ -160,12 +161,13 @@ def report_section(w: WhatIf) -> ReportSection:
 
     base = w.policies.baseline
     err = {r["answer"] + "|" + r["key"]: r["error"] for r in w.calibration.iter_rows(named=True)}
+    wait_err = err.get("queue wait p90 (min)|all")
     rows = [headline("observed", w.observed)]
     rows += [headline(a.policy, a) for a in w.replays]
     rows.append((f"calibration error ({base} − observed)",
                  round(err.get("allocated GPU-hours|all", 0.0), 1),
                  round(err.get("used GPU-hours|all", 0.0), 1),
-                 round(err.get("queue wait p90 (min)|all", 0.0), 1),
+                 None if wait_err is None else round(wait_err, 1),
                  round(sum(v for k, v in err.items() if k.startswith("blocked GPU-hours|")), 1),
                  round(err.get("lost GPU-hours|all", 0.0), 2)))
     return ReportSection(

@@ -94,6 +94,9 @@ class ReplayInput:
     skipped: int = 0  # attempts of jobs whose pool has no node
     imputed: int = 0
     censored: int = 0
+    # pinned jobs' recorded queue and start times: they started before the window, so
+    # their wait is not the replay's answer
+    pinned_at: dict[int, tuple[datetime, datetime]] = field(default_factory=dict)
 
 
 def layout_of(nodes: pl.DataFrame) -> Layout:
@@ -209,6 +212,9 @@ def prepare(h: History, policies: PolicySet) -> ReplayInput:
         if g is not None:
             alloc_by_job.setdefault((job_id, attempt), []).append(g)
     first_attempt = dict(pinned_rows.select("job_id", "attempt").iter_rows())
+    recorded = {r[0]: (r[1], r[2]) for r in pinned_rows.select(
+        "job_id", pl.coalesce("queued_at", "started_at"), "started_at").iter_rows()}
+    pinned_at: dict[int, tuple[datetime, datetime]] = {}
     jobs: list[Job] = []
     activity: list[float] = []
     pinned: dict[int, list[int]] = {}
@@ -252,6 +258,7 @@ def prepare(h: History, policies: PolicySet) -> ReplayInput:
             held = alloc_by_job.get((r["job_id"], first_attempt[r["job_id"]]), [])
             if len(held) == gpus:
                 pinned[i] = sorted(held)
+                pinned_at[i] = recorded[r["job_id"]]
                 jobs[i].submit_s = 0
         tasks.setdefault(r["pool"], []).append((gpus, units))
     quotas = {t: dict(p) for t, p in policies.quotas.items()}
@@ -261,7 +268,7 @@ def prepare(h: History, policies: PolicySet) -> ReplayInput:
         source = "inferred from the history (most GPUs held within quota at once)"
     mixes = {pool: TaskMix.of(t, WHOLE) for pool, t in tasks.items()}
     return ReplayInput(h, layout, jobs, np.array(activity), pinned, quotas, source, mixes,
-                       skipped, imputed, censored)
+                       skipped, imputed, censored, pinned_at)
 
 
 def _spec(inp: ReplayInput, policies: PolicySet) -> ClusterSpec:
@@ -372,6 +379,8 @@ def _run_of(name: str, inp: ReplayInput, jobs: list[Job], sched: Scheduler,
         elif e.event == "started":
             r = row(j, queued.get(j, t))
             r["started_at"], r["borrowed"] = at(t), bool(e.borrowed)
+            if t == 0 and j in inp.pinned_at and attempt.get(j, 0) == 0:
+                r["queued_at"], r["started_at"] = inp.pinned_at[j]
             r["_start"] = t
             open_row[j] = r
             rows.append(r)
