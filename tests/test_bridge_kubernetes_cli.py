@@ -92,7 +92,14 @@ def test_a_bad_token_file_fails_at_start_and_creates_nothing(
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00", b'{"memory": 5, "outbox": 7}',
                                      b'{"version": 1, "outbox": {"position": -1}}',
-                                     b'{"memory": {}}'])
+                                     b'{"memory": {}}',
+                                     b'{"version": 1, "translator": 5}',
+                                     b'{"version": 1, "translator": {"nodes": []}}',
+                                     b'{"version": 1, "translator": {"nodes": {"a": {}}}}',
+                                     b'{"version": 1, "translator": {"pods": {"p": 3}}}',
+                                     b'{"version": 1, "translator": {"pods": {"p": '
+                                     b'{"slots": 3, "job_id": null}}}}',
+                                     b'{"version": 1, "resource_versions": [1]}'])
 def test_a_bad_state_file_fails_at_start_and_creates_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
     token = tmp_path / "token"
@@ -105,4 +112,28 @@ def test_a_bad_state_file_fails_at_start_and_creates_nothing(
                  "--out", str(out), "--state", str(state), "--once", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and f"--state {state}: not a " in err
-    assert not out.parent.exists()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.parent.exists() and state.read_bytes() == content
+
+
+def test_unreachable_kafka_says_what_was_spooled_and_once_exits_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("kafka")
+    import time
+
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    state = tmp_path / "k8s.state"
+    with FakeApiServer(FIXTURES, token="abc") as server:
+        started = time.monotonic()
+        code = main(["bridge", "kubernetes", "--config",
+                     str(_config(tmp_path, server.url, token)), "--kafka", "127.0.0.1:1",
+                     "--state", str(state), "--once", "--quiet"])
+        elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert elapsed < 60, elapsed
+    assert code == 1, err
+    summary = err.strip().splitlines()[-1]
+    assert summary.startswith("kubernetes bridge: ") and "Traceback" not in err
+    assert (f"record(s) spooled in {tmp_path / 'k8s.state.spool'}, not sent to Kafka yet "
+            "(the next run sends them)") in summary

@@ -3,11 +3,76 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from dataclasses import replace
 from typing import Any
 
 from gpuledger.cli.errors import CliError
+
+TRANSLATOR_PARTS = ("jobs", "pods", "nodes", "workloads")
+
+
+def _shape_problem(doc: dict[str, Any], config: Any) -> str | None:
+    """Why a saved Kubernetes state cannot be resumed from, or None."""
+    from gpuledger.bridges.kubernetes.translate import Translator
+
+    versions = doc.get("resource_versions") or {}
+    if not isinstance(versions, dict) or not all(
+            isinstance(v, str) for v in versions.values()):
+        return "resource_versions: expected an object of strings"
+    saved = doc.get("translator") or {}
+    if not isinstance(saved, dict):
+        return "translator: expected an object"
+    for part in TRANSLATOR_PARTS:
+        entries = saved.get(part, {})
+        if not isinstance(entries, dict) or not all(
+                isinstance(e, dict) for e in entries.values()):
+            return f"translator.{part}: expected an object of objects"
+    try:  # read it as the bridge will, on a copy
+        Translator(config.mapping, config.options, state=copy.deepcopy(saved)).tick()
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        return f"translator: an entry of the wrong shape ({type(exc).__name__}: {exc})"
+    return None
+
+
+def check_state(args: argparse.Namespace, config: Any, helpers: Any) -> None:
+    """The ``--state`` file is a Kubernetes bridge state the bridge can resume from:
+    checked before anything (``--out``, the spool) is created."""
+    problem = _shape_problem(helpers.check_state(args), config)
+    if problem:
+        raise CliError(f"--state {args.state}: not a Kubernetes bridge state file "
+                       f"({problem})")
+
+
+def unsent_note(unsent: int, sink: Any) -> str:
+    """The exit summary's note on records still in the Kafka spool (the Slurm bridge's
+    wording, docs/slurm.md); empty when none are."""
+    if not unsent:
+        return ""
+    return (f"; {unsent} record(s) spooled in {sink.spool.folder}, not sent to Kafka yet "
+            "(the next run sends them)")
+
+
+class FlushAtClose:
+    """With ``--once``: the records go to Kafka once, at close — one bounded wait when
+    Kafka is unreachable, not one per resource listed. The spool holds them meanwhile."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.spool = getattr(sink, "spool", None)
+
+    def position(self) -> int:
+        return int(self.sink.position())
+
+    def complete(self, start: int, records: list[dict[str, Any]]) -> None:
+        self.sink.complete(start, records)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.sink.close()
 
 
 def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
@@ -22,7 +87,10 @@ def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
         client = ApiClient(connection(config), request_timeout_s=config.request_timeout_s)
     except (ConfigError, ValueError) as exc:
         raise CliError(f"config: {exc}") from None
+    check_state(args, config, helpers)
     sink = helpers.open_sink(args)
+    if args.once:
+        sink = FlushAtClose(sink)
     try:
         bridge = Bridge(config, client, sink)
     except (StateError, ValueError) as exc:
@@ -43,10 +111,11 @@ def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
         sink.close()
         if server is not None:
             server.close()
+    unsent = helpers.unsent_records(sink)
     print(f"kubernetes bridge: {s.records} records; lists {s.lists}, relists after 410 "
-          f"{s.relists}, resumed watches {s.resumes}, watch events {s.events}",
-          file=sys.stderr)
-    return 0
+          f"{s.relists}, resumed watches {s.resumes}, watch events {s.events}"
+          + unsent_note(unsent, sink), file=sys.stderr)
+    return 1 if args.once and unsent else 0
 
 
 def register(bridges: Any, helpers: Any) -> None:

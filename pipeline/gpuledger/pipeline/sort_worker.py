@@ -17,6 +17,13 @@ imports Polars and PyArrow once, about a second of CPU per round; a round compac
 every table and partition of the days that closed. It only reads and writes local
 files: the parts the warehouse fetched into a temporary folder, and the day written
 beside them. Requests and replies are one JSON line each, on its stdin and stdout.
+
+The child ends quietly, without a traceback, when its parent goes (killed by SIGTERM,
+say): its stdin closes while it waits for a request, a watch thread sees the parent gone
+in the middle of a sort (within :data:`PARENT_CHECK_S`), and a reply that finds the pipe
+broken ends it. SIGINT and SIGTERM sent to the child end it as signals do, without a
+``KeyboardInterrupt`` traceback (a Ctrl-C at the terminal does not reach it: see
+``SortWorker._start``).
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -35,6 +45,11 @@ CHILD_ENV = {"POLARS_MAX_THREADS": "1", "ARROW_DEFAULT_MEMORY_POOL": "system"}
 pool, and each pool thread's and jemalloc's caches cost memory; 201 MiB at its peak for a
 day of ``gpu_minute`` against 229-233 MiB without, and the same CPU (bench/README.md,
 *Compaction in a child process*)."""
+
+PARENT_ENV = "GPULEDGER_SORT_WORKER_PARENT"
+"""The parent's process id, given to the child: it ends when its parent is another."""
+PARENT_CHECK_S = 0.5
+"""How often the child checks that its parent is still there."""
 
 
 class SortWorkerDied(Exception):
@@ -59,6 +74,7 @@ class SortWorker:
     def _start(self) -> subprocess.Popen[bytes]:
         env = {**CHILD_ENV, **os.environ}  # what the user set wins
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the caller's imports
+        env[PARENT_ENV] = str(os.getpid())
         try:
             # a session of its own: a Ctrl-C at the terminal reaches the processor alone,
             # which stops the child (``stop``); Polars' collect would turn it into a
@@ -169,11 +185,33 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             traceback.print_exc(file=sys.stderr)
             reply = {"error": f"{type(exc).__name__}: {exc}", "os_error": False}
         reply["peak_rss_kib"] = _peak_rss_kib()
-        replies.write(json.dumps(reply).encode() + b"\n")
-        replies.flush()
+        try:
+            replies.write(json.dumps(reply).encode() + b"\n")
+            replies.flush()
+        except BrokenPipeError:  # the parent is gone or stopped reading: nobody waits
+            os._exit(1)  # no cleanup: it would flush the broken pipe again
+
+
+def _end_when_orphaned(parent: int) -> None:
+    """End this process as soon as its parent is no longer ``parent`` (it died: the
+    child is given to init or a subreaper), even in the middle of a sort."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 if __name__ == "__main__":
+    from gpuledger.pipeline import external_sort  # noqa: F401  (Polars, before the below)
+
+    # end quietly, as signals do: no KeyboardInterrupt, and not Polars' SIGINT handler
+    # (installed by its import), which swallows the signal
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    _end_when_orphaned(int(os.environ.get(PARENT_ENV) or os.getppid()))
     protocol = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not break the replies
     _serve(sys.stdin.buffer, protocol)
