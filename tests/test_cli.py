@@ -231,3 +231,34 @@ def test_the_services_options_out_of_range_are_usage_errors(
         main(["process", "--kafka", "127.0.0.1:9", *args])
     assert exit_.value.code == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("foo", "expected an http:// or https:// URL"),
+    ("file:///etc/passwd", "expected an http:// or https:// URL"),
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("http://:9/x", "no host in the URL"),
+])
+def test_an_alert_webhook_that_is_no_http_url_is_refused_at_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, says: str) -> None:
+    """(It was a ValueError traceback at the first alert, minutes into the run; file://
+    was read and counted as posted.)"""
+    assert main(["demo", "--hours", "0.2", "--quiet", "--alert-webhook", url,
+                 "--warehouse", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--alert-webhook: {url!r}: {says}" in err, err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_compact_of_a_wrong_path_says_so_and_makes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["compact", "--warehouse", "nowhere"]) == 2
+    assert "nothing published here" in capsys.readouterr().err
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    assert main(["compact", "--warehouse", str(a_file)]) == 2
+    assert f"{a_file}: a file, not a warehouse folder" in capsys.readouterr().err
+    assert main(["compact", "--warehouse", "s3:/typo"]) == 2      # not s3://: a local path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]   # nothing was made

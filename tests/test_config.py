@@ -57,6 +57,11 @@ def test_file_then_environment_override(tmp_path: Path) -> None:
      "thresholds.efficient_activity: expected a finite number, got '-inf'"),
     ("warehouse:\n  compact_bucket_rows: .inf\n", {},
      "warehouse.compact_bucket_rows: expected a finite number, got inf"),
+    ("alerts:\n  waste_warning_gpu_hours: 10\n  waste_critical_gpu_hours: 1\n", {},
+     "alerts.waste_warning_gpu_hours: must not exceed alerts.waste_critical_gpu_hours"),
+    ("alerts:\n  idle_gpu_s: 90.5\n", {}, "alerts.idle_gpu_s: expected a whole number, got 90.5"),
+    ("alerts:\n  for_s: 99999999999999999999999\n", {},
+     "alerts.for_s: at most 31,622,400 s"),
     ("limits:\n  watts: 5\n", {}, "limits.watts: unknown key"),
     ("warehouse:\n  compact_bucket_rows: 10\n", {},
      "warehouse.compact_bucket_rows: must be >= 1000"),
@@ -67,3 +72,12 @@ def test_errors_name_the_bad_key(tmp_path: Path, text: str, env: dict[str, str],
     f.write_text(text)
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config(f, environ=env)
+
+
+def test_numbers_written_as_1e3_are_numbers(tmp_path: Path) -> None:
+    """YAML 1.1 reads 1e3 (no dot, no sign) as text: it is still the number 1000."""
+    f = tmp_path / "c.yaml"
+    f.write_text("alerts:\n  for_s: 1e3\nthresholds:\n  idle_activity: 5e-2\n")
+    config = load_config(f, environ={})
+    assert config.alerts.for_s == 1000 and isinstance(config.alerts.for_s, int)
+    assert config.thresholds.idle_activity == 0.05

@@ -165,9 +165,13 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
     """The exporter and alert engine the options ask for (gpuledger.pipeline.ops), or None."""
     if not (args.metrics_address or args.alert_webhook or kafka is not None):
         return None
+    from gpuledger.pipeline.alerts.sinks import webhook_problem
     from gpuledger.pipeline.exporter.server import AddressError
     from gpuledger.pipeline.ops import OpsSurface
 
+    if args.alert_webhook is not None and webhook_problem(args.alert_webhook):
+        raise CliError(f"--alert-webhook: {args.alert_webhook!r}: "
+                       f"{webhook_problem(args.alert_webhook)}")
     try:
         ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
         url = ops.start()

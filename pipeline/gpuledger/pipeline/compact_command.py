@@ -12,6 +12,8 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC
+from pathlib import Path
 
 from gpuledger.cli.arguments import iso_time
 from gpuledger.cli.errors import CliError
@@ -26,14 +28,20 @@ def cmd_compact(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.compaction import newest_hour, orphans
     from gpuledger.pipeline.generations import read_manifests
+    from gpuledger.pipeline.store import open_store
     from gpuledger.pipeline.warehouse import Warehouse
 
     config = _proc_config(args)
+    # looked at before anything is made: a wrong path must not leave a folder behind
+    found = open_store(args.warehouse, create=False)
+    local = None if found.remote else Path(found.base)
+    if local is not None and local.is_file():
+        raise CliError(f"{args.warehouse}: a file, not a warehouse folder")
+    if (local is not None and not local.is_dir()) or not read_manifests(found):
+        raise CliError(f"{found.url}: nothing published here")
     warehouse = Warehouse(args.warehouse, options=config.warehouse)
     store = warehouse.store
     manifests = read_manifests(store)
-    if not manifests:
-        raise CliError(f"{store.url}: nothing published here")
     now = time.time()
     busy = [u for u, m in manifests.items() if now - m.written_at < BUSY_S]
     if busy and not args.force:
@@ -59,7 +67,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
         store.delete(path)
         removed += 1
     warehouse.close()
-    print(f"compacted {days} table-day(s) before {before:%Y-%m-%dT%H:%MZ} in {store.url}; "
+    print(f"compacted {days} table-day(s) before {before.astimezone(UTC):%Y-%m-%dT%H:%MZ} "
+          f"in {store.url}; "
           f"removed {removed} object(s) no generation names")
     return 0
 

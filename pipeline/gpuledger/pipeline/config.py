@@ -81,6 +81,10 @@ class Windows:
     samples of one step are held in memory."""
 
 
+ALERT_SECONDS_MAX = 366 * 86_400
+"""The longest alert duration (a ``for`` or window a Prometheus rule holds)."""
+
+
 @dataclass(frozen=True)
 class AlertThresholds:
     """Alert thresholds: the processor's alert engine and the generated Prometheus rules
@@ -240,6 +244,10 @@ class ProcessorConfig:
         if a.low_util_activity > a.low_util_resolve_activity:
             raise ConfigError("alerts.low_util_activity: must not exceed "
                               "alerts.low_util_resolve_activity")
+        if a.waste_warning_gpu_hours > a.waste_critical_gpu_hours:
+            raise ConfigError("alerts.waste_warning_gpu_hours: must not exceed "
+                              "alerts.waste_critical_gpu_hours "
+                              f"({a.waste_warning_gpu_hours} > {a.waste_critical_gpu_hours})")
         for f in fields(a):
             value = getattr(a, f.name)
             if isinstance(value, str):
@@ -248,6 +256,9 @@ class ProcessorConfig:
                                       "name (letters, digits, _ . : -)")
             elif value < 0:
                 raise ConfigError(f"alerts.{f.name}: must be >= 0")
+            elif f.name.endswith("_s") and value > ALERT_SECONDS_MAX:
+                raise ConfigError(f"alerts.{f.name}: at most {ALERT_SECONDS_MAX:,} s (366 "
+                                  f"days), got {value}")
         w = self.windows
         for name in ("allowed_lateness_s", "node_stall_s", "max_future_s", "max_ahead_s",
                      "max_behind_s",
@@ -308,14 +319,16 @@ def _coerce(path: str, value: Any, default: Any) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         try:
-            number = float(value) if isinstance(default, float) else int(value)
+            number = float(value)  # '1e3' too (YAML 1.1 reads it as text)
         except (TypeError, ValueError):
             raise ConfigError(f"{path}: expected a number, got {value!r}") from None
-        except OverflowError:  # int(inf)
-            raise ConfigError(f"{path}: expected a finite number, got {value!r}") from None
         if not math.isfinite(number):
             raise ConfigError(f"{path}: expected a finite number, got {value!r}")
-        return number
+        if isinstance(default, float):
+            return number
+        if not number.is_integer():  # int(90.5) would be 90: a different threshold
+            raise ConfigError(f"{path}: expected a whole number, got {value!r}")
+        return int(value) if isinstance(value, int) else int(number)
     if isinstance(default, str) and not isinstance(value, str):
         raise ConfigError(f"{path}: expected text, got {value!r}")
     return value

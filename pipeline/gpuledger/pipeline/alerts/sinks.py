@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Protocol
 
@@ -109,6 +110,23 @@ class KafkaAlertSink:
         self.producer.close()
 
 
+def webhook_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an Alertmanager endpoint (http or https, a host, a port in
+    range), or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "expected an http:// or https:// URL (e.g. http://alertmanager:9093/api/v2/alerts)"
+    if not parts.hostname:
+        return "no host in the URL"
+    if port == 0:
+        return "port 0 is not a port"
+    return None
+
+
 class WebhookSink:
     """POSTs Alertmanager-shaped lists (``/api/v2/alerts``) to ``url``.
 
@@ -119,6 +137,9 @@ class WebhookSink:
 
     def __init__(self, url: str, timeout_s: float = 5.0, resend_s: float = 60.0,
                  generator_url: str | None = None) -> None:
+        problem = webhook_problem(url)
+        if problem:
+            raise ValueError(f"{url!r}: {problem}")
         self.url = url
         self.timeout_s = timeout_s
         self.resend_s = resend_s
@@ -137,14 +158,15 @@ class WebhookSink:
         self._post([a.alertmanager(self.generator_url) for a in events])
 
     def _post(self, body: list[dict[str, Any]]) -> None:
-        request = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json"})
         try:
+            request = urllib.request.Request(
+                self.url, data=json.dumps(body).encode(), method="POST",
+                headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 reply.read()
             self.posts += 1
             self._last_send = time.monotonic()
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, ValueError) as exc:
             self.failures += 1
-            log.warning("alert webhook %s: %s", self.url, exc)
+            log.warning("alert webhook %s: %s (%d alert event(s) not sent)", self.url, exc,
+                        len(body))
