@@ -35,6 +35,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     # looked at before anything is made: a wrong path must not leave a folder behind
     found = open_store(args.warehouse, create=False)
     local = None if found.remote else Path(found.base)
+    if local is None or local.is_dir():
+        found.check()  # unreachable endpoint, refused credentials: one line
     if local is not None and local.is_file():
         raise CliError(f"{args.warehouse}: a file, not a warehouse folder")
     if (local is not None and not local.is_dir()) or not read_manifests(found):
