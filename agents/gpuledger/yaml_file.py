@@ -1,4 +1,4 @@
-"""Reading a YAML file a user hands over (configuration, mapping, cluster spec, policies):
+"""Reading a text or YAML file a user hands over (configuration, mapping, cluster spec, policies):
 every way it can fail is one line that names the file and the reason.
 
 A missing file, a folder, a file that cannot be opened, bytes that are not UTF-8 and text
@@ -16,6 +16,10 @@ import yaml
 
 class YamlFileError(ValueError):
     """A YAML file that cannot be read: ``<path>: <reason>``, one line."""
+
+
+class NotUtf8Error(YamlFileError):
+    """The file's bytes are not UTF-8 text."""
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
@@ -37,7 +41,7 @@ def read_text(path: Path) -> str:
     except OSError as exc:
         raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise YamlFileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise NotUtf8Error(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def parse_yaml(text: str, origin: str | Path) -> Any:

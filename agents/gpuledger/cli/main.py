@@ -169,9 +169,9 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
     from gpuledger.pipeline.exporter.server import AddressError
     from gpuledger.pipeline.ops import OpsSurface
 
-    if args.alert_webhook is not None and webhook_problem(args.alert_webhook):
-        raise CliError(f"--alert-webhook: {args.alert_webhook!r}: "
-                       f"{webhook_problem(args.alert_webhook)}")
+    problem = webhook_problem(args.alert_webhook) if args.alert_webhook is not None else None
+    if problem:
+        raise CliError(f"--alert-webhook: {args.alert_webhook!r}: {problem}")
     try:
         ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
         url = ops.start()

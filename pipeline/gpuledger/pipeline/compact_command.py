@@ -35,15 +35,16 @@ def cmd_compact(args: argparse.Namespace) -> int:
     # looked at before anything is made: a wrong path must not leave a folder behind
     found = open_store(args.warehouse, create=False)
     local = None if found.remote else Path(found.base)
-    if local is None or local.is_dir():
-        found.check()  # unreachable endpoint, refused credentials: one line
     if local is not None and local.is_file():
         raise CliError(f"{args.warehouse}: a file, not a warehouse folder")
-    if (local is not None and not local.is_dir()) or not read_manifests(found):
+    if local is not None and not local.is_dir():
+        raise CliError(f"{found.url}: nothing published here")
+    found.check()  # unreachable endpoint, refused credentials: one line
+    manifests = read_manifests(found)
+    if not manifests:
         raise CliError(f"{found.url}: nothing published here")
     warehouse = Warehouse(args.warehouse, options=config.warehouse)
     store = warehouse.store
-    manifests = read_manifests(store)
     now = time.time()
     busy = [u for u, m in manifests.items() if now - m.written_at < BUSY_S]
     if busy and not args.force:

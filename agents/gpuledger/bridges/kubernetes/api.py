@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from gpuledger.yaml_file import NotUtf8Error, YamlFileError, read_text
+
 
 class ApiError(Exception):
     """The API server answered with an error status."""
@@ -77,15 +79,11 @@ def token_problem(token: str) -> str | None:
 def read_token(path: Path) -> str:
     """The token in the file ``path`` (surrounding white space removed)."""
     try:
-        text = path.read_text(encoding="utf-8").strip()
-    except IsADirectoryError:
-        raise TokenError(f"{path}: is a directory, not a file") from None
-    except FileNotFoundError:
-        raise TokenError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise TokenError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
+        text = read_text(path).strip()
+    except NotUtf8Error:
         raise TokenError(f"{path}: not a token (not UTF-8 text)") from None
+    except YamlFileError as exc:  # missing, a folder, unreadable
+        raise TokenError(str(exc)) from None
     problem = token_problem(text)
     if problem:
         raise TokenError(f"{path}: {problem}")
