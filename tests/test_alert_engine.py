@@ -194,17 +194,28 @@ def test_blocked_by_fragmentation_fires_after_30_minutes_and_resolves(tmp_path: 
 
 
 class Receiver:
-    """A real HTTP server that records what is POSTed to /api/v2/alerts."""
+    """A real HTTP server that records what is POSTed to /api/v2/alerts. ``answers``: the
+    HTTP status of each next POST (200 once they run out); ``gate``: while clear, every
+    POST waits for it (a hung Alertmanager)."""
 
     def __init__(self) -> None:
         self.posts: list[Any] = []
+        self.answers: list[int] = []
+        self.tries = 0
+        self.gate = threading.Event()
+        self.gate.set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.posts.append((self.path, self.headers["Content-Type"], json.loads(body)))
-                self.send_response(200)
+                outer.gate.wait(30)
+                outer.tries += 1
+                code = outer.answers.pop(0) if outer.answers else 200
+                if code == 200:
+                    outer.posts.append((self.path, self.headers["Content-Type"],
+                                        json.loads(body)))
+                self.send_response(code)
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
@@ -216,6 +227,7 @@ class Receiver:
         self.thread.start()
 
     def close(self) -> None:
+        self.gate.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -231,6 +243,7 @@ def test_webhook_receives_alertmanager_shaped_alerts(tmp_path: Path, receiver: R
     listed = ListSink()
     hook = WebhookSink(receiver.url, resend_s=3600)
     run(scenario(), tmp_path, [listed, hook])
+    assert hook.flush(30)
     sent = [a for path, ctype, body in receiver.posts for a in body]
     assert all(path == "/api/v2/alerts" and ctype == "application/json"
                for path, ctype, _ in receiver.posts)
@@ -280,9 +293,101 @@ def test_the_ops_surface_counts_alerts_and_keeps_none(tmp_path: Path) -> None:
 def test_webhook_resends_firing_alerts(tmp_path: Path, receiver: Receiver) -> None:
     hook = WebhookSink(receiver.url, resend_s=0)  # resend at every evaluation
     run(scenario(), tmp_path, [hook], step_minutes=10)
+    assert hook.flush(30)
     firing_posts = [b for _, _, b in receiver.posts
                     if any(a["labels"]["job_id"] == "j2" and "endsAt" not in a for a in b)]
     assert len(firing_posts) > 3      # j2 fires at minute 15 and is resent until minute 80
+
+
+def firing(job_id: str) -> Alert:
+    return Alert(name="GpuLowUtilisation", job_id=job_id, attempt=0, severity="warning",
+                 starts_at=at(0), summary="s", description="d", recommendation="r",
+                 evidence={"mean_activity": 0.05})
+
+
+def test_a_hung_webhook_does_not_hold_up_the_close_pass(receiver: Receiver) -> None:
+    """publish only queues: with the endpoint hung, it returns at once and the alerts go
+    out, in order, once the endpoint answers."""
+    receiver.gate.clear()
+    hook = WebhookSink(receiver.url, resend_s=3600)
+    for name in ("a", "b", "c"):
+        hook.publish([firing(name)], [])
+    assert receiver.posts == [] and hook.posts == 0   # nothing answered yet
+    assert not hook.flush(0.2)
+    receiver.gate.set()
+    assert hook.flush(30)
+    assert [b[0]["labels"]["job_id"] for _, _, b in receiver.posts] == ["a", "b", "c"]
+    assert (hook.posts, hook.delivered, hook.failures, hook.dropped) == (3, 3, 0, 0)
+    hook.close()
+
+
+def test_the_webhook_retries_while_the_failure_may_pass(receiver: Receiver) -> None:
+    """503, connection trouble and 429 are tried again; a later list waits behind."""
+    receiver.answers = [503, 429]
+    hook = WebhookSink(receiver.url, resend_s=3600, retry_first_s=0.01)
+    hook.publish([firing("a")], [])
+    hook.publish([firing("b")], [])
+    assert hook.flush(30)
+    assert [b[0]["labels"]["job_id"] for _, _, b in receiver.posts] == ["a", "b"]
+    assert receiver.tries == 4
+    assert (hook.posts, hook.delivered, hook.failures, hook.dropped) == (2, 2, 2, 0)
+    hook.close()
+
+
+def test_the_webhook_gives_up_what_cannot_pass(receiver: Receiver,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A 400 (Alertmanager rejects the list) is not tried again; a 500 that lasts past
+    ``retry_for_s`` is given up; both are logged and counted, and the next list goes."""
+    receiver.answers = [400] + [500] * 1000
+    hook = WebhookSink(receiver.url, resend_s=3600, retry_first_s=0.01, retry_max_s=0.02,
+                       retry_for_s=0.3)
+    hook.publish([firing("a")], [])
+    hook.publish([firing("b"), firing("c")], [])
+    assert hook.flush(30)
+    assert receiver.posts == [] and 2 < receiver.tries < 100
+    assert (hook.posts, hook.dropped) == (0, 3)
+    assert "HTTP 400 Bad Request; 1 alert event(s) given up after 1 try" in caplog.text
+    assert "HTTP 500 Internal Server Error; 2 alert event(s) given up after" in caplog.text
+    receiver.answers = []
+    hook.publish([firing("d")], [])
+    assert hook.flush(30) and hook.delivered == 1
+    hook.close()
+
+
+def test_the_webhook_queue_is_bounded_and_close_is_bounded(
+        receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    """A hung endpoint: past ``max_queued`` the oldest waiting list is given up, and
+    ``close`` waits at most its timeout, then counts what was left."""
+    receiver.gate.clear()
+    hook = WebhookSink(receiver.url, resend_s=3600, timeout_s=0.5, retry_first_s=0.05,
+                       max_queued=2)
+    hook.publish([firing("a")], [])
+    deadline = time.monotonic() + 10
+    while hook._in_flight is None and time.monotonic() < deadline:  # "a" is being posted
+        time.sleep(0.01)
+    for name in ("b", "c", "d"):
+        hook.publish([firing(name)], [])
+    assert hook.dropped == 1 and "the oldest (1 alert event(s)) is given up" in caplog.text
+    hook.close(timeout_s=0.2)
+    assert not (hook._thread and hook._thread.is_alive())
+    assert hook.dropped == 4 and hook.posts == 0
+    assert "2 alert event(s) not delivered at exit" in caplog.text
+    hook.publish([firing("e")], [])  # after close: counted, not queued
+    assert hook.dropped == 5
+
+
+def test_a_webhook_url_with_nobody_listening_is_retried_then_given_up() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # closed again: nothing listens there
+    hook = WebhookSink(f"http://127.0.0.1:{port}/api/v2/alerts", retry_first_s=0.01,
+                       retry_max_s=0.02, retry_for_s=0.2)
+    hook.publish([firing("a")], [])
+    assert hook.flush(30)
+    assert hook.posts == 0 and hook.failures >= 2 and hook.dropped == 1
+    hook.close()
 
 
 def test_kafka_alerts_topic_receives_each_event_once(tmp_path: Path, kafka: Any) -> None:

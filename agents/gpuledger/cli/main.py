@@ -187,6 +187,7 @@ def _ops_finish(ops: Any) -> None:
     import signal
     import threading
 
+    ops.deliver()  # the webhook's queued alerts, for at most 10 s
     summary = ops.summary()
     if summary:
         print(summary)

@@ -32,8 +32,10 @@ class OpsSurface:
         self.tally = TallySink()
         sinks: list[AlertSink] = [self.tally]
         self.kafka_sink: KafkaAlertSink | None = None
+        self.webhook: WebhookSink | None = None
         if alert_webhook:
-            sinks.append(WebhookSink(alert_webhook))
+            self.webhook = WebhookSink(alert_webhook)
+            sinks.append(self.webhook)
         if kafka_settings is not None:
             self.kafka_sink = KafkaAlertSink(kafka_settings)
             sinks.append(self.kafka_sink)
@@ -66,16 +68,29 @@ class OpsSurface:
         self.port = self.exporter.start(host, port)
         return f"http://{host}:{self.port}/metrics"
 
+    def deliver(self, timeout_s: float = 10.0) -> None:
+        """Wait up to ``timeout_s`` for the webhook's queued alerts to go out."""
+        if self.webhook is not None:
+            self.webhook.flush(timeout_s)
+
     def summary(self) -> str | None:
         if self.engine is None:
             return None
         kinds = self.tally.fired
         detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-        return (f"alerts: {sum(kinds.values())} fired ({detail or 'none'}), "
+        text = (f"alerts: {sum(kinds.values())} fired ({detail or 'none'}), "
                 f"{len(self.engine.firing)} still firing")
+        hook = self.webhook
+        if hook is not None:
+            text += (f"; webhook: {hook.delivered} event(s) delivered in {hook.posts} "
+                     f"POST(s), {hook.failures} failed POST(s), {hook.dropped} event(s) "
+                     "given up")
+        return text
 
     def close(self) -> None:
         if self.exporter is not None:
             self.exporter.stop()
+        if self.webhook is not None:
+            self.webhook.close()
         if self.kafka_sink is not None:
             self.kafka_sink.close()

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from typing import Any, Protocol
 
 from gpuledger.pipeline.alerts.model import Alert
@@ -128,15 +130,26 @@ def webhook_problem(url: str) -> str | None:
 
 
 class WebhookSink:
-    """POSTs Alertmanager-shaped lists (``/api/v2/alerts``) to ``url``.
+    """POSTs Alertmanager-shaped lists (``/api/v2/alerts``) to ``url``, from a thread of
+    its own: ``publish`` only queues, so a slow or hung endpoint never holds up the
+    processor's close pass.
 
     Events go out as they happen; alerts still firing are sent again every
     ``resend_s`` seconds (wall clock), as Prometheus does, so that Alertmanager does not
     time them out (its ``resolve_timeout``); Alertmanager de-duplicates notifications.
+
+    A POST that fails for a reason that may pass (no connection, a timeout, HTTP 5xx,
+    408 or 429) is tried again after 1, 2, 4 … up to ``retry_max_s`` seconds, for at
+    most ``retry_for_s`` seconds; later lists wait behind it, so a resolution never
+    overtakes its firing. Any other HTTP answer (400: Alertmanager rejected the list) is
+    not retried. At most ``max_queued`` lists wait; past that the oldest waiting list is
+    given up. Whatever is given up is logged and counted (``dropped``, in alert events).
     """
 
     def __init__(self, url: str, timeout_s: float = 5.0, resend_s: float = 60.0,
-                 generator_url: str | None = None) -> None:
+                 generator_url: str | None = None, retry_first_s: float = 1.0,
+                 retry_max_s: float = 30.0, retry_for_s: float = 600.0,
+                 max_queued: int = 256) -> None:
         problem = webhook_problem(url)
         if problem:
             raise ValueError(f"{url!r}: {problem}")
@@ -144,29 +157,138 @@ class WebhookSink:
         self.timeout_s = timeout_s
         self.resend_s = resend_s
         self.generator_url = generator_url
+        self.retry_first_s = retry_first_s
+        self.retry_max_s = retry_max_s
+        self.retry_for_s = retry_for_s
+        self.max_queued = max_queued
         self.posts = 0
+        """POSTs Alertmanager accepted."""
+        self.delivered = 0
+        """Alert events in them."""
         self.failures = 0
-        self._last_send = 0.0
+        """POSTs that failed (each try of a retried list counts)."""
+        self.dropped = 0
+        """Alert events given up: retried for too long, rejected, or still queued at
+        ``close``."""
+        self._queued_at = -float("inf")
+        self._queue: deque[list[dict[str, Any]]] = deque()
+        self._in_flight: list[dict[str, Any]] | None = None
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
 
     def publish(self, events: list[Alert], active: list[Alert]) -> None:
-        due = time.monotonic() - self._last_send >= self.resend_s
-        if due:
+        now = time.monotonic()
+        if now - self._queued_at >= self.resend_s:
             sent = {a.key for a in events}
             events = events + [a for a in active if a.key not in sent]
         if not events:
             return
-        self._post([a.alertmanager(self.generator_url) for a in events])
+        body = [a.alertmanager(self.generator_url) for a in events]
+        with self._cond:
+            if self._closing:
+                self.dropped += len(body)
+                return
+            if len(self._queue) >= self.max_queued:
+                oldest = self._queue.popleft()
+                self.dropped += len(oldest)
+                log.warning("alert webhook %s: %d list(s) waiting; the oldest (%d alert "
+                            "event(s)) is given up", self.url, self.max_queued, len(oldest))
+            self._queue.append(body)
+            self._queued_at = now
+            self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._send_all, daemon=True,
+                                                name="gpuledger-alert-webhook")
+                self._thread.start()
 
-    def _post(self, body: list[dict[str, Any]]) -> None:
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every queued list to be delivered or given up;
+        True when none is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._in_flight is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued, waiting at most ``timeout_s``; then stop, giving up
+        (and logging) whatever is left."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._closing = True
+            left = sum(len(b) for b in self._queue)
+            self._queue.clear()
+            self.dropped += left
+            self._cond.notify_all()
+            thread = self._thread
+        if left:
+            log.warning("alert webhook %s: %d alert event(s) not delivered at exit",
+                        self.url, left)
+        if thread is not None:
+            thread.join(self.timeout_s + 1.0)
+
+    # -- the sending thread ------------------------------------------------------------
+
+    def _send_all(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                body = self._in_flight = self._queue.popleft()
+            self._send(body)
+            with self._cond:
+                self._in_flight = None
+                self._cond.notify_all()
+
+    def _send(self, body: list[dict[str, Any]]) -> None:
+        """POST one list, retrying while the failure may pass."""
+        first = time.monotonic()
+        delay = self.retry_first_s
+        tries = 0
+        while True:
+            tries += 1
+            problem, retry = self._post(body)
+            if problem is None:
+                self.posts += 1
+                self.delivered += len(body)
+                if tries > 1:
+                    log.info("alert webhook %s: delivered after %d tries", self.url, tries)
+                return
+            self.failures += 1
+            with self._cond:
+                if retry and not self._closing and \
+                        time.monotonic() - first + delay <= self.retry_for_s:
+                    if tries == 1:
+                        log.warning("alert webhook %s: %s; trying again (for up to %.0f s)",
+                                    self.url, problem, self.retry_for_s)
+                    self._cond.wait(delay)  # close() wakes it
+                    retry = not self._closing
+                else:
+                    retry = False
+                if not retry:
+                    self.dropped += len(body)
+                    log.warning("alert webhook %s: %s; %d alert event(s) given up after %d "
+                                "tr%s", self.url, problem, len(body), tries,
+                                "y" if tries == 1 else "ies")
+                    return
+            delay = min(delay * 2, self.retry_max_s)
+
+    def _post(self, body: list[dict[str, Any]]) -> tuple[str | None, bool]:
+        """POST ``body``: (None, _) when accepted, else (why, whether to try again)."""
+        request = urllib.request.Request(
+            self.url, data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json"})
         try:
-            request = urllib.request.Request(
-                self.url, data=json.dumps(body).encode(), method="POST",
-                headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 reply.read()
-            self.posts += 1
-            self._last_send = time.monotonic()
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code} {exc.reason}", exc.code >= 500 or exc.code in (408, 429)
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            self.failures += 1
-            log.warning("alert webhook %s: %s (%d alert event(s) not sent)", self.url, exc,
-                        len(body))
+            return str(exc), True
+        return None, False
