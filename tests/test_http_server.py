@@ -133,6 +133,36 @@ def test_idle_slow_and_crowding_clients_are_cut_off(tmp_path: Path) -> None:
         server.close()
 
 
+def test_a_request_beyond_the_connection_bound_is_answered_503() -> None:
+    """With every slot held by idle clients, a scrape is told why (503, Retry-After) in
+    about its request's time, not reset; an idle extra connection is closed in a second;
+    once a slot is free the scrape is answered 200."""
+    server = BoundedHTTPServer(("127.0.0.1", 0), {"/metrics": lambda: (200, b"m 1\n",
+                                                                        "text/plain")},
+                               idle_timeout_s=20.0, header_timeout_s=20.0,
+                               max_connections=2).start()
+    port = server.port
+    try:
+        holders = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        time.sleep(0.3)
+        reply, took = _raw(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 503 Service Unavailable"), reply[:80]
+        assert b"Retry-After: 1" in head and body == b"too many connections; try again in 1 s\n"
+        assert took < 3.0 and server.refused == 1
+        idle, took = _raw(port, b"")
+        assert idle == b"" and took < 4.0 and server.refused == 2
+        holders[0].close()
+        deadline = time.monotonic() + 10
+        while get(port, "/metrics")[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        for s in holders[1:]:
+            s.close()
+    finally:
+        server.close()
+
+
 def test_the_agent_listens_on_loopback_unless_configured(tmp_path: Path) -> None:
     assert AgentConfig().metrics.listen == "127.0.0.1:9466"
     assert load_agent_config(None, environ={}).metrics.listen == "127.0.0.1:9466"

@@ -8,8 +8,10 @@ with the agent, the leanest install: standard library only):
 * a **header deadline**: the request line and headers must arrive within it, however
   slowly they trickle in (a slow-loris client is cut off by one reaper thread, not by a
   thread per connection);
-* a **bound on concurrent connections**: beyond it a connection is closed at once and
-  counted (``refused``), so idle clients cannot pile up threads;
+* a **bound on concurrent connections**: beyond it a connection gets no thread; one
+  refuser thread answers its request ``503 Service Unavailable`` (``Retry-After: 1``)
+  if the request arrives within a second, else closes it; either way it is counted
+  (``refused``), so idle clients cannot pile up threads;
 * ``GET`` (and ``HEAD``) of the configured paths only: anything else is 404, other
   methods 405, an HTTP/0.9 request (no version) 400 at once.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
 import socket
 import threading
 import time
@@ -33,6 +36,15 @@ Route = Callable[[], tuple[int, bytes, str]]
 DEFAULT_IDLE_TIMEOUT_S = 10.0
 DEFAULT_HEADER_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 16
+REFUSED_WAIT_S = 1.0
+"""How long a refused connection's request may take to arrive for its 503."""
+REFUSED_PENDING_MAX = 256
+"""Refused connections waiting for their request at once; beyond, closed at once."""
+_BUSY_TEXT = b"too many connections; try again in 1 s\n"
+BUSY_REPLY = (b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\n"
+              b"Content-Type: text/plain; charset=utf-8\r\n"
+              b"Content-Length: " + str(len(_BUSY_TEXT)).encode() + b"\r\n"
+              b"Connection: close\r\n\r\n" + _BUSY_TEXT)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -128,6 +140,10 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._reaper = threading.Thread(target=self._reap, name="gpuledger-http-reaper",
                                         daemon=True)
         self._reaper.start()
+        self._refusing = selectors.DefaultSelector()
+        self._refuser = threading.Thread(target=self._refuse_all, daemon=True,
+                                         name="gpuledger-http-refuser")
+        self._refuser.start()
 
     @property
     def port(self) -> int:
@@ -138,7 +154,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.refused += 1
-            self.shutdown_request(request)
+            self._refuse(request)
             return
         try:
             super().process_request(request, client_address)
@@ -151,6 +167,54 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """Hand a connection beyond the bound to the refuser thread (closed at once when
+        too many wait already)."""
+        with self._lock:
+            if len(self._refusing.get_map()) >= REFUSED_PENDING_MAX or self._stop.is_set():
+                self.shutdown_request(request)
+                return
+            request.setblocking(False)
+            self._refusing.register(request, selectors.EVENT_READ,
+                                    [time.monotonic() + REFUSED_WAIT_S, b""])
+
+    def _refuse_all(self) -> None:
+        """Answer each refused connection's request 503 once its headers are in; close
+        the ones whose request does not come within ``REFUSED_WAIT_S``."""
+        while not self._stop.is_set():
+            with self._lock:
+                waiting = bool(self._refusing.get_map())
+            if not waiting:
+                self._stop.wait(0.05)
+                continue
+            ready = self._refusing.select(timeout=0.1)
+            now = time.monotonic()
+            done: dict[socket.socket, bool] = {}
+            for key, _ in ready:
+                conn, state = key.fileobj, key.data
+                assert isinstance(conn, socket.socket)
+                try:
+                    chunk = conn.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    chunk = b""
+                state[1] += chunk
+                if b"\r\n\r\n" in state[1] or not chunk or len(state[1]) > 8192:
+                    done[conn] = bool(chunk) and b"\r\n\r\n" in state[1]
+            with self._lock:
+                for key in list(self._refusing.get_map().values()):
+                    if key.data[0] <= now and isinstance(key.fileobj, socket.socket):
+                        done.setdefault(key.fileobj, False)
+                for conn in done:
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._refusing.unregister(conn)
+            for conn, answer in done.items():
+                if answer:
+                    with contextlib.suppress(OSError):
+                        conn.send(BUSY_REPLY)
+                self.shutdown_request(conn)
 
     # -- header deadline ---------------------------------------------------------------
 
@@ -191,3 +255,10 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._stop.set()
         self.shutdown()
         self.server_close()
+        self._refuser.join(1.0)
+        with self._lock:
+            for key in list(self._refusing.get_map().values()):
+                self._refusing.unregister(key.fileobj)
+                if isinstance(key.fileobj, socket.socket):
+                    self.shutdown_request(key.fileobj)
+            self._refusing.close()
