@@ -33,7 +33,7 @@ from test_simulate import SMALL
 from gpuledger.pipeline import query
 from gpuledger.pipeline.compaction import PART_TIME
 from gpuledger.pipeline.config import ProcessorConfig, WarehouseOptions
-from gpuledger.pipeline.generations import read_manifests
+from gpuledger.pipeline.generations import read_manifests, retired_objects
 from gpuledger.pipeline.ingest import ingest
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
@@ -205,7 +205,7 @@ def test_a_writer_killed_mid_upload_leaves_nothing_read_and_a_restart_gives_the_
         assert store.exists(obj), logical
     objects = {e.path for e in store.list("facts")
                if e.path.endswith(".parquet") and not e.path.endswith("_schema.parquet")}
-    retired = {o for m in read_manifests(store).values() for o in m.retired}
+    retired = retired_objects(store)
     orphans = objects - set(snapshot_files.values()) - retired
     assert unnamed <= orphans | set(snapshot_files.values()) | retired
     con = query.connect(url)
@@ -232,9 +232,8 @@ def test_a_writer_killed_mid_upload_leaves_nothing_read_and_a_restart_gives_the_
     assert done.returncode == 0, done.stderr
     left = {e.path for e in store.list("facts")
             if e.path.endswith(".parquet") and not e.path.endswith("_schema.parquet")}
-    named = {o for m in read_manifests(store).values()
-             for o in [*m.files.values(), *m.retired]}
-    assert left <= named
+    named = {o for m in read_manifests(store).values() for o in m.files.values()}
+    assert left <= named | retired_objects(store)
     assert_same_facts(url, reference, SPARSE)
 
 
@@ -247,15 +246,19 @@ def test_replaced_objects_go_after_the_grace_period(histories: list[Path],
     named = set(published_files(root).values())
     on_disk = {p.relative_to(root).as_posix() for p in (root / "facts").rglob("*.parquet")
                if p.name != "_schema.parquet"}
-    retired = {o for m in read_manifests(open_store(root)).values() for o in m.retired}
-    # what the last commit replaced waits for the next; everything else replaced is gone
-    assert on_disk == named | retired
+    # retain_s 0: what a commit replaces goes at once, and no retired log is left
+    assert on_disk == named and not retired_objects(open_store(root))
     kept = ProcessorConfig(warehouse=WarehouseOptions(retain_s=3600))
     ingest(sorted(histories[0].glob("*.jsonl")), tmp_path / "kept", kept)
     ingest(sorted(histories[0].glob("*.jsonl")), tmp_path / "kept", kept)
-    manifest = read_manifests(open_store(tmp_path / "kept"))["warehouse"]
-    assert manifest.retired  # partial hours, snapshots, roll-ups replaced: still there
-    assert all((tmp_path / "kept" / o).exists() for o in manifest.retired)
+    kept_store = open_store(tmp_path / "kept")
+    retired = retired_objects(kept_store)
+    assert retired  # partial hours, snapshots, roll-ups replaced: still there
+    assert all((tmp_path / "kept" / o).exists() for o in retired)
+    # listed in retired logs, not in the manifests, which name what is current only
+    assert not read_manifests(kept_store)["warehouse"].retired
+    assert b'"retired": {}' in max((tmp_path / "kept" / "manifests" / "warehouse").glob(
+        "*.json")).read_bytes()
 
 
 def test_compaction_keeps_the_facts_and_one_object_per_day(

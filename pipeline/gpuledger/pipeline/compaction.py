@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from gpuledger.pipeline.generations import Manifest
+from gpuledger.pipeline.generations import Manifest, read_retired
 from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.tables import SORT_KEYS
 
@@ -82,9 +82,9 @@ def newest_hour(manifests: Iterable[Manifest]) -> datetime | None:
 
 
 def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> list[str]:
-    """Fact objects that no manifest names, published or retired, written before
+    """Fact objects that no manifest names and no retired log lists, written before
     ``older_than`` (Unix seconds): uploads a crash cut off before their commit."""
-    named: set[str] = set()
+    named: set[str] = {o for log in read_retired(store) for o in log.objects}
     for manifest in manifests:
         named.update(manifest.files.values())
         named.update(manifest.retired)

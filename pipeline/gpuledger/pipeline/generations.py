@@ -21,9 +21,17 @@ manifests go once no reader can still be on them.
 A **reader** takes the newest manifest of every unit and reads exactly the files they
 name (:func:`read_snapshot`): every table of a unit is from the same commit (the
 attempts that ended and the snapshot of those still running come from one flush).
-Objects a commit replaces are *retired*, listed in the manifest with the time, and
-deleted ``retain_s`` later, so that a reader that took the previous generation can
-finish its query.
+Objects a commit replaces are *retired* and deleted ``retain_s`` later, so that a
+reader that took the previous generation can finish its query. A commit lists the
+objects it retires, with the time, in a *retired log* of its own
+(``manifests/<unit>/retired/<generation>.json``, written just before the manifest), not
+in the manifest: a manifest holds what is current only, so its size does not grow with
+the run (a long import replaces thousands of hourly files by compacted days; listing
+them in every manifest until ``retain_s`` had passed made the bytes written grow with
+the square of the run). A log goes once the objects it lists are deleted. A writer that
+starts reads its units' logs and goes on deleting; an object named again is kept.
+(Manifests of earlier versions listed retired objects under ``retired``; they are read
+and moved into the next log.)
 """
 
 from __future__ import annotations
@@ -89,7 +97,8 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)
     """Logical name → object."""
     retired: dict[str, float] = field(default_factory=dict)
-    """Object → when a commit stopped naming it (Unix seconds)."""
+    """Object → when a commit stopped naming it (Unix seconds): read from manifests of
+    earlier versions only; retired objects are listed in retired logs now."""
     written_at: float = 0.0
     sizes: dict[str, int] = field(default_factory=dict)
     """Object → its size in bytes (readers open it without asking the store)."""
@@ -125,6 +134,71 @@ class Manifest:
 
 def manifest_path(unit: str, generation: int) -> str:
     return f"{MANIFESTS}/{unit}/{generation:012d}.json"
+
+
+RETIRED = "retired"
+
+
+def retired_path(unit: str, generation: int) -> str:
+    """The retired log a unit's commit of ``generation`` writes."""
+    return f"{MANIFESTS}/{unit}/{RETIRED}/{generation:012d}.json"
+
+
+@dataclass
+class RetiredLog:
+    """The objects one commit of a unit retired: object → when (Unix seconds)."""
+
+    unit: str
+    generation: int
+    objects: dict[str, float]
+
+    @property
+    def path(self) -> str:
+        return retired_path(self.unit, self.generation)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"version": VERSION, "unit": self.unit,
+                           "generation": self.generation,
+                           "retired": dict(sorted(self.objects.items()))}, indent=0).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> RetiredLog:
+        try:
+            blob: dict[str, Any] = json.loads(data)
+            if blob.get("version") != VERSION:
+                raise ValueError(f"version {blob.get('version')} is not {VERSION}")
+            return cls(str(blob["unit"]), int(blob["generation"]),
+                       {str(k): float(v) for k, v in blob["retired"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{where}: not a gpuledger retired log ({exc})") from None
+
+
+def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
+    """The retired logs in the store (of ``unit``, or of every unit), oldest first; one
+    that does not parse (cut off mid-write) is passed over."""
+    logs: list[RetiredLog] = []
+    for e in store.list(MANIFESTS if unit is None else f"{MANIFESTS}/{unit}/{RETIRED}"):
+        parts = e.path.split("/")
+        if len(parts) != 4 or parts[2] != RETIRED or not parts[3].endswith(".json") \
+                or not parts[3][:-5].isdigit():
+            continue
+        data = store.read(e.path)
+        if data is None:
+            continue
+        try:
+            logs.append(RetiredLog.from_bytes(data, store.url_of(e.path)))
+        except ValueError:
+            continue
+    return sorted(logs, key=lambda log: (log.unit, log.generation))
+
+
+def retired_objects(store: Store) -> set[str]:
+    """Every object a retired log (or an older manifest's ``retired``) still lists: a
+    reader may be on a generation that names it until it is deleted."""
+    out = {o for log in read_retired(store) for o in log.objects}
+    for manifest in read_manifests(store).values():
+        out.update(manifest.retired)
+    return out
 
 
 def _listed(store: Store) -> dict[str, list[tuple[int, float]]]:
@@ -211,6 +285,10 @@ class Publisher:
         self._commits: list[Future[None]] = []
         self._written: dict[str, list[tuple[int, float]]] = {}
         """unit → its manifests in the store (generation, written at), newest first."""
+        self._retiring: dict[str, dict[str, float]] = {}
+        """unit → objects retired since its last commit (object → when)."""
+        self._logs: dict[str, list[RetiredLog]] = {}
+        """unit → its retired logs whose objects are not all deleted yet."""
         self.after_commit: list[Callable[[set[str]], None]] = []
         """Called on the committer thread with the units just published."""
         self.objects_written = 0
@@ -226,6 +304,10 @@ class Publisher:
             manifest = _newest(self.store, name, listed) or Manifest(name)
             if listed:  # a generation cut off after the newest whole one is skipped
                 manifest.generation = max(manifest.generation, listed[0][0])
+            self._logs[name] = read_retired(self.store, name)
+            # an earlier version's manifest lists its retired objects: into the next log
+            self._retiring[name] = dict(manifest.retired)
+            manifest.retired = {}
             self.manifests[name] = manifest
             self._written[name] = listed
         return manifest
@@ -235,6 +317,8 @@ class Publisher:
         holder loads its newest manifest."""
         self.sync()
         self.manifests.pop(name, None)
+        self._retiring.pop(name, None)
+        self._logs.pop(name, None)
 
     def current(self, unit: str, logical: str) -> str | None:
         return self.unit(unit).files.get(logical)
@@ -293,16 +377,17 @@ class Publisher:
         with self._lock:
             old = manifest.files.pop(logical, None)
             if old is not None:
-                manifest.retired[old] = self.clock()
+                self._retiring[unit][old] = self.clock()
                 self.changed.add(unit)
 
     def _replace(self, manifest: Manifest, logical: str, obj: str) -> None:
         with self._lock:
             old = manifest.files.get(logical)
             manifest.files[logical] = obj
-            manifest.retired.pop(obj, None)  # named again: not to be deleted
+            retiring = self._retiring[manifest.unit]
+            retiring.pop(obj, None)  # named again: not to be deleted
             if old is not None and old != obj:
-                manifest.retired[old] = self.clock()
+                retiring[old] = self.clock()
             self.changed.add(manifest.unit)
 
     def _upload(self, obj: str, data: bytes) -> None:
@@ -340,46 +425,81 @@ class Publisher:
     # -- publishing ------------------------------------------------------------------
 
     def commit(self, wait: bool = False) -> set[str]:
-        """Publish every unit changed since the last commit (a new generation each),
-        once the objects they name are uploaded; ``wait``: until it is done."""
+        """Publish every unit changed since the last commit (a new generation each, with
+        the retired log of what it replaced), once the objects they name are uploaded;
+        ``wait``: until it is done."""
         self._raise_failed()
         units = sorted(self.changed)
         self.changed.clear()
         if units:
             now = self.clock()
-            blobs: list[tuple[str, int, bytes, list[str]]] = []
+            blobs: list[tuple[str, int, bytes, RetiredLog | None]] = []
             for name in units:
                 m = self.manifests[name]
                 m.generation += 1
                 m.written_at = now
                 named = set(m.files.values())
                 m.sizes = {o: n for o, n in m.sizes.items() if o in named}
-                expired = [o for o, t in m.retired.items() if now - t >= self.retain_s]
-                for o in expired:
-                    del m.retired[o]
-                blobs.append((name, m.generation, m.to_bytes(), expired))
+                retiring = self._retiring[name]
+                log = RetiredLog(name, m.generation, dict(retiring)) if retiring else None
+                retiring.clear()
+                if log is not None:
+                    self._logs[name].append(log)
+                blobs.append((name, m.generation, m.to_bytes(), log))
+            done = self._expired(now)
             with self._lock:
                 futures = [f for _d, f in self._uploads.values()]
-            self._commits.append(self._committer.submit(self._publish, blobs, futures))
+            self._commits.append(self._committer.submit(self._publish, blobs, futures, done))
         if wait:
             self.sync()
         return set(units)
 
-    def _publish(self, blobs: list[tuple[str, int, bytes, list[str]]],
-                 uploads: list[Future[None]]) -> None:
+    def _expired(self, now: float) -> list[tuple[RetiredLog, list[str]]]:
+        """The retired logs every object of which was last retired ``retain_s`` ago or
+        more (taken off the pending ones), each with its objects to delete: an object
+        retired again since, by a later log, waits for that retirement."""
+        done: list[tuple[RetiredLog, list[str]]] = []
+        for name, logs in self._logs.items():
+            latest: dict[str, float] = dict(self._retiring.get(name, {}))
+            for log in logs:
+                for o, t in log.objects.items():
+                    latest[o] = max(t, latest.get(o, t))
+            keep: list[RetiredLog] = []
+            claimed: set[str] = set()
+            for log in logs:
+                if all(now - latest[o] >= self.retain_s for o in log.objects):
+                    objects = [o for o in log.objects if o not in claimed]
+                    claimed.update(objects)
+                    done.append((log, objects))
+                else:
+                    keep.append(log)
+            self._logs[name] = keep
+        return done
+
+    def _publish(self, blobs: list[tuple[str, int, bytes, RetiredLog | None]],
+                 uploads: list[Future[None]], done: list[tuple[RetiredLog, list[str]]]
+                 ) -> None:
         for f in uploads:
             f.result()  # an upload that failed fails the commit: nothing is published
-        for name, generation, data, _expired in blobs:
+        at_once = {log.path for log, _objects in done}  # retain_s 0: no log needed
+        for name, generation, data, log in blobs:
+            if log is not None and log.path not in at_once:
+                # before the manifest: no retirement goes unlisted
+                self.store.write(log.path, log.to_bytes())
             self.store.write(manifest_path(name, generation), data)
         self._release_done()
         now = self.clock()
-        for name, generation, _data, expired in blobs:
-            for obj in expired:
+        written_now = {log.path for _n, _g, _d, log in blobs if log is not None}
+        for log, objects in done:
+            for obj in objects:
                 with self._lock:  # named again since, or being uploaded again: keep it
                     keep = obj in self._uploads or any(
                         obj in m.files.values() for m in self.manifests.values())
                 if not keep:
                     self.store.delete(obj)
+            if log.path not in written_now:
+                self.store.delete(log.path)
+        for name, generation, _data, _log in blobs:
             self._prune(name, generation, now)
         for call in self.after_commit:
             call({name for name, _g, _d, _e in blobs})
