@@ -66,7 +66,13 @@ def alerts_topic(settings: Any) -> str:
 
 
 class KafkaAlertSink:
-    """One JSON message per event on the alerts topic (created when missing)."""
+    """One JSON message per event on the alerts topic (created when missing).
+
+    ``publish`` hands the messages to the producer and returns: the producer delivers
+    them in the background (acks=all, idempotent, in order), so a broker outage never
+    holds up the processor's close pass; deliveries and failures are counted as the
+    broker answers (``sent``, ``failures``), and ``close`` waits for what is left (at
+    most 30 s)."""
 
     def __init__(self, settings: Any, topic: str | None = None) -> None:
         from kafka import KafkaProducer
@@ -79,6 +85,7 @@ class KafkaAlertSink:
         self.producer = KafkaProducer(**producer_config(settings, compression_type=None))
         self.sent = 0
         self.failures = 0
+        self._count = threading.Lock()
 
     def ensure_topic(self) -> None:
         from kafka.admin import KafkaAdminClient, NewTopic
@@ -94,22 +101,32 @@ class KafkaAlertSink:
             admin.close()
 
     def publish(self, events: list[Alert], active: list[Alert]) -> None:
-        if not events:
-            return
-        try:
-            for alert in events:
-                key = "/".join(str(k) for k in alert.key).encode()
-                value = json.dumps(alert.message(), default=str).encode()
-                self.producer.send(self.topic, key=key, value=value)
-            self.producer.flush(timeout=30)
-            self.sent += len(events)
-        except Exception as exc:  # a broker outage must not stop the processor
-            self.failures += len(events)
-            log.warning("alerts topic %s: %d event(s) not sent: %s", self.topic, len(events), exc)
+        for alert in events:
+            key = "/".join(str(k) for k in alert.key).encode()
+            value = json.dumps(alert.message(), default=str).encode()
+            try:
+                future = self.producer.send(self.topic, key=key, value=value)
+            except Exception as exc:  # a broker outage must not stop the processor
+                self._failed(exc)
+                continue
+            future.add_callback(self._delivered).add_errback(self._failed)
+
+    def _delivered(self, _metadata: Any) -> None:
+        with self._count:
+            self.sent += 1
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._count:
+            self.failures += 1
+        log.warning("alerts topic %s: an alert event not sent: %s", self.topic, exc)
 
     def close(self) -> None:
-        self.producer.flush(timeout=30)
-        self.producer.close()
+        try:
+            self.producer.flush(timeout=30)
+        except Exception as exc:
+            log.warning("alerts topic %s: not every alert event sent at exit: %s",
+                        self.topic, exc)
+        self.producer.close(timeout=5)
 
 
 def webhook_problem(url: str) -> str | None:
