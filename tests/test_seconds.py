@@ -255,3 +255,29 @@ def test_allocated_seconds_add_up_to_the_intervals(
             assert got[m] == pytest.approx(v, abs=1e-8), m
     att = facts.table("job_attempts")
     assert att["allocated_gpu_hours"].sum() * 3600 == pytest.approx(want_total, abs=1e-4)
+
+
+def test_two_jobs_given_the_same_whole_gpu_are_counted_as_overcommitted(
+        run: Callable[[Records], Facts], caplog: pytest.LogCaptureFixture) -> None:
+    """docs/metrics.md, *Overcommitted GPUs*: GPU 0 given whole to a and b for 10 minutes
+    (b from 10:00:30): alloc_fraction keeps the sum, capacity is never exceeded, each job
+    keeps its own share, and the overcommitted GPU-minutes are counted and said."""
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "a", at(0)), job("started", "a", at(0), allocation=alloc("n1", 0)),
+            job("submitted", "b", at(0)),
+            job("started", "b", at(0, 30), allocation=alloc("n1", 0)),
+            job("finished", "a", at(10)), job("finished", "b", at(10, 30)),
+            job("submitted", "end", at(12))]
+    facts = run(recs)
+    gm = facts.table("gpu_minute").filter((pl.col("gpu_index") == 0)
+                                          & (pl.col("minute") < at(11))).sort("minute")
+    assert gm["alloc_fraction"].to_list() == pytest.approx([1.5] + [2.0] * 9 + [0.5])
+    assert facts.processor.counters.overcommitted_gpu_minutes == 10   # 10:00 to 10:09
+    assert "10 GPU-minute(s) had allocations summing to more than the whole GPU" in caplog.text
+    hourly = facts.table("gpu_hourly").filter(pl.col("gpu_index") == 0) \
+        if "gpu_index" in facts.table("gpu_hourly").columns else facts.table("gpu_hourly")
+    # the GPU's capacity: 11 minutes held at most, once, whatever the sum of the shares
+    assert hourly["allocated_gpu_hours"].sum() * 60 == pytest.approx(10.5)
+    att = _attempts(facts)
+    assert att[("a", 0)]["job_gpu_hours"] * 60 == pytest.approx(10.0)
+    assert att[("b", 0)]["job_gpu_hours"] * 60 == pytest.approx(10.0)

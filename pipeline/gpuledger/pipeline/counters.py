@@ -31,6 +31,10 @@ class Counters:
     unplaced_telemetry: int = 0
     """Samples of GPUs no inventory knows (an unknown node, a GPU index beyond its count):
     rejected."""
+    overcommitted_gpu_minutes: int = 0
+    """GPU-minutes whose allocations summed to more than the whole GPU (two jobs each
+    given all of it by the scheduler, or pods whose fractions add up past 1): the GPU
+    counts as allocated once; ``gpu_minute.alloc_fraction`` keeps the sum."""
     misrouted_telemetry: int = 0
     """Samples for a node of another shard's partition (dropped; see shard.py)."""
     minutes_closed: int = 0

@@ -91,6 +91,8 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
+OVERCOMMITTED = 1.0 + 1e-9
+"""A GPU-minute whose allocated shares sum past this is overcommitted (counted)."""
 DENSE_STEP = timedelta(hours=1)
 """The longest close step while telemetry is buffered (its samples are held in memory)."""
 SPARSE_STEP = timedelta(hours=24)
@@ -162,6 +164,7 @@ class Processor:
         self.telemetry_clock = telemetry_clock
         self.warehouse = warehouse
         self.counters = Counters()
+        self._overcommit_said = False
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
@@ -629,6 +632,13 @@ class Processor:
                 ).select(PARTS_SCHEMA.names()))
         self._write_rejects()
         self.warehouse.publish_catalog()
+        over = self.counters.overcommitted_gpu_minutes
+        if over and not self._overcommit_said:
+            self._overcommit_said = True
+            log.warning("%d GPU-minute(s) had allocations summing to more than the whole GPU "
+                        "(jobs given the same GPU at once): each counts as allocated once "
+                        "(docs/metrics.md, 'Overcommitted GPUs'; SELECT * FROM gpu_minute "
+                        "WHERE alloc_fraction > 1)", over)
 
     # -- closing minutes -------------------------------------------------------------
 
@@ -770,6 +780,9 @@ class Processor:
             pl.concat(parts, how="diagonal_relaxed").join(main, on="job_id", how="left"))
         if agg is not None:
             self._reject_unplaced_telemetry(gpu, agg)
+        over = gpu.select(pl.col("n_minutes").filter(
+            pl.col("alloc_fraction") > OVERCOMMITTED).sum()).item()
+        self.counters.overcommitted_gpu_minutes += int(over or 0)
         job_attrs = attrs.lazy().select("job_id", "team", "queue", "job_type")
         jobs = self._with_job_memory(engines.step_frame(job_rows_with_context(
             pl.concat(job_parts, how="diagonal_relaxed"), gpu.lazy()).join(
