@@ -224,7 +224,9 @@ def test_a_writer_killed_mid_upload_leaves_nothing_read_and_a_restart_gives_the_
                            capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr
     assert_same_facts(url, reference, SPARSE)
-    # compact removes what no generation names (retain_s 0 here)
+    # compact removes what no generation names, and what was replaced more than
+    # retain_s ago (0 here) with its retired logs
+    assert retired_objects(store)   # the runs above replaced files, kept for readers
     done = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "compact", "--force",
                            "--warehouse", url], capture_output=True, text=True, timeout=600,
                           env=_env({**s3.env(), "GPULEDGER_WAREHOUSE__RETAIN_S": "0"}),
@@ -233,7 +235,8 @@ def test_a_writer_killed_mid_upload_leaves_nothing_read_and_a_restart_gives_the_
     left = {e.path for e in store.list("facts")
             if e.path.endswith(".parquet") and not e.path.endswith("_schema.parquet")}
     named = {o for m in read_manifests(store).values() for o in m.files.values()}
-    assert left <= named | retired_objects(store)
+    assert left == named and not retired_objects(store)
+    assert "object(s) replaced more than 0 s ago" in done.stdout
     assert_same_facts(url, reference, SPARSE)
 
 

@@ -9,7 +9,6 @@ the same partitions (a unit's manifest has one writer at a time).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from datetime import UTC
@@ -54,25 +53,26 @@ def cmd_compact(args: argparse.Namespace) -> int:
     before = args.before
     if before is None:
         newest = newest_hour(manifests.values())
-        if newest is None:
-            print("nothing to compact", file=sys.stderr)
-            return 0
-        from datetime import timedelta
+        if newest is not None:
+            from datetime import timedelta
 
-        before = newest - timedelta(seconds=config.warehouse.compact_after_s)
+            before = newest - timedelta(seconds=config.warehouse.compact_after_s)
     days = 0
-    with warehouse.compaction_round():
-        for unit in sorted(manifests):
-            days += warehouse.compact_unit(unit, before)
-    warehouse.publish_catalog()
+    if before is not None:
+        with warehouse.compaction_round():
+            for unit in sorted(manifests):
+                days += warehouse.compact_unit(unit, before)
+        warehouse.publish_catalog()
+    retired = warehouse.publisher.expire_retired(sorted(manifests))
     removed = 0
     for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s):
         store.delete(path)
         removed += 1
     warehouse.close()
-    print(f"compacted {days} table-day(s) before {before.astimezone(UTC):%Y-%m-%dT%H:%MZ} "
-          f"in {store.url}; "
-          f"removed {removed} object(s) no generation names")
+    what = "no hourly files to compact" if before is None else \
+        f"compacted {days} table-day(s) before {before.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+    print(f"{what} in {store.url}; removed {retired} object(s) replaced more than "
+          f"{config.warehouse.retain_s:g} s ago and {removed} object(s) no generation names")
     return 0
 
 
@@ -82,8 +82,9 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "compact", help="compact closed days into few large files (docs/warehouse.md)",
         description="Rewrite each closed day's hourly files of every table into one file "
         "per table, day and partition (gpu_minute sorted by job, then minute), published "
-        "atomically with the next generation; then delete objects that no generation names "
-        "and that are older than warehouse.retain_s (uploads cut off by a crash). Run it "
+        "atomically with the next generation; then delete the objects replaced more than "
+        "warehouse.retain_s ago, and objects that no generation names and that are older "
+        "than warehouse.retain_s (uploads cut off by a crash). Run it "
         "on a warehouse written by ingest or import; a processor compacts its own days.")
     common(p)
     p.add_argument("--before", type=iso_time, default=None, metavar="TIME",

@@ -489,7 +489,18 @@ class Publisher:
             self.store.write(manifest_path(name, generation), data)
         self._release_done()
         now = self.clock()
-        written_now = {log.path for _n, _g, _d, log in blobs if log is not None}
+        self._delete_retired(done, {log.path for _n, _g, _d, log in blobs if log is not None})
+        for name, generation, _data, _log in blobs:
+            self._prune(name, generation, now)
+        for call in self.after_commit:
+            call({name for name, _g, _d, _e in blobs})
+
+    def _delete_retired(self, done: list[tuple[RetiredLog, list[str]]],
+                        not_written: set[str]) -> int:
+        """Delete the objects of ``done`` (retired logs past their grace period) that no
+        unit held names again, then the logs (but those in ``not_written``); how many
+        objects were deleted."""
+        deleted = 0
         for log, objects in done:
             for obj in objects:
                 with self._lock:  # named again since, or being uploaded again: keep it
@@ -497,12 +508,19 @@ class Publisher:
                         obj in m.files.values() for m in self.manifests.values())
                 if not keep:
                     self.store.delete(obj)
-            if log.path not in written_now:
+                    deleted += 1
+            if log.path not in not_written:
                 self.store.delete(log.path)
-        for name, generation, _data, _log in blobs:
-            self._prune(name, generation, now)
-        for call in self.after_commit:
-            call({name for name, _g, _d, _e in blobs})
+        return deleted
+
+    def expire_retired(self, units: list[str]) -> int:
+        """Delete now what ``units`` retired ``retain_s`` ago or more, and the logs that
+        listed it (``gpuledger compact``: a warehouse no writer commits to any more keeps
+        its retired objects otherwise); how many objects were deleted."""
+        for name in units:
+            self.unit(name)
+        self.sync()
+        return self._delete_retired(self._expired(self.clock()), set())
 
     def _prune(self, unit: str, generation: int, now: float) -> None:
         """Delete the unit's manifests a reader can no longer be on: older than the one
