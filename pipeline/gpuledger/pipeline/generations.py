@@ -44,9 +44,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuledger.pipeline.store import Store
+
+T = TypeVar("T")
 
 MANIFESTS = "manifests"
 VERSION = 1
@@ -88,6 +90,18 @@ def table_of(path: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "facts" else ""
 
 
+def _parsed(data: bytes, where: str, what: str, build: Callable[[dict[str, Any]], T]) -> T:
+    """``build`` of the JSON object ``data`` of this ``VERSION``; a ValueError naming
+    ``where`` and ``what`` it is not, otherwise."""
+    try:
+        blob = json.loads(data)
+        if blob.get("version") != VERSION:
+            raise ValueError(f"version {blob.get('version')} is not {VERSION}")
+        return build(blob)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{where}: not a gpuledger {what} ({exc})") from None
+
+
 @dataclass
 class Manifest:
     """One unit's published files."""
@@ -114,16 +128,11 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
-        try:
-            blob: dict[str, Any] = json.loads(data)
-            if blob.get("version") != VERSION:
-                raise ValueError(f"version {blob.get('version')} is not {VERSION}")
-            return cls(str(blob["unit"]), int(blob["generation"]), dict(blob["files"]),
-                       {k: float(v) for k, v in blob["retired"].items()},
-                       float(blob.get("written_at", 0.0)),
-                       {k: int(v) for k, v in blob.get("sizes", {}).items()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{where}: not a gpuledger manifest ({exc})") from None
+        return _parsed(data, where, "manifest", lambda blob: cls(
+            str(blob["unit"]), int(blob["generation"]), dict(blob["files"]),
+            {k: float(v) for k, v in blob["retired"].items()},
+            float(blob.get("written_at", 0.0)),
+            {k: int(v) for k, v in blob.get("sizes", {}).items()}))
 
     def tables(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -163,14 +172,9 @@ class RetiredLog:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> RetiredLog:
-        try:
-            blob: dict[str, Any] = json.loads(data)
-            if blob.get("version") != VERSION:
-                raise ValueError(f"version {blob.get('version')} is not {VERSION}")
-            return cls(str(blob["unit"]), int(blob["generation"]),
-                       {str(k): float(v) for k, v in blob["retired"].items()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{where}: not a gpuledger retired log ({exc})") from None
+        return _parsed(data, where, "retired log", lambda blob: cls(
+            str(blob["unit"]), int(blob["generation"]),
+            {str(k): float(v) for k, v in blob["retired"].items()}))
 
 
 def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
