@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from gpuledger.pipeline.generations import Manifest, read_retired
+from gpuledger.pipeline.generations import DIGEST_CHARS, Manifest, read_retired
 from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.tables import SORT_KEYS
 
@@ -81,14 +81,19 @@ def newest_hour(manifests: Iterable[Manifest]) -> datetime | None:
     return newest
 
 
+_OBJECT = re.compile(rf"\.[0-9a-f]{{{DIGEST_CHARS}}}\.parquet$")
+"""The end of a fact object's name: its content's digest (``generations.object_name``)."""
+
+
 def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> list[str]:
     """Fact objects that no manifest names and no retired log lists, written before
-    ``older_than`` (Unix seconds): uploads a crash cut off before their commit."""
-    named: set[str] = {o for log in read_retired(store) for o in log.objects}
+    ``older_than`` (Unix seconds): uploads a crash cut off before their commit. Only
+    names gpuledger gives its objects (``….<digest>.parquet``) count: a file of someone
+    else's under ``facts/`` is left alone."""
+    named: set[str] = {o for entry in read_retired(store) for o in entry.objects}
     for manifest in manifests:
         named.update(manifest.files.values())
         named.update(manifest.retired)
     return sorted(e.path for e in store.list("facts")
-                  if e.path.endswith(".parquet") and e.path not in named
-                  and not e.path.endswith("/_schema.parquet")
+                  if _OBJECT.search(e.path) and e.path not in named
                   and e.mtime < older_than)

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -46,9 +48,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuledger.pipeline.store import Store
+from gpuledger.pipeline.store import Store, StoreConflict, StoreError, safe_path
 
 T = TypeVar("T")
+log = logging.getLogger("gpuledger.warehouse")
+UNIT_NAME = re.compile(r"(warehouse|p[0-9]{3,5})")
+"""What a unit is called: ``warehouse``, or a telemetry partition's ``pNNN``."""
 
 MANIFESTS = "manifests"
 VERSION = 1
@@ -90,6 +95,30 @@ def table_of(path: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "facts" else ""
 
 
+def _fact(name: Any) -> str:
+    """``name`` when it is a fact object's (or logical) name: a string under ``facts/``
+    that stays inside the warehouse. A manifest or retired log naming anything else is
+    not one of ours, and nothing it names is read or deleted."""
+    if not isinstance(name, str) or not name.startswith("facts/"):
+        raise ValueError(f"{name!r} is not a fact file's name")
+    try:
+        return safe_path(name)
+    except StoreError:
+        raise ValueError(f"{name!r} is not a fact file's name") from None
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a whole number")
+    return value
+
+
 def _parsed(data: bytes, where: str, what: str, build: Callable[[dict[str, Any]], T]) -> T:
     """``build`` of the JSON object ``data`` of this ``VERSION``; a ValueError naming
     ``where`` and ``what`` it is not, otherwise."""
@@ -129,10 +158,11 @@ class Manifest:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
         return _parsed(data, where, "manifest", lambda blob: cls(
-            str(blob["unit"]), int(blob["generation"]), dict(blob["files"]),
-            {k: float(v) for k, v in blob["retired"].items()},
-            float(blob.get("written_at", 0.0)),
-            {k: int(v) for k, v in blob.get("sizes", {}).items()}))
+            str(blob["unit"]), _whole(blob["generation"]),
+            {_fact(k): _fact(v) for k, v in blob["files"].items()},
+            {_fact(k): _number(v) for k, v in blob["retired"].items()},
+            _number(blob.get("written_at", 0.0)),
+            {_fact(k): _whole(v) for k, v in blob.get("sizes", {}).items()}))
 
     def tables(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -173,8 +203,8 @@ class RetiredLog:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> RetiredLog:
         return _parsed(data, where, "retired log", lambda blob: cls(
-            str(blob["unit"]), int(blob["generation"]),
-            {str(k): float(v) for k, v in blob["retired"].items()}))
+            str(blob["unit"]), _whole(blob["generation"]),
+            {_fact(k): _number(v) for k, v in blob["retired"].items()}))
 
 
 def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
@@ -184,22 +214,27 @@ def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
     for e in store.list(MANIFESTS if unit is None else f"{MANIFESTS}/{unit}/{RETIRED}"):
         parts = e.path.split("/")
         if len(parts) != 4 or parts[2] != RETIRED or not parts[3].endswith(".json") \
-                or not parts[3][:-5].isdigit():
+                or not parts[3][:-5].isdigit() or not UNIT_NAME.fullmatch(parts[1]):
             continue
         data = store.read(e.path)
         if data is None:
             continue
         try:
-            logs.append(RetiredLog.from_bytes(data, store.url_of(e.path)))
-        except ValueError:
+            found = RetiredLog.from_bytes(data, store.url_of(e.path))
+            if found.unit != parts[1]:
+                raise ValueError(f"{store.url_of(e.path)}: a log of unit {found.unit!r} in "
+                                 f"the folder of unit {parts[1]!r}")
+        except ValueError as exc:
+            log.warning("%s; passed over (what it lists is not deleted)", exc)
             continue
-    return sorted(logs, key=lambda log: (log.unit, log.generation))
+        logs.append(found)
+    return sorted(logs, key=lambda r: (r.unit, r.generation))
 
 
 def retired_objects(store: Store) -> set[str]:
     """Every object a retired log (or an older manifest's ``retired``) still lists: a
     reader may be on a generation that names it until it is deleted."""
-    out = {o for log in read_retired(store) for o in log.objects}
+    out = {o for entry in read_retired(store) for o in entry.objects}
     for manifest in read_manifests(store).values():
         out.update(manifest.retired)
     return out
@@ -210,7 +245,8 @@ def _listed(store: Store) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for e in store.list(MANIFESTS):
         parts = e.path.split("/")
-        if len(parts) == 3 and parts[2].endswith(".json") and parts[2][:-5].isdigit():
+        if len(parts) == 3 and parts[2].endswith(".json") and parts[2][:-5].isdigit() \
+                and UNIT_NAME.fullmatch(parts[1]):
             out.setdefault(parts[1], []).append((int(parts[2][:-5]), e.mtime))
     return {u: sorted(g, reverse=True) for u, g in out.items()}
 
@@ -219,12 +255,18 @@ def _newest(store: Store, unit: str, generations: list[tuple[int, float]]) -> Ma
     """The newest whole manifest of ``unit``: one cut off mid-write (a store that lets
     a dropped upload leave part of an object) is passed over for the one before."""
     for generation, _t in generations:
+        where = store.url_of(manifest_path(unit, generation))
         data = store.read(manifest_path(unit, generation))
         if data is None:
             continue
         try:
-            return Manifest.from_bytes(data, store.url_of(manifest_path(unit, generation)))
-        except ValueError:
+            found = Manifest.from_bytes(data, where)
+            if found.unit != unit:
+                raise ValueError(f"{where}: a manifest of unit {found.unit!r} in the folder "
+                                 f"of unit {unit!r}")
+            return found
+        except ValueError as exc:
+            log.warning("%s; passed over for the generation before it", exc)
             continue
     return None
 
@@ -445,11 +487,11 @@ class Publisher:
                 named = set(m.files.values())
                 m.sizes = {o: n for o, n in m.sizes.items() if o in named}
                 retiring = self._retiring[name]
-                log = RetiredLog(name, m.generation, dict(retiring)) if retiring else None
+                entry = RetiredLog(name, m.generation, dict(retiring)) if retiring else None
                 retiring.clear()
-                if log is not None:
-                    self._logs[name].append(log)
-                blobs.append((name, m.generation, m.to_bytes(), log))
+                if entry is not None:
+                    self._logs[name].append(entry)
+                blobs.append((name, m.generation, m.to_bytes(), entry))
             done = self._expired(now)
             with self._lock:
                 futures = [f for _d, f in self._uploads.values()]
@@ -465,18 +507,18 @@ class Publisher:
         done: list[tuple[RetiredLog, list[str]]] = []
         for name, logs in self._logs.items():
             latest: dict[str, float] = dict(self._retiring.get(name, {}))
-            for log in logs:
-                for o, t in log.objects.items():
+            for entry in logs:
+                for o, t in entry.objects.items():
                     latest[o] = max(t, latest.get(o, t))
             keep: list[RetiredLog] = []
             claimed: set[str] = set()
-            for log in logs:
-                if all(now - latest[o] >= self.retain_s for o in log.objects):
-                    objects = [o for o in log.objects if o not in claimed]
+            for entry in logs:
+                if all(now - latest[o] >= self.retain_s for o in entry.objects):
+                    objects = [o for o in entry.objects if o not in claimed]
                     claimed.update(objects)
-                    done.append((log, objects))
+                    done.append((entry, objects))
                 else:
-                    keep.append(log)
+                    keep.append(entry)
             self._logs[name] = keep
         return done
 
@@ -486,14 +528,21 @@ class Publisher:
         for f in uploads:
             f.result()  # an upload that failed fails the commit: nothing is published
         at_once = {log.path for log, _objects in done}  # retain_s 0: no log needed
-        for name, generation, data, log in blobs:
-            if log is not None and log.path not in at_once:
+        for name, generation, data, retired in blobs:
+            if retired is not None and retired.path not in at_once:
                 # before the manifest: no retirement goes unlisted
-                self.store.write(log.path, log.to_bytes())
-            self.store.write(manifest_path(name, generation), data)
+                self.store.write(retired.path, retired.to_bytes())
+            try:  # only if absent: two writers of one unit must not overwrite each other
+                self.store.create(manifest_path(name, generation), data)
+            except StoreConflict:
+                raise StoreError(
+                    f"{self.store.url}: generation {generation} of unit {name!r} was "
+                    "published by another writer meanwhile: two processes write this unit "
+                    "(two ingest or import runs into one warehouse, or compact --force "
+                    "beside one); this one stops, its last step unpublished") from None
         self._release_done()
         now = self.clock()
-        self._delete_retired(done, {log.path for _n, _g, _d, log in blobs if log is not None})
+        self._delete_retired(done, {r.path for _n, _g, _d, r in blobs if r is not None})
         for name, generation, _data, _log in blobs:
             self._prune(name, generation, now)
         for call in self.after_commit:
@@ -505,7 +554,7 @@ class Publisher:
         unit held names again, then the logs (but those in ``not_written``); how many
         objects were deleted."""
         deleted = 0
-        for log, objects in done:
+        for entry, objects in done:
             for obj in objects:
                 with self._lock:  # named again since, or being uploaded again: keep it
                     keep = obj in self._uploads or any(
@@ -513,8 +562,8 @@ class Publisher:
                 if not keep:
                     self.store.delete(obj)
                     deleted += 1
-            if log.path not in not_written:
-                self.store.delete(log.path)
+            if entry.path not in not_written:
+                self.store.delete(entry.path)
         return deleted
 
     def expire_retired(self, units: list[str]) -> int:

@@ -23,8 +23,10 @@ a local folder name.
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,7 +39,8 @@ import pyarrow.fs as pafs
 
 from gpuledger.pipeline.location import StoreError, check_location, display
 
-__all__ = ["Entry", "Store", "StoreError", "check_location", "display", "open_store"]
+__all__ = ["Entry", "Store", "StoreConflict", "StoreError", "StoreIOError", "check_location",
+           "display", "open_store"]
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
@@ -78,6 +81,26 @@ def _s3_filesystem(environ: Mapping[str, str]) -> pafs.S3FileSystem:
         raise StoreError(f"S3: {_one_line(exc)}") from None
 
 
+class StoreIOError(OSError, StoreError):
+    """A read, write, listing or deletion of the store that failed (no permission, a file
+    where a folder must be, a full disk, a refused request), with the path, in one line.
+    Still an ``OSError``: what retries or reports I/O failures goes on doing so."""
+
+
+class StoreConflict(StoreError):
+    """An object created only if absent (a manifest generation) was there already."""
+
+
+def safe_path(path: str) -> str:
+    """``path`` when it names something inside the store: relative, ``/``-separated, no
+    empty, ``.`` or ``..`` part. A path read from a manifest or a retired log must never
+    reach outside the warehouse."""
+    if path and (path.startswith("/") or "\0" in path
+                 or any(part in ("", ".", "..") for part in path.split("/"))):
+        raise StoreError(f"{path!r}: not a path inside the warehouse")
+    return path
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -107,8 +130,14 @@ class Store:
         return f"Store({self.url})"
 
     def full(self, path: str) -> str:
-        """The path in the filesystem."""
-        return f"{self.base}/{path}" if path else self.base
+        """The path in the filesystem (``path`` must stay inside the store)."""
+        return f"{self.base}/{safe_path(path)}" if path else self.base
+
+    def _failed(self, doing: str, path: str, exc: OSError) -> StoreIOError:
+        why = exc.strerror or _one_line(exc)
+        out = StoreIOError(f"{self.url_of(path)}: cannot {doing}: {why}")
+        out.errno = exc.errno
+        return out
 
     def url_of(self, path: str) -> str:
         """What DuckDB, Polars or a person uses to name the file."""
@@ -137,31 +166,57 @@ class Store:
         aside and renamed over the old one."""
         self._replace(path, lambda f: f.write(data))
 
+    def create(self, path: str, data: bytes) -> None:
+        """``write``, but only if ``path`` is not there yet (:class:`StoreConflict`
+        otherwise): a local file is linked into place, which fails if one is there; an
+        object store is asked first (a race of two writers in the same instant is not
+        seen there)."""
+        if self.remote:
+            if self.exists(path):
+                raise StoreConflict(f"{self.url_of(path)}: already there")
+            self.write(path, data)
+            return
+        self._replace(path, lambda f: f.write(data), exclusive=True)
+
     def write_file(self, path: str, local: Path) -> None:
         """``write`` of the bytes of the local file ``local``, copied in chunks (never
         held in memory whole)."""
         with open(local, "rb") as src:
             self._replace(path, lambda f: shutil.copyfileobj(src, f, _CHUNK))
 
-    def _replace(self, path: str, fill: Callable[[Any], object]) -> None:
+    def _replace(self, path: str, fill: Callable[[Any], object],
+                 exclusive: bool = False) -> None:
         full = self.full(path)
-        if self.remote:
-            with self.fs.open_output_stream(full) as f:
-                fill(f)
-            return
-        folder, _, name = full.rpartition("/")
-        self.fs.create_dir(folder, recursive=True)
-        tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
         try:
-            with open(tmp, "wb") as f:  # a plain file: fsync before the rename
-                fill(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, full)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if self.remote:
+                with self.fs.open_output_stream(full) as f:
+                    fill(f)
+                return
+            folder, _, name = full.rpartition("/")
+            self.fs.create_dir(folder, recursive=True)
+            tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+            try:
+                with open(tmp, "wb") as f:  # a plain file: fsync before the rename
+                    fill(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if exclusive:
+                    os.link(tmp, full)  # FileExistsError when there already
+                    os.unlink(tmp)
+                else:
+                    os.replace(tmp, full)
+            except BaseException:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                raise
+        except FileExistsError as exc:
+            if exclusive and os.path.lexists(full):
+                raise StoreConflict(f"{self.url_of(path)}: already there") from None
+            raise self._failed("write", path, exc) from None
+        except StoreIOError:
             raise
+        except OSError as exc:
+            raise self._failed("write", path, exc) from None
 
     def delete(self, path: str) -> None:
         try:
@@ -170,22 +225,57 @@ class Store:
             pass
         except OSError as exc:
             if not _missing(exc):
-                raise
+                raise self._failed("delete", path, exc) from None
 
     def exists(self, path: str) -> bool:
         info = self.fs.get_file_info(self.full(path))
         return bool(info.type == pafs.FileType.File)
 
     def list(self, prefix: str) -> list[Entry]:
-        """Every file under ``prefix`` (recursively), hidden temporary files left out."""
+        """Every file under ``prefix`` (recursively), hidden temporary files left out. In a
+        local folder, symbolic links are neither followed nor listed: what a link points
+        at is outside the warehouse, and nothing of it is read or deleted."""
+        if not self.remote:
+            return self._list_local(prefix)
         selector = pafs.FileSelector(self.full(prefix), recursive=True, allow_not_found=True)
         out: list[Entry] = []
         start = len(self.base) + 1
-        for info in self.fs.get_file_info(selector):
+        try:
+            infos = self.fs.get_file_info(selector)
+        except OSError as exc:
+            raise self._failed("list", prefix, exc) from None
+        for info in infos:
             if info.type != pafs.FileType.File or info.base_name.startswith("."):
                 continue
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             out.append(Entry(info.path[start:], info.size or 0, mtime))
+        return out
+
+    def _list_local(self, prefix: str) -> builtins.list[Entry]:
+        top = self.full(prefix)
+        out: builtins.list[Entry] = []
+        start = len(self.base) + 1
+        if os.path.islink(top) or not os.path.lexists(top):
+            return out
+        if not os.path.isdir(top):
+            raise StoreIOError(f"{self.url_of(prefix)}: cannot list: not a folder")
+
+        def failed(exc: OSError) -> None:
+            raise self._failed("list", prefix, exc)
+
+        for folder, dirs, files in os.walk(top, onerror=failed, followlinks=False):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+            for name in files:
+                if name.startswith("."):
+                    continue
+                path = os.path.join(folder, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # a link or anything but a plain file
+                out.append(Entry(path[start:].replace(os.sep, "/"), st.st_size, st.st_mtime))
         return out
 
     def check(self) -> None:

@@ -1,0 +1,174 @@
+"""A warehouse's own files are data someone could have tampered with: nothing a manifest,
+a retired log or a link says may make gpuledger read or delete outside the warehouse, a
+second writer of a unit is stopped instead of overwriting the first, and I/O failures
+are one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from events import alloc, at, frames, inventory, job, series
+
+from gpuledger.cli.errors import CliError
+from gpuledger.cli.main import main
+from gpuledger.pipeline.compaction import orphans
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.generations import (
+    Manifest,
+    Publisher,
+    manifest_path,
+    read_manifests,
+    read_retired,
+    retired_path,
+)
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.store import StoreError, StoreIOError, open_store
+from gpuledger.pipeline.warehouse import Warehouse
+
+LOGICAL = "facts/gpu_minute/date=2026-01-01/gpu_minute-2026-01-01T00.parquet"
+OLD = time.time() - 30 * 86400
+
+
+def _published(root: Path) -> Path:
+    """A small real warehouse (an hour of one node)."""
+    recs = [inventory("n1", at(0), gpus=2), job("submitted", "j", at(0)),
+            job("started", "j", at(1), allocation=alloc("n1", 0)), job("finished", "j", at(50)),
+            *series("n1", 0, at(0), 60, sm=0.5, mem=1000.0, jobs=["j"])]
+    proc = Processor(ProcessorConfig(), Warehouse(root))
+    proc.process(frames(recs), validated=True)
+    proc.flush()
+    proc.warehouse.close()
+    return root
+
+
+def _victim(tmp_path: Path, name: str = "victim.txt") -> Path:
+    victim = tmp_path / name
+    victim.write_text("precious")
+    os.utime(victim, (OLD, OLD))
+    return victim
+
+
+def test_a_retired_log_naming_a_path_outside_deletes_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = _published(tmp_path / "wh")
+    victim = _victim(tmp_path)
+    for i, name in enumerate(["../victim.txt", "facts/../../victim.txt", "/etc/passwd"]):
+        (root / retired_path("warehouse", 10 + i)).parent.mkdir(parents=True, exist_ok=True)
+        (root / retired_path("warehouse", 10 + i)).write_text(json.dumps(
+            {"version": 1, "unit": "warehouse", "generation": 10 + i, "retired": {name: 0}}))
+    assert read_retired(open_store(root)) == []        # none of them is one of ours
+    assert caplog.text.count("is not a fact file's name); passed over") == 3
+    assert main(["compact", "--force", "--warehouse", str(root)]) == 0
+    assert victim.read_text() == "precious"
+    # a writer that loads the unit goes on deleting what logs list: not these
+    pub = Publisher(open_store(root), retain_s=0)
+    pub.put("warehouse", LOGICAL, b"other rows")
+    pub.commit(wait=True)
+    pub.close()
+    assert victim.read_text() == "precious"
+
+
+def test_a_manifest_naming_a_path_outside_is_passed_over(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = _published(tmp_path / "wh")
+    victim = _victim(tmp_path)
+    newest = read_manifests(open_store(root))["warehouse"].generation
+    good = json.loads((root / manifest_path("warehouse", newest)).read_text())
+    for generation, files in ((newest + 1, {LOGICAL: "facts/gpu_minute/../../../victim.txt"}),
+                              (newest + 2, {LOGICAL: 5}),            # not a name at all
+                              (newest + 3, {"../x": "facts/a.0123456789abcdef.parquet"})):
+        (root / manifest_path("warehouse", generation)).write_text(json.dumps(
+            {**good, "generation": generation, "files": files}))
+    store = open_store(root)
+    assert read_manifests(store)["warehouse"].generation == newest   # the last good one
+    assert caplog.text.count("passed over for the generation before it") == 3
+    # compact and a later writer: the outside file is neither read nor deleted
+    assert main(["compact", "--force", "--warehouse", str(root)]) == 0
+    pub = Publisher(store, retain_s=0)
+    pub.put("warehouse", LOGICAL, b"new rows")
+    pub.commit(wait=True)
+    pub.close()
+    assert victim.read_text() == "precious"
+    with pytest.raises(StoreError, match="not a path inside the warehouse"):
+        store.read("facts/../../victim.txt")
+
+
+def test_links_under_facts_are_not_followed_and_foreign_files_are_kept(tmp_path: Path) -> None:
+    root = _published(tmp_path / "wh")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    important = outside / "important.0123456789abcdef.parquet"
+    important.write_bytes(b"x")
+    os.utime(important, (OLD, OLD))
+    (root / "facts" / "evil").symlink_to(outside)
+    (root / "facts" / "link.0123456789abcdef.parquet").symlink_to(important)
+    mine = root / "facts" / "my_export.parquet"      # a user's own file
+    mine.write_bytes(b"y")
+    os.utime(mine, (OLD, OLD))
+    store = open_store(root)
+    listed = {e.path for e in store.list("facts")}
+    assert not any("evil" in p or "link" in p for p in listed)
+    assert "facts/my_export.parquet" in listed
+    assert orphans(store, read_manifests(store).values(), time.time()) == []
+    assert main(["compact", "--force", "--warehouse", str(root)]) == 0
+    assert important.exists() and mine.exists()
+
+
+def test_a_second_writer_of_a_unit_is_stopped_not_overwriting(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "wh")
+    first, second = Publisher(store, retain_s=0), Publisher(store, retain_s=0)
+    first.unit("warehouse")
+    second.unit("warehouse")                 # both loaded the unit before either wrote
+    first.put("warehouse", LOGICAL, b"first")
+    first.commit(wait=True)
+    second.put("warehouse", LOGICAL, b"second")
+    with pytest.raises(StoreError, match="published by another writer meanwhile"):
+        second.commit(wait=True)
+    manifest = read_manifests(store)["warehouse"]
+    assert manifest.generation == 1
+    assert store.read(manifest.files[LOGICAL]) == b"first"     # the first one's facts
+    first.close()
+    second._pool.shutdown()
+    second._committer.shutdown()
+
+
+def test_a_copied_manifest_folder_is_not_taken_for_the_unit(tmp_path: Path) -> None:
+    root = _published(tmp_path / "wh")
+    backup = root / "manifests" / "warehouse.bak"
+    backup.mkdir()
+    stale = Manifest("warehouse", 99, {}).to_bytes()            # names nothing
+    (backup / "000000000099.json").write_bytes(stale)
+    (root / "manifests" / "zzz").mkdir()
+    (root / "manifests" / "zzz" / "000000000099.json").write_bytes(stale)
+    manifests = read_manifests(open_store(root))
+    assert list(manifests) == ["warehouse"] and manifests["warehouse"].files
+    assert manifests["warehouse"].generation < 99
+
+
+def test_io_failures_are_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "wh"
+    root.mkdir()
+    (root / "facts").write_text("a file where a folder must be")
+    store = open_store(root)
+    with pytest.raises(StoreIOError, match=r"facts/gpu_minute/x: cannot write") as err:
+        store.write("facts/gpu_minute/x", b"data")
+    assert isinstance(err.value, OSError) and isinstance(err.value, CliError)
+    assert "\n" not in str(err.value)
+    with pytest.raises(StoreIOError, match="cannot list: not a folder"):
+        store.list("facts")
+
+
+def test_a_warning_says_when_the_newest_manifest_is_damaged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = _published(tmp_path / "wh")
+    newest = read_manifests(open_store(root))["warehouse"].generation
+    good = (root / manifest_path("warehouse", newest)).read_bytes()
+    (root / manifest_path("warehouse", newest + 1)).write_bytes(good[: len(good) // 2])
+    with caplog.at_level(logging.WARNING):
+        assert read_manifests(open_store(root))["warehouse"].generation == newest
+    assert f"{newest + 1:012d}.json: not a gpuledger manifest" in caplog.text
