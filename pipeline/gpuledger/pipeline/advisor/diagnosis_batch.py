@@ -4,6 +4,9 @@ The files are read hour by hour in time order and fed to the same incremental fu
 the streaming engine calls (:mod:`.diagnosis`); an attempt is finished as soon as the
 hour of its end (``job_attempts``) has been read, so memory stays bounded by the attempts
 running at once. Attempts still running at the end are finished with what there is.
+A compacted day (``gpu_minute-YYYY-MM-DD[-pNNN].parquet``, docs/warehouse.md) is read an
+hour at a time too (its rows of that hour), so a day gives the same diagnosis compacted
+or in hourly files.
 
 Output: ``facts/job_diagnosis/date=…/job_diagnosis-…THH.parquet`` by the hour of each
 attempt's last diagnosed minute (the table's previous files are replaced, so a re-run
@@ -12,6 +15,7 @@ writes the same files), and the catalog is republished so ``job_diagnosis`` is a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -44,6 +48,9 @@ COLUMNS = ["minute", "node", "gpu_index", "state", "alloc_fraction", "occupied_s
            "sm_active", "dram_active", "pcie_rx_bytes_s", "pcie_tx_bytes_s",
            "nvlink_rx_bytes_s", "nvlink_tx_bytes_s", "processes", "idle_threshold",
            "efficient_threshold"]
+HOUR_ORDER = ["node", "gpu_index", "minute", "job_id", "attempt"]
+"""An hour's rows are fed in this order, whether they come from hourly files (sorted by
+GPU, then minute) or a compacted day (sorted by job, then minute)."""
 
 
 @dataclass
@@ -60,14 +67,52 @@ def _published(root: Path, table: str) -> list[tuple[str, Path]]:
             if logical.startswith(f"{FACTS}/{table}/")]
 
 
-def _hours(root: Path) -> list[tuple[str, list[Path]]]:
-    """gpu_minute files grouped by the hour they cover (a compacted day: by day), in time
-    order."""
-    groups: dict[str, list[Path]] = {}
+_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:T(\d{2}))?(?:-[^.]+)?(?:\.[0-9a-f]{16})?\.parquet$")
+"""What follows ``gpu_minute-`` in a part's name: its day, its hour when it is an hourly
+part (none: a compacted day), a partition's suffix (``-p003``), an object's digest."""
+
+
+def _span(name: str) -> tuple[datetime, int]:
+    """(first hour, hours) a ``gpu_minute`` part covers, from its file name: an hourly
+    part its hour, a compacted day its 24 hours."""
+    match = _STAMP.match(name.rsplit("/", 1)[-1].removeprefix("gpu_minute-"))
+    if match is None:
+        raise HistoryError(f"{name}: not a gpu_minute part's name (gpu_minute-YYYY-MM-DDTHH"
+                           "… or gpu_minute-YYYY-MM-DD…)")
+    day = datetime.strptime(match.group(1), "%Y-%m-%d").replace(tzinfo=UTC)
+    if match.group(2) is None:
+        return day, 24
+    return day + timedelta(hours=int(match.group(2))), 1
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A file to read for an hour: whole (an hourly part) or only that hour's rows (a
+    compacted day)."""
+
+    path: Path
+    whole: bool
+
+
+def _hours(root: Path) -> list[tuple[datetime, list[_Part]]]:
+    """gpu_minute files by the hour they cover (a compacted day: each of its 24 hours),
+    in time order."""
+    groups: dict[datetime, list[_Part]] = {}
     for logical, f in _published(root, "gpu_minute"):
-        stamp = logical.rsplit("/", 1)[1].removeprefix("gpu_minute-")[:13]  # YYYY-MM-DDTHH
-        groups.setdefault(stamp, []).append(f)
+        first, hours = _span(logical)
+        for h in range(hours):
+            groups.setdefault(first + timedelta(hours=h), []).append(_Part(f, hours == 1))
     return sorted(groups.items())
+
+
+def _read_hour(hour: datetime, parts: list[_Part]) -> pl.DataFrame:
+    """The GPU-minute rows of ``hour`` in ``parts``, in one order whatever the layout."""
+    lo, hi = (pl.lit(t).cast(TIME_DTYPE) for t in (hour, hour + timedelta(hours=1)))
+    frames = [pl.read_parquet(p.path, columns=COLUMNS) if p.whole else
+              pl.scan_parquet(p.path).select(COLUMNS)
+              .filter((pl.col("minute") >= lo) & (pl.col("minute") < hi)).collect()
+              for p in parts]
+    return pl.concat(frames, how="vertical_relaxed").sort(HOUR_ORDER, maintain_order=True)
 
 
 def _ended(root: Path) -> pl.DataFrame:
@@ -91,17 +136,16 @@ def diagnose_warehouse(root: Path, *, write: bool = True,
     ended = _ended(root)
     state = DiagnosisState()
     parts: list[pl.DataFrame] = []
-    for i, (stamp, files) in enumerate(hours):
-        frame = pl.concat([pl.read_parquet(f, columns=COLUMNS) for f in files],
-                          how="vertical_relaxed")
-        state = update(state, frame, cfg)
-        until = datetime.strptime(stamp, "%Y-%m-%dT%H").replace(tzinfo=UTC) + timedelta(hours=1)
-        limit = pl.lit(until).cast(TIME_DTYPE)
-        done = ended.filter(pl.col("ended_at") <= limit).join(state.meta, on=ATTEMPT,
-                                                              how="semi")
-        if not done.is_empty():
-            state, rows = finish(state, done.select(*ATTEMPT, "ended_at"), cfg)
-            parts.append(rows)
+    for i, (hour, files) in enumerate(hours):
+        frame = _read_hour(hour, files)
+        if not frame.is_empty():  # a compacted day's hours without rows: as no hourly file
+            state = update(state, frame, cfg)
+            limit = pl.lit(hour + timedelta(hours=1)).cast(TIME_DTYPE)
+            done = ended.filter(pl.col("ended_at") <= limit).join(state.meta, on=ATTEMPT,
+                                                                  how="semi")
+            if not done.is_empty():
+                state, rows = finish(state, done.select(*ATTEMPT, "ended_at"), cfg)
+                parts.append(rows)
         progress((i + 1) / len(hours))
     # still running (ended_at null), or ended after the last GPU-minute read
     rest = state.meta.select(ATTEMPT).join(ended, on=ATTEMPT, how="left")
