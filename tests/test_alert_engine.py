@@ -365,15 +365,141 @@ def test_the_webhook_queue_is_bounded_and_close_is_bounded(
     deadline = time.monotonic() + 10
     while hook._in_flight is None and time.monotonic() < deadline:  # "a" is being posted
         time.sleep(0.01)
-    for name in ("b", "c", "d"):
+    for name in ("b", "c", "d", "e"):
         hook.publish([firing(name)], [])
-    assert hook.dropped == 1 and "the oldest (1 alert event(s)) is given up" in caplog.text
+    assert hook.dropped == 2   # b, then c: the oldest waiting
+    assert caplog.text.count("the oldest are given up from now on") == 1   # said once
+    started = time.monotonic()
     hook.close(timeout_s=0.2)
-    assert not (hook._thread and hook._thread.is_alive())
-    assert hook.dropped == 4 and hook.posts == 0
-    assert "2 alert event(s) not delivered at exit" in caplog.text
-    hook.publish([firing("e")], [])  # after close: counted, not queued
-    assert hook.dropped == 5
+    assert time.monotonic() - started < 1.0      # its budget, not the POST's timeout
+    assert hook.dropped == 5 and hook.posts == 0  # d, e and the one being posted
+    assert "3 alert event(s) not delivered at exit" in caplog.text
+    hook.publish([firing("f")], [])  # after close: counted, not queued
+    assert hook.dropped == 6
+    assert hook._thread is not None
+    hook._thread.join(5)
+    assert not hook._thread.is_alive() and hook.dropped == 6   # it counted nothing more
+
+
+class Misbehaving:
+    """A TCP server that answers every connection with ``reply`` (raw bytes), then
+    ``then``: "close", or "hold" (keeps the connection open, sending nothing more), or
+    "drip" (a byte every 0.2 s, for ever)."""
+
+    def __init__(self, reply: bytes, then: str = "close") -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/api/v2/alerts"
+        self.requests: list[bytes] = []
+        self.reply, self.then = reply, then
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                self.requests.append(conn.recv(65536))
+                conn.sendall(self.reply)
+                while self.then != "close" and not self.stop.is_set():
+                    if self.then == "drip":
+                        conn.sendall(b"x")
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("reply, then", [
+    (b"HTTP/1.1 301 Moved\r\nLocation: ftp://127.0.0.1:1/etc/passwd\r\n"
+     b"Content-Length: 0\r\n\r\n", "close"),
+    (b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n", "close"),
+], ids=["301-to-ftp", "302"])
+def test_a_redirect_is_not_followed_and_not_counted_delivered(reply: bytes, then: str) -> None:
+    server = Misbehaving(reply, then)
+    try:
+        hook = WebhookSink(server.url, retry_first_s=0.01)
+        hook.publish([firing("a")], [])
+        assert hook.flush(30)
+        assert (hook.posts, hook.delivered, hook.failures, hook.dropped) == (0, 0, 1, 1)
+        assert len(server.requests) == 1 and server.requests[0].startswith(b"POST ")
+        hook.close()
+    finally:
+        server.close()
+
+
+def test_a_200_whose_body_is_cut_short_is_delivered() -> None:
+    """The status line said the list was taken; the rest of the answer is not needed."""
+    server = Misbehaving(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nshort", "close")
+    try:
+        hook = WebhookSink(server.url, retry_first_s=0.01)
+        hook.publish([firing("a")], [])
+        assert hook.flush(30) and hook.delivered == 1 and hook.dropped == 0
+        hook.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("reply, then", [
+    (b"this is not HTTP\r\n\r\n", "close"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 150 + b"\r\n", "close"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "drip"),
+    (b"HTTP/1.1 200 OK\r\nContent-Le", "hold"),
+], ids=["garbage", "too-many-headers", "endless-body", "stops-in-headers"])
+def test_a_broken_answer_is_a_failure_and_the_sender_lives_on(reply: bytes, then: str) -> None:
+    """Each answer is a failed POST, retried, then given up: counted, never a traceback,
+    never more than the POST's time limit, and the next list is sent."""
+    server = Misbehaving(reply, then)
+    try:
+        hook = WebhookSink(server.url, timeout_s=1.0, retry_first_s=0.01, retry_max_s=0.02,
+                           retry_for_s=0.05)
+        started = time.monotonic()
+        hook.publish([firing("a")], [])
+        assert hook.flush(30)
+        assert time.monotonic() - started < 8
+        assert hook.posts == 0 and hook.dropped == 1 and hook.failures >= 1
+        assert hook._thread is not None and hook._thread.is_alive()
+        hook.publish([firing("b")], [])
+        assert hook.flush(30) and hook.dropped == 2
+        hook.close()
+    finally:
+        server.close()
+
+
+def test_new_alerts_do_not_cut_a_retry_wait_short(receiver: Receiver) -> None:
+    receiver.answers = [500] * 100
+    hook = WebhookSink(receiver.url, retry_first_s=0.5, retry_max_s=0.5, retry_for_s=600)
+    hook.publish([firing("a")], [])
+    for name in "bcdefghij":
+        time.sleep(0.1)
+        hook.publish([firing(name)], [])
+    assert receiver.tries <= 3     # 1 s of 0.5 s waits: 2 or 3 tries, not one per list
+    hook.close(timeout_s=0)
+
+
+@pytest.mark.parametrize("url", [
+    "http://admin:s3cret@127.0.0.1:9093/api/v2/alerts",
+    "http://127.0.0.1:9093/api/v2/alerts x", "http://127.0.0.1:9093/a\nb"])
+def test_webhook_urls_with_credentials_or_spaces_are_refused(url: str) -> None:
+    from gpuledger.pipeline.alerts.sinks import webhook_problem
+
+    assert webhook_problem(url)
+    with pytest.raises(ValueError):
+        WebhookSink(url)
 
 
 def test_a_webhook_url_with_nobody_listening_is_retried_then_given_up() -> None:

@@ -262,3 +262,42 @@ def test_compact_of_a_wrong_path_says_so_and_makes_nothing(
     assert f"{a_file}: a file, not a warehouse folder" in capsys.readouterr().err
     assert main(["compact", "--warehouse", "s3:/typo"]) == 2      # not s3://: a local path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]   # nothing was made
+
+
+def test_the_demo_summary_counts_the_alerts_a_failing_webhook_gave_up(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An Alertmanager answering 500: the run's end waits at most 10 s for the queue, and
+    the summary line itself says what was given up (it said 0 while close() gave them up
+    after it)."""
+    import re
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/v2/alerts"
+        started = time.monotonic()
+        assert main(["demo", "--hours", "2", "--quiet", "--alert-webhook", url,
+                     "--warehouse", str(tmp_path / "wh")]) == 0
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr().out
+    fired = re.search(r"alerts: (\d+) fired", out)
+    hook = re.search(r"webhook: (\d+) event\(s\) delivered in (\d+) POST\(s\), (\d+) failed "
+                     r"POST\(s\), (\d+) event\(s\) given up", out)
+    assert fired and hook, out
+    delivered, posts, failed, given_up = (int(g) for g in hook.groups())
+    assert delivered == posts == 0 and failed >= 1 and given_up >= int(fired.group(1)) > 0
+    assert took < 60

@@ -120,14 +120,23 @@ def _logging(verbose: bool) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _need_pipeline()
-    from gpuledger.pipeline.report import summary_text
-
     sim = _sim_config(args)
     config = _proc_config(args)
     if (args.metrics_address or args.alert_webhook) and args.kafka:
         raise CliError("--metrics-address and --alert-webhook work with the embedded bus; "
                        "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
     ops = _ops(args, config)
+    try:
+        return _demo_run(args, sim, config, ops)
+    except BaseException:
+        if ops is not None:  # Ctrl-C, an error: queued alerts are counted, not waited for
+            ops.close(timeout_s=0)
+        raise
+
+
+def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
+    from gpuledger.pipeline.report import summary_text
+
     started = time.monotonic()
     update, stop = _progress(f"simulating {sim.hours:g} h and processing",
                              not args.quiet)
@@ -187,17 +196,19 @@ def _ops_finish(ops: Any) -> None:
     import signal
     import threading
 
-    ops.deliver()  # the webhook's queued alerts, for at most 10 s
+    ops.deliver()  # the webhook's queued alerts, for at most 10 s; the rest is counted
     summary = ops.summary()
     if summary:
         print(summary)
     if ops.port is not None:
         done = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda _s, _f: done.set())
+        before = {sig: signal.signal(sig, lambda _s, _f: done.set())
+                  for sig in (signal.SIGTERM, signal.SIGINT)}
         print("serving the final minute's metrics until interrupted (Ctrl-C)",
               file=sys.stderr, flush=True)
         done.wait()
+        for sig, handler in before.items():  # a second Ctrl-C interrupts the stop
+            signal.signal(sig, handler)
     ops.close()
 
 

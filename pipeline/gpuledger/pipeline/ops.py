@@ -69,9 +69,10 @@ class OpsSurface:
         return f"http://{host}:{self.port}/metrics"
 
     def deliver(self, timeout_s: float = 10.0) -> None:
-        """Wait up to ``timeout_s`` for the webhook's queued alerts to go out."""
+        """The end of alerting: the webhook's queued alerts get up to ``timeout_s`` to go
+        out, then what is left is given up (counted, so the summary says it)."""
         if self.webhook is not None:
-            self.webhook.flush(timeout_s)
+            self.webhook.close(timeout_s)
 
     def summary(self) -> str | None:
         if self.engine is None:
@@ -87,10 +88,12 @@ class OpsSurface:
                      "given up")
         return text
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop serving and alerting; the webhook's queue gets up to ``timeout_s`` (0 on
+        an interrupt: what is left is counted and logged, not waited for)."""
         if self.exporter is not None:
             self.exporter.stop()
         if self.webhook is not None:
-            self.webhook.close()
+            self.webhook.close(timeout_s)
         if self.kafka_sink is not None:
             self.kafka_sink.close()

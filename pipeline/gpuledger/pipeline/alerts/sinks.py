@@ -8,13 +8,13 @@ failed delivery is logged and counted (``failures``).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
+import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from typing import Any, Protocol
 
@@ -131,7 +131,9 @@ class KafkaAlertSink:
 
 def webhook_problem(url: str) -> str | None:
     """Why ``url`` cannot be an Alertmanager endpoint (http or https, a host, a port in
-    range), or None."""
+    range, no credentials, no spaces or control characters), or None."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "spaces or control characters in the URL"
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
@@ -141,9 +143,18 @@ def webhook_problem(url: str) -> str | None:
         return "expected an http:// or https:// URL (e.g. http://alertmanager:9093/api/v2/alerts)"
     if not parts.hostname:
         return "no host in the URL"
+    if parts.username is not None or parts.password is not None:
+        return ("credentials in the URL are not supported (they would be logged); put "
+                "Alertmanager behind a proxy on the host, or use the Kafka alerts topic")
     if port == 0:
         return "port 0 is not a port"
     return None
+
+
+RETRY_STATUS = frozenset({408, 429})
+"""HTTP answers besides 5xx that may pass (a POST that got one is tried again)."""
+REPLY_BYTES = 64 << 10
+"""At most this much of an answer's body is read (Alertmanager answers almost nothing)."""
 
 
 class WebhookSink:
@@ -155,12 +166,16 @@ class WebhookSink:
     ``resend_s`` seconds (wall clock), as Prometheus does, so that Alertmanager does not
     time them out (its ``resolve_timeout``); Alertmanager de-duplicates notifications.
 
-    A POST that fails for a reason that may pass (no connection, a timeout, HTTP 5xx,
-    408 or 429) is tried again after 1, 2, 4 … up to ``retry_max_s`` seconds, for at
-    most ``retry_for_s`` seconds; later lists wait behind it, so a resolution never
-    overtakes its firing. Any other HTTP answer (400: Alertmanager rejected the list) is
-    not retried. At most ``max_queued`` lists wait; past that the oldest waiting list is
-    given up. Whatever is given up is logged and counted (``dropped``, in alert events).
+    A POST is one plain HTTP(S) request that must be answered within ``timeout_s`` in
+    all (a server that trickles its answer is cut off); redirects are not followed (a 3xx
+    is an answer like any other), and at most ``REPLY_BYTES`` of the answer are read. A
+    POST that fails for a reason that may pass (no connection, a timeout, a broken
+    answer, HTTP 5xx, 408 or 429) is tried again after 1, 2, 4 … up to ``retry_max_s``
+    seconds, for at most ``retry_for_s`` seconds; later lists wait behind it, so a
+    resolution never overtakes its firing. Any other answer (400: Alertmanager rejected
+    the list; 3xx, 401, 404) is not retried. At most ``max_queued`` lists wait; past
+    that the oldest waiting list is given up. Whatever is given up is logged and counted
+    (``dropped``, in alert events).
     """
 
     def __init__(self, url: str, timeout_s: float = 5.0, resend_s: float = 60.0,
@@ -185,13 +200,15 @@ class WebhookSink:
         self.failures = 0
         """POSTs that failed (each try of a retried list counts)."""
         self.dropped = 0
-        """Alert events given up: retried for too long, rejected, or still queued at
-        ``close``."""
+        """Alert events given up: retried for too long, rejected, or still queued (or
+        being posted) at ``close``."""
         self._queued_at = -float("inf")
         self._queue: deque[list[dict[str, Any]]] = deque()
         self._in_flight: list[dict[str, Any]] | None = None
         self._cond = threading.Condition()
-        self._closing = False
+        self._closing = threading.Event()
+        self._closed = False
+        self._overflowing = False
         self._thread: threading.Thread | None = None
 
     def publish(self, events: list[Alert], active: list[Alert]) -> None:
@@ -203,18 +220,20 @@ class WebhookSink:
             return
         body = [a.alertmanager(self.generator_url) for a in events]
         with self._cond:
-            if self._closing:
+            if self._closed:
                 self.dropped += len(body)
                 return
             if len(self._queue) >= self.max_queued:
                 oldest = self._queue.popleft()
                 self.dropped += len(oldest)
-                log.warning("alert webhook %s: %d list(s) waiting; the oldest (%d alert "
-                            "event(s)) is given up", self.url, self.max_queued, len(oldest))
+                if not self._overflowing:  # once per outage, not once per list
+                    self._overflowing = True
+                    log.warning("alert webhook %s: %d lists waiting; the oldest are given up "
+                                "from now on (counted)", self.url, self.max_queued)
             self._queue.append(body)
             self._queued_at = now
             self._cond.notify_all()
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._send_all, daemon=True,
                                                 name="gpuledger-alert-webhook")
                 self._thread.start()
@@ -232,80 +251,130 @@ class WebhookSink:
         return True
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued, waiting at most ``timeout_s``; then stop, giving up
-        (and logging) whatever is left."""
+        """Deliver what is queued, waiting at most ``timeout_s`` in all; then stop, giving
+        up (and logging) whatever is left, the list being posted included."""
+        if self._closed:
+            return
+        deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
+        self._closing.set()  # a retry's wait ends now
         with self._cond:
-            self._closing = True
             left = sum(len(b) for b in self._queue)
             self._queue.clear()
-            self.dropped += left
             self._cond.notify_all()
             thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, min(deadline - time.monotonic(), self.timeout_s)))
+        with self._cond:
+            self._closed = True   # from now on the sender counts nothing
+            if self._in_flight is not None:
+                left += len(self._in_flight)
+                self._in_flight = None
+            self.dropped += left
         if left:
             log.warning("alert webhook %s: %d alert event(s) not delivered at exit",
                         self.url, left)
-        if thread is not None:
-            thread.join(self.timeout_s + 1.0)
 
     # -- the sending thread ------------------------------------------------------------
 
     def _send_all(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._closing.is_set():
                     self._cond.wait()
                 if not self._queue:
                     return
                 body = self._in_flight = self._queue.popleft()
-            self._send(body)
+            try:
+                self._send(body)
+            except Exception:  # never let the sender die: what it held is given up
+                log.exception("alert webhook %s: sending failed", self.url)
+                self._count(dropped=len(body))
             with self._cond:
-                self._in_flight = None
+                if self._in_flight is body:
+                    self._in_flight = None
                 self._cond.notify_all()
+
+    def _count(self, posts: int = 0, delivered: int = 0, failures: int = 0,
+               dropped: int = 0) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self.posts += posts
+            self.delivered += delivered
+            self.failures += failures
+            self.dropped += dropped
+            if delivered:
+                self._overflowing = False
 
     def _send(self, body: list[dict[str, Any]]) -> None:
         """POST one list, retrying while the failure may pass."""
         first = time.monotonic()
         delay = self.retry_first_s
         tries = 0
+        data = json.dumps(body).encode()
         while True:
             tries += 1
-            problem, retry = self._post(body)
+            problem, retry = self._post(data)
             if problem is None:
-                self.posts += 1
-                self.delivered += len(body)
+                self._count(posts=1, delivered=len(body))
                 if tries > 1:
                     log.info("alert webhook %s: delivered after %d tries", self.url, tries)
                 return
-            self.failures += 1
-            with self._cond:
-                if retry and not self._closing and \
-                        time.monotonic() - first + delay <= self.retry_for_s:
-                    if tries == 1:
-                        log.warning("alert webhook %s: %s; trying again (for up to %.0f s)",
-                                    self.url, problem, self.retry_for_s)
-                    self._cond.wait(delay)  # close() wakes it
-                    retry = not self._closing
-                else:
-                    retry = False
-                if not retry:
-                    self.dropped += len(body)
-                    log.warning("alert webhook %s: %s; %d alert event(s) given up after %d "
-                                "tr%s", self.url, problem, len(body), tries,
-                                "y" if tries == 1 else "ies")
-                    return
+            self._count(failures=1)
+            if retry and not self._closing.is_set() and \
+                    time.monotonic() - first + delay <= self.retry_for_s:
+                if tries == 1:
+                    log.warning("alert webhook %s: %s; trying again (for up to %.0f s)",
+                                self.url, problem, self.retry_for_s)
+                retry = not self._closing.wait(delay)   # only close() cuts it short
+            else:
+                retry = False
+            if not retry:
+                self._count(dropped=len(body))
+                log.warning("alert webhook %s: %s; %d alert event(s) given up after %d "
+                            "tr%s", self.url, problem, len(body), tries,
+                            "y" if tries == 1 else "ies")
+                return
             delay = min(delay * 2, self.retry_max_s)
 
-    def _post(self, body: list[dict[str, Any]]) -> tuple[str | None, bool]:
-        """POST ``body``: (None, _) when accepted, else (why, whether to try again)."""
-        request = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json"})
+    def _post(self, data: bytes) -> tuple[str | None, bool]:
+        """POST ``data``: (None, _) when accepted (2xx), else (why, whether to try again).
+        The whole request must be answered within ``timeout_s``."""
+        parts = urllib.parse.urlsplit(self.url)
+        connection = (http.client.HTTPSConnection if parts.scheme == "https"
+                      else http.client.HTTPConnection)(parts.hostname or "", parts.port,
+                                                       timeout=self.timeout_s)
+        # past the deadline the socket is shut, whatever the server trickles
+        late = threading.Event()
+        watchdog = threading.Timer(self.timeout_s, _shut, (connection, late))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
-                reply.read()
-        except urllib.error.HTTPError as exc:
-            return f"HTTP {exc.code} {exc.reason}", exc.code >= 500 or exc.code in (408, 429)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            return str(exc), True
-        return None, False
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            connection.request("POST", path, body=data,
+                               headers={"Content-Type": "application/json",
+                                        "Content-Length": str(len(data))})
+            reply = connection.getresponse()
+            status, reason = reply.status, reply.reason
+            reply.read(REPLY_BYTES)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            why = str(exc) or type(exc).__name__
+            return (f"no answer within {self.timeout_s:g} s" if late.is_set()
+                    else why.splitlines()[0]), True
+        finally:
+            watchdog.cancel()
+            connection.close()
+        if late.is_set():  # cut off mid-answer: what was read is not a whole answer
+            return f"no answer within {self.timeout_s:g} s", True
+        if 200 <= status < 300:
+            return None, False
+        return f"HTTP {status} {reason}".strip(), status >= 500 or status in RETRY_STATUS
+
+
+def _shut(connection: http.client.HTTPConnection, late: threading.Event) -> None:
+    late.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -48,10 +48,10 @@ class HealthCollector:
         yield counter("gpuledger_telemetry_lost_samples",
                       "Telemetry samples missing from agents' sequence numbers.",
                       c.telemetry_lost_samples)
-        yield counter("gpuledger_overcommitted_gpu_minutes",
-                      "GPU-minutes whose allocations summed to more than the whole GPU "
-                      "(jobs given the same GPU at once; each counts as allocated once).",
-                      c.overcommitted_gpu_minutes)
+        yield counter("gpuledger_overcommitted_gpu_seconds",
+                      "GPU-time (GPU-seconds, in whole minutes) whose allocations summed to "
+                      "more than the whole GPU (jobs given the same GPU at once; it counts "
+                      "as allocated once).", 60 * c.overcommitted_gpu_minutes)
         yield counter("gpuledger_minutes_closed", "One-minute windows closed.", c.minutes_closed)
         yield counter("gpuledger_close_passes", "Passes that closed one or more minutes.",
                       c.close_passes)
