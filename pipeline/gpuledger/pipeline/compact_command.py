@@ -48,8 +48,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
     busy = [u for u, m in manifests.items() if now - m.written_at < BUSY_S]
     if busy and not args.force:
         raise CliError(f"{store.url}: unit(s) {', '.join(busy)} published less than "
-                       f"{BUSY_S:.0f} s ago: a processor seems to be writing (it compacts "
-                       "its own days); --force to go on anyway")
+                       f"{BUSY_S:.0f} s ago: another writer seems to be at work (a "
+                       "processor compacts its own days; wait for an ingest or import to "
+                       "end); --force to go on anyway")
     before = args.before
     if before is None:
         newest = newest_hour(manifests.values())

@@ -44,7 +44,9 @@ def cmd_report(args: argparse.Namespace) -> int:
                 report.answers.append(whatif_answer(args.warehouse, args.since, args.until))
             except HistoryError as exc:
                 raise CliError(f"--whatif: {exc}") from None
-    except (QueryError, duckdb.Error) as exc:
+    except QueryError as exc:  # says which warehouse where it matters
+        raise CliError(str(exc)) from None
+    except duckdb.Error as exc:
         raise CliError(f"{args.warehouse}: {exc}") from None
     if args.html is not None:
         text = render_html(report, str(args.warehouse),
