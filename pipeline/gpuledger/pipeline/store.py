@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -134,7 +135,8 @@ class Store:
         return f"{self.base}/{safe_path(path)}" if path else self.base
 
     def _failed(self, doing: str, path: str, exc: OSError) -> StoreIOError:
-        why = exc.strerror or _one_line(exc)
+        code = exc.errno or next((int(m) for m in re.findall(r"\[errno (\d+)\]", str(exc))), 0)
+        why = os.strerror(code) if code else (exc.strerror or _one_line(exc))
         out = StoreIOError(f"{self.url_of(path)}: cannot {doing}: {why}")
         out.errno = exc.errno
         return out
@@ -157,7 +159,7 @@ class Store:
         except OSError as exc:
             if _missing(exc):
                 return None
-            raise
+            raise self._failed("read", path, exc) from None
 
     def write(self, path: str, data: bytes) -> None:
         """Write ``path`` whole or not at all: a reader sees the old content or the new.
