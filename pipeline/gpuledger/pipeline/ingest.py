@@ -13,10 +13,11 @@ it is fed (about 150 bytes per telemetry sample): split very long histories by d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -28,6 +29,7 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.decode import decode_jsonl_files, encode_jsonl
 from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -58,7 +60,18 @@ def telemetry_slice(samples: int, span: timedelta) -> timedelta:
 
 
 INGEST_STATE = "state/ingest"
-"""Where ``ingest`` keeps its engine's state between runs, in the warehouse."""
+"""Where ``ingest`` keeps its engine's state between runs, in the warehouse: one folder
+per closed point, ``until-<time>/`` (``state_folder``), the state a run left when it had
+closed every minute before that time."""
+KEEP_STATES = 8
+"""Saved states kept (the most recently written, and always the one closed furthest):
+a re-run of a piece continues from the state its predecessor left, not only from the
+last run's; disk use stays that of KEEP_STATES states."""
+_STATE_PREFIX = "until-"
+_STATE_FORMATS = ("%Y-%m-%dT%H-%M-%SZ", "%Y-%m-%dT%H-%M-%S.%fZ")
+_LEGACY = ("global-ingest.checkpoint", "partition-p000.checkpoint")
+"""The files of the single state that earlier releases kept, directly under INGEST_STATE
+(partition 0 alone: ingest holds no other)."""
 
 
 @dataclass
@@ -69,39 +82,154 @@ class IngestResult:
     rejects: pl.DataFrame
     counters: Counters
     continued_from: datetime | None = None
-    """Where the previous ingest into this warehouse had closed, when this one went on
-    from it (its input starting there or later)."""
+    """Where the saved ingest state this one went on from had closed (its input starting
+    there or later), or None (processed afresh)."""
 
 
-def ingest_state(processor: Processor) -> CheckpointStore:
-    """The checkpoint of ``ingest`` runs into ``processor``'s warehouse."""
-    return CheckpointStore(processor.warehouse.store.child(INGEST_STATE), "ingest")
+@dataclass(frozen=True)
+class SavedState:
+    """One saved ingest state: its folder under INGEST_STATE, its closed point (from the
+    folder's name) and when it was last written."""
+
+    folder: str
+    closed: datetime
+    written: float
 
 
-def continue_previous(processor: Processor, state: CheckpointStore,
-                      first: datetime) -> datetime | None:
-    """Take the previous ingest's engine state (its job and inventory books, open hours,
-    usage so far) into ``processor`` when the new input's first event is at or after the
-    point it had closed: its jobs go on (a job started then, finished now). Input that
-    reaches back before that point is processed afresh, as a re-run (the same files
-    write the same facts). Returns the point continued from, or None."""
+def state_folder(closed: datetime) -> str:
+    """The folder of the state closed up to ``closed`` (UTC): ``until-2026-01-05T00-00-00Z``."""
+    utc = closed.astimezone(UTC)
+    return _STATE_PREFIX + utc.strftime(_STATE_FORMATS[1] if utc.microsecond
+                                        else _STATE_FORMATS[0])
+
+
+def _closed_of(folder: str) -> datetime | None:
+    if not folder.startswith(_STATE_PREFIX):
+        return None
+    for fmt in _STATE_FORMATS:
+        try:
+            return datetime.strptime(folder[len(_STATE_PREFIX):], fmt).replace(
+                tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
+def ingest_states(processor: Processor) -> Store:
+    """The folder of the saved ``ingest`` states of ``processor``'s warehouse."""
+    return processor.warehouse.store.child(INGEST_STATE)
+
+
+def saved_states(root: Store) -> list[SavedState]:
+    """The saved states under ``root``, the one closed furthest first."""
+    written: dict[str, float] = {}
+    for entry in root.list(""):
+        folder, sep, _ = entry.path.partition("/")
+        if sep and _closed_of(folder) is not None:
+            written[folder] = max(written.get(folder, 0.0), entry.mtime)
+    states = [SavedState(f, c, w) for f, w in written.items()
+              if (c := _closed_of(f)) is not None]
+    return sorted(states, key=lambda s: s.closed, reverse=True)
+
+
+def _unreadable(where: str, exc: BaseException) -> None:
+    log.warning("%s: the previous ingest's state cannot be read (%s); processing this "
+                "input afresh", where, str(exc).splitlines()[0] if str(exc) else
+                type(exc).__name__)
+
+
+def _adopt_legacy(root: Store) -> None:
+    """Move the one state an earlier release kept (files directly under INGEST_STATE)
+    into its ``until-`` folder. Raises when it cannot be read (the files then stay until
+    the next save)."""
+    present = [name for name in _LEGACY if root.exists(name)]
+    if not present:
+        return
+    sec = CheckpointStore(root, "ingest").read_partition(0)
+    data = {name: root.read(name) for name in _LEGACY}
+    if sec is not None and sec.closed is not None and all(data.values()):
+        folder = state_folder(sec.closed)
+        if not any(s.folder == folder for s in saved_states(root)):
+            for name, blob in data.items():
+                assert blob is not None
+                root.write(f"{folder}/{name}", blob)
+    for name in present:
+        root.delete(name)
+
+
+def continue_previous(processor: Processor, root: Store, first: datetime) -> datetime | None:
+    """Take a saved ingest state (its job and inventory books, open hours, usage so far)
+    into ``processor``: the one closed furthest among those closed at or before the new
+    input's first event, so that its jobs go on (a job started then, finished now) — also
+    when the input is a re-run of a piece that a later ingest already went past. Input
+    that reaches back before every saved state is processed afresh (the same files write
+    the same facts); so is input whose state cannot be read (one warning: another
+    release's state, or a damaged file — never an older state instead, which would close
+    the minutes between without their events). Returns the point continued from, or
+    None."""
+    where = INGEST_STATE
     try:
+        _adopt_legacy(root)
+        fitting = [s for s in saved_states(root) if s.closed <= first]
+        if not fitting:
+            return None
+        where = f"{INGEST_STATE}/{fitting[0].folder}"
+        state = CheckpointStore(root.child(fitting[0].folder), "ingest")
         sections = {p: state.read_partition(p) for p in sorted(processor.held)}
+        closed = [s.closed for s in sections.values()
+                  if s is not None and s.closed is not None]
+        if not closed or len(closed) < len(sections):
+            raise ValueError("a section is missing (the run that saved it was stopped)")
+        if max(closed) > first:
+            return None
+        if state.load_global(processor) is None:
+            raise ValueError("its global part is missing (the run that saved it was "
+                             "stopped)")
     except Exception as exc:  # another release's state, or a damaged file: start afresh
-        log.warning("%s: the previous ingest's state cannot be read (%s); processing this "
-                    "input afresh", INGEST_STATE, str(exc).splitlines()[0] if str(exc) else
-                    type(exc).__name__)
-        return None
-    closed = [s.closed for s in sections.values() if s is not None and s.closed is not None]
-    if not closed or len(closed) < len(sections) or first < max(closed):
-        return None
-    if state.load_global(processor) is None:
+        _unreadable(where, exc)
         return None
     for sec in sections.values():
         assert sec is not None
         merge_section(processor, sec)
     processor.counters = Counters()  # this run's own counts
     return max(closed)
+
+
+def save_state(processor: Processor, root: Store, keep: int) -> None:
+    """Save ``processor``'s state in the folder of its closed point (replacing a state
+    saved there before: the same point, reached again), then let all but ``keep`` saved
+    states go: the most recently written stay, and always the one closed furthest (the
+    next piece of the history continues from it)."""
+    closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
+    if not closed:  # nothing was closed: nothing to continue from
+        processor.warehouse.sync()
+        return
+    folder = state_folder(max(closed))
+    CheckpointStore(root.child(folder), "ingest").save(
+        processor, {}, {p: {} for p in processor.held})
+    for name in _LEGACY:  # an earlier release's state that could not be read
+        root.delete(name)
+    states = saved_states(root)
+    if len(states) <= keep:
+        return
+    furthest = states[0].folder
+    recent = sorted(states, key=lambda s: (s.written, s.closed), reverse=True)
+    kept = {folder, furthest}
+    for s in recent:
+        if len(kept) >= keep:
+            break
+        kept.add(s.folder)
+    for s in states:
+        if s.folder not in kept:
+            try:
+                for entry in root.list(s.folder):
+                    root.delete(entry.path)
+            except OSError as exc:
+                log.warning("%s/%s: an old ingest state could not be removed (%s)",
+                            INGEST_STATE, s.folder, exc)
+                continue
+            with contextlib.suppress(OSError):  # the empty folder, if any (a marker)
+                root.fs.delete_dir(root.full(s.folder))
 
 
 def import_history(
@@ -229,14 +357,14 @@ def ingest(
     if not outliers.is_empty():
         all_rejects = pl.concat([all_rejects, outliers])
     processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
-    state = ingest_state(processor)
+    states = ingest_states(processor)
     times: list[datetime] = [f.select(pl.col("time").min()).item() for f in frames.values()
                              if not f.is_empty()]
-    continued = continue_previous(processor, state, min(times)) if times else None
+    continued = continue_previous(processor, states, min(times)) if times else None
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height
     feed_in_time_order(processor, frames, on_progress)
-    state.save(processor, {}, {p: {} for p in processor.held})
+    save_state(processor, states, KEEP_STATES)
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued)

@@ -1,0 +1,173 @@
+"""Re-running a piece of a history that was ingested in pieces (after a killed run, or by
+mistake) writes the facts of the whole: it continues from the state its predecessor
+left, not from the one a later piece left (docs/warehouse.md, "Ingesting in pieces")."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+from fact_views import VIEWS, assert_same_facts, views
+from polars.testing import assert_frame_equal
+from test_simulate import SMALL
+
+from gpuledger.pipeline import ingest as ingest_module
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.ingest import INGEST_STATE, IngestResult, ingest
+from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+
+SPARSE = ("blocked_minute", "preemptions", "candidates", "recommendations",
+          "pending_minute")
+CUT = "2026-01-05T02:00:00"
+
+
+def _split(events: Path, cuts: list[str], folders: list[Path]) -> None:
+    """Each JSON-lines file of ``events`` cut by event time at ``cuts`` (each starts the
+    next piece) into ``folders`` (one more than the cuts)."""
+    bounds = ["", *cuts, "9999"]
+    assert len(folders) == len(cuts) + 1
+    for path in sorted(events.glob("*.jsonl")):
+        lines = path.read_text().splitlines()
+        times = [json.loads(line)["time"] for line in lines]
+        for folder, lo, hi in zip(folders, bounds, bounds[1:], strict=False):
+            folder.mkdir(exist_ok=True)
+            (folder / path.name).write_text(
+                "".join(f"{line}\n" for line, t in zip(lines, times, strict=True)
+                        if lo <= t < hi))
+
+
+def _ingest(folder: Path, warehouse: Path) -> IngestResult:
+    return ingest(sorted(folder.glob("*.jsonl")), warehouse, ProcessorConfig())
+
+
+def _states(warehouse: Path) -> list[str]:
+    return sorted(p.name for p in (warehouse / INGEST_STATE).iterdir())
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three simulated hours: ``events`` whole, ``whole`` (one ingest of it), the pieces
+    ``pa`` (until CUT) and ``pb`` (from CUT), ``h0``, ``h1``, ``h2`` (an hour each), and
+    ``pieces``: pa then pb ingested (copy it before writing to it)."""
+    root = tmp_path_factory.mktemp("history")
+    sim = SimConfig(hours=3, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), root / "events")
+    _ingest(root / "events", root / "whole")
+    _split(root / "events", [CUT], [root / "pa", root / "pb"])
+    _split(root / "events", ["2026-01-05T01:00:00", CUT],
+           [root / "h0", root / "h1", root / "h2"])
+    assert _ingest(root / "pa", root / "pieces").continued_from is None
+    assert _ingest(root / "pb", root / "pieces").continued_from is not None
+    assert _states(root / "pieces") == ["until-2026-01-05T02-00-00Z",
+                                        "until-2026-01-05T03-00-00Z"]
+    assert_same_facts(root / "pieces", root / "whole", SPARSE)
+    return root
+
+
+def _copy(history: Path, tmp_path: Path) -> Path:
+    shutil.copytree(history / "pieces", tmp_path / "wh")
+    return tmp_path / "wh"
+
+
+def _at_cut(result: IngestResult) -> bool:
+    return (result.continued_from is not None
+            and result.continued_from.isoformat().startswith(CUT[:16]))
+
+
+def test_rerunning_the_last_piece_continues_from_the_state_before_it(
+        history: Path, tmp_path: Path) -> None:
+    """pa, pb, then pb again (its run killed after it saved its state): pb continues from
+    the state pa left, no job event is out of order, and every view equals one ingest of
+    the whole (the bug: pb was processed afresh and its hours lost pa's jobs)."""
+    wh = _copy(history, tmp_path)
+    again = _ingest(history / "pb", wh)
+    assert _at_cut(again)
+    assert again.rejects.is_empty() and again.counters.late_telemetry == 0
+    assert sum(again.counters.rejected.values()) == 0
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_rerunning_the_first_piece_keeps_the_facts_of_the_later_hours(
+        history: Path, tmp_path: Path) -> None:
+    """pa+pb, then pa again: nothing was saved at or before pa's start, so it is processed
+    afresh, as before. Every hour's facts (pb's too) stay those of the whole; what shows
+    the end of the input is pa's end, as after pa alone: the day's roll-up (gpu_daily of
+    the day pa and pb share) and the latest-state views (running_attempts: pa's
+    snapshot less the attempts whose end is published). Ingesting pb again continues
+    from the state pa left: the whole again."""
+    wh = _copy(history, tmp_path)
+    _ingest(history / "pa", tmp_path / "pa_alone")
+    again = _ingest(history / "pa", wh)
+    assert again.continued_from is None
+    got, whole, alone = views(wh), views(history / "whole"), views(tmp_path / "pa_alone")
+    ended = whole["job_attempts"].select("job_id", "attempt")
+    want = {**whole, "gpu_daily": alone["gpu_daily"], "candidates": alone["candidates"],
+            "running_attempts": alone["running_attempts"].join(
+                ended, on=["job_id", "attempt"], how="anti")}
+    for name in VIEWS:
+        try:
+            assert_frame_equal(got[name], want[name], check_exact=False, rel_tol=1e-9,
+                               abs_tol=1e-8)
+        except AssertionError as exc:
+            raise AssertionError(f"view {name}: {exc}") from None
+    assert got["gpu_minute"].filter(pl.col("minute").dt.replace_time_zone(None)
+                                    >= datetime.fromisoformat(CUT)).height > 0
+    assert _at_cut(_ingest(history / "pb", wh))
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+@pytest.mark.parametrize("damage", ["junk partition", "junk global", "missing partition"])
+def test_a_damaged_saved_state_is_one_warning_and_the_input_processed_afresh(
+        history: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        damage: str) -> None:
+    wh = _copy(history, tmp_path)
+    folder = wh / INGEST_STATE / "until-2026-01-05T02-00-00Z"
+    if damage == "junk partition":
+        (folder / "partition-p000.checkpoint").write_bytes(b"junk")
+    elif damage == "junk global":
+        (folder / "global-ingest.checkpoint").write_bytes(b"\x80\x05junk")
+    else:
+        (folder / "partition-p000.checkpoint").unlink()
+    again = _ingest(history / "pb", wh)
+    assert again.continued_from is None
+    said = [r.getMessage() for r in caplog.records
+            if "the previous ingest's state cannot be read" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith(f"{INGEST_STATE}/until-2026-01-05T02-00-00Z: ")
+
+
+def test_the_state_of_an_earlier_release_is_taken_over(history: Path,
+                                                        tmp_path: Path) -> None:
+    """A warehouse whose one state lies directly in state/ingest/ (the earlier layout):
+    the next ingest continues from it and moves it into its folder."""
+    wh = tmp_path / "wh"
+    _ingest(history / "pa", wh)
+    state = wh / INGEST_STATE
+    (saved,) = state.iterdir()
+    for f in saved.iterdir():
+        f.rename(state / f.name)
+    saved.rmdir()
+    assert _at_cut(_ingest(history / "pb", wh))
+    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_the_saved_states_are_bounded(history: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for two states, an hour-by-hour ingest keeps the two most recently
+    written (the one closed furthest among them), and still writes the whole's facts;
+    a re-run of the last hour continues from the state before it."""
+    monkeypatch.setattr(ingest_module, "KEEP_STATES", 2)
+    wh = tmp_path / "wh"
+    for piece in ("h0", "h1", "h2"):
+        _ingest(history / piece, wh)
+        assert len(_states(wh)) <= 2
+    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+    assert_same_facts(wh, history / "whole", SPARSE)
+    assert _at_cut(_ingest(history / "h2", wh))
+    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+    assert_same_facts(wh, history / "whole", SPARSE)
