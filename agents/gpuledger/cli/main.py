@@ -250,9 +250,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         stop()
     rej = result.rejects
     if result.continued_from is not None:
-        print(f"continuing the previous ingest into {args.warehouse}/, which had closed up to "
-              f"{result.continued_from:%Y-%m-%d %H:%M} UTC (its running jobs go on)",
-              file=sys.stderr)
+        print(f"continuing from the state an earlier ingest into {args.warehouse}/ saved "
+              f"when it had closed up to {result.continued_from:%Y-%m-%d %H:%M} UTC (its "
+              "running jobs go on)", file=sys.stderr)
     print(f"ingested {result.records['telemetry']:,} telemetry, {result.records['job']:,} job "
           f"and {result.records['inventory']:,} inventory records into {args.warehouse}/; "
           f"{rej.height:,} bad line(s)")
