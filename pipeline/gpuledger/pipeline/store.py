@@ -102,6 +102,22 @@ def safe_path(path: str) -> str:
     return path
 
 
+def _link_or_replace(tmp: str, full: str) -> None:
+    """Put ``tmp`` at ``full`` only if nothing is there (FileExistsError otherwise): a hard
+    link, which fails when the name is taken; where the filesystem has no hard links
+    (some network and FUSE mounts), a look first, then a rename."""
+    try:
+        os.link(tmp, full)
+    except FileExistsError:
+        raise
+    except OSError:
+        if os.path.lexists(full):
+            raise FileExistsError(full) from None
+        os.replace(tmp, full)
+        return
+    os.unlink(tmp)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -203,8 +219,7 @@ class Store:
                     f.flush()
                     os.fsync(f.fileno())
                 if exclusive:
-                    os.link(tmp, full)  # FileExistsError when there already
-                    os.unlink(tmp)
+                    _link_or_replace(tmp, full)
                 else:
                     os.replace(tmp, full)
             except BaseException:
