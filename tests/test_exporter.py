@@ -248,3 +248,20 @@ def test_matches_the_warehouse(tmp_path: Path) -> None:
         state = dict(key)["state"]
         got[state] = got.get(state, 0) + v
     assert got == {k: float(v) for k, v in want.items()}
+
+
+def test_the_exposition_passes_promtool_check_metrics(tmp_path: Path) -> None:
+    """Prometheus's own linter (names, units, help, types) on a scrape with data in it."""
+    import shutil
+    import subprocess
+
+    proc, exporter = _processor(tmp_path)
+    proc.process(frames(_cluster(30)), validated=True)
+    proc.flush()
+    text = exporter.render()
+    assert b"gpuledger_closed_windows_total" in text
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/test.sh (Debian's prometheus)"
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()

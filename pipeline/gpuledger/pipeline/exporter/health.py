@@ -52,7 +52,7 @@ class HealthCollector:
                       "GPU-time (GPU-seconds, in whole minutes) whose allocations summed to "
                       "more than the whole GPU (jobs given the same GPU at once; it counts "
                       "as allocated once).", 60 * c.overcommitted_gpu_minutes)
-        yield counter("gpuledger_minutes_closed", "One-minute windows closed.", c.minutes_closed)
+        yield counter("gpuledger_closed_windows", "One-minute windows closed.", c.minutes_closed)
         yield counter("gpuledger_close_passes", "Passes that closed one or more minutes.",
                       c.close_passes)
         yield counter("gpuledger_fact_rows", "Fact rows written, by table.",
