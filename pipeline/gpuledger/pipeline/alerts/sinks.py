@@ -289,14 +289,17 @@ class WebhookSink:
                 self._send(body)
             except Exception:  # never let the sender die: what it held is given up
                 log.exception("alert webhook %s: sending failed", self.url)
-                self._count(dropped=len(body))
+                self._count(dropped=len(body), done=body)
             with self._cond:
                 if self._in_flight is body:
                     self._in_flight = None
                 self._cond.notify_all()
 
     def _count(self, posts: int = 0, delivered: int = 0, failures: int = 0,
-               dropped: int = 0) -> None:
+               dropped: int = 0, done: list[dict[str, Any]] | None = None) -> None:
+        """Add to the counts (nothing once closed: ``close`` counted what was left).
+        ``done``: the list whose outcome this is, no longer in flight — in the same step,
+        so that ``close`` never counts it a second time."""
         with self._cond:
             if self._closed:
                 return
@@ -306,6 +309,9 @@ class WebhookSink:
             self.dropped += dropped
             if delivered:
                 self._overflowing = False
+            if done is not None and self._in_flight is done:
+                self._in_flight = None
+                self._cond.notify_all()
 
     def _send(self, body: list[dict[str, Any]]) -> None:
         """POST one list, retrying while the failure may pass."""
@@ -317,7 +323,7 @@ class WebhookSink:
             tries += 1
             problem, retry = self._post(data)
             if problem is None:
-                self._count(posts=1, delivered=len(body))
+                self._count(posts=1, delivered=len(body), done=body)
                 if tries > 1:
                     log.info("alert webhook %s: delivered after %d tries", self.url, tries)
                 return
@@ -331,7 +337,7 @@ class WebhookSink:
             else:
                 retry = False
             if not retry:
-                self._count(dropped=len(body))
+                self._count(dropped=len(body), done=body)
                 log.warning("alert webhook %s: %s; %d alert event(s) given up after %d "
                             "tr%s", self.url, problem, len(body), tries,
                             "y" if tries == 1 else "ies")
