@@ -250,8 +250,9 @@ class Store:
 
     def list(self, prefix: str) -> list[Entry]:
         """Every file under ``prefix`` (recursively), hidden temporary files left out. In a
-        local folder, symbolic links are neither followed nor listed: what a link points
-        at is outside the warehouse, and nothing of it is read or deleted."""
+        local folder, symbolic links below ``prefix`` are neither followed nor listed:
+        what such a link points at is outside the warehouse, and nothing of it is read or
+        deleted (``prefix`` itself may be a link: a warehouse's facts on another disk)."""
         if not self.remote:
             return self._list_local(prefix)
         selector = pafs.FileSelector(self.full(prefix), recursive=True, allow_not_found=True)
@@ -272,9 +273,10 @@ class Store:
         top = self.full(prefix)
         out: builtins.list[Entry] = []
         start = len(self.base) + 1
-        if os.path.islink(top) or not os.path.lexists(top):
+        if not os.path.exists(top):
             return out
-        if not os.path.isdir(top):
+        if not os.path.isdir(top):  # (a link to a folder, set up by whoever set up the
+            # warehouse, is listed; links further down are not followed)
             raise StoreIOError(f"{self.url_of(prefix)}: cannot list: not a folder")
 
         def failed(exc: OSError) -> None:
