@@ -93,9 +93,9 @@ def test_a_new_writer_goes_on_deleting_and_keeps_what_is_named_again(tmp_path: P
 def test_a_manifest_of_the_earlier_version_has_its_retired_objects_moved_to_a_log(
         tmp_path: Path) -> None:
     store = open_store(tmp_path)
-    old_obj = "facts/gpu_minute/date=2026-01-01/gpu_minute-2026-01-01T00.0123.parquet"
+    old_obj = "facts/gpu_minute/date=2026-01-01/gpu_minute-2026-01-01T00.0123456789abcdef.parquet"
     store.write(old_obj, b"old")
-    cur = "facts/gpu_minute/date=2026-01-01/gpu_minute-2026-01-01T00.4567.parquet"
+    cur = "facts/gpu_minute/date=2026-01-01/gpu_minute-2026-01-01T00.fedcba9876543210.parquet"
     store.write(cur, b"cur")
     store.write(manifest_path("warehouse", 7), Manifest(
         "warehouse", 7, {LOGICAL.format(h=0): cur}, {old_obj: 999_950.0}, 999_950.0,

@@ -57,14 +57,19 @@ def test_a_retired_log_naming_a_path_outside_deletes_nothing(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = _published(tmp_path / "wh")
     victim = _victim(tmp_path)
-    for i, name in enumerate(["../victim.txt", "facts/../../victim.txt", "/etc/passwd"]):
+    (root / "facts" / "README.md").write_text("someone's notes")
+    for i, name in enumerate(["../victim.txt", "facts/../../victim.txt", "/etc/passwd",
+                              "facts/gpu_minute/_schema.parquet", "facts/README.md",
+                              "facts/../../victim.0123456789abcdef.parquet"]):
         (root / retired_path("warehouse", 10 + i)).parent.mkdir(parents=True, exist_ok=True)
         (root / retired_path("warehouse", 10 + i)).write_text(json.dumps(
             {"version": 1, "unit": "warehouse", "generation": 10 + i, "retired": {name: 0}}))
     assert read_retired(open_store(root)) == []        # none of them is one of ours
-    assert caplog.text.count("is not a fact file's name); passed over") == 3
+    assert caplog.text.count("passed over (what it lists is not deleted)") == 6
     assert main(["compact", "--force", "--warehouse", str(root)]) == 0
     assert victim.read_text() == "precious"
+    assert (root / "facts" / "README.md").exists()
+    assert (root / "facts" / "gpu_minute" / "_schema.parquet").exists()
     # a writer that loads the unit goes on deleting what logs list: not these
     pub = Publisher(open_store(root), retain_s=0)
     pub.put("warehouse", LOGICAL, b"other rows")
@@ -143,6 +148,7 @@ def test_a_copied_manifest_folder_is_not_taken_for_the_unit(tmp_path: Path) -> N
     backup.mkdir()
     stale = Manifest("warehouse", 99, {}).to_bytes()            # names nothing
     (backup / "000000000099.json").write_bytes(stale)
+    (root / "manifests" / "warehouse" / "²³.json").write_bytes(stale)  # not ASCII digits
     (root / "manifests" / "zzz").mkdir()
     (root / "manifests" / "zzz" / "000000000099.json").write_bytes(stale)
     manifests = read_manifests(open_store(root))
@@ -172,3 +178,12 @@ def test_a_warning_says_when_the_newest_manifest_is_damaged(
     with caplog.at_level(logging.WARNING):
         assert read_manifests(open_store(root))["warehouse"].generation == newest
     assert f"{newest + 1:012d}.json: not a gpuledger manifest" in caplog.text
+
+
+def test_an_error_raised_under_duckdb_is_named_by_its_last_line() -> None:
+    from gpuledger.pipeline.query import _one_line
+
+    quoted = RuntimeError("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                          "FileNotFoundError: Path does not exist 'bkt/wh/facts/a.parquet'")
+    assert _one_line(quoted) == "FileNotFoundError: Path does not exist 'bkt/wh/facts/a.parquet'"
+    assert _one_line(ValueError("first line\nLINE 1: caret")) == "first line"

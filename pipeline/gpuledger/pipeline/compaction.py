@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from gpuledger.pipeline.generations import DIGEST_CHARS, Manifest, read_retired
+from gpuledger.pipeline.generations import OBJECT_NAME, Manifest, read_retired
 from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.tables import SORT_KEYS
 
@@ -81,10 +81,6 @@ def newest_hour(manifests: Iterable[Manifest]) -> datetime | None:
     return newest
 
 
-_OBJECT = re.compile(rf"\.[0-9a-f]{{{DIGEST_CHARS}}}\.parquet$")
-"""The end of a fact object's name: its content's digest (``generations.object_name``)."""
-
-
 def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> list[str]:
     """Fact objects that no manifest names and no retired log lists, written before
     ``older_than`` (Unix seconds): uploads a crash cut off before their commit. Only
@@ -95,5 +91,5 @@ def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> l
         named.update(manifest.files.values())
         named.update(manifest.retired)
     return sorted(e.path for e in store.list("facts")
-                  if _OBJECT.search(e.path) and e.path not in named
+                  if OBJECT_NAME.search(e.path) and e.path not in named
                   and e.mtime < older_than)

@@ -54,6 +54,10 @@ T = TypeVar("T")
 log = logging.getLogger("gpuledger.warehouse")
 UNIT_NAME = re.compile(r"(warehouse|p[0-9]{3,5})")
 """What a unit is called: ``warehouse``, or a telemetry partition's ``pNNN``."""
+_DIGITS = re.compile(r"[0-9]+")
+"""A generation in a file name (ASCII digits: ``str.isdigit`` takes ``²³`` too)."""
+OBJECT_NAME = re.compile(r"\.[0-9a-f]{16}\.parquet$")
+"""The end of a fact object's name: its content's digest (:func:`object_name`)."""
 
 MANIFESTS = "manifests"
 VERSION = 1
@@ -105,6 +109,14 @@ def _fact(name: Any) -> str:
         return safe_path(name)
     except StoreError:
         raise ValueError(f"{name!r} is not a fact file's name") from None
+
+
+def _retired_object(name: Any) -> str:
+    """``name`` when it can be a retired object: a fact object of ours (its name ends in
+    its digest), never a table's ``_schema.parquet`` or someone else's file."""
+    if not isinstance(name, str) or not OBJECT_NAME.search(name):
+        raise ValueError(f"{name!r} is not a fact object's name")
+    return _fact(name)
 
 
 def _number(value: Any) -> float:
@@ -160,7 +172,7 @@ class Manifest:
         return _parsed(data, where, "manifest", lambda blob: cls(
             str(blob["unit"]), _whole(blob["generation"]),
             {_fact(k): _fact(v) for k, v in blob["files"].items()},
-            {_fact(k): _number(v) for k, v in blob["retired"].items()},
+            {_retired_object(k): _number(v) for k, v in blob["retired"].items()},
             _number(blob.get("written_at", 0.0)),
             {_fact(k): _whole(v) for k, v in blob.get("sizes", {}).items()}))
 
@@ -204,7 +216,7 @@ class RetiredLog:
     def from_bytes(cls, data: bytes, where: str) -> RetiredLog:
         return _parsed(data, where, "retired log", lambda blob: cls(
             str(blob["unit"]), _whole(blob["generation"]),
-            {_fact(k): _number(v) for k, v in blob["retired"].items()}))
+            {_retired_object(k): _number(v) for k, v in blob["retired"].items()}))
 
 
 def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
@@ -214,7 +226,7 @@ def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
     for e in store.list(MANIFESTS if unit is None else f"{MANIFESTS}/{unit}/{RETIRED}"):
         parts = e.path.split("/")
         if len(parts) != 4 or parts[2] != RETIRED or not parts[3].endswith(".json") \
-                or not parts[3][:-5].isdigit() or not UNIT_NAME.fullmatch(parts[1]):
+                or not _DIGITS.fullmatch(parts[3][:-5]) or not UNIT_NAME.fullmatch(parts[1]):
             continue
         data = store.read(e.path)
         if data is None:
@@ -245,7 +257,7 @@ def _listed(store: Store) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for e in store.list(MANIFESTS):
         parts = e.path.split("/")
-        if len(parts) == 3 and parts[2].endswith(".json") and parts[2][:-5].isdigit() \
+        if len(parts) == 3 and parts[2].endswith(".json") and _DIGITS.fullmatch(parts[2][:-5]) \
                 and UNIT_NAME.fullmatch(parts[1]):
             out.setdefault(parts[1], []).append((int(parts[2][:-5]), e.mtime))
     return {u: sorted(g, reverse=True) for u, g in out.items()}
@@ -529,10 +541,10 @@ class Publisher:
             f.result()  # an upload that failed fails the commit: nothing is published
         at_once = {log.path for log, _objects in done}  # retain_s 0: no log needed
         for name, generation, data, retired in blobs:
-            if retired is not None and retired.path not in at_once:
-                # before the manifest: no retirement goes unlisted
-                self.store.write(retired.path, retired.to_bytes())
             try:  # only if absent: two writers of one unit must not overwrite each other
+                if retired is not None and retired.path not in at_once:
+                    # before the manifest: no retirement goes unlisted
+                    self.store.create(retired.path, retired.to_bytes())
                 self.store.create(manifest_path(name, generation), data)
             except StoreConflict:
                 raise StoreError(

@@ -36,6 +36,7 @@ import csv
 import io
 import json
 import math
+import re
 import shutil
 import tempfile
 import threading
@@ -87,9 +88,15 @@ class QueryError(ValueError):
 
 def _one_line(exc: BaseException) -> str:
     """An exception's message on one line (DuckDB adds a ``LINE 1: …`` caret block)."""
-    text = str(exc).strip()
-    first = text.splitlines()[0].strip() if text else type(exc).__name__
-    return first
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("Traceback"):
+        # an error raised in Python under DuckDB (a remote store's filesystem): its
+        # message is the last line of the traceback DuckDB quotes
+        named = [line for line in lines if re.match(r"[A-Za-z_.]*(Error|Exception)\b", line)]
+        return named[-1] if named else lines[-1]
+    return lines[0]
 
 
 def connect(warehouse: str | Path, threads: int | None = None,
