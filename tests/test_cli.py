@@ -199,7 +199,9 @@ def test_show_rejects_zero_lists_none_and_says_how_many(
     assert main(["ingest", str(bad), "--show-rejects", "0", "--quiet",
                  "--warehouse", str(tmp_path / "w")]) == 0
     err = capsys.readouterr().err
-    assert "bad.jsonl:1:" not in err and "... and 2 more (SELECT * FROM rejects)" in err
+    assert "bad.jsonl:1:" not in err and "... and 2 more (--show-rejects N to see them)" in err
+    assert "nothing to ingest: no valid record in the input (2 bad line(s))" in err
+    assert not (tmp_path / "w").exists()          # nothing was written
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -17,7 +17,7 @@ from test_simulate import SMALL
 
 from gpuledger.pipeline import ingest as ingest_module
 from gpuledger.pipeline.config import ProcessorConfig
-from gpuledger.pipeline.ingest import INGEST_STATE, IngestResult, ingest
+from gpuledger.pipeline.ingest import INGEST_STATE, IngestRefused, IngestResult, ingest
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
 
 SPARSE = ("blocked_minute", "preemptions", "candidates", "recommendations",
@@ -45,7 +45,8 @@ def _ingest(folder: Path, warehouse: Path) -> IngestResult:
 
 
 def _states(warehouse: Path) -> list[str]:
-    return sorted(p.name for p in (warehouse / INGEST_STATE).iterdir())
+    return sorted(p.name for p in (warehouse / INGEST_STATE).iterdir()
+                  if p.name.startswith("until-"))
 
 
 @pytest.fixture(scope="module")
@@ -120,24 +121,74 @@ def test_rerunning_the_first_piece_keeps_the_facts_of_the_later_hours(
     assert_same_facts(wh, history / "whole", SPARSE)
 
 
-@pytest.mark.parametrize("damage", ["junk partition", "junk global", "missing partition"])
-def test_a_damaged_saved_state_is_one_warning_and_the_input_processed_afresh(
-        history: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-        damage: str) -> None:
+@pytest.mark.parametrize("damage", ["junk partition", "junk global", "missing partition",
+                                    "a file for the folder"])
+def test_a_damaged_saved_state_refuses_the_input_unless_afresh(
+        history: Path, tmp_path: Path, damage: str) -> None:
+    """Processing pb on its own would replace its hours with pb alone (its jobs from pa
+    lost): refused in one line, nothing written; --afresh does it."""
     wh = _copy(history, tmp_path)
     folder = wh / INGEST_STATE / "until-2026-01-05T02-00-00Z"
     if damage == "junk partition":
         (folder / "partition-p000.checkpoint").write_bytes(b"junk")
     elif damage == "junk global":
         (folder / "global-ingest.checkpoint").write_bytes(b"\x80\x05junk")
-    else:
+    elif damage == "missing partition":
         (folder / "partition-p000.checkpoint").unlink()
-    again = _ingest(history / "pb", wh)
-    assert again.continued_from is None
-    said = [r.getMessage() for r in caplog.records
-            if "the previous ingest's state cannot be read" in r.getMessage()]
-    assert len(said) == 1
-    assert said[0].startswith(f"{INGEST_STATE}/until-2026-01-05T02-00-00Z: ")
+    else:
+        shutil.rmtree(folder)
+        folder.write_text("x")
+    before = views(wh)
+    with pytest.raises(IngestRefused, match=(
+            f"^{INGEST_STATE}/until-2026-01-05T02-00-00Z: the saved state this input "
+            "continues from cannot be read .*--afresh$")) as refused:
+        _ingest(history / "pb", wh)
+    assert "\n" not in str(refused.value)
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    alone = ingest(sorted((history / "pb").glob("*.jsonl")), wh, ProcessorConfig(),
+                   afresh=True)
+    assert alone.continued_from is None and sum(alone.counters.rejected.values()) > 0
+
+
+def test_a_piece_with_no_state_to_go_on_from_is_refused(history: Path,
+                                                        tmp_path: Path) -> None:
+    """pa's state gone (pruned; a piece starting inside a minute pa closed is the same
+    case): pb would be processed on its own. Refused; the whole history still goes."""
+    wh = _copy(history, tmp_path)
+    shutil.rmtree(wh / INGEST_STATE / "until-2026-01-05T02-00-00Z")
+    with pytest.raises(IngestRefused, match="inside the history already ingested"):
+        _ingest(history / "pb", wh)
+    assert _ingest(history / "events", wh).continued_from is None   # the whole: fine
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_an_input_with_no_valid_record_changes_nothing(history: Path, tmp_path: Path) -> None:
+    wh = _copy(history, tmp_path)
+    before = views(wh)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert ingest([empty], wh, ProcessorConfig()).nothing
+    after = views(wh)
+    for name in VIEWS:   # the running attempts were emptied before
+        assert_frame_equal(after[name], before[name])
+
+
+def test_a_piece_processed_afresh_makes_the_later_states_stale(history: Path,
+                                                              tmp_path: Path) -> None:
+    """h1 first (on its own), then h0 (the history's start: on its own), then h2: h2 must
+    not go on from h1's state, which lacks h0's jobs (deleted), nor from h0's across the
+    hour h1 covered as if it were empty: refused, naming where to ingest from; h1 then h2
+    go on."""
+    wh = tmp_path / "wh"
+    _ingest(history / "h1", wh)
+    _ingest(history / "h0", wh)
+    assert _states(wh) == ["until-2026-01-05T01-00-00Z"]
+    with pytest.raises(IngestRefused, match="Ingest from 2026-01-05 01:00 on"):
+        _ingest(history / "h2", wh)
+    assert _ingest(history / "h1", wh).continued_from is not None
+    assert _at_cut(_ingest(history / "h2", wh))
 
 
 def test_the_state_of_an_earlier_release_is_taken_over(history: Path,
@@ -147,7 +198,7 @@ def test_the_state_of_an_earlier_release_is_taken_over(history: Path,
     wh = tmp_path / "wh"
     _ingest(history / "pa", wh)
     state = wh / INGEST_STATE
-    (saved,) = state.iterdir()
+    (saved,) = (p for p in state.iterdir() if p.name.startswith("until-"))
     for f in saved.iterdir():
         f.rename(state / f.name)
     saved.rmdir()

@@ -118,4 +118,4 @@ def test_a_damaged_ingest_state_is_said_and_the_input_processed_afresh(
     (tmp_path / "wh" / "state" / "ingest" / "partition-p000.checkpoint").write_bytes(b"junk")
     again = ingest(files, tmp_path / "wh", ProcessorConfig())
     assert again.continued_from is None
-    assert "the previous ingest's state cannot be read" in caplog.text
+    assert "the state an earlier release left cannot be read" in caplog.text

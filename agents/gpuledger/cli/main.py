@@ -245,17 +245,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     config = _proc_config(args)
     update, stop = _progress("ingesting", not args.quiet)
     try:
-        result = ingest(args.files, args.warehouse, config, update)
+        result = ingest(args.files, args.warehouse, config, update, afresh=args.afresh)
     finally:
         stop()
     rej = result.rejects
-    if result.continued_from is not None:
+    if result.nothing:
+        print(f"nothing to ingest: no valid record in the input ({rej.height:,} bad "
+              f"line(s)); {args.warehouse}/ is left as it was", file=sys.stderr)
+    elif result.continued_from is not None:
         print(f"continuing from the state an earlier ingest into {args.warehouse}/ saved "
               f"when it had closed up to {result.continued_from:%Y-%m-%d %H:%M} UTC (its "
               "running jobs go on)", file=sys.stderr)
-    print(f"ingested {result.records['telemetry']:,} telemetry, {result.records['job']:,} job "
-          f"and {result.records['inventory']:,} inventory records into {args.warehouse}/; "
-          f"{rej.height:,} bad line(s)")
+    if not result.nothing:
+        print(f"ingested {result.records['telemetry']:,} telemetry, "
+              f"{result.records['job']:,} job and {result.records['inventory']:,} inventory "
+              f"records into {args.warehouse}/; {rej.height:,} bad line(s)")
     c = result.counters
     if c.late_telemetry or c.late_job_events:
         print(f"late: {c.late_telemetry:,} telemetry samples (kept in late_telemetry), "
@@ -264,8 +268,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     for source, line, reason in shown.select("source", "line", "reason").iter_rows():
         print(f"{source}:{line}: {reason}", file=sys.stderr)
     if rej.height > shown.height:
-        print(f"... and {rej.height - shown.height:,} more (SELECT * FROM rejects)",
-              file=sys.stderr)
+        where = "--show-rejects N to see them" if result.nothing else "SELECT * FROM rejects"
+        print(f"... and {rej.height - shown.height:,} more ({where})", file=sys.stderr)
     return 1 if (args.strict and rej.height) else 0
 
 
@@ -533,6 +537,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit with status 1 when any line was rejected")
     p.add_argument("--show-rejects", type=whole_count("--show-rejects"), default=20, metavar="N",
                    help="print at most N rejected lines (default 20)")
+    p.add_argument("--afresh", action="store_true",
+                   help="process the files on their own, not going on from a saved state, "
+                   "even where that replaces facts of their hours with theirs alone (an "
+                   "input starting inside the ingested history with no state to go on "
+                   "from is refused without it)")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("import", help="import scheduler history (openb trace)",

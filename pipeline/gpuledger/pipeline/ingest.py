@@ -14,6 +14,7 @@ it is fed (about 150 bytes per telemetry sample): split very long histories by d
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
+from gpuledger.cli.errors import CliError
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
 from gpuledger.pipeline.checkpoint import CheckpointStore, merge_section
 from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
@@ -84,6 +86,8 @@ class IngestResult:
     continued_from: datetime | None = None
     """Where the saved ingest state this one went on from had closed (its input starting
     there or later), or None (processed afresh)."""
+    nothing: bool = False
+    """The input held no valid record: nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -121,21 +125,52 @@ def ingest_states(processor: Processor) -> Store:
 
 
 def saved_states(root: Store) -> list[SavedState]:
-    """The saved states under ``root``, the one closed furthest first."""
+    """The saved states under ``root``, the one closed furthest first (a file where a
+    state's folder should be counts: reading it fails, as for any damaged state)."""
     written: dict[str, float] = {}
     for entry in root.list(""):
-        folder, sep, _ = entry.path.partition("/")
-        if sep and _closed_of(folder) is not None:
+        folder, _sep, _ = entry.path.partition("/")
+        if _closed_of(folder) is not None:
             written[folder] = max(written.get(folder, 0.0), entry.mtime)
     states = [SavedState(f, c, w) for f, w in written.items()
               if (c := _closed_of(f)) is not None]
     return sorted(states, key=lambda s: s.closed, reverse=True)
 
 
-def _unreadable(where: str, exc: BaseException) -> None:
-    log.warning("%s: the previous ingest's state cannot be read (%s); processing this "
-                "input afresh", where, str(exc).splitlines()[0] if str(exc) else
-                type(exc).__name__)
+class IngestRefused(CliError):
+    """An input that processing on its own would make wrong facts of (one line)."""
+
+
+ORIGIN = "origin.json"
+"""Where the history ingested into a warehouse starts (its first event, over all runs)."""
+GAP_WARNING = timedelta(hours=1)
+"""An input starting this long after the state it continues from is said in a warning."""
+ON_ITS_OWN = ("processing it on its own would replace the facts of its hours with this "
+              "input's alone (jobs running into it would be lost)")
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def read_origin(root: Store, key: str = "first") -> datetime | None:
+    """Where the history ingested into the warehouse so far starts (``first``: its first
+    event) or how far it was closed (``closed``), or None (not known)."""
+    try:
+        data = root.read(ORIGIN)
+        return None if data is None else datetime.fromisoformat(
+            json.loads(data)[key]).astimezone(UTC)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _keep_origin(root: Store, first: datetime, closed: datetime | None) -> None:
+    old_first, old_closed = read_origin(root), read_origin(root, "closed")
+    first = first if old_first is None else min(first, old_first)
+    furthest = max((t for t in (closed, old_closed) if t is not None), default=None)
+    root.write(ORIGIN, json.dumps({"first": first.astimezone(UTC).isoformat(), "closed":
+                                   None if furthest is None else
+                                   furthest.astimezone(UTC).isoformat()}).encode())
 
 
 def _adopt_legacy(root: Store) -> None:
@@ -157,22 +192,56 @@ def _adopt_legacy(root: Store) -> None:
         root.delete(name)
 
 
-def continue_previous(processor: Processor, root: Store, first: datetime) -> datetime | None:
+def continue_previous(processor: Processor, root: Store, first: datetime,
+                      afresh: bool = False) -> datetime | None:
     """Take a saved ingest state (its job and inventory books, open hours, usage so far)
     into ``processor``: the one closed furthest among those closed at or before the new
     input's first event, so that its jobs go on (a job started then, finished now) — also
-    when the input is a re-run of a piece that a later ingest already went past. Input
-    that reaches back before every saved state is processed afresh (the same files write
-    the same facts); so is input whose state cannot be read (one warning: another
-    release's state, or a damaged file — never an older state instead, which would close
-    the minutes between without their events). Returns the point continued from, or
-    None."""
+    when the input is a re-run of a piece that a later ingest already went past. Returns
+    the point continued from, or None: the input is processed on its own.
+
+    On its own is right for input that starts where the ingested history starts (the
+    whole history again, or its first piece: the same files write the same facts). For
+    input that starts inside the ingested history with no state to continue from (the one
+    before it was pruned, or it starts inside a minute an earlier piece closed), or whose
+    state cannot be read (damaged, another release's), it would replace the facts of its
+    hours with its own alone: :class:`IngestRefused`, unless ``afresh``. An older state is
+    never taken instead: it would close the minutes between without their events."""
+    if afresh:
+        return None
     where = INGEST_STATE
     try:
         _adopt_legacy(root)
-        fitting = [s for s in saved_states(root) if s.closed <= first]
+    except Exception as exc:  # unreadable: as if there were none (it is deleted)
+        log.warning("%s: the state an earlier release left cannot be read (%s); it is "
+                    "left out", INGEST_STATE, _why(exc))
+        for name in _LEGACY:
+            with contextlib.suppress(OSError):
+                root.delete(name)
+    try:
+        states = saved_states(root)
+        fitting = [s for s in states if s.closed <= first]
         if not fitting:
+            origin = read_origin(root)
+            if states and origin is not None and first > origin:
+                raise IngestRefused(
+                    f"the input starts at {first:%Y-%m-%d %H:%M:%S} UTC, inside the history "
+                    f"already ingested ({origin:%Y-%m-%d %H:%M} to "
+                    f"{states[0].closed:%Y-%m-%d %H:%M} UTC), and no saved state closes at "
+                    "or before that (the one before it was pruned: 8 are kept; or it "
+                    f"starts inside a minute an earlier piece closed): {ON_ITS_OWN}. Ingest "
+                    "from an earlier piece on, or the whole history; --afresh does it anyway")
             return None
+        furthest = read_origin(root, "closed")
+        if fitting[0].closed < first and furthest is not None and furthest > fitting[0].closed:
+            raise IngestRefused(
+                f"the history from {fitting[0].closed:%Y-%m-%d %H:%M} UTC on was ingested, "
+                "but the state it left is gone (a piece before it was processed on its own "
+                "since, or the state was pruned): going on from "
+                f"{fitting[0].closed:%Y-%m-%d %H:%M} to this input's first event at "
+                f"{first:%Y-%m-%d %H:%M:%S} UTC would take that time as empty. Ingest from "
+                f"{fitting[0].closed:%Y-%m-%d %H:%M} on; --afresh processes this input on its "
+                "own")
         where = f"{INGEST_STATE}/{fitting[0].folder}"
         state = CheckpointStore(root.child(fitting[0].folder), "ingest")
         sections = {p: state.read_partition(p) for p in sorted(processor.held)}
@@ -181,18 +250,42 @@ def continue_previous(processor: Processor, root: Store, first: datetime) -> dat
         if not closed or len(closed) < len(sections):
             raise ValueError("a section is missing (the run that saved it was stopped)")
         if max(closed) > first:
-            return None
+            raise ValueError("it closes after the input's first event")
         if state.load_global(processor) is None:
             raise ValueError("its global part is missing (the run that saved it was "
                              "stopped)")
-    except Exception as exc:  # another release's state, or a damaged file: start afresh
-        _unreadable(where, exc)
-        return None
+    except IngestRefused:
+        raise
+    except Exception as exc:  # another release's state, or a damaged file
+        raise IngestRefused(
+            f"{where}: the saved state this input continues from cannot be read "
+            f"({_why(exc)}); {ON_ITS_OWN}. Ingest the whole history again, or pass "
+            "--afresh") from None
     for sec in sections.values():
         assert sec is not None
         merge_section(processor, sec)
     processor.counters = Counters()  # this run's own counts
+    if first - max(closed) > GAP_WARNING:
+        log.warning("the input starts %s after the state it continues from closed "
+                    "(%s UTC): the time between is taken to hold no event, so jobs running "
+                    "then are charged through it; ingest the missing history first if "
+                    "there is some", first - max(closed), f"{max(closed):%Y-%m-%d %H:%M}")
     return max(closed)
+
+
+def _forget_later(root: Store, after: datetime) -> None:
+    """Delete the saved states closed after ``after``: an input processed on its own
+    there makes them stale (they went on from a history without it)."""
+    for s in saved_states(root):
+        if s.closed > after:
+            try:
+                for entry in root.list(s.folder):
+                    root.delete(entry.path)
+                with contextlib.suppress(OSError):
+                    root.fs.delete_dir(root.full(s.folder))
+            except OSError as exc:
+                log.warning("%s/%s: a stale ingest state could not be removed (%s)",
+                            INGEST_STATE, s.folder, exc)
 
 
 def save_state(processor: Processor, root: Store, keep: int) -> None:
@@ -337,8 +430,11 @@ def ingest(
     warehouse: str | Path,
     config: ProcessorConfig,
     on_progress: Callable[[float], None] | None = None,
+    afresh: bool = False,
 ) -> IngestResult:
-    """Decode ``paths`` and process them into ``warehouse``."""
+    """Decode ``paths`` and process them into ``warehouse`` (``afresh``: on their own,
+    whatever the saved states, :func:`continue_previous`). Input with no valid record
+    changes nothing (``nothing``)."""
     parts: dict[RecordType, list[pl.DataFrame]] = {k: [] for k in RECORD_TYPES}
     rejects: list[pl.DataFrame] = []
     for decoded in decode_jsonl_files(list(paths), max_future_s=config.windows.max_future_s,
@@ -356,15 +452,23 @@ def ingest(
     frames, outliers = set_aside_outliers(frames, config)
     if not outliers.is_empty():
         all_rejects = pl.concat([all_rejects, outliers])
-    processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
-    states = ingest_states(processor)
     times: list[datetime] = [f.select(pl.col("time").min()).item() for f in frames.values()
                              if not f.is_empty()]
-    continued = continue_previous(processor, states, min(times)) if times else None
+    if not times:  # nothing to process: the warehouse is left as it was
+        return IngestResult({k: 0 for k in frames}, all_rejects, Counters(), None,
+                            nothing=True)
+    processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
+    states = ingest_states(processor)
+    first = min(times)
+    continued = continue_previous(processor, states, first, afresh)
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height
     feed_in_time_order(processor, frames, on_progress)
+    closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
+    if continued is None and closed:
+        _forget_later(states, max(closed))
     save_state(processor, states, KEEP_STATES)
+    _keep_origin(states, first, max(closed, default=None))
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued)
