@@ -164,13 +164,16 @@ def read_origin(root: Store, key: str = "first") -> datetime | None:
         return None
 
 
-def _keep_origin(root: Store, first: datetime, closed: datetime | None) -> None:
-    old_first, old_closed = read_origin(root), read_origin(root, "closed")
+def _keep_origin(root: Store, first: datetime, stale_from: datetime | None) -> None:
+    """Where the history starts (the earliest first event) and, when a run processed on
+    its own deleted later states, from where (``stale_from``; a run continuing from that
+    point clears it)."""
+    old_first = read_origin(root)
     first = first if old_first is None else min(first, old_first)
-    furthest = max((t for t in (closed, old_closed) if t is not None), default=None)
-    root.write(ORIGIN, json.dumps({"first": first.astimezone(UTC).isoformat(), "closed":
-                                   None if furthest is None else
-                                   furthest.astimezone(UTC).isoformat()}).encode())
+    root.write(ORIGIN, json.dumps({
+        "first": first.astimezone(UTC).isoformat(),
+        "stale_from": None if stale_from is None else stale_from.astimezone(UTC).isoformat(),
+    }).encode())
 
 
 def _adopt_legacy(root: Store) -> None:
@@ -232,16 +235,6 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
                     f"starts inside a minute an earlier piece closed): {ON_ITS_OWN}. Ingest "
                     "from an earlier piece on, or the whole history; --afresh does it anyway")
             return None
-        furthest = read_origin(root, "closed")
-        if fitting[0].closed < first and furthest is not None and furthest > fitting[0].closed:
-            raise IngestRefused(
-                f"the history from {fitting[0].closed:%Y-%m-%d %H:%M} UTC on was ingested, "
-                "but the state it left is gone (a piece before it was processed on its own "
-                "since, or the state was pruned): going on from "
-                f"{fitting[0].closed:%Y-%m-%d %H:%M} to this input's first event at "
-                f"{first:%Y-%m-%d %H:%M:%S} UTC would take that time as empty. Ingest from "
-                f"{fitting[0].closed:%Y-%m-%d %H:%M} on; --afresh processes this input on its "
-                "own")
         where = f"{INGEST_STATE}/{fitting[0].folder}"
         state = CheckpointStore(root.child(fitting[0].folder), "ingest")
         sections = {p: state.read_partition(p) for p in sorted(processor.held)}
@@ -265,7 +258,13 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
         assert sec is not None
         merge_section(processor, sec)
     processor.counters = Counters()  # this run's own counts
-    if first - max(closed) > GAP_WARNING:
+    stale = read_origin(root, "stale_from")
+    if stale is not None and max(closed) == stale and first > stale:
+        log.warning("the states after %s UTC were deleted when a piece before them was "
+                    "processed on its own: if history from then to this input's start "
+                    "(%s UTC) was ingested, ingest it again first (this run takes that "
+                    "time as empty)", f"{stale:%Y-%m-%d %H:%M}", f"{first:%Y-%m-%d %H:%M}")
+    elif first - max(closed) > GAP_WARNING:
         log.warning("the input starts %s after the state it continues from closed "
                     "(%s UTC): the time between is taken to hold no event, so jobs running "
                     "then are charged through it; ingest the missing history first if "
@@ -273,19 +272,20 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     return max(closed)
 
 
-def _forget_later(root: Store, after: datetime) -> None:
+def _forget_later(root: Store, after: datetime) -> bool:
     """Delete the saved states closed after ``after``: an input processed on its own
-    there makes them stale (they went on from a history without it)."""
-    for s in saved_states(root):
-        if s.closed > after:
-            try:
-                for entry in root.list(s.folder):
-                    root.delete(entry.path)
-                with contextlib.suppress(OSError):
-                    root.fs.delete_dir(root.full(s.folder))
-            except OSError as exc:
-                log.warning("%s/%s: a stale ingest state could not be removed (%s)",
-                            INGEST_STATE, s.folder, exc)
+    there makes them stale (they went on from a history without it). True if any was."""
+    later = [s for s in saved_states(root) if s.closed > after]
+    for s in later:
+        try:
+            for entry in root.list(s.folder):
+                root.delete(entry.path)
+            with contextlib.suppress(OSError):
+                root.fs.delete_dir(root.full(s.folder))
+        except OSError as exc:
+            log.warning("%s/%s: a stale ingest state could not be removed (%s)",
+                        INGEST_STATE, s.folder, exc)
+    return bool(later)
 
 
 def save_state(processor: Processor, root: Store, keep: int) -> None:
@@ -466,9 +466,12 @@ def ingest(
         processor.counters.records_in[kind] += frame.height
     feed_in_time_order(processor, frames, on_progress)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
-    if continued is None and closed:
-        _forget_later(states, max(closed))
+    stale = read_origin(states, "stale_from")
+    if continued is None and closed and _forget_later(states, max(closed)):
+        stale = max(closed)
+    elif continued is not None and continued == stale:
+        stale = None   # the history after it is being ingested again
     save_state(processor, states, KEEP_STATES)
-    _keep_origin(states, first, max(closed, default=None))
+    _keep_origin(states, first, stale)
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued)
