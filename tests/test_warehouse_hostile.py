@@ -187,3 +187,19 @@ def test_an_error_raised_under_duckdb_is_named_by_its_last_line() -> None:
                           "FileNotFoundError: Path does not exist 'bkt/wh/facts/a.parquet'")
     assert _one_line(quoted) == "FileNotFoundError: Path does not exist 'bkt/wh/facts/a.parquet'"
     assert _one_line(ValueError("first line\nLINE 1: caret")) == "first line"
+
+
+def test_a_commit_cut_off_between_its_retired_log_and_its_manifest_is_no_conflict(
+        tmp_path: Path) -> None:
+    """A writer killed after writing generation N's retired log, before its manifest: the
+    next writer goes on past N instead of taking it for another writer's."""
+    root = _published(tmp_path / "wh")
+    store = open_store(root)
+    newest = read_manifests(store)["warehouse"].generation
+    (root / retired_path("warehouse", newest + 1)).parent.mkdir(parents=True, exist_ok=True)
+    (root / retired_path("warehouse", newest + 1)).write_text('{"cut off')
+    pub = Publisher(store, retain_s=3600)
+    pub.put("warehouse", LOGICAL, b"after the crash")
+    pub.commit(wait=True)
+    pub.close()
+    assert read_manifests(store)["warehouse"].generation == newest + 2

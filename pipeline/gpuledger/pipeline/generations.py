@@ -363,6 +363,12 @@ class Publisher:
             if listed:  # a generation cut off after the newest whole one is skipped
                 manifest.generation = max(manifest.generation, listed[0][0])
             self._logs[name] = read_retired(self.store, name)
+            # a retired log written by a commit cut off before its manifest (whole or
+            # not): its generation is taken, so the next commit does not collide with it
+            for e in self.store.list(f"{MANIFESTS}/{name}/{RETIRED}"):
+                stem = e.path.rsplit("/", 1)[-1].removesuffix(".json")
+                if _DIGITS.fullmatch(stem):
+                    manifest.generation = max(manifest.generation, int(stem))
             # an earlier version's manifest lists its retired objects: into the next log
             self._retiring[name] = dict(manifest.retired)
             manifest.retired = {}
