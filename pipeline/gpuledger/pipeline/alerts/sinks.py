@@ -323,9 +323,9 @@ class WebhookSink:
             tries += 1
             problem, retry = self._post(data)
             if problem is None:
-                self._count(posts=1, delivered=len(body), done=body)
                 if tries > 1:
                     log.info("alert webhook %s: delivered after %d tries", self.url, tries)
+                self._count(posts=1, delivered=len(body), done=body)
                 return
             self._count(failures=1)
             if retry and not self._closing.is_set() and \
@@ -336,11 +336,11 @@ class WebhookSink:
                 retry = not self._closing.wait(delay)   # only close() cuts it short
             else:
                 retry = False
-            if not retry:
-                self._count(dropped=len(body), done=body)
+            if not retry:  # said first: once counted, flush() may return
                 log.warning("alert webhook %s: %s; %d alert event(s) given up after %d "
                             "tr%s", self.url, problem, len(body), tries,
                             "y" if tries == 1 else "ies")
+                self._count(dropped=len(body), done=body)
                 return
             delay = min(delay * 2, self.retry_max_s)
 
