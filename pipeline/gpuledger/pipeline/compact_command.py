@@ -66,7 +66,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
         warehouse.publish_catalog()
     retired = warehouse.publisher.expire_retired(sorted(manifests))
     removed = 0
-    for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s):
+    for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s,
+                        warehouse.publisher.pending_retired()):
         store.delete(path)
         removed += 1
     warehouse.close()

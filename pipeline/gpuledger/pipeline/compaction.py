@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from gpuledger.pipeline.generations import OBJECT_NAME, Manifest, read_retired
+from gpuledger.pipeline.generations import OBJECT_NAME, Manifest, retired_objects
 from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.tables import SORT_KEYS
 
@@ -81,15 +81,17 @@ def newest_hour(manifests: Iterable[Manifest]) -> datetime | None:
     return newest
 
 
-def orphans(store: Store, manifests: Iterable[Manifest], older_than: float) -> list[str]:
-    """Fact objects that no manifest names and no retired log lists, written before
-    ``older_than`` (Unix seconds): uploads a crash cut off before their commit. Only
-    names gpuledger gives its objects (``….<digest>.parquet``) count: a file of someone
-    else's under ``facts/`` is left alone."""
-    named: set[str] = {o for entry in read_retired(store) for o in entry.objects}
+def orphans(store: Store, manifests: Iterable[Manifest], older_than: float,
+            retired: set[str] | None = None) -> list[str]:
+    """Fact objects that no manifest names and no retired log lists (``retired``, when
+    the caller has read them), written before ``older_than`` (Unix seconds): uploads a
+    crash cut off before their commit. Only names gpuledger gives its objects
+    (``….<digest>.parquet``) count: a file of someone else's under ``facts/`` is left
+    alone."""
+    manifests = list(manifests)
+    named = set(retired_objects(store, manifests) if retired is None else retired)
     for manifest in manifests:
         named.update(manifest.files.values())
-        named.update(manifest.retired)
     return sorted(e.path for e in store.list("facts")
                   if OBJECT_NAME.search(e.path) and e.path not in named
                   and e.mtime < older_than)

@@ -42,13 +42,13 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuledger.pipeline.store import Store, StoreConflict, StoreError, safe_path
+from gpuledger.pipeline.store import Entry, Store, StoreConflict, StoreError, safe_path
 
 T = TypeVar("T")
 log = logging.getLogger("gpuledger.warehouse")
@@ -219,11 +219,15 @@ class RetiredLog:
             {_retired_object(k): _number(v) for k, v in blob["retired"].items()}))
 
 
-def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
+def read_retired(store: Store, unit: str | None = None,
+                 listed: list[Entry] | None = None) -> list[RetiredLog]:
     """The retired logs in the store (of ``unit``, or of every unit), oldest first; one
-    that does not parse (cut off mid-write) is passed over."""
+    that does not parse (cut off mid-write) is passed over. ``listed``: the listing of
+    the unit's retired folder, when the caller has it."""
     logs: list[RetiredLog] = []
-    for e in store.list(MANIFESTS if unit is None else f"{MANIFESTS}/{unit}/{RETIRED}"):
+    if listed is None:
+        listed = store.list(MANIFESTS if unit is None else f"{MANIFESTS}/{unit}/{RETIRED}")
+    for e in listed:
         parts = e.path.split("/")
         if len(parts) != 4 or parts[2] != RETIRED or not parts[3].endswith(".json") \
                 or not _DIGITS.fullmatch(parts[3][:-5]) or not UNIT_NAME.fullmatch(parts[1]):
@@ -243,11 +247,12 @@ def read_retired(store: Store, unit: str | None = None) -> list[RetiredLog]:
     return sorted(logs, key=lambda r: (r.unit, r.generation))
 
 
-def retired_objects(store: Store) -> set[str]:
-    """Every object a retired log (or an older manifest's ``retired``) still lists: a
-    reader may be on a generation that names it until it is deleted."""
+def retired_objects(store: Store, manifests: Iterable[Manifest] | None = None) -> set[str]:
+    """Every object a retired log (or an older manifest's ``retired``; ``manifests``:
+    the newest of each unit, when the caller has them) still lists: a reader may be on a
+    generation that names it until it is deleted."""
     out = {o for entry in read_retired(store) for o in entry.objects}
-    for manifest in read_manifests(store).values():
+    for manifest in read_manifests(store).values() if manifests is None else manifests:
         out.update(manifest.retired)
     return out
 
@@ -362,10 +367,11 @@ class Publisher:
             manifest = _newest(self.store, name, listed) or Manifest(name)
             if listed:  # a generation cut off after the newest whole one is skipped
                 manifest.generation = max(manifest.generation, listed[0][0])
-            self._logs[name] = read_retired(self.store, name)
+            logs = self.store.list(f"{MANIFESTS}/{name}/{RETIRED}")
+            self._logs[name] = read_retired(self.store, name, logs)
             # a retired log written by a commit cut off before its manifest (whole or
             # not): its generation is taken, so the next commit does not collide with it
-            for e in self.store.list(f"{MANIFESTS}/{name}/{RETIRED}"):
+            for e in logs:
                 stem = e.path.rsplit("/", 1)[-1].removesuffix(".json")
                 if _DIGITS.fullmatch(stem):
                     manifest.generation = max(manifest.generation, int(stem))
@@ -583,6 +589,11 @@ class Publisher:
             if entry.path not in not_written:
                 self.store.delete(entry.path)
         return deleted
+
+    def pending_retired(self) -> set[str]:
+        """The objects retired by the units held and not deleted yet."""
+        return {o for logs in self._logs.values() for entry in logs for o in entry.objects} \
+            | {o for retiring in self._retiring.values() for o in retiring}
 
     def expire_retired(self, units: list[str]) -> int:
         """Delete now what ``units`` retired ``retain_s`` ago or more, and the logs that

@@ -277,15 +277,21 @@ def _forget_later(root: Store, after: datetime) -> bool:
     there makes them stale (they went on from a history without it). True if any was."""
     later = [s for s in saved_states(root) if s.closed > after]
     for s in later:
-        try:
-            for entry in root.list(s.folder):
-                root.delete(entry.path)
-            with contextlib.suppress(OSError):
-                root.fs.delete_dir(root.full(s.folder))
-        except OSError as exc:
-            log.warning("%s/%s: a stale ingest state could not be removed (%s)",
-                        INGEST_STATE, s.folder, exc)
+        _delete_state(root, s.folder, "a stale")
     return bool(later)
+
+
+def _delete_state(root: Store, folder: str, which: str) -> None:
+    """Delete a saved state's files, then its folder (a warning if they stay)."""
+    try:
+        for entry in root.list(folder):
+            root.delete(entry.path)
+    except OSError as exc:
+        log.warning("%s/%s: %s ingest state could not be removed (%s)", INGEST_STATE,
+                    folder, which, exc)
+        return
+    with contextlib.suppress(OSError):  # the empty folder, if any (a marker)
+        root.fs.delete_dir(root.full(folder))
 
 
 def save_state(processor: Processor, root: Store, keep: int) -> None:
@@ -314,15 +320,7 @@ def save_state(processor: Processor, root: Store, keep: int) -> None:
         kept.add(s.folder)
     for s in states:
         if s.folder not in kept:
-            try:
-                for entry in root.list(s.folder):
-                    root.delete(entry.path)
-            except OSError as exc:
-                log.warning("%s/%s: an old ingest state could not be removed (%s)",
-                            INGEST_STATE, s.folder, exc)
-                continue
-            with contextlib.suppress(OSError):  # the empty folder, if any (a marker)
-                root.fs.delete_dir(root.full(s.folder))
+            _delete_state(root, s.folder, "an old")
 
 
 def import_history(
