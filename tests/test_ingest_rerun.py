@@ -5,6 +5,7 @@ left, not from the one a later piece left (docs/warehouse.md, "Ingesting in piec
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -13,9 +14,11 @@ import polars as pl
 import pytest
 from fact_views import VIEWS, assert_same_facts, views
 from polars.testing import assert_frame_equal
+from test_checkpoint_files import Runs
 from test_simulate import SMALL
 
 from gpuledger.pipeline import ingest as ingest_module
+from gpuledger.pipeline.checkpoint import VERSION
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import INGEST_STATE, IngestRefused, IngestResult, ingest
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
@@ -122,7 +125,7 @@ def test_rerunning_the_first_piece_keeps_the_facts_of_the_later_hours(
 
 
 @pytest.mark.parametrize("damage", ["junk partition", "junk global", "missing partition",
-                                    "a file for the folder"])
+                                    "a file for the folder", "a crafted partition"])
 def test_a_damaged_saved_state_refuses_the_input_unless_afresh(
         history: Path, tmp_path: Path, damage: str) -> None:
     """Processing pb on its own would replace its hours with pb alone (its jobs from pa
@@ -135,6 +138,9 @@ def test_a_damaged_saved_state_refuses_the_input_unless_afresh(
         (folder / "global-ingest.checkpoint").write_bytes(b"\x80\x05junk")
     elif damage == "missing partition":
         (folder / "partition-p000.checkpoint").unlink()
+    elif damage == "a crafted partition":  # plain pickle would run a command
+        (folder / "partition-p000.checkpoint").write_bytes(pickle.dumps(
+            {"version": VERSION, "section": Runs(tmp_path / "ran")}))
     else:
         shutil.rmtree(folder)
         folder.write_text("x")
@@ -144,6 +150,7 @@ def test_a_damaged_saved_state_refuses_the_input_unless_afresh(
             "continues from cannot be read .*--afresh$")) as refused:
         _ingest(history / "pb", wh)
     assert "\n" not in str(refused.value)
+    assert not (tmp_path / "ran").exists()
     after = views(wh)
     for name in VIEWS:
         assert_frame_equal(after[name], before[name])

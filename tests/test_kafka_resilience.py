@@ -8,6 +8,7 @@ with the same simulation on the embedded bus: identical, and the process exits 0
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import time
@@ -16,7 +17,10 @@ from pathlib import Path
 import pytest
 from fact_views import assert_same_facts
 from kafka_broker import Broker
+from test_checkpoint_files import Runs
 from test_kafka_pipeline import SPARSE, _process_cmd, _publish, _settings, reference  # noqa: F401
+
+from gpuledger.pipeline.checkpoint import VERSION
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -90,3 +94,31 @@ def test_a_broker_restart_mid_run_changes_nothing(
             proc.kill()
             proc.wait()
     assert_same_facts(root, reference, SPARSE)
+
+
+@pytest.mark.parametrize("which", ["partition-p001.checkpoint", "global-"])
+def test_a_crafted_checkpoint_stops_the_service_before_it_runs(
+    kafka: Broker, tmp_path: Path, which: str,
+) -> None:
+    """A checkpoint in the state folder (the bucket, where others may write) that names a
+    callable no checkpoint holds: the service stops in one line naming the file, before
+    the command in it runs; it does not start that partition from nothing either."""
+    settings = _settings(kafka)
+    _publish(settings)
+    root = tmp_path / "wh"
+    cmd = _process_cmd(kafka, settings, root, "crafted", "--exit-when-idle", "3", "--quiet")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = root / "state" / "crafted"
+    (target,) = [p for p in state.iterdir() if p.name.startswith(which)]
+    marker = tmp_path / "ran"
+    target.write_bytes(pickle.dumps({"version": VERSION, "section": Runs(marker),
+                                     "state": Runs(marker)}))
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert not marker.exists()
+    lines = again.stderr.strip().splitlines()
+    assert "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert lines[-1].startswith(f"gpuledger: error: {target}: not a readable gpuledger "
+                                "checkpoint (refers to "), lines[-1]
+    assert "which no gpuledger checkpoint holds); the service stops" in lines[-1]

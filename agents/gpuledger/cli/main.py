@@ -338,6 +338,7 @@ MAX_POLL_SAMPLES = 1_000_000
 
 def cmd_process(args: argparse.Namespace) -> int:
     _need_pipeline()
+    from gpuledger.pipeline.checkpoint import CheckpointError
     from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 
     _logging(not args.quiet)
@@ -356,17 +357,24 @@ def cmd_process(args: argparse.Namespace) -> int:
     config = _proc_config(args)
     # the ops surface first: a bad --metrics-address is said before the broker is waited for
     ops = _ops(args, config, None if args.no_alerts else settings)
+    unreadable = ("; the service stops rather than rebuild that state from nothing: restore "
+                  "the file, or move it aside to rebuild the state from the records the "
+                  "topics still retain")
     try:
         service = KafkaProcessorService(settings, config, args.warehouse, options)
-    except BaseException:
+    except BaseException as exc:
         if ops is not None:
             ops.close()
+        if isinstance(exc, CheckpointError):
+            raise CliError(f"{exc}{unreadable}") from None
         raise
     if ops is not None:
         ops.follow_service(service)
     service.install_signal_handlers()
     try:
         service.run()
+    except CheckpointError as exc:
+        raise CliError(f"{exc}{unreadable}") from None
     finally:
         service.close()
         if ops is not None:

@@ -23,26 +23,33 @@ record is applied exactly once to the state that the facts come from. Fact files
 written after a checkpoint and before a crash are written again, byte for byte, when
 their minutes close again.
 
-Files are Python pickle: internal files the processor writes and reads itself; never
-load one from an untrusted source.
+Files are Python pickles, read back by :class:`_CheckpointUnpickler`, which builds only
+the types a checkpoint holds (:data:`CHECKPOINT_TYPES`): a file in the bucket written by
+anyone else, naming any other callable (``os.system``, ``builtins.eval``), is refused
+with :class:`CheckpointError` before anything in it runs. A file that cannot be read,
+whatever the reason, is that same one-line error, naming the file.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import polars as pl
 
+from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, rollup
 from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys
 from gpuledger.pipeline.generations import unit_of
 from gpuledger.pipeline.processor import ACC_SCHEMA, Processor
-from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER
+from gpuledger.pipeline.state.inventory import InventoryBook
+from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER, BookCounters, Job, JobBook
 from gpuledger.pipeline.store import Store
 
 VERSION = 3
@@ -70,6 +77,44 @@ class Section:
                    default=-1)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read: damaged, another release's, or not written by
+    gpuledger (it names a callable no checkpoint holds). The message names the file."""
+
+
+CHECKPOINT_TYPES: dict[tuple[str, str], type] = {
+    (t.__module__, t.__qualname__): t
+    for t in (pl.DataFrame, datetime, timedelta, timezone, ZoneInfo, Counters, SampleKeys,
+              JobBook, Job, BookCounters, InventoryBook, Section)
+}
+"""The only types a checkpoint builds (its frames, times, and the engine's books). Each is
+made as pickle makes an object of its class (``__new__``, then its state), or by calling
+the type itself; none of them reads, writes or runs anything when made."""
+
+
+def _zone_getattr(owner: object, name: str) -> object:
+    """What ``getattr`` may reach in a checkpoint: ``ZoneInfo._unpickle`` (how a zone
+    pickles), nothing else."""
+    if owner is ZoneInfo and name == "_unpickle":
+        return ZoneInfo._unpickle  # type: ignore[attr-defined]
+    raise pickle.UnpicklingError(f"refers to {getattr(owner, '__name__', owner)}.{name}, "
+                                 "which no gpuledger checkpoint holds")
+
+
+class _CheckpointUnpickler(pickle.Unpickler):
+    """An unpickler that finds only :data:`CHECKPOINT_TYPES` (and ``getattr`` as far as
+    :func:`_zone_getattr` allows): a pickle naming anything else stops before it runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _zone_getattr
+        found = CHECKPOINT_TYPES.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"refers to {module}.{name}, which no gpuledger "
+                                         "checkpoint holds")
+        return found
+
+
 def _dump(blob: dict[str, Any]) -> bytes:
     return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -77,9 +122,15 @@ def _dump(blob: dict[str, Any]) -> bytes:
 def _load(data: bytes | None, where: str) -> dict[str, Any] | None:
     if data is None:
         return None
-    blob: dict[str, Any] = pickle.loads(data)
-    if blob.get("version") != VERSION:
-        raise ValueError(f"{where}: checkpoint version {blob.get('version')} is not {VERSION}")
+    try:
+        blob = _CheckpointUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # damaged, cut short, or not a checkpoint of ours
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{where}: not a readable gpuledger checkpoint ({reason})"
+                              ) from None
+    if not isinstance(blob, dict) or blob.get("version") != VERSION:
+        version = blob.get("version") if isinstance(blob, dict) else None
+        raise CheckpointError(f"{where}: checkpoint version {version} is not {VERSION}")
     return blob
 
 

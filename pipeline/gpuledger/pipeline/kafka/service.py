@@ -230,6 +230,10 @@ class KafkaProcessorService:
         self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
+        self.rebalance_failure: Exception | None = None
+        """What a rebalance callback failed with (an unreadable checkpoint): kept, not
+        raised inside the client (kafka-python would only log it, with a traceback), and
+        raised by the loop right after the poll, before any record is handled."""
         self._seek_globals()
         self.partition_time: dict[Key, datetime] = {}
         self.on_engine: list[Callable[[Processor], None]] = []
@@ -425,6 +429,8 @@ class KafkaProcessorService:
     def _poll_telemetry(self) -> dict[Any, list[Any]]:
         records = self.telemetry.poll(timeout_ms=self.options.poll_timeout_ms,
                                       max_records=self.poll_size())
+        if self.rebalance_failure is not None:
+            raise self.rebalance_failure
         held = self.engine.held
         return {tp: recs for tp, recs in records.items() if tp.partition in held}
 
@@ -722,10 +728,19 @@ class _Rebalance:
     def on_partitions_revoked(self, revoked: Any) -> None:
         if self.service.closing:
             return
-        for tp in revoked:
-            self.service.drop_partition(tp.partition)
+        try:
+            for tp in revoked:
+                self.service.drop_partition(tp.partition)
+        except Exception as exc:  # raised by the loop after the poll (not logged here)
+            self.service.rebalance_failure = self.service.rebalance_failure or exc
 
     def on_partitions_assigned(self, assigned: Any) -> None:
+        try:
+            self._assigned(assigned)
+        except Exception as exc:  # raised by the loop after the poll, before any record
+            self.service.rebalance_failure = self.service.rebalance_failure or exc
+
+    def _assigned(self, assigned: Any) -> None:
         service = self.service
         for tp in assigned:
             if tp.partition not in service.engine.held:
