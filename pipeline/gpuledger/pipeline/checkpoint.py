@@ -32,6 +32,7 @@ whatever the reason, is that same one-line error, naming the file.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
@@ -42,6 +43,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import polars as pl
+from polars.exceptions import PanicException
 
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, rollup
@@ -115,16 +117,30 @@ class _CheckpointUnpickler(pickle.Unpickler):
         return found
 
 
+MAGIC = b"gpuledger checkpoint sha256 "
+"""A checkpoint file: this, the SHA-256 of the pickle (64 hex digits), a newline, the
+pickle. A file damaged anywhere is refused before its pickle is read (a flipped byte in
+a frame could otherwise load as other numbers, or make Polars panic). Files of releases
+before it have the bare pickle; they are read through the same unpickler."""
+
+
 def _dump(blob: dict[str, Any]) -> bytes:
-    return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+    return MAGIC + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
 
 
 def _load(data: bytes | None, where: str) -> dict[str, Any] | None:
     if data is None:
         return None
+    if data.startswith(MAGIC):
+        head = len(MAGIC) + 65
+        digest, data = data[len(MAGIC):head - 1], data[head:]
+        if hashlib.sha256(data).hexdigest().encode() != digest:
+            raise CheckpointError(f"{where}: damaged (its SHA-256 does not match its "
+                                  "content: cut short or changed since it was written)")
     try:
         blob = _CheckpointUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # damaged, cut short, or not a checkpoint of ours
+    except (Exception, PanicException) as exc:  # not a checkpoint of ours, or damaged
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{where}: not a readable gpuledger checkpoint ({reason})"
                               ) from None
