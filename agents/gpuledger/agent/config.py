@@ -18,7 +18,6 @@ import socket
 import string
 import types
 import typing
-import urllib.parse
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import yaml
 
 from gpuledger.agent.attribution import job_id_problem
+from gpuledger.http_url import http_url_problem
 from gpuledger.yaml_file import YamlFileError, read_yaml, yaml_problem
 
 ENV_PREFIX = "GPULEDGER_AGENT__"
@@ -388,15 +388,10 @@ def _host_port(path: str, text: str) -> None:
 
 
 def _http_url(path: str, url: str) -> None:
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 (raises ValueError on a bad port)
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
-            or not url.isprintable() or any(c.isspace() for c in url):
+    problem = http_url_problem(url)
+    if problem is not None:
         raise AgentConfigError(f"{path}: expected an http:// or https:// URL "
-                               f"(http://HOST[:PORT]/PATH), got {_show(url)}")
+                               f"(http://HOST[:PORT]/PATH), got {_show(url)}: {problem}")
 
 
 def _name(path: str, value: str | None) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from gpuledger.http_url import http_url_problem
 from gpuledger.yaml_file import NotUtf8Error, YamlFileError, read_text
 
 
@@ -133,19 +134,9 @@ def tls_context(connection: Connection) -> ssl.SSLContext:
 
 
 def server_problem(server: str) -> str | None:
-    """Why ``server`` is not an API server URL (``http(s)://HOST[:PORT][/PATH]``), or
-    None."""
-    url = urlsplit(server)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        return "not an http(s)://HOST[:PORT] URL"
-    try:
-        if url.port == 0:
-            return "port 0"
-    except ValueError as exc:  # "Port out of range 0-65535", "Port could not be cast..."
-        return str(exc)
-    if any(c.isspace() or not c.isprintable() for c in server):
-        return "holds spaces or control characters"
-    return None
+    """Why ``server`` is not an API server URL (``http(s)://HOST[:PORT][/PATH]``,
+    ``http_url.py``), or None."""
+    return http_url_problem(server)
 
 
 class ApiClient:

@@ -18,6 +18,7 @@ import urllib.parse
 from collections import deque
 from typing import Any, Protocol
 
+from gpuledger.http_url import http_url_problem
 from gpuledger.pipeline.alerts.model import Alert
 
 log = logging.getLogger("gpuledger.alerts")
@@ -130,25 +131,14 @@ class KafkaAlertSink:
 
 
 def webhook_problem(url: str) -> str | None:
-    """Why ``url`` cannot be an Alertmanager endpoint (http or https, a host, a port in
-    range, no credentials, no spaces or control characters), or None."""
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
-        return "spaces or control characters in the URL"
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        return str(exc)
-    if parts.scheme not in ("http", "https"):
-        return "expected an http:// or https:// URL (e.g. http://alertmanager:9093/api/v2/alerts)"
-    if not parts.hostname:
-        return "no host in the URL"
-    if parts.username is not None or parts.password is not None:
-        return ("credentials in the URL are not supported (they would be logged); put "
-                "Alertmanager behind a proxy on the host, or use the Kafka alerts topic")
-    if port == 0:
-        return "port 0 is not a port"
-    return None
+    """Why ``url`` cannot be an Alertmanager endpoint (``http_url.py``), or None."""
+    problem = http_url_problem(url)
+    if problem is not None and problem.startswith("expected"):
+        return f"{problem} (e.g. http://alertmanager:9093/api/v2/alerts)"
+    if problem is not None and problem.startswith("credentials"):
+        return (f"{problem}; put Alertmanager behind a proxy on the host, or use the Kafka "
+                "alerts topic")
+    return problem
 
 
 RETRY_STATUS = frozenset({408, 429})
