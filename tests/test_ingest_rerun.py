@@ -22,6 +22,7 @@ from gpuledger.pipeline.checkpoint import VERSION
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import INGEST_STATE, IngestRefused, IngestResult, ingest
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+from gpuledger.pipeline.warehouse import read_table
 
 SPARSE = ("blocked_minute", "preemptions", "candidates", "recommendations",
           "pending_minute")
@@ -231,4 +232,42 @@ def test_the_saved_states_are_bounded(history: Path, tmp_path: Path,
     assert_same_facts(wh, history / "whole", SPARSE)
     assert _at_cut(_ingest(history / "h2", wh))
     assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_the_whole_history_again_after_its_pieces_gives_the_whole(
+        history: Path, tmp_path: Path) -> None:
+    """pa, pb, then the whole history in one ingest (processed on its own, as it starts
+    where the history starts): every view equals one ingest of the whole. An hour the
+    new run writes no rows of a table for (a GPU's span that pa's end had cut, which the
+    whole run writes as minutes) no longer keeps the pieces' file of it beside the new
+    facts (gpu_minute counted 6 GPU-minutes twice)."""
+    wh = _copy(history, tmp_path)
+    ingest(sorted((history / "pb").glob("*.jsonl")), wh, ProcessorConfig(), afresh=True)
+    again = _ingest(history / "events", wh)
+    assert again.continued_from is None
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_an_hour_without_rows_of_a_table_in_the_new_run_keeps_none_of_the_old_ones(
+        history: Path, tmp_path: Path) -> None:
+    """A history in which one node's telemetry stops after 00:30 (its GPUs are
+    spans of identical minutes there: gpu_span rows), then the whole history again:
+    the hour has no gpu_span row in the new run, and the old run's spans no longer
+    stand beside the new run's minutes (they were counted twice)."""
+    gappy = tmp_path / "gappy"
+    gappy.mkdir()
+    node = json.loads((history / "events" / "telemetry.jsonl").open().readline())["node"]
+    for path in sorted((history / "events").glob("*.jsonl")):
+        lines = path.read_text().splitlines()
+        (gappy / path.name).write_text("".join(
+            f"{line}\n" for line in lines
+            if not (path.name == "telemetry.jsonl" and json.loads(line)["node"] == node
+                    and json.loads(line)["time"] >= "2026-01-05T00:30")))
+    wh = tmp_path / "wh"
+    _ingest(gappy, wh)
+    spans = read_table(wh, "gpu_span")
+    assert spans is not None and spans.filter(pl.col("node") == node).height > 0
+    again = _ingest(history / "events", wh)
+    assert again.continued_from is None
     assert_same_facts(wh, history / "whole", SPARSE)

@@ -82,6 +82,8 @@ log = logging.getLogger("gpuledger.processor")
 PER_GPU_TABLES = ("gpu_minute", "gpu_span", "job_gpu")
 CLUSTER_TABLES = ("frag_minute", "pending_minute", "blocked_minute", "job_attempts",
                   "preemptions", "recommendations")
+OWNER_TABLES = ("job_attempts", "recommendations")
+"""Of the cluster tables, those the owner writes whatever ``cluster_facts`` says."""
 HOURLY_TABLES = ("gpu_minute", "gpu_span", "frag_minute", "pending_minute", "blocked_minute",
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
@@ -205,6 +207,18 @@ class Processor:
         self._last_close = time.monotonic()
         self._snapshot_at: float | None = None
         """When the running-attempt snapshot was last written (monotonic), if ever."""
+        self._step: tuple[datetime, datetime] | None = None
+        """The minutes the close step being written closed, while its tables are written
+        by a run that holds every partition (:meth:`_drop_replaced`)."""
+        self._step_written: set[tuple[str, datetime, int]] = set()
+        """The (table, hour, partition) parts that step wrote."""
+        self._run_from: datetime | None = None
+        """Where this run's first close step started (a run holding every partition)."""
+        self._earlier: dict[str, set[str]] = {}
+        """Per merged table, the days earlier runs published parts of (as this run
+        began)."""
+        self._run_keys: dict[str, list[pl.DataFrame]] = {}
+        """Per merged table, the keys of the rows this run wrote."""
         if partitioning is None:
             self.part_closed = {}
         for table, schema in TABLE_SCHEMAS.items():
@@ -620,6 +634,8 @@ class Processor:
         if end is not None and self.closed_until is not None:
             self.close_until(end)
         self._write_hours(final=True)
+        if self.partitioning is None:
+            self._drop_earlier_rows()
         self._write_late()
         self._write_snapshots()
         if self.exchanges and not self.owner:
@@ -658,11 +674,19 @@ class Processor:
             for p in self.held:
                 if self.part_closed.get(p, step_end) < step_end:
                     self.part_closed[p] = step_end
+            step = (closed, step_end)
             closed = self.closed_until
             assert closed is not None
             for listener in self.listeners:
                 listener.closed(self, step_end)
-            self._write_hours(final=False)
+            self._step = step if self.partitioning is None else None
+            if self._step is not None and self._run_from is None:
+                self._run_from = step[0]
+                self._earlier = self.warehouse.part_days(list(MERGED_TABLES))
+            try:
+                self._write_hours(final=False)
+            finally:
+                self._step, self._step_written = None, set()
             if self.late_parts:  # durable now, not held in memory until the stop
                 self._write_late()
             if self._snapshot_due():   # running attempts as of this step, in its generation
@@ -1086,6 +1110,54 @@ class Processor:
         for table, hour, part in sorted(k for k in self.hour_parts
                                         if k[0] in MERGED_TABLES and k[1:] not in written):
             self._write_table_hour(table, hour, part, complete=False)
+        if self._step is not None:
+            self._drop_replaced(self._step)
+
+    def _drop_replaced(self, step: tuple[datetime, datetime]) -> None:
+        """After a close step of a run that holds every partition: each hour the step
+        completed is this run's whole, so what an earlier run over the same hour wrote of
+        a table this run has no row of in it goes (an hour without a ``gpu_span`` row in
+        this run kept an earlier run's spans of it beside this run's minutes). Merged
+        tables wait for the run's end (:meth:`_drop_earlier_rows`)."""
+        a, b = step
+        hour, hours = _floor_hour(a), []
+        while hour < b:
+            hours.append(hour)
+            hour += timedelta(hours=1)
+        for p in sorted(self.held):
+            suffix = self.suffix(p)
+            for hour in hours:
+                complete = hour + timedelta(hours=1) <= b
+                for table in HOURLY_TABLES:
+                    if table in CLUSTER_TABLES and not (p == 0 and (
+                            self.owner if table in OWNER_TABLES else self.cluster)):
+                        continue
+                    if complete and table not in MERGED_TABLES \
+                            and (table, hour, p) not in self._step_written:
+                        self.warehouse.drop_rows(table, hour, (hour, hour + timedelta(hours=1)),
+                                                 SORT_KEYS[table], suffix)
+
+    def _drop_earlier_rows(self) -> None:
+        """At the end of a run that holds every partition: the rows of merged tables that
+        earlier runs wrote in the time this run closed (ended after its first step
+        began, at or before its end) and this run did not write again go. A piece
+        ingested on its own (``--afresh``) left attempts there with other end times than
+        the whole history's, beside them. Done at the end, not step by step: a late
+        end event publishes an attempt a step later, and a reader in between would see
+        it gone."""
+        closed = self.closed_until
+        if self._run_from is None or closed is None or not self._earlier:
+            return
+        for table, days in self._earlier.items():
+            keys = SORT_KEYS[table]
+            mine = self._run_keys.get(table)
+            written = (pl.concat(mine, how="vertical_relaxed").unique() if mine
+                       else pl.DataFrame(schema={k: TABLE_SCHEMAS[table][k] for k in keys}))
+            gone = self.warehouse.drop_rows_not_in(table, days, (self._run_from, closed),
+                                                   written)
+            if gone:
+                log.info("%s: %d row(s) an earlier run wrote in the time this run closed, "
+                         "and this run did not, taken out", table, gone)
 
     def _hourly_rollups(self, keys: list[tuple[datetime, int]]
                         ) -> dict[tuple[datetime, int], pl.DataFrame]:
@@ -1150,7 +1222,10 @@ class Processor:
     def _write_table_hour(self, table: str, hour: datetime, partition: int,
                           complete: bool) -> None:
         """Write ``table``'s buffered rows of ``hour`` (a merged table's are added to what
-        is there; another table's partial hour stays buffered, to be rewritten whole)."""
+        is there; another table's partial hour stays buffered, to be rewritten whole).
+
+        A run that holds every partition keeps the keys of the merged rows it writes
+        where earlier runs wrote (:meth:`_drop_earlier_rows`)."""
         key = (table, hour, partition)
         parts = self.hour_parts.get(key)
         if not parts:
@@ -1159,6 +1234,10 @@ class Processor:
         merge = table in MERGED_TABLES
         self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge,
                                   suffix=self.suffix(partition))
+        if self._step is not None:
+            self._step_written.add(key)
+        if merge and self._earlier:
+            self._run_keys.setdefault(table, []).append(frame.select(SORT_KEYS[table]))
         self.counters.add_rows(table, frame.height)
         if complete or merge:
             del self.hour_parts[key]

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import duckdb
 import polars as pl
@@ -223,6 +223,75 @@ class Warehouse:
         assert obj is not None
         log.info("%s: an hour of compacted %s rewritten", table, day)
         return obj
+
+    def drop_rows(self, table: str, hour: datetime, span: tuple[datetime, datetime],
+                  sort_by: list[str], suffix: str | None = None) -> bool:
+        """Take the rows of ``table`` whose time is in ``span`` (``[start, end)``) out of
+        ``hour``'s part: its file (no longer published once empty), or its rows in the
+        compacted day's object. True when there were some."""
+        unit = self._unit(suffix)
+        path = self.part_path(table, hour, True, suffix)
+        day = self.part_path(table, hour, False, suffix)
+        if self.publisher.current(unit, day) is not None:
+            within = _within(table, span) & (
+                pl.col(compaction.PART_TIME[table]).dt.truncate("1h") == hour)
+            old = self.read(day, suffix)
+            if old is None or old.filter(within).is_empty():
+                return False
+            self._into_compacted_day(table, hour, old.clear(), sort_by, False, suffix)
+            return True
+        if self.publisher.current(unit, path) is None:
+            return False
+        old = self.read(path, suffix)
+        if old is None:
+            return False
+        return self._keep(table, path, old, old.filter(~_within(table, span)), sort_by,
+                          suffix)
+
+    def part_days(self, tables: list[str], suffix: str | None = None) -> dict[str, set[str]]:
+        """Per table, the days (``date=`` folders) with published parts."""
+        out: dict[str, set[str]] = {}
+        for logical in self.publisher.unit(self._unit(suffix)).files:
+            parts = logical.split("/")
+            if len(parts) == 4 and parts[1] in tables and parts[2].startswith("date="):
+                out.setdefault(parts[1], set()).add(parts[2])
+        return out
+
+    def drop_rows_not_in(self, table: str, days: set[str], span: tuple[datetime, datetime],
+                         keep: pl.DataFrame, suffix: str | None = None) -> int:
+        """Of ``table``'s parts (hours and compacted days) in ``days``, the rows whose time
+        is in ``(start, end]`` of ``span`` and whose key (``keep``'s columns) is not in
+        ``keep`` go. Returns how many."""
+        keys = keep.columns
+        dropped = 0
+        for logical in sorted(self.publisher.unit(self._unit(suffix)).files):
+            parts = logical.split("/")
+            if len(parts) != 4 or parts[1] != table or parts[2] not in days:
+                continue
+            old = self.read(logical, suffix)
+            if old is None:
+                continue
+            rows = old.with_row_index("_i")
+            stale = rows.filter(_within(table, span, "right")).join(
+                keep.cast({k: old.schema[k] for k in keys}), on=keys, how="anti",
+                nulls_equal=True)["_i"]
+            if stale.len():
+                dropped += stale.len()
+                kept = rows.filter(~pl.col("_i").is_in(stale.implode())).drop("_i")
+                self._keep(table, logical, old, kept, keys, suffix)
+        return dropped
+
+    def _keep(self, table: str, logical: str, old: pl.DataFrame, kept: pl.DataFrame,
+              sort_by: list[str], suffix: str | None) -> bool:
+        """``kept`` (rows of ``old``) the content of ``logical`` from now on; a file left
+        empty is no longer published. True when some row went."""
+        if kept.height == old.height:
+            return False
+        if kept.is_empty():
+            self.publisher.drop(self._unit(suffix), logical)
+        else:
+            self.write(logical, kept, sort_by, suffix)
+        return True
 
     def write_snapshot(self, table: str, frame: pl.DataFrame, sort_by: list[str],
                        suffix: str | None = None) -> None:
@@ -420,6 +489,13 @@ class Warehouse:
             build_views(path, self.store, snapshot, statements)
             self.store.write(CATALOG, path.read_bytes())
         self.store.write(stamp, digest.encode())
+
+
+def _within(table: str, span: tuple[datetime, datetime],
+            ends: Literal["left", "right"] = "left") -> pl.Expr:
+    """Rows of ``table`` whose time (``compaction.PART_TIME``) is in ``span`` (``ends``:
+    which of its ends it holds)."""
+    return pl.col(compaction.PART_TIME[table]).is_between(span[0], span[1], closed=ends)
 
 
 def _merged(old: pl.DataFrame, new: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
