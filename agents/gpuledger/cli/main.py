@@ -394,11 +394,24 @@ def cmd_query(args: argparse.Namespace) -> int:
     started = time.monotonic()   # the time limit covers the query and its output
     deadline = None if math.isinf(args.timeout) else started + args.timeout
     try:
-        columns, rows = query.run(args.warehouse, sql, args.timeout)
-        text = query.render(columns, rows, args.format, deadline, args.timeout)
+        with query.run_stream(args.warehouse, sql, args.timeout, deadline) as result:
+            if args.format == "table":   # sized from every row: collected first
+                rows = [r for chunk in result.chunks(output=False) for r in chunk]
+                sys.stdout.write(query.render(result.columns, rows, "table", deadline,
+                                              args.timeout))
+            else:                        # written a chunk at a time, as the rows come
+                for text in query.render_chunks(result.columns, result, args.format):
+                    sys.stdout.write(text)
+            sys.stdout.flush()           # a closed pipe shows here, with the query stopped
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
-    sys.stdout.write(text)
+    except BrokenPipeError:              # the reader has gone (| head): done, quietly
+        try:                             # the interpreter's last flush must not fail
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
     return 0
 
 
@@ -588,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
                    help=WAREHOUSE_HELP)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
-                   help="output format (default table)")
+                   help="output format (default table). csv and json are written as the "
+                   "rows come, in bounded memory; a table is sized from every row, so it "
+                   "holds the whole result: use csv or json for big results")
     p.add_argument("--timeout", type=time_limit("--timeout"), default=300.0,
                    metavar="SECONDS", help="stop the query after this long (default 300; "
                    "'inf': no limit)")

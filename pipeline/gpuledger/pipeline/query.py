@@ -25,24 +25,28 @@ anything runs: only reads are accepted (``SELECT``, ``WITH``, ``FROM``, ``VALUES
 ``TABLE``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``, ``PIVOT``/``UNPIVOT``), and
 ``EXPLAIN [ANALYZE]`` of a read. Everything else is refused with one line.
 
-:func:`fetch` runs a statement under a time limit: at the limit, or on Ctrl-C, the query
-is interrupted (DuckDB's ``interrupt``) and the caller gets a :class:`QueryError` or the
-``KeyboardInterrupt``.
+:func:`stream` runs a statement under a time limit and hands its rows over a chunk at a
+time, a few chunks ahead at most, so that a result of any size is written out in bounded
+memory (``gpuledger query --format csv|json``); :func:`fetch` collects them all. At the
+limit, or on Ctrl-C, the query is interrupted (DuckDB's ``interrupt``) and the caller
+gets a :class:`QueryError` or the ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
+import queue
 import re
 import shutil
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -285,49 +289,158 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
 # --------------------------------------------------------------------------- running
 
 
+RENDER_CHUNK = 10_000
+"""Rows fetched (:class:`Stream`) and rendered at a time, between two looks at the time
+limit."""
+
+STREAM_QUEUE = 2
+"""Chunks of :data:`RENDER_CHUNK` rows a running query may have ready ahead of its reader
+(with the one it is fetching and the one being read, at most four are held at once)."""
+
+_COLUMNS, _ROWS, _END, _ERROR = "columns", "rows", "end", "error"
+
+
+class Stream:
+    """A statement running on a worker thread, its rows a chunk at a time: iterate it for
+    lists of up to :data:`RENDER_CHUNK` rows, ``columns`` has the column names. Open one
+    with :func:`stream`; :meth:`close` (or leaving the ``with`` block) stops the query if it
+    is still running.
+
+    At most :data:`STREAM_QUEUE` chunks wait for the reader, so memory is bounded by a few
+    chunks whatever the size of the result. The time limit covers the query and the reading
+    of its rows: past the deadline, or on Ctrl-C, the query is interrupted (DuckDB's
+    ``interrupt``) and the reader gets a :class:`QueryError` or the ``KeyboardInterrupt``
+    once it has stopped. Errors become a one-line :class:`QueryError`.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, sql: str,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S,
+                 deadline: float | None = None) -> None:
+        if timeout_s is not None and (math.isnan(timeout_s) or timeout_s <= 0):
+            raise QueryError(f"the time limit must be > 0 s, got {timeout_s}")
+        self.columns: list[str] = []
+        self._con = con
+        self._timeout_s = timeout_s
+        if deadline is None and timeout_s is not None and not math.isinf(timeout_s):
+            deadline = time.monotonic() + timeout_s
+        self._deadline = deadline
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=STREAM_QUEUE)
+        self._halt = threading.Event()   # the reader has given up: the worker ends
+        self._done = threading.Event()   # the worker has ended
+        self._ended = False              # the worker's last word was read
+        self._worker = threading.Thread(target=self._work, args=(sql,),
+                                        name="gpuledger-query", daemon=True)
+        self._worker.start()
+        _kind, self.columns = self._take(output=False)  # the worker's first word
+
+    def _put(self, item: tuple[str, Any]) -> bool:
+        """Hand ``item`` to the reader; False (not handed) once the reader has given up."""
+        while not self._halt.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, sql: str) -> None:
+        try:
+            rel = self._con.execute(sql)
+            if not self._put((_COLUMNS, [d[0] for d in rel.description or []])):
+                return
+            while not self._halt.is_set():
+                rows = rel.fetchmany(RENDER_CHUNK)
+                if not rows:
+                    self._put((_END, None))
+                    return
+                if not self._put((_ROWS, rows)):
+                    return
+        except Exception as exc:
+            self._put((_ERROR, exc))
+        finally:
+            self._done.set()
+
+    def _take(self, output: bool) -> tuple[str, Any]:
+        """The worker's next word (columns, rows or the end); :class:`QueryError` for its
+        error or past the deadline; ``KeyboardInterrupt`` once the query has stopped."""
+        deadline = self._deadline
+        try:
+            while True:
+                wait = 0.1 if deadline is None else max(min(deadline - time.monotonic(), 0.1),
+                                                        0.0)
+                try:
+                    kind, value = self._queue.get(timeout=wait)
+                except queue.Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise self._late(output=False) from None
+                    continue
+                if kind in (_END, _ERROR):
+                    self._ended = True
+                    self._worker.join()
+                if kind == _ERROR:
+                    if isinstance(value, duckdb.Error):
+                        raise QueryError(_one_line(value))
+                    raise QueryError(f"{type(value).__name__}: {_one_line(value)}")
+                if kind == _ROWS and deadline is not None and time.monotonic() >= deadline:
+                    raise self._late(output)
+                return kind, value
+        except BaseException:
+            self.close()
+            raise
+
+    def _late(self, output: bool) -> QueryError:
+        if output:
+            return QueryError(f"the query and its output took longer than "
+                              f"{self._timeout_s:g} s and were stopped (raise the limit with "
+                              "--timeout SECONDS, or select fewer rows)")
+        return QueryError(f"the query ran longer than {self._timeout_s:g} s and was "
+                          "stopped (raise the limit with --timeout SECONDS)")
+
+    def chunks(self, output: bool = True) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows a chunk at a time; past the deadline the error says the output took
+        too long when ``output`` (the reader writes them out), else that the query did."""
+        while not self._ended:
+            kind, value = self._take(output)
+            if kind == _ROWS:
+                yield value
+
+    def __iter__(self) -> Iterator[list[tuple[Any, ...]]]:
+        return self.chunks()
+
+    def close(self) -> None:
+        """Stop the query if it still runs, and wait until its worker has ended (Ctrl-C
+        meanwhile only interrupts again)."""
+        self._halt.set()
+        if not self._ended:
+            _stop(self._con, self._done)
+            self._ended = True
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stream(con: duckdb.DuckDBPyConnection, sql: str,
+           timeout_s: float | None = DEFAULT_TIMEOUT_S, deadline: float | None = None,
+           ) -> Stream:
+    """Start ``sql`` on ``con``; its rows a chunk at a time (:class:`Stream`). The time
+    limit (``None`` or ``inf``: none) runs from now, or until ``deadline``
+    (``time.monotonic()``) when one is given."""
+    return Stream(con, sql, timeout_s, deadline)
+
+
 def fetch(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
           ) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run ``sql`` on ``con``; column names and rows.
+    """Run ``sql`` on ``con``; column names and all the rows (:func:`stream`, collected).
 
     The statement runs on a worker thread while this one waits, so that the time limit
     and Ctrl-C (``KeyboardInterrupt``, re-raised once the query has stopped) can interrupt
     it. Errors become a one-line :class:`QueryError`.
     """
-    if timeout_s is not None and (math.isnan(timeout_s) or timeout_s <= 0):
-        raise QueryError(f"the time limit must be > 0 s, got {timeout_s}")
-    outcome: dict[str, Any] = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            rel = con.execute(sql)
-            outcome["columns"] = [d[0] for d in rel.description or []]
-            outcome["rows"] = rel.fetchall()
-        except Exception as exc:
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=work, name="gpuledger-query", daemon=True)
-    deadline = None if timeout_s is None or math.isinf(timeout_s) else (
-        time.monotonic() + timeout_s)
-    worker.start()
-    try:
-        while not done.wait(0.1 if deadline is None else
-                            max(min(deadline - time.monotonic(), 0.1), 0.0)):
-            if deadline is not None and time.monotonic() >= deadline:
-                _stop(con, done)
-                raise QueryError(f"the query ran longer than {timeout_s:g} s and was "
-                                 "stopped (raise the limit with --timeout SECONDS)")
-    except KeyboardInterrupt:
-        _stop(con, done)
-        raise
-    error = outcome.get("error")
-    if error is not None:
-        if isinstance(error, duckdb.Error):
-            raise QueryError(_one_line(error))
-        raise QueryError(f"{type(error).__name__}: {_one_line(error)}")
-    return outcome["columns"], outcome["rows"]
+    with stream(con, sql, timeout_s) as rows:
+        return rows.columns, [r for chunk in rows.chunks(output=False) for r in chunk]
 
 
 def _stop(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
@@ -353,6 +466,21 @@ def run(warehouse: str | Path, sql: str, timeout_s: float | None = DEFAULT_TIMEO
         con.close()
 
 
+@contextlib.contextmanager
+def run_stream(warehouse: str | Path, sql: str,
+               timeout_s: float | None = DEFAULT_TIMEOUT_S, deadline: float | None = None,
+               ) -> Iterator[Stream]:
+    """Run a read-only query on ``warehouse``; its rows a chunk at a time (:func:`stream`),
+    for the ``with`` block, which stops the query if it still runs when the block ends."""
+    con = connect(warehouse)
+    try:
+        check_read_only(con, sql)
+        with stream(con, sql, timeout_s, deadline) as rows:
+            yield rows
+    finally:
+        con.close()
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -360,10 +488,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()
     return value
-
-
-RENDER_CHUNK = 10_000
-"""Rows rendered between two looks at the time limit."""
 
 
 def _chunks(rows: list[tuple[Any, ...]], deadline: float | None,
@@ -381,24 +505,41 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str,
            deadline: float | None = None, timeout_s: float | None = None) -> str:
     """Render rows as ``table``, ``csv`` or ``json`` (one object per line); stopped with a
     :class:`QueryError` once ``deadline`` (``time.monotonic()``) has passed."""
+    if fmt in ("csv", "json"):
+        return "".join(render_chunks(columns, _chunks(rows, deadline, timeout_s), fmt))
+    return table_text(columns, rows, deadline, timeout_s)
+
+
+def render_chunks(columns: list[str], chunks: Iterable[list[tuple[Any, ...]]],
+                  fmt: str) -> Iterator[str]:
+    """Rows a chunk at a time (a :class:`Stream`) as ``csv`` or ``json`` text, a piece per
+    chunk (the csv header with the first): the pieces joined are :func:`render`'s text. A ``json``
+    refusal (a column name twice) comes before the first piece. A ``table`` sizes its
+    columns from every row: collect them and :func:`render` it."""
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
-        for chunk in _chunks(rows, deadline, timeout_s):
-            writer.writerows([[_plain(v) for v in r] for r in chunk])
-        return out.getvalue()
-    if fmt == "json":
+        header = _csv_text([columns])    # with the first rows: a query that fails before
+        for chunk in chunks:             # it has any writes nothing
+            yield header + _csv_text([[_plain(v) for v in r] for r in chunk])
+            header = ""
+        if header:
+            yield header
+    elif fmt == "json":
         twice = sorted({c for c in columns if columns.count(c) > 1})
         if twice:
             raise QueryError(f"column name(s) {', '.join(twice)} appear more than once; JSON "
                              "objects need one name per column (use AS)")
-        return "".join(
-            json.dumps({c: _json_value(v) for c, v in zip(columns, r, strict=True)},
-                       default=str, allow_nan=False) + "\n"
-            for chunk in _chunks(rows, deadline, timeout_s) for r in chunk
-        )
-    return table_text(columns, rows, deadline, timeout_s)
+        for chunk in chunks:
+            yield "".join(
+                json.dumps({c: _json_value(v) for c, v in zip(columns, r, strict=True)},
+                           default=str, allow_nan=False) + "\n" for r in chunk)
+    else:
+        raise ValueError(f"render_chunks: {fmt!r} is not csv or json")
+
+
+def _csv_text(rows: list[Any]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
 
 
 def _json_value(value: Any) -> Any:
