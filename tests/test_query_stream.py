@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_query_readonly import warehouse as small_warehouse  # noqa: F401  (fixture)
+from test_query_readonly import warehouse  # noqa: F401  (the same small warehouse)
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline import query
@@ -38,18 +38,18 @@ def _query_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "gpuledger-query" and t.is_alive()]
 
 
-def _export(warehouse: Path, rows: int, out: Path) -> tuple[int, int]:
+def _export(root: Path, rows: int, out: Path) -> tuple[int, int]:
     """``SELECT … FROM range(rows)`` exported as csv into ``out`` by the CLI in a
     subprocess: its exit status and peak RSS in MiB."""
     done = subprocess.run(
-        [sys.executable, "-c", PEAK_RSS, str(out), "query", "--warehouse", str(warehouse),
+        [sys.executable, "-c", PEAK_RSS, str(out), "query", "--warehouse", str(root),
          "--format", "csv", f"SELECT range AS n FROM range({rows})"],
         capture_output=True, text=True, timeout=120, check=True)
     rc, peak_kib = done.stdout.split()
     return int(rc), int(peak_kib) // 1024
 
 
-def test_a_big_csv_export_is_complete_in_bounded_memory(warehouse: Path,
+def test_a_big_csv_export_is_complete_in_bounded_memory(warehouse: Path,  # noqa: F811
                                                         tmp_path: Path) -> None:
     """750,000 and 3,000,000 rows (75 and 300 chunks): the same peak memory. Before, the
     peak grew with the result (213 MiB, then 439 MiB: every row held as a tuple, then
@@ -68,7 +68,7 @@ def test_a_big_csv_export_is_complete_in_bounded_memory(warehouse: Path,
     assert big_peak - small_peak < 48, (small_peak, big_peak)
 
 
-def test_a_closed_pipe_ends_quietly_and_stops_the_query(warehouse: Path,
+def test_a_closed_pipe_ends_quietly_and_stops_the_query(warehouse: Path,  # noqa: F811
                                                         tmp_path: Path) -> None:
     """``gpuledger query … | head``: status 0, nothing on standard error, and the query
     stops at once although it had rows without end to give (a sparse filter, so that
@@ -100,7 +100,8 @@ def test_a_closed_pipe_ends_quietly_and_stops_the_query(warehouse: Path,
     assert err.read_text() == ""
 
 
-def test_the_time_limit_stops_a_stream_midway(warehouse: Path, tmp_path: Path) -> None:
+def test_the_time_limit_stops_a_stream_midway(
+        warehouse: Path, tmp_path: Path) -> None:  # noqa: F811
     """A result without end under ``--timeout 2``: the rows written so far stay (whole
     lines, in order), then one line on standard error and status 2, at the limit."""
     out, err = tmp_path / "out.csv", tmp_path / "err.txt"
@@ -145,7 +146,7 @@ SAMPLE = """SELECT range AS i, 'r"' || range || chr(10) || ',x' AS s,
 
 
 def test_json_is_streamed_and_equals_the_rendered_rows(
-        warehouse: Path, monkeypatch: pytest.MonkeyPatch,
+        warehouse: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
         capsys: pytest.CaptureFixture[str]) -> None:
     """25 chunks of 1,000 rows (quotes, newlines, times, decimals, NaN, nulls): written a
     chunk at a time while the query still runs, and byte for byte what ``render`` makes
@@ -175,7 +176,7 @@ def test_json_is_streamed_and_equals_the_rendered_rows(
     assert captured.out == "" and "ran longer than 0.5 s" in captured.err
 
 
-def test_a_reader_that_gives_up_stops_the_query(warehouse: Path) -> None:
+def test_a_reader_that_gives_up_stops_the_query(warehouse: Path) -> None:  # noqa: F811
     """A stream left after one chunk of an endless result: its worker, waiting on the
     full queue, ends at once, and the connection answers the next query."""
     con = query.connect(warehouse)
