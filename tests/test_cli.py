@@ -252,6 +252,49 @@ def test_an_alert_webhook_that_is_no_http_url_is_refused_at_start(
     assert not (tmp_path / "wh").exists()
 
 
+def test_an_alert_webhook_refused_for_its_credentials_does_not_show_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = "http://alice:S3cretPW@127.0.0.1:1/api/v2/alerts"
+    assert main(["demo", "--hours", "0.2", "--quiet", "--alert-webhook", url,
+                 "--warehouse", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert "credentials in the URL are not supported" in err and "***@127.0.0.1" in err
+    assert "S3cretPW" not in err and "alice" not in err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["demo", "--start", "2099-01-01T00:00Z", "--hours", "1"],
+     "ends at 2099-01-01T01:00Z, more than 3600 s after now"),
+    (["demo", "--start", "2000-01-01T00:00Z", "--hours", "1"],
+     "would begin before 2000-01-01, and events before then are rejected"),
+    (["simulate", "--start", "9999-12-31T23:00Z", "--hours", "2"],
+     "the simulation would go past the year 9999"),
+    (["demo", "--hours", "0.1", "--topic-prefix", "zz"], "it needs --kafka"),
+])
+def test_a_simulation_the_processor_would_reject_is_refused_up_front(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    """(A demo starting in the future rejected every sample, 207,730 rejects, and then
+    ended in a traceback: nothing to diagnose; --start before 2000 the same; simulate
+    wrote '+10000-01-01' times; --topic-prefix without --kafka was ignored.)"""
+    out = tmp_path / "out"
+    where = ["--warehouse", str(out)] if args[0] == "demo" else ["--out", str(out)]
+    assert main([*args, *where, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_simulate_into_a_file_says_so(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert main(["simulate", "--out", str(a_file), "--hours", "0.05", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {a_file}: File exists (a file is there: --out names a folder)" in err
+    assert a_file.read_text() == "x"
+
+
 def test_compact_of_a_wrong_path_says_so_and_makes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ the Kubernetes API server the bridge watches, the Alertmanager the alerts go to.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 
@@ -26,3 +27,8 @@ def http_url_problem(url: str) -> str | None:
     if port == 0:
         return "port 0 is not a port"
     return None
+
+
+def redacted(url: str) -> str:
+    """``url`` with its user name and password, if any, shown as ``***`` (for messages)."""
+    return re.sub(r"(?<=//)[^/?#@]*@", "***@", url, count=1)

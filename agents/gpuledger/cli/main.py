@@ -29,6 +29,7 @@ from gpuledger.cli.arguments import (
     whole_count,
 )
 from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
+from gpuledger.http_url import redacted
 
 DEFAULT_WAREHOUSE = Path("warehouse")
 WAREHOUSE_HELP = ("warehouse: a folder or s3://bucket/prefix (S3 settings and credentials from "
@@ -73,8 +74,16 @@ def _start_time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def _sim_config(args: argparse.Namespace) -> Any:
+def _sim_config(args: argparse.Namespace, future_s: float | None = None) -> Any:
+    """The simulation the options ask for. Its events must be ones the processor takes:
+    from 2000 on (``validate.MIN_TIME``), the cluster's warm-up included, to the end of
+    year 9999; processed now (the demo: ``future_s``, its ``windows.max_future_s``), not
+    ending more than that after the wall clock, or every later sample is rejected as
+    from the future."""
+    from datetime import timedelta
+
     from gpuledger.pipeline.simulate import SimConfig, load_cluster
+    from gpuledger.pipeline.validate import MIN_TIME
 
     kw: dict[str, Any] = {"hours": args.hours, "seed": args.seed,
                           "sample_interval_s": args.interval}
@@ -85,7 +94,27 @@ def _sim_config(args: argparse.Namespace) -> Any:
             kw["cluster"] = load_cluster(args.cluster)
         except ValueError as exc:  # ClusterSpecError: the file and the reason
             raise CliError(f"--cluster: {exc}") from None
-    return SimConfig(**kw)
+    sim = SimConfig(**kw)
+    warmup = timedelta(hours=(sim.cluster or load_cluster(None)).warmup_hours)
+    start = sim.start if sim.start.tzinfo else sim.start.replace(tzinfo=UTC)
+    if start - warmup < MIN_TIME:
+        raise CliError(f"--start {start:%Y-%m-%dT%H:%MZ}: the simulation (with its "
+                       f"{warmup.total_seconds() / 3600:g} h warm-up) would begin before "
+                       f"{MIN_TIME:%Y-%m-%d}, and events before then are rejected; start "
+                       f"at {MIN_TIME + warmup:%Y-%m-%dT%H:%MZ} or later")
+    last = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
+    if start > last - timedelta(hours=sim.hours):
+        raise CliError(f"--start {start:%Y-%m-%dT%H:%MZ} with --hours {sim.hours:g}: the "
+                       "simulation would go past the year 9999")
+    if future_s is not None:
+        end = start + timedelta(hours=sim.hours)
+        ahead = timedelta(seconds=future_s)
+        if end > datetime.now(UTC) + ahead:
+            raise CliError(f"--start {start:%Y-%m-%dT%H:%MZ} with --hours {sim.hours:g} ends "
+                           f"at {end:%Y-%m-%dT%H:%MZ}, more than "
+                           f"{ahead.total_seconds():g} s after now: the processor rejects "
+                           "events from the future (windows.max_future_s); start earlier")
+    return sim
 
 
 def _proc_config(args: argparse.Namespace) -> Any:
@@ -120,8 +149,10 @@ def _logging(verbose: bool) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _need_pipeline()
-    sim = _sim_config(args)
     config = _proc_config(args)
+    sim = _sim_config(args, future_s=config.windows.max_future_s)
+    if args.topic_prefix and not args.kafka:
+        raise CliError("--topic-prefix names the Kafka topics: it needs --kafka")
     if (args.metrics_address or args.alert_webhook) and args.kafka:
         raise CliError("--metrics-address and --alert-webhook work with the embedded bus; "
                        "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
@@ -152,8 +183,12 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
                               on_processor=ops.follow if ops is not None else None)
         if not args.kafka:  # the why of idle/inefficient GPU-time (docs/diagnosis.md)
             from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
+            from gpuledger.pipeline.advisor.history import HistoryError
 
-            diagnose_warehouse(args.warehouse)
+            try:
+                diagnose_warehouse(args.warehouse)
+            except HistoryError as exc:  # nothing to diagnose (every sample rejected)
+                print(f"gpuledger: warning: diagnose: {exc}", file=sys.stderr)
     finally:
         stop()
     elapsed = time.monotonic() - started
@@ -180,7 +215,7 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
 
     problem = webhook_problem(args.alert_webhook) if args.alert_webhook is not None else None
     if problem:
-        raise CliError(f"--alert-webhook: {args.alert_webhook!r}: {problem}")
+        raise CliError(f"--alert-webhook: {redacted(args.alert_webhook)!r}: {problem}")
     try:
         ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
         url = ops.start()
@@ -217,7 +252,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.simulate import simulate, write_jsonl
 
     sim = _sim_config(args)
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out {args.out}: {exc.strerror or exc}"
+                       + (" (a file is there: --out names a folder)"
+                          if args.out.exists() and not args.out.is_dir() else "")) from None
     update, stop = _progress(f"simulating {sim.hours:g} h", not args.quiet)
     total = sim.hours * 60
     done = [0.0]
