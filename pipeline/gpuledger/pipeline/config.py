@@ -241,6 +241,32 @@ class ProcessorConfig:
         for name in ("low_util_activity", "low_util_resolve_activity", "queue_wait_quantile"):
             if not 0.0 <= getattr(a, name) <= 1.0:
                 raise ConfigError(f"alerts.{name}: {getattr(a, name)} must be between 0 and 1")
+        for f in fields(a):
+            value = getattr(a, f.name)
+            if isinstance(value, str):
+                if not re.fullmatch(r"[A-Za-z0-9_.:-]*", value):
+                    raise ConfigError(f"alerts.{f.name}: {value!r} is not a Prometheus job "
+                                      "name (letters, digits, _ . : -)")
+            elif not math.isfinite(value):
+                raise ConfigError(f"alerts.{f.name}: expected a finite number, got {value}")
+            elif value < 0:
+                raise ConfigError(f"alerts.{f.name}: must be >= 0")
+            elif f.name.endswith("_s") and value > ALERT_SECONDS_MAX:
+                raise ConfigError(f"alerts.{f.name}: at most {ALERT_SECONDS_MAX:,} s (366 "
+                                  f"days), got {value}")
+            elif f.name.endswith("_s") and value != int(value):
+                # the rules' durations are whole seconds: 0.5 would be written as 0s
+                raise ConfigError(f"alerts.{f.name}: expected whole seconds, got {value}")
+        if not a.low_util_window_s > 0:
+            # a range of [0s] is no PromQL (promtool: "duration must be greater than 0")
+            raise ConfigError("alerts.low_util_window_s: must be > 0 (the trailing window "
+                              "of the mean activity)")
+        waste_max = 1_000_000.0  # GPU-hours, more than any one job wastes; 1e306 made the
+        # rules' GPU-seconds threshold inf, a rule that can never fire
+        for name in ("waste_warning_gpu_hours", "waste_critical_gpu_hours"):
+            if getattr(a, name) > waste_max:
+                raise ConfigError(f"alerts.{name}: at most {waste_max:,.0f} GPU-hours, got "
+                                  f"{getattr(a, name):g}")
         if a.low_util_activity > a.low_util_resolve_activity:
             raise ConfigError("alerts.low_util_activity: must not exceed "
                               "alerts.low_util_resolve_activity")
@@ -248,17 +274,6 @@ class ProcessorConfig:
             raise ConfigError("alerts.waste_warning_gpu_hours: must not exceed "
                               "alerts.waste_critical_gpu_hours "
                               f"({a.waste_warning_gpu_hours} > {a.waste_critical_gpu_hours})")
-        for f in fields(a):
-            value = getattr(a, f.name)
-            if isinstance(value, str):
-                if not re.fullmatch(r"[A-Za-z0-9_.:-]*", value):
-                    raise ConfigError(f"alerts.{f.name}: {value!r} is not a Prometheus job "
-                                      "name (letters, digits, _ . : -)")
-            elif value < 0:
-                raise ConfigError(f"alerts.{f.name}: must be >= 0")
-            elif f.name.endswith("_s") and value > ALERT_SECONDS_MAX:
-                raise ConfigError(f"alerts.{f.name}: at most {ALERT_SECONDS_MAX:,} s (366 "
-                                  f"days), got {value}")
         w = self.windows
         for name in ("allowed_lateness_s", "node_stall_s", "max_future_s", "max_ahead_s",
                      "max_behind_s",
@@ -380,14 +395,30 @@ ENV_PREFIX = "GPULEDGER_"
 
 
 def _env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
-    """Fold ``GPULEDGER_SECTION__KEY`` variables into ``raw``."""
+    """Fold ``GPULEDGER_SECTION__KEY`` variables into ``raw``.
+
+    Only the double-underscore form is configuration: ``GPULEDGER_GRAFANA_TOKEN``,
+    ``GPULEDGER_KAFKA_*``, ``GPULEDGER_WAREHOUSE`` and the like are other settings, and
+    ``GPULEDGER_AGENT__*`` is the node agent's configuration. Any other
+    ``GPULEDGER_X__Y`` whose section or key is unknown is refused, naming the variable:
+    a misspelt override must not be ignored in silence."""
+    sections: dict[str, Any] = {"thresholds": Thresholds, "windows": Windows,
+                                "alerts": AlertThresholds, "limits": Limits,
+                                "warehouse": WarehouseOptions}
     merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for var, value in sorted(environ.items()):
         if not var.startswith(ENV_PREFIX) or "__" not in var:
             continue
         section, _, key = var[len(ENV_PREFIX):].lower().partition("__")
-        if section not in ("thresholds", "windows", "alerts", "limits", "warehouse"):
+        if section == "agent":  # GPULEDGER_AGENT__*: agents/gpuledger/agent/config.py
             continue
+        if section not in sections:
+            raise ConfigError(f"{var}: unknown configuration section {section!r} (known: "
+                              f"{', '.join(sections)}; the form is GPULEDGER_SECTION__KEY)")
+        known = [f.name for f in fields(sections[section])]
+        if key not in known:
+            raise ConfigError(f"{var}: unknown key {key!r} of section {section} (known: "
+                              f"{', '.join(known)})")
         merged.setdefault(section, {})
         if not isinstance(merged[section], dict):
             raise ConfigError(f"{section}: expected a mapping")

@@ -34,6 +34,14 @@ def duration(seconds: float) -> str:
     return f"{s}s"
 
 
+def _num(x: float) -> str:
+    """A threshold as a PromQL number: short (``3600``, ``0.1``) where that is the same
+    number, else every digit it takes (``:g`` alone keeps six, and the rule would then
+    fire at another threshold than the processor's engine)."""
+    text = f"{x:g}"
+    return text if float(text) == x else repr(float(x))
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:g} %"
 
@@ -43,8 +51,8 @@ def alerting_rules(config: ProcessorConfig) -> dict[str, Any]:
     a, t = config.alerts, config.thresholds
     window = duration(a.low_util_window_s)
     mean = f"avg_over_time(gpuledger_job_activity_ratio[{window}])"
-    low = (f"(\n  {mean} < {a.low_util_activity:g}\n  or\n  ({mean} < "
-           f"{a.low_util_resolve_activity:g}\n    and on ({JOB}) ALERTS{{alertname="
+    low = (f"(\n  {mean} < {_num(a.low_util_activity)}\n  or\n  ({mean} < "
+           f"{_num(a.low_util_resolve_activity)}\n    and on ({JOB}) ALERTS{{alertname="
            f"\"GpuJobLowUtilisation\", alertstate=\"firing\"}})\n)\n"
            f"and on ({JOB}) gpuledger_job_runtime_seconds >= {a.low_util_grace_s}\n")
     keep = duration(a.keep_firing_s)
@@ -62,9 +70,10 @@ def alerting_rules(config: ProcessorConfig) -> dict[str, Any]:
     # the thresholds are GPU-hours; the metric is in GPU-seconds (base units)
     warn, crit = a.waste_warning_gpu_hours * 3600, a.waste_critical_gpu_hours * 3600
     tiers = [
-        ("info", f"< {warn:g}"),
-        ("warning", f">= {warn:g}\nand on ({JOB}) gpuledger_job_wasted_gpu_seconds < {crit:g}"),
-        ("critical", f">= {crit:g}"),
+        ("info", f"< {_num(warn)}"),
+        ("warning", f">= {_num(warn)}\nand on ({JOB}) gpuledger_job_wasted_gpu_seconds "
+                    f"< {_num(crit)}"),
+        ("critical", f">= {_num(crit)}"),
     ]
     rules: list[dict[str, Any]] = []
     for severity, waste in tiers:
@@ -95,7 +104,7 @@ def alerting_rules(config: ProcessorConfig) -> dict[str, Any]:
         {
             "alert": "GpuJobMemoryOversized",
             "expr": (f"gpuledger_job_memory_peak_bytes / gpuledger_job_memory_held_bytes"
-                     f" < {t.memory_oversized_ratio:g}\n"
+                     f" < {_num(t.memory_oversized_ratio)}\n"
                      f"and on ({JOB}) gpuledger_job_runtime_seconds > "
                      f"{a.memory_oversized_runtime_s}\n"),
             "for": duration(a.for_s), "keep_firing_for": keep,
@@ -126,7 +135,7 @@ def alerting_rules(config: ProcessorConfig) -> dict[str, Any]:
         },
         {
             "alert": "QueueWaitObjectiveBreached",
-            "expr": (f"histogram_quantile({a.queue_wait_quantile:g}, sum by (queue, le) "
+            "expr": (f"histogram_quantile({_num(a.queue_wait_quantile)}, sum by (queue, le) "
                      f"(rate(gpuledger_queue_wait_seconds_bucket[1h])))\n"
                      f"> {a.queue_wait_objective_s}\n"),
             "for": duration(a.for_s), "keep_firing_for": keep,
