@@ -509,3 +509,26 @@ def test_states_of_allocation_add_up_on_a_scheduler_only_history(tmp_path: Path)
     assert row["idle"] == pytest.approx(0.0)
     assert row["busy"] + row["inefficient"] + row["idle"] + row["no_telemetry"] == \
         pytest.approx(row["allocated"])
+
+
+def test_names_that_look_like_markup_are_shown_as_they_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A team named '[/]' and a queue 'q[red]x' (from the scheduler, anyone's choice): the
+    terminal report shows them as written (it crashed: rich read them as markup)."""
+    from events import alloc, at, frames, inventory, job, series
+
+    from gpuledger.pipeline.config import ProcessorConfig
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    wh = tmp_path / "wh"
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "j", at(0), team="[/]", queue="q[red]x"),
+            job("started", "j", at(0), allocation=alloc("n1", 0)), job("finished", "j", at(30))]
+    recs += series("n1", 0, at(0), 30, sm=0.01)
+    proc = Processor(ProcessorConfig(), Warehouse(wh))
+    proc.process(frames(recs), validated=True)
+    proc.flush()
+    assert main(["report", "--warehouse", str(wh), "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "[/]" in out.split() and "q[red]x" in out

@@ -57,8 +57,8 @@ def _table(a: Answer, top: int, console: Console) -> Table:
             table.add_column(titles[k], width=None if widths is None else widths[k],
                              no_wrap=column.key, overflow="fold",
                              justify="right" if column.numeric else "left")
-        for r in rows:
-            table.add_row(*r)
+        for r in rows:   # cells are data (a team named '[/]'): never read as markup
+            table.add_row(*(Text(c) for c in r))
         return table
 
     full = build(None)
@@ -72,10 +72,10 @@ def _table(a: Answer, top: int, console: Console) -> Table:
 def print_report(report: Report, console: Console, top: int) -> None:
     """Every section: its part's question, the table, what is left out, the notes."""
     console.print(Text("gpuledger report: where the GPUs go", style="bold"))
-    console.print(f"Data: {report.window.text()}")
+    console.print(f"Data: {report.window.text()}", markup=False)
     asked = report.window.asked()
     if asked is not None:
-        console.print(asked, overflow="fold")
+        console.print(asked, overflow="fold", markup=False)
     part = None
     for a in report.answers:
         if a.section.part != part:
