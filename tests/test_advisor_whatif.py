@@ -132,7 +132,9 @@ def test_whatif_command_reports_bad_input_in_one_line(
     moved.write_text("policies:\n  - name: m\n    card_pools: {inference: {pool: nowhere}}\n")
     assert main(["whatif", "--warehouse", str(day), "--policies", str(moved), "--quiet",
                  "--until", "2026-01-05T01:00Z"]) == 2
-    assert "card_pools.inference: no GPU nodes in pool 'nowhere'" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == (
+        f"gpuledger: error: {moved}:3: policies[0].card_pools.inference.pool: no pool "
+        "'nowhere' in the warehouse (pools: dev, infer, train)")
 
 
 def test_card_pools_move_job_types(day: Path) -> None:
@@ -178,15 +180,15 @@ def test_a_tolerance_or_interval_that_is_no_finite_number_is_refused(value: floa
 
 
 def test_a_window_where_nothing_started_claims_no_queue_wait(day: Path) -> None:
-    # 30 seconds inside the data with no attempt started: no wait is observed, none is
+    # a minute inside the data with no attempt started: no wait is observed, none is
     # invented (0.0), and no calibration is claimed for one
     _, rows = query.run(day, "SELECT started_at FROM attempts WHERE started_at IS NOT NULL "
                              "ORDER BY 1")
     starts = [r[0] for r in rows]
     since = next(a for a, b in zip(starts[len(starts) // 2:], starts[len(starts) // 2 + 1:],
-                                   strict=False) if b - a > timedelta(minutes=2))
-    since += timedelta(seconds=30)
-    w = run_whatif(day, load_policies(None), ["as-run"], since, since + timedelta(seconds=30))
+                                   strict=False) if b - a > timedelta(minutes=3))
+    since = since.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    w = run_whatif(day, load_policies(None), ["as-run"], since, since + timedelta(minutes=1))
     waits = w.calibration.filter(pl.col("answer").str.contains("queue wait"))
     assert waits["observed"].null_count() == waits.height
     assert waits["within"].null_count() == waits.height

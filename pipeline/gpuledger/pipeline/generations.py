@@ -52,8 +52,9 @@ from gpuledger.pipeline.store import Entry, Store, StoreConflict, StoreError, sa
 
 T = TypeVar("T")
 log = logging.getLogger("gpuledger.warehouse")
-UNIT_NAME = re.compile(r"(warehouse|p[0-9]{3,5})")
-"""What a unit is called: ``warehouse``, or a telemetry partition's ``pNNN``."""
+UNIT_NAME = re.compile(r"(warehouse|diagnosis|p[0-9]{3,5})")
+"""What a unit is called: ``warehouse``, a telemetry partition's ``pNNN``, or
+``diagnosis`` (``gpuledger diagnose``'s ``job_diagnosis``, advisor/diagnosis_batch.py)."""
 _DIGITS = re.compile(r"[0-9]+")
 """A generation in a file name (ASCII digits: ``str.isdigit`` takes ``²³`` too)."""
 OBJECT_NAME = re.compile(r"\.[0-9a-f]{16}\.parquet$")

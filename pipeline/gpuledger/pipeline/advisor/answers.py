@@ -1,12 +1,16 @@
 """The answers of a schedule (replayed, or as run), with the warehouse's own definitions.
 
-Columnar and vectorised: allocations and pending times are expanded to the history's
-minute grid (every ``step`` minutes) — held shares exact to the second
-(:func:`facts.minutes.expand_held`), free GPUs and pending jobs as snapshots at each
-minute's middle (:func:`facts.minutes.expand_to_minutes`) — and frag(k) and blocked
-demand come from the facts' own functions (:func:`facts.fragmentation.fragmentation`,
-:func:`facts.demand.blocked_jobs`) over the same free-GPU histogram, so an answer means
-here what it means in the facts (``docs/metrics.md``):
+Columnar and vectorised. Held GPU shares are exact to the second (as
+:func:`facts.minutes.expand_held` counts them), less the minutes a GPU was down or
+unhealthy, whatever the step. Free GPUs and pending jobs are snapshots at a minute's
+middle (:func:`facts.minutes.expand_to_minutes`) on the history's grid (every ``step``
+minutes from the window start, each sample standing for the minutes up to the next),
+and frag(k) and blocked demand come from the facts' own functions
+(:func:`facts.fragmentation.fragmentation`, :func:`facts.demand.blocked_jobs`) over the
+same free-GPU histogram, so an answer means here what it means in the facts
+(``docs/metrics.md``). The schedule as run, with ``from_facts``, takes frag(k) and blocked
+demand from the facts themselves (``frag_minute``, ``blocked_minute``): the observed
+column does not depend on the step.
 
 - ``wait``: queue wait (start − queue time) of the attempts started in the window,
   p50/p90/p99 in minutes, by queue, by job size (GPUs) and overall;
@@ -30,14 +34,7 @@ from gpuledger.pipeline.advisor.replay import Run
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.facts import demand
 from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation
-from gpuledger.pipeline.facts.minutes import (
-    MINUTE_MS,
-    clip_ms,
-    expand_held,
-    expand_to_minutes,
-    ms,
-    to_time,
-)
+from gpuledger.pipeline.facts.minutes import HOUR_MS, clip_ms, expand_to_minutes, ms
 
 FRAGS = [f"frag_{k}" for k in FRAG_KS]
 ALL = "all"
@@ -102,9 +99,46 @@ def _sampled(frame: pl.DataFrame, h: History) -> pl.DataFrame:
     return frame.join(minutes, on="minute", how="semi")
 
 
-def answers(run: Run, h: History) -> Answers:
-    """All answers of ``run`` over the history's window and grid."""
-    hours = h.step_minutes / 60.0
+def _sample_hours(h: History) -> pl.Expr:
+    """The hours a grid sample at ``minute`` stands for: ``step`` minutes, the last
+    sample the minutes left in the window."""
+    left = (pl.lit(h.end).cast(TIME_DTYPE) - pl.col("minute")).dt.total_minutes()
+    return pl.min_horizontal(pl.lit(h.step_minutes, pl.Int64), left) / 60.0
+
+
+def _weighted_means(frame: pl.DataFrame, by: list[pl.Expr | str]) -> pl.DataFrame:
+    """Mean frag(k) per ``by`` of sampled rows, each weighted by the hours it stands for
+    (``_w``; the plain mean at step 1); null where no sample has a value."""
+    def mean(k: str) -> pl.Expr:
+        weight = pl.when(pl.col(k).is_not_null()).then(pl.col("_w")).otherwise(0.0).sum()
+        return pl.when(weight > 0).then((pl.col(k) * pl.col("_w")).sum() / weight).alias(k)
+    return frame.group_by(by).agg(mean(k) for k in FRAGS)
+
+
+def held_hours(allocations: pl.DataFrame, h: History) -> pl.DataFrame:
+    """Per allocation (``job_id``, ``attempt``, ``node``, ``gpu_index``): ``gpu_hours``, its
+    GPU share × the time it held in the window, less the minutes the GPU was down or
+    unhealthy (``History.excluded``; docs/metrics.md: an allocated minute on a down node or
+    an unhealthy GPU is unavailable, not allocated), with the node's ``pool``. Exact to the
+    second, from the intervals: no minute is sampled."""
+    lo, hi = ms(h.start), ms(h.end)
+    clipped = clip_ms(allocations.with_row_index("_row"), "start", "end", lo, hi).collect()
+    ex = h.excluded.select("node", "gpu_index", pl.col("start").cast(pl.Int64).alias("_xs"),
+                           pl.col("end").cast(pl.Int64).alias("_xe"))
+    overlap = clipped.select("_row", "node", "gpu_index", "s_ms", "e_ms").join(
+        ex, on=["node", "gpu_index"], how="inner").select(
+        "_row", (pl.min_horizontal("e_ms", "_xe") - pl.max_horizontal("s_ms", "_xs"))
+        .clip(lower_bound=0).alias("_out")).group_by("_row").agg(pl.col("_out").sum())
+    pools = h.nodes.select("node", "pool")
+    return clipped.join(overlap, on="_row", how="left").join(pools, on="node", how="inner").select(
+        "job_id", "attempt", "node", "gpu_index", "pool",
+        (pl.col("fraction") * (pl.col("e_ms") - pl.col("s_ms") - pl.col("_out").fill_null(0))
+         / HOUR_MS).alias("gpu_hours"))
+
+
+def answers(run: Run, h: History, from_facts: bool = False) -> Answers:
+    """All answers of ``run`` over the history's window and grid; ``from_facts`` (the
+    schedule as run): frag(k) and blocked demand as the facts recorded them."""
     keys = ["minute", "node", "gpu_index"]
     # free GPUs: a snapshot at each minute's middle (as the facts' fragmentation)
     busy = _sampled(expand_to_minutes(run.allocations, "start", "end", h.start, h.end), h)
@@ -119,28 +153,28 @@ def answers(run: Run, h: History) -> Answers:
     hist = nodes.filter(pl.col("node_ok")).group_by(
         "minute", "pool", "card_type", "node_gpus", "free").agg(
         pl.len().cast(pl.Int64).alias("nodes"))
-    frag = fragmentation(hist)
-    # held GPU shares: exact to the second (fraction × seconds held / 60 per minute)
+    # held GPU shares: exact to the second, every minute
     act = run.attempts.select("job_id", "attempt", "team", "activity")
-    held = expand_held(clip_ms(run.allocations, "start", "end", ms(h.start), ms(h.end))).select(
-        "job_id", "attempt", "node", "gpu_index", to_time(pl.col("minute_ms")).alias("minute"),
-        (pl.col("fraction") * pl.col("held_ms") / MINUTE_MS).alias("fraction")).collect()
-    allocs = _sampled(held, h).join(act, on=["job_id", "attempt"], how="left")
-    pending = run.attempts.with_columns(
-        pl.coalesce("started_at", "ended_at").alias("end"))
-    pend = _sampled(expand_to_minutes(pending, "queued_at", "end", h.start, h.end), h)
-    blocked = demand.blocked_jobs(pend.select(
-        "minute", "job_id", "attempt", "team", "pool", "card_type",
-        pl.col("gpus").fill_null(1)), hist).filter(pl.col("blocked"))
-    # an allocated GPU-minute on a down node or an unhealthy GPU is unavailable, not
-    # allocated (docs/metrics.md: GPU state)
-    gpu_pool = h.grid.filter(~pl.col("down") & pl.col("gpu_ok")).select(*keys, "pool")
-    alloc_pool = allocs.join(gpu_pool, on=keys, how="inner")
-    usage = state.group_by("pool").agg(
-        ((pl.col("node_ok") & pl.col("gpu_ok")).sum() * hours).alias("available_gpu_hours"),
-    ).join(alloc_pool.group_by("pool").agg(
-        (pl.col("fraction").sum() * hours).alias("allocated_gpu_hours"),
-        ((pl.col("fraction") * pl.col("activity").fill_null(0.0)).sum() * hours)
+    alloc_pool = held_hours(run.allocations, h).join(act, on=["job_id", "attempt"], how="left")
+    if from_facts:
+        blocked = h.blocked_facts
+        frag_hourly = _facts_frag(h)
+        frag_mean = _facts_frag_mean(h)
+    else:
+        pending = run.attempts.with_columns(
+            pl.coalesce("started_at", "ended_at").alias("end"))
+        pend = _sampled(expand_to_minutes(pending, "queued_at", "end", h.start, h.end), h)
+        blocked = demand.blocked_jobs(pend.select(
+            "minute", "job_id", "attempt", "team", "pool", "card_type",
+            pl.col("gpus").fill_null(1)), hist).filter(pl.col("blocked")).select(
+            "pool", "team", (pl.col("gpus") * _sample_hours(h)).alias("blocked_gpu_hours"))
+        sampled = fragmentation(hist).with_columns(_sample_hours(h).alias("_w"))
+        frag_mean = _weighted_means(sampled, ["pool", "card_type"])
+        frag_hourly = _weighted_means(
+            sampled, [pl.col("minute").dt.truncate("1h").alias("hour"), "pool", "card_type"])
+    usage = h.available.join(alloc_pool.group_by("pool").agg(
+        pl.col("gpu_hours").sum().alias("allocated_gpu_hours"),
+        (pl.col("gpu_hours") * pl.col("activity").fill_null(0.0)).sum()
         .alias("used_gpu_hours")), on="pool", how="left").with_columns(
         pl.col("allocated_gpu_hours", "used_gpu_hours").fill_null(0.0))
     usage = pl.concat([usage, usage.select(pl.lit(ALL).alias("pool"),
@@ -152,21 +186,33 @@ def answers(run: Run, h: History) -> Answers:
     return Answers(
         policy=run.policy,
         wait=waits(run, h),
-        blocked=blocked.group_by("pool").agg(
-            (pl.col("gpus").sum() * hours).alias("blocked_gpu_hours")).sort("pool"),
-        frag=frag.group_by("pool", "card_type").agg(pl.col(FRAGS).mean()).sort(
-            "pool", "card_type"),
-        frag_hourly=frag.group_by(pl.col("minute").dt.truncate("1h").alias("hour"), "pool",
-                                  "card_type").agg(pl.col(FRAGS).mean()).sort(
-            "hour", "pool", "card_type"),
+        blocked=blocked.group_by("pool").agg(pl.col("blocked_gpu_hours").sum()).sort("pool"),
+        frag=frag_mean.sort("pool", "card_type"),
+        frag_hourly=frag_hourly.sort("hour", "pool", "card_type"),
         usage=usage,
         lost=lost.sort("team"),
-        teams=_teams(run, h, alloc_pool, blocked, lost, hours),
+        teams=_teams(run, h, alloc_pool, blocked, lost),
     )
 
 
+def _facts_frag(h: History) -> pl.DataFrame:
+    """Mean frag(k) per hour, pool and card type as ``frag_minute`` recorded them."""
+    f = h.frag_facts
+    return f.select("hour", "pool", "card_type", *[
+        pl.when(pl.col(f"{k}_n") > 0).then(pl.col(f"{k}_sum") / pl.col(f"{k}_n")).alias(k)
+        for k in FRAGS])
+
+
+def _facts_frag_mean(h: History) -> pl.DataFrame:
+    """Mean frag(k) per pool and card type as ``frag_minute`` recorded them."""
+    f = h.frag_facts.group_by("pool", "card_type").agg(pl.exclude("hour").sum())
+    return f.select("pool", "card_type", *[
+        pl.when(pl.col(f"{k}_n") > 0).then(pl.col(f"{k}_sum") / pl.col(f"{k}_n")).alias(k)
+        for k in FRAGS])
+
+
 def _teams(run: Run, h: History, alloc_pool: pl.DataFrame, blocked: pl.DataFrame,
-           lost: pl.DataFrame, hours: float) -> pl.DataFrame:
+           lost: pl.DataFrame) -> pl.DataFrame:
     lo, hi = pl.lit(h.start).cast(TIME_DTYPE), pl.lit(h.end).cast(TIME_DTYPE)
     started = run.attempts.filter(pl.col("started_at").is_not_null()
                                   & (pl.col("started_at") >= lo) & (pl.col("started_at") < hi))
@@ -177,11 +223,11 @@ def _teams(run: Run, h: History, alloc_pool: pl.DataFrame, blocked: pl.DataFrame
         pl.len().cast(pl.Int64).alias("started"), w.mean().alias("mean_wait_min"),
         w.quantile(0.9, "linear").alias("p90_wait_min")), on="team", how="left").join(
         alloc_pool.group_by("team").agg(
-            (pl.col("fraction").sum() * hours).alias("allocated_gpu_hours"),
-            ((pl.col("fraction") * pl.col("activity").fill_null(0.0)).sum() * hours)
+            pl.col("gpu_hours").sum().alias("allocated_gpu_hours"),
+            (pl.col("gpu_hours") * pl.col("activity").fill_null(0.0)).sum()
             .alias("used_gpu_hours")), on="team", how="left").join(
         lost.select("team", "lost_gpu_hours"), on="team", how="left").join(
-        blocked.group_by("team").agg((pl.col("gpus").sum() * hours).alias("blocked_gpu_hours")),
+        blocked.group_by("team").agg(pl.col("blocked_gpu_hours").sum()),
         on="team", how="left").with_columns(
         pl.col("started").fill_null(0),
         pl.col("allocated_gpu_hours", "used_gpu_hours", "lost_gpu_hours",

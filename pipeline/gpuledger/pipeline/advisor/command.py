@@ -12,6 +12,11 @@ from typing import Any
 from gpuledger.cli.arguments import TERMINAL_COLUMNS_MIN, iso_time, positive, terminal_width
 from gpuledger.cli.errors import CliError, need_pipeline
 
+TOP_MAX = 1_000_000
+"""``diagnose --top`` at most (a summary line per attempt)."""
+STEP_MAX = 10_000_000
+"""``whatif --step`` at most, in minutes (a step is also refused beyond the window)."""
+
 
 def _say(quiet: bool, command: str) -> Callable[[str], None]:
     def say(message: str) -> None:
@@ -56,7 +61,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     say = _say(args.quiet, "diagnose")
     try:
         result = diagnose_warehouse(Path(args.warehouse), write=not args.dry_run,
-                                    progress=lambda f: say(f"diagnosing {f:.0%}"))
+                                    progress=lambda f: say(f"diagnosing {f:.0%}"),
+                                    force=args.force)
     except HistoryError as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -86,12 +92,16 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
     p.add_argument("--policy", action="append", default=None, metavar="NAME",
                    help="replay only this policy (repeatable; the baseline always runs)")
     p.add_argument("--since", type=iso_time, default=None,
-                   help="window start (ISO 8601; default: the first GPU-minute)")
+                   help="window start (ISO 8601, a whole minute; default: the first "
+                   "GPU-minute)")
     p.add_argument("--until", type=iso_time, default=None,
-                   help="window end (ISO 8601, exclusive; default: after the last one)")
-    p.add_argument("--step", type=positive(int, "--step"), default=None, metavar="MINUTES",
-                   help="sample frag(k) and blocked demand every MINUTES (default: 1, more "
-                   "for long windows)")
+                   help="window end (ISO 8601, a whole minute, exclusive; default: after "
+                   "the last one)")
+    p.add_argument("--step", type=positive(int, "--step", at_most=STEP_MAX), default=None,
+                   metavar="MINUTES",
+                   help="sample the replays' frag(k) and blocked demand every MINUTES from "
+                   "the window start, at most the window (default: 1, more for long "
+                   "windows); the observed column and every other answer do not depend on it")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     p.add_argument("--width", type=terminal_width("--width"), default=None,
                    help="terminal width for the tables, at least "
@@ -113,7 +123,11 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
                    help="compute and print, but do not write job_diagnosis")
     d.add_argument("--json", action="store_true",
                    help="print the job_diagnosis rows as JSON lines instead of a summary")
-    d.add_argument("--top", type=positive(int, "--top"), default=10,
-                   help="attempts shown in the summary (default 10)")
+    d.add_argument("--top", type=positive(int, "--top", at_most=TOP_MAX), default=10,
+                   help=f"attempts shown in the summary (default 10, at most {TOP_MAX:,})")
+    d.add_argument("--force", action="store_true",
+                   help="take job_diagnosis files an earlier version wrote into the "
+                   "warehouse's own unit out of it although that unit was published in the "
+                   "last minute (docs/diagnosis.md)")
     d.add_argument("--quiet", action="store_true", help="no progress on stderr")
     d.set_defaults(func=cmd_diagnose)

@@ -8,19 +8,34 @@ A compacted day (``gpu_minute-YYYY-MM-DD[-pNNN].parquet``, docs/warehouse.md) is
 hour at a time too (its rows of that hour), so a day gives the same diagnosis compacted
 or in hourly files.
 
-Output: ``facts/job_diagnosis/date=…/job_diagnosis-…THH.parquet`` by the hour of each
-attempt's last diagnosed minute (the table's previous files are replaced, so a re-run
-writes the same files), and the catalog is republished so ``job_diagnosis`` is a view.
+Output: ``facts/job_diagnosis/date=…/job_diagnosis-…THH-diagnosis.parquet`` by the hour of
+each attempt's last diagnosed minute (the table's previous files are replaced, so a
+re-run writes the same files), and the catalog is rebuilt so ``job_diagnosis`` is a view.
+
+**A unit of its own.** The files are published in the generations of unit ``diagnosis``
+(:data:`UNIT`), never in the unit of the writer of the facts (``warehouse`` for ingest,
+import and the demo, ``pNNN`` for a processor's partitions): a unit has one writer at a
+time, and a diagnosis published into the writer's unit made the writer's next commit
+collide and stop (``generations.Publisher``). Readers combine the newest manifest of every
+unit, so they see one set of ``job_diagnosis`` rows: this unit's. A warehouse diagnosed
+by an earlier version holds ``job_diagnosis`` in unit ``warehouse``: those files are taken
+out of that unit first, which is refused while that unit was published in the last
+:data:`BUSY_S` seconds (its writer may be at work) unless ``force``.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import polars as pl
 
 from gpuledger.pipeline import query
@@ -36,10 +51,16 @@ from gpuledger.pipeline.advisor.diagnosis import (
 from gpuledger.pipeline.advisor.history import HistoryError
 from gpuledger.pipeline.advisor.patterns import CATALOGUE, PATTERNS, UNKNOWN
 from gpuledger.pipeline.columns import TIME_DTYPE
-from gpuledger.pipeline.generations import WHOLE
+from gpuledger.pipeline.generations import WHOLE, read_manifests
+from gpuledger.pipeline.store import StoreError, open_store
 from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_files
 
 TABLE = "job_diagnosis"
+UNIT = "diagnosis"
+"""The unit ``job_diagnosis`` is published in (module docstring)."""
+BUSY_S = 60.0
+"""A unit published less than this long ago is taken to have a writer at work (as
+``gpuledger compact`` takes it)."""
 SORT = ["job_id", "attempt", "pattern"]
 UNSEEN_MIN_GPU_MINUTES = 0.01  # below: rounding, not minutes left out
 COLUMNS = ["minute", "node", "gpu_index", "state", "alloc_fraction", "occupied_share",
@@ -61,10 +82,63 @@ class Diagnosed:
     files: int
 
 
-def _published(root: Path, table: str) -> list[tuple[str, Path]]:
-    """(logical name, file) of ``table``'s files in the newest generation."""
-    return [(logical, root / obj) for logical, obj in sorted(published_files(root).items())
+def _published(root: Path, files: dict[str, str], table: str) -> list[tuple[str, Path]]:
+    """(logical name, file) of ``table``'s files among ``files`` (``published_files``:
+    the newest generation, read once)."""
+    return [(logical, root / obj) for logical, obj in sorted(files.items())
             if logical.startswith(f"{FACTS}/{table}/")]
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once (the manifests are read by every reader
+    of one run: a manifest passed over is said once, not once per reader)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+@contextmanager
+def _warn_once() -> Iterator[None]:
+    logger = logging.getLogger("gpuledger.warehouse")
+    once = _Once()
+    logger.addFilter(once)
+    try:
+        yield
+    finally:
+        logger.removeFilter(once)
+
+
+def _unreadable(root: Path, tables: tuple[str, ...]) -> Path | None:
+    """The first folder of ``tables`` under ``facts/`` (or a day's folder in one) that
+    cannot be listed or entered; None when all can."""
+    for folder in (root / FACTS, *(root / FACTS / t for t in tables)):
+        if not folder.exists():
+            continue
+        if not os.access(folder, os.R_OK | os.X_OK):
+            return folder
+        if folder != root / FACTS:
+            for day in sorted(folder.iterdir()):
+                if day.is_dir() and not os.access(day, os.R_OK | os.X_OK):
+                    return day
+    return None
+
+
+def _read_failed(path: Path, exc: BaseException) -> HistoryError:
+    """A fact file that cannot be read, in one line naming it."""
+    if isinstance(exc, PermissionError):
+        return HistoryError(f"{path}: permission denied")
+    if isinstance(exc, OSError):
+        return HistoryError(f"{path}: cannot be read ({exc.strerror or exc})")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return HistoryError(f"{path}: not a readable Parquet file ({first})")
 
 
 _STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:T(\d{2}))?(?:-[^.]+)?(?:\.[0-9a-f]{16})?\.parquet$")
@@ -94,11 +168,11 @@ class _Part:
     whole: bool
 
 
-def _hours(root: Path) -> list[tuple[datetime, list[_Part]]]:
+def _hours(root: Path, files: dict[str, str]) -> list[tuple[datetime, list[_Part]]]:
     """gpu_minute files by the hour they cover (a compacted day: each of its 24 hours),
     in time order."""
     groups: dict[datetime, list[_Part]] = {}
-    for logical, f in _published(root, "gpu_minute"):
+    for logical, f in _published(root, files, "gpu_minute"):
         first, hours = _span(logical)
         for h in range(hours):
             groups.setdefault(first + timedelta(hours=h), []).append(_Part(f, hours == 1))
@@ -108,32 +182,79 @@ def _hours(root: Path) -> list[tuple[datetime, list[_Part]]]:
 def _read_hour(hour: datetime, parts: list[_Part]) -> pl.DataFrame:
     """The GPU-minute rows of ``hour`` in ``parts``, in one order whatever the layout."""
     lo, hi = (pl.lit(t).cast(TIME_DTYPE) for t in (hour, hour + timedelta(hours=1)))
-    frames = [pl.read_parquet(p.path, columns=COLUMNS) if p.whole else
-              pl.scan_parquet(p.path).select(COLUMNS)
-              .filter((pl.col("minute") >= lo) & (pl.col("minute") < hi)).collect()
-              for p in parts]
+    frames = []
+    for p in parts:
+        try:
+            frames.append(pl.read_parquet(p.path, columns=COLUMNS) if p.whole else
+                          pl.scan_parquet(p.path).select(COLUMNS)
+                          .filter((pl.col("minute") >= lo) & (pl.col("minute") < hi)).collect())
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise _read_failed(p.path, exc) from None
     return pl.concat(frames, how="vertical_relaxed").sort(HOUR_ORDER, maintain_order=True)
 
 
-def _ended(root: Path) -> pl.DataFrame:
-    files = [f for _logical, f in _published(root, "job_attempts")]
-    if not files:
+def _ended(root: Path, files: dict[str, str]) -> pl.DataFrame:
+    frames = []
+    for _logical, f in _published(root, files, "job_attempts"):
+        try:
+            frames.append(pl.read_parquet(f, columns=["job_id", "attempt", "ended_at"]))
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise _read_failed(f, exc) from None
+    if not frames:
         return pl.DataFrame(schema={"job_id": pl.String(), "attempt": pl.Int64(),
                                     "ended_at": TIME_DTYPE})
-    return pl.concat([pl.read_parquet(f, columns=["job_id", "attempt", "ended_at"])
-                      for f in files], how="vertical_relaxed").drop_nulls("ended_at")
+    return pl.concat(frames, how="vertical_relaxed").drop_nulls("ended_at")
+
+
+def _legacy(root: Path, force: bool) -> bool:
+    """Whether unit ``warehouse`` still names ``job_diagnosis`` files (written there by an
+    earlier version): they must go when this run writes its own. Refused (HistoryError)
+    while that unit was published in the last ``BUSY_S`` seconds, unless ``force``."""
+    manifest = read_manifests(open_store(root, create=False)).get(WHOLE)
+    if manifest is None or not any(k.startswith(f"{FACTS}/{TABLE}/") for k in manifest.files):
+        return False
+    age = time.time() - manifest.written_at
+    if age < BUSY_S and not force:
+        raise HistoryError(
+            f"{root}: unit 'warehouse' holds job_diagnosis files of an earlier gpuledger and "
+            f"was published {max(age, 0):.0f} s ago: its writer (ingest, import, demo) seems "
+            f"to be at work, and taking the files out of its unit would stop it; run diagnose "
+            f"again once it is done, or --force")
+    return True
 
 
 def diagnose_warehouse(root: Path, *, write: bool = True,
                        cfg: DiagnosisConfig = DEFAULT_CONFIG,
-                       progress: Callable[[float], None] = lambda _f: None) -> Diagnosed:
-    """Diagnose every attempt of the warehouse at ``root`` (module docstring)."""
-    hours = _hours(root)
+                       progress: Callable[[float], None] = lambda _f: None,
+                       force: bool = False) -> Diagnosed:
+    """Diagnose every attempt of the warehouse at ``root`` (module docstring). Bad input
+    (not a warehouse, a fact file that cannot be read) is a :class:`HistoryError` naming
+    it, raised before anything is written."""
+    root = Path(root)
+    if root.is_file():
+        raise HistoryError(f"{root}: a file, not a warehouse folder")
     if not (root / FACTS).is_dir():
         raise HistoryError(f"{root}: not a gpuledger warehouse (no facts/ folder)")
+    with _warn_once():
+        try:
+            return _diagnose(root, write, cfg, progress, force)
+        except PermissionError as exc:
+            raise HistoryError(f"{exc.filename or root}: permission denied") from None
+        except StoreError as exc:
+            raise HistoryError(str(exc)) from None
+
+
+def _diagnose(root: Path, write: bool, cfg: DiagnosisConfig,
+              progress: Callable[[float], None], force: bool) -> Diagnosed:
+    denied = _unreadable(root, ("gpu_minute", "job_attempts"))
+    if denied is not None:
+        raise HistoryError(f"{denied}: permission denied")
+    legacy = write and _legacy(root, force)
+    published = published_files(root)
+    hours = _hours(root, published)
     if not hours:
         raise HistoryError(f"{root}: no GPU-minutes to diagnose")
-    ended = _ended(root)
+    ended = _ended(root, published)
     state = DiagnosisState()
     parts: list[pl.DataFrame] = []
     for i, (hour, files) in enumerate(hours):
@@ -154,21 +275,42 @@ def diagnose_warehouse(root: Path, *, write: bool = True,
     out = pl.concat(parts, how="vertical_relaxed") if parts else pl.DataFrame(
         schema=JOB_DIAGNOSIS)
     out = with_unseen(out, _attempts(root))
-    written = _write(root, out) if write else 0
+    written = _write(root, out, legacy) if write else 0
     return Diagnosed(out.sort(SORT), written)
 
 
-def _write(root: Path, rows: pl.DataFrame) -> int:
-    wh = Warehouse(root)
-    for old in [k for k in wh.publisher.unit(WHOLE).files if k.startswith(f"{FACTS}/{TABLE}/")]:
-        wh.publisher.drop(WHOLE, old)  # replaced in the same generation
-    wh.ensure_schema(TABLE, JOB_DIAGNOSIS)
-    for (hour,), part in rows.with_columns(
-            (pl.coalesce("ended_at", pl.col("last_minute") + pl.duration(minutes=1))
-             - pl.duration(milliseconds=1)).dt.truncate("1h").alias("_h")
-    ).group_by("_h", maintain_order=True):
-        wh.write_part(TABLE, hour, part.drop("_h"), SORT)
-    wh.publish_catalog()
+def _write(root: Path, rows: pl.DataFrame, legacy: bool) -> int:
+    """Publish ``rows`` as the whole ``job_diagnosis`` in unit :data:`UNIT` (the previous
+    run's files replaced in the same generation); ``legacy``: first take the files an
+    earlier version wrote into unit ``warehouse`` out of it (readers never see both
+    sets: for one generation they see none). Then rebuild the catalog."""
+    wh = Warehouse(root, suffix=UNIT)
+    try:
+        if legacy:
+            for old in [k for k in wh.publisher.unit(WHOLE).files
+                        if k.startswith(f"{FACTS}/{TABLE}/")]:
+                wh.publisher.drop(WHOLE, old)
+            wh.publisher.commit(wait=True)
+            wh.publisher.forget(WHOLE)
+        for old in [k for k in wh.publisher.unit(UNIT).files
+                    if k.startswith(f"{FACTS}/{TABLE}/")]:
+            wh.publisher.drop(UNIT, old)  # replaced in the same generation
+        wh.ensure_schema(TABLE, JOB_DIAGNOSIS)
+        for (hour,), part in rows.with_columns(
+                (pl.coalesce("ended_at", pl.col("last_minute") + pl.duration(minutes=1))
+                 - pl.duration(milliseconds=1)).dt.truncate("1h").alias("_h")
+        ).group_by("_h", maintain_order=True):
+            wh.write_part(TABLE, hour, part.drop("_h"), SORT)
+        wh.publisher.commit(wait=True)
+        # the catalog is rebuilt here (publish_catalog rebuilds it for the writer of the
+        # facts' units only, and this writer must not take those units up); one that
+        # cannot be built now is a warning: the rows are published, and readers build
+        # their views from the manifests
+        wh._catalog_or_warning()
+    except StoreError as exc:
+        raise HistoryError(f"{root}: job_diagnosis not written: {exc}") from None
+    finally:
+        wh.close()
     return wh.files_written
 
 
@@ -184,6 +326,9 @@ def _attempts(root: Path) -> pl.DataFrame:
                    ended_at, coalesce(idle_gpu_hours, 0) + coalesce(inefficient_gpu_hours, 0)
                    AS waste_gpu_hours
             FROM attempts WHERE started_at IS NOT NULL""").pl()
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise HistoryError(f"{root}: the attempts cannot be read ({first})") from None
     finally:
         con.close()
     return frame.with_columns(pl.col(pl.Datetime).cast(TIME_DTYPE))

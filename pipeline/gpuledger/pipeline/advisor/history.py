@@ -8,12 +8,26 @@
   inventory fact): a node's pool, card type, GPU count (distinct GPU indices seen) and
   whether it has NVLink (NVLink counters reported);
 - ``grid``: per minute and GPU the state replay cannot change (``node_ok``: schedulable
-  and not down; ``gpu_ok``: not unhealthy), from ``gpu_minute``, every ``step`` minutes;
-- ``outages``: the same as intervals, for the scheduler (drain, down, GPU).
+  and not down; ``gpu_ok``: not unhealthy), from ``gpu_minute``, every ``step`` minutes
+  counted from the window start (the replays' frag(k) and blocked demand are sampled on
+  it, each sample standing for the ``step`` minutes it starts, the last one for the
+  minutes left);
+- ``outages``: the runs of unavailable minutes (drain, down, GPU) as intervals, for the
+  scheduler, and ``excluded``: the runs of minutes a GPU's allocation does not count
+  (node down, GPU unhealthy), both from every minute, whatever the step;
+- ``available``: available GPU-hours per pool, from every minute;
+- ``blocked_facts``, ``frag_facts``: blocked demand (``blocked_minute``) by pool and team,
+  and frag(k) sums (``frag_minute``) by hour, pool and card type: what was observed;
+- ``known``: the teams, pools, card types and job types of the warehouse (a policy file
+  naming another is refused).
+
+The window's bounds are whole minutes (the GPU-minute facts are per minute): a bound with
+seconds is refused, as is a ``step`` longer than the window.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,10 +35,29 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from gpuledger.cli.errors import CliError
 from gpuledger.pipeline import query
 from gpuledger.pipeline.columns import TIME_DTYPE
+from gpuledger.pipeline.facts.fragmentation import FRAG_KS
+from gpuledger.pipeline.location import check_location
 
 MAX_GRID_ROWS = 6_000_000  # GPU-minutes on the grid: beyond, sample every few minutes
+RUN_SCHEMA = pl.Schema({"node": pl.String(), "gpu_index": pl.Int64(), "start": TIME_DTYPE,
+                        "end": TIME_DTYPE})
+BLOCKED_FACTS = pl.Schema({"pool": pl.String(), "team": pl.String(),
+                           "blocked_gpu_hours": pl.Float64()})
+FRAG_FACTS = pl.Schema({"hour": TIME_DTYPE, "pool": pl.String(), "card_type": pl.String(),
+                        **{f"frag_{k}_sum": pl.Float64() for k in FRAG_KS},
+                        **{f"frag_{k}_n": pl.Int64() for k in FRAG_KS}})
+STATE_SQL = """
+    SELECT minute, node, gpu_index, pool, card_type,
+           coalesce(schedulable, true) AND coalesce(health, 'ok') <> 'down' AS node_ok,
+           coalesce(schedulable, true) AS schedulable,
+           coalesce(health, 'ok') = 'down' AS down,
+           NOT (state = 'unavailable' AND coalesce(schedulable, true)
+                AND coalesce(health, 'ok') <> 'down') AS gpu_ok
+    FROM gpu_minute WHERE minute >= ? AND minute < ?"""
+"""Per GPU-minute of the window, the state a replay cannot change."""
 
 
 # GPUs per attempt: ended attempts from job_gpu; running ones from gpu_minute, where a GPU
@@ -72,12 +105,59 @@ class HistoryError(ValueError):
     """The warehouse cannot be replayed (no facts, an empty window)."""
 
 
+def local_folder(warehouse: str | Path) -> Path | None:
+    """The warehouse's folder when it is a local one (None: a bucket, or not a location)."""
+    try:
+        where = check_location(warehouse)
+    except CliError:
+        return None
+    return where if isinstance(where, Path) else None
+
+
+def check_folder(warehouse: str | Path) -> None:
+    """A local warehouse that is a file, or whose ``facts/`` folders cannot be read, in
+    one line (DuckDB says "no files found" for a folder it may not read)."""
+    folder = local_folder(warehouse)
+    if folder is None:
+        return
+    if folder.is_file():
+        raise HistoryError(f"{warehouse}: a file, not a warehouse folder")
+    facts = folder / "facts"
+    if not facts.is_dir():
+        return
+    folders = [facts]
+    if os.access(facts, os.R_OK | os.X_OK):
+        tables = [t for t in sorted(facts.iterdir()) if t.is_dir()]
+        folders += tables
+        for t in tables:
+            if os.access(t, os.R_OK | os.X_OK):
+                folders += [d for d in sorted(t.iterdir()) if d.is_dir()]
+    for f in folders:
+        if not os.access(f, os.R_OK | os.X_OK):
+            raise HistoryError(f"{f}: permission denied (the warehouse cannot be read)")
+
+
 def open_read_only(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the warehouse (the shared opener can replace this)."""
+    check_folder(warehouse)
     try:
         return query.connect(warehouse)
     except query.QueryError as exc:
         raise HistoryError(str(exc)) from None
+
+
+def whole_minute(t: datetime | None, name: str) -> datetime | None:
+    """``t`` in UTC, refused (HistoryError naming ``name``) unless on a whole minute."""
+    if t is None:
+        return None
+    t = _utc(t).astimezone(UTC)
+    if t.second or t.microsecond:
+        floor = t.replace(second=0, microsecond=0)
+        raise HistoryError(
+            f"{name} {t:%Y-%m-%dT%H:%M:%S}Z: not on a whole minute (the GPU-minute facts "
+            f"are per minute); give {floor:%Y-%m-%dT%H:%MZ} or "
+            f"{floor + timedelta(minutes=1):%Y-%m-%dT%H:%MZ}")
+    return t
 
 
 @dataclass
@@ -93,6 +173,15 @@ class History:
     grid: pl.DataFrame
     outages: pl.DataFrame
     gaps: list[str] = field(default_factory=list)
+    excluded: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RUN_SCHEMA))
+    available: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
+        schema={"pool": pl.String(), "available_gpu_hours": pl.Float64()}))
+    blocked_facts: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
+        schema=BLOCKED_FACTS))
+    frag_facts: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FRAG_FACTS))
+    known: dict[str, set[str]] = field(default_factory=dict)
+    """``team``, ``pool``, ``job_type`` → the names the warehouse has; ``card_type`` →
+    ``pool/card`` pairs and bare card types."""
 
     @property
     def span_s(self) -> int:
@@ -112,24 +201,28 @@ def _utc(t: datetime) -> datetime:
 def load_history(warehouse: str | Path, since: datetime | None = None,
                  until: datetime | None = None, step_minutes: int | None = None) -> History:
     """Read the window ``[since, until)`` (default: everything) of ``warehouse``."""
+    since, until = whole_minute(since, "--since"), whole_minute(until, "--until")
     con = open_read_only(warehouse)
     try:
         lo, hi = con.sql("SELECT min(minute), max(minute) FROM gpu_minute").fetchall()[0]
         if lo is None or hi is None:
             raise HistoryError(f"{warehouse}: no GPU-minutes: nothing to replay")
-        start = max(_utc(since), lo) if since is not None else lo
-        end = min(_utc(until), hi + timedelta(minutes=1)) if until is not None else (
+        start = max(since, lo) if since is not None else lo
+        end = min(until, hi + timedelta(minutes=1)) if until is not None else (
             hi + timedelta(minutes=1))
         start, end = start.astimezone(UTC), end.astimezone(UTC)
         if end <= start:
             first, last = lo.astimezone(UTC), (hi + timedelta(minutes=1)).astimezone(UTC)
             span = f"the data spans {first:%Y-%m-%d %H:%M} – {last:%Y-%m-%d %H:%M} UTC"
-            if since is not None and _utc(since) >= last:
-                raise HistoryError(f"{warehouse}: --since {_utc(since):%Y-%m-%d %H:%M} UTC "
+            if since is not None and since >= last:
+                raise HistoryError(f"{warehouse}: --since {since:%Y-%m-%d %H:%M} UTC "
                                    f"is after the data ends ({span})")
-            raise HistoryError(f"{warehouse}: --until {_utc(until or last):%Y-%m-%d %H:%M} "
+            raise HistoryError(f"{warehouse}: --until {until or last:%Y-%m-%d %H:%M} "
                                f"UTC is before the data starts ({span})")
         span_min = int((end - start).total_seconds() // 60)
+        if step_minutes is not None and step_minutes > span_min:
+            raise HistoryError(f"--step {step_minutes}: longer than the window ({span_min:,} "
+                               f"minutes, {start:%Y-%m-%d %H:%M} – {end:%Y-%m-%d %H:%M} UTC)")
         n_gpus = int(con.sql("SELECT count(DISTINCT (node, gpu_index)) FROM gpu_minute")
                      .fetchall()[0][0])
         step = step_minutes or max(1, -(-span_min * n_gpus // MAX_GRID_ROWS))
@@ -147,25 +240,84 @@ def load_history(warehouse: str | Path, since: datetime | None = None,
                          bool_or(nvlink_rx_bytes_s IS NOT NULL) AS nvlink
                   FROM gpu_minute WHERE minute >= ? AND minute < ? GROUP BY ALL)
             GROUP BY node ORDER BY node""", window)
+        # the sampled grid: every step minutes counted from the window start
         grid = _frame(con, f"""
-            SELECT minute, node, gpu_index, pool, card_type,
-                   coalesce(schedulable, true) AND coalesce(health, 'ok') <> 'down' AS node_ok,
-                   coalesce(schedulable, true) AS schedulable,
-                   coalesce(health, 'ok') = 'down' AS down,
-                   NOT (state = 'unavailable' AND coalesce(schedulable, true)
-                        AND coalesce(health, 'ok') <> 'down') AS gpu_ok
-            FROM gpu_minute
-            WHERE minute >= ? AND minute < ?
-              AND (epoch(minute)::BIGINT // 60) % {int(step)} = 0""", window)
+            SELECT * FROM ({STATE_SQL})
+            WHERE ((epoch(minute)::BIGINT - {int(start.timestamp())}) // 60) % {int(step)}
+                  = 0""", window)
+        # every minute's unavailable GPUs (few rows): outages and excluded allocation
+        unavailable = _frame(con, f"""
+            SELECT * FROM ({STATE_SQL}) WHERE down OR NOT schedulable OR NOT gpu_ok""",
+                             window)
+        available = _frame(con, f"""
+            SELECT pool, count(*) FILTER (WHERE node_ok AND gpu_ok) / 60.0
+                   AS available_gpu_hours
+            FROM ({STATE_SQL}) GROUP BY pool ORDER BY pool""", window)
+        blocked_facts = _frame(con, """
+            SELECT pool, coalesce(team, '(none)') AS team,
+                   sum(coalesce(gpus, 1)) / 60.0 AS blocked_gpu_hours
+            FROM blocked_minute WHERE minute >= ? AND minute < ?
+            GROUP BY ALL ORDER BY ALL""", window)
+        sums = ", ".join(f"sum(frag_{k}) AS frag_{k}_sum" for k in FRAG_KS)
+        counts = ", ".join(f"count(frag_{k}) AS frag_{k}_n" for k in FRAG_KS)
+        frag_facts = _frame(con, f"""
+            SELECT to_timestamp((epoch(minute)::BIGINT // 3600) * 3600) AS hour, pool,
+                   card_type, {sums}, {counts}
+            FROM frag_minute WHERE minute >= ? AND minute < ?
+            GROUP BY ALL ORDER BY ALL""", window)
+        names = con.sql("SELECT DISTINCT team, pool, card_type, job_type FROM attempts"
+                        ).fetchall()
     except duckdb.Error as exc:
         raise HistoryError(f"{warehouse}: {exc}") from None
     finally:
         con.close()
     grid = grid.with_columns(pl.col("minute").cast(TIME_DTYPE))
     history = History(start, end, int(step), attempts, allocations, nodes, grid,
-                      outages(grid, int(step)))
+                      outages(unavailable, 1))
+    history.excluded = runs(unavailable.filter(pl.col("down") | ~pl.col("gpu_ok")))
+    history.available = available
+    history.blocked_facts = blocked_facts.cast(dict(BLOCKED_FACTS))  # type: ignore[arg-type]
+    history.frag_facts = frag_facts.cast(dict(FRAG_FACTS))  # type: ignore[arg-type]
+    history.known = _known(names, nodes)
     history.gaps = gaps(history)
     return history
+
+
+def _known(names: list[tuple[object, ...]], nodes: pl.DataFrame) -> dict[str, set[str]]:
+    """The names a policy file may use: teams and job types of the attempts, pools and
+    card types of the attempts and of the window's nodes."""
+    known: dict[str, set[str]] = {"team": set(), "pool": set(), "card_type": set(),
+                                  "job_type": set()}
+    pairs = [(p, c) for _t, p, c, _j in names] + list(nodes.select("pool", "card_type")
+                                                       .iter_rows())
+    for team, _p, _c, job_type in names:
+        if team is not None:
+            known["team"].add(str(team))
+        if job_type is not None:
+            known["job_type"].add(str(job_type))
+    for pool, card in pairs:
+        if pool is not None:
+            known["pool"].add(str(pool))
+            if card is not None:
+                known["card_type"].add(f"{pool}/{card}")
+        if card is not None:
+            known["card_type"].add(str(card))
+    return known
+
+
+def runs(minutes: pl.DataFrame) -> pl.DataFrame:
+    """GPU-minutes (``minute``, ``node``, ``gpu_index``) as runs of consecutive minutes
+    per GPU, ``[start, end)``."""
+    if minutes.is_empty():
+        return pl.DataFrame(schema=RUN_SCHEMA)
+    keys = ["node", "gpu_index"]
+    gap = pl.col("minute").diff().over(keys) != pl.duration(minutes=1)
+    return minutes.select(*keys, pl.col("minute").cast(TIME_DTYPE)).unique().sort(
+        [*keys, "minute"]).with_columns(gap.fill_null(True).cum_sum().over(keys).alias("run")
+    ).group_by([*keys, "run"]).agg(
+        pl.col("minute").min().alias("start"),
+        (pl.col("minute").max() + pl.duration(minutes=1)).alias("end"),
+    ).select(list(RUN_SCHEMA)).sort([*keys, "start"])
 
 
 def outages(grid: pl.DataFrame, step: int) -> pl.DataFrame:

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpuledger.pipeline.advisor.answers import Answers
 from gpuledger.pipeline.advisor.calibration import key_order, long_form
@@ -68,29 +69,33 @@ def _num(v: Any, digits: int = 1) -> str:
 
 
 def print_whatif(w: WhatIf, console: Console) -> None:
-    """The comparison as one rich table per answer, with the notes first."""
+    """The comparison as one rich table per answer, with the notes first. Every name
+    from the warehouse or the policy file (the path, policies, pools, teams, queues) is
+    printed as text, never read as markup."""
     hours = (w.end - w.start).total_seconds() / 3600
     base = w.policies.baseline
     cal = w.calibration
-    console.print(f"[bold]What if[/bold] — {w.warehouse}, {w.start:%Y-%m-%d %H:%M} – "
-                  f"{w.end:%Y-%m-%d %H:%M} UTC ({hours:.1f} h, grid every "
-                  f"{w.step_minutes} min). Baseline: [bold]{base}[/bold].")
-    console.print(f"Calibration: the baseline replay is within tolerance for "
-                  f"{int(cal['within'].sum())} of {cal.height - cal['within'].null_count()} "
-                  f"answers with both sides observed "
-                  f"(error = {base} − observed, shown beside every answer).")
+    console.print(Text.assemble(
+        ("What if", "bold"), f" — {w.warehouse}, {w.start:%Y-%m-%d %H:%M} – "
+        f"{w.end:%Y-%m-%d %H:%M} UTC ({hours:.1f} h, grid every {w.step_minutes} min). "
+        "Baseline: ", (base, "bold"), "."))
+    console.print(Text(
+        f"Calibration: the baseline replay is within tolerance for "
+        f"{int(cal['within'].sum())} of {cal.height - cal['within'].null_count()} "
+        f"answers with both sides observed (error = {base} − observed, shown beside every "
+        "answer)."))
     for line in w.notes:
-        console.print(f"  note: {line}")
+        console.print(Text(f"  note: {line}"))
     for line in w.weakened:
-        console.print(f"  [yellow]weakened[/yellow]: {line}")
+        console.print(Text.assemble("  ", ("weakened", "yellow"), f": {line}"))
     comp = w.comparison()
     others = [a.policy for a in w.replays if a.policy != base]
     for (answer,), rows in comp.group_by("answer", maintain_order=True):
         digits = 3 if str(answer).startswith("mean frag") else 1
-        table = Table(title=str(answer), title_justify="left")
-        table.add_column("key")
+        table = Table(title=Text(str(answer)), title_justify="left")
+        table.add_column(Text("key"))
         for name in ("observed", base, "calib. error", *others):
-            table.add_column(name, justify="right")
+            table.add_column(Text(name), justify="right")
         for r in rows.iter_rows(named=True):
             mark = "✓" if r["within"] else "✗"
             cells = [_num(r["observed"], digits), _num(r["baseline"], digits),
@@ -99,7 +104,7 @@ def print_whatif(w: WhatIf, console: Console) -> None:
                 v = r[name]
                 cells.append("" if v is None else _num(v, digits) if r["baseline"] is None
                              else f"{_num(v, digits)} ({v - r['baseline']:+,.{digits}f})")
-            table.add_row(str(r["key"]), *cells)
+            table.add_row(Text(str(r["key"])), *(Text(c) for c in cells))
         console.print(table)
 
 
@@ -181,11 +186,11 @@ def report_section(w: WhatIf) -> ReportSection:
 
 def print_section(section: ReportSection, console: Console) -> None:
     """The report section as one rich table (``gpuledger report``'s terminal style)."""
-    table = Table(title=section.title, caption=section.question, title_justify="left",
-                  caption_justify="left")
+    table = Table(title=Text(section.title), caption=Text(section.question),
+                  title_justify="left", caption_justify="left")
     for i, name in enumerate(section.columns):
-        table.add_column(name, justify="left" if i == 0 else "right")
+        table.add_column(Text(name), justify="left" if i == 0 else "right")
     for r in section.rows:
-        table.add_row(*["" if v is None else (f"{v:,}" if isinstance(v, float) else str(v))
-                        for v in r])
+        table.add_row(*[Text("" if v is None else (f"{v:,}" if isinstance(v, float)
+                                                   else str(v))) for v in r])
     console.print(table)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ class Policy:
     checkpointable_only: bool = False
     card_pools: Mapping[str, CardPool] = field(default_factory=dict)
     description: str = ""
+    key: str = field(default="", compare=False)
+    """Where it is in the policy file (``policies[2]``); "" when built in."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,69 @@ class PolicySet:
     schedule_interval_s: int = 15
     reserve_after_minutes: float = 120.0
     checkpoint_minutes: float = 30.0
+    origin: str = ""
+    """The policy file it was read from ("" for the built-in set or a parsed document)."""
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+    """Dotted key → its line in ``origin``."""
 
     def get(self, name: str) -> Policy:
         """The policy called ``name``."""
         return next(p for p in self.policies if p.name == name)
+
+    def error(self, key: str, message: str) -> PolicyError:
+        """``message`` about ``key``, with the file and line where there is one."""
+        if not self.origin:
+            return _fail(key, message)
+        line = _line(self.lines, key)
+        return PolicyError(f"{self.origin}:{line}: {key}: {message}" if line
+                           else f"{self.origin}: {key}: {message}")
+
+    def check_names(self, known: Mapping[str, set[str]]) -> None:
+        """Refuse (PolicyError naming the key) a team, pool, job type or card type the
+        warehouse does not have (``known``: ``History.known``): a misspelt name would
+        otherwise match nothing and change nothing, silently."""
+        for team, pools in self.quotas.items():
+            if team not in known.get("team", set()):
+                raise self.error(f"quotas.{team}", f"no team {team!r} in the warehouse "
+                                 f"({_listed('teams', known.get('team', set()))})")
+            for pool in pools:
+                if pool not in known.get("pool", set()):
+                    raise self.error(f"quotas.{team}.{pool}", f"no pool {pool!r} in the "
+                                     f"warehouse ({_listed('pools', known.get('pool', set()))})")
+        for i, policy in enumerate(self.policies):
+            for job_type, target in policy.card_pools.items():
+                where = f"{policy.key or f'policies[{i}]'}.card_pools.{job_type}"
+                if job_type not in known.get("job_type", set()):
+                    raise self.error(where, f"no job type {job_type!r} in the warehouse "
+                                     f"({_listed('job types', known.get('job_type', set()))})")
+                if target.pool not in known.get("pool", set()):
+                    raise self.error(f"{where}.pool", f"no pool {target.pool!r} in the "
+                                     f"warehouse ({_listed('pools', known.get('pool', set()))})")
+                cards = {c.split("/", 1)[1] for c in known.get("card_type", set())
+                         if c.startswith(f"{target.pool}/")}
+                if target.card_type is not None and target.card_type not in cards:
+                    raise self.error(f"{where}.card_type", f"no card type "
+                                     f"{target.card_type!r} in pool {target.pool!r} "
+                                     f"({_listed('card types there', cards)})")
+
+
+def _listed(what: str, names: set[str], most: int = 12) -> str:
+    """``what: a, b, c`` (the first ``most``), or that there are none."""
+    if not names:
+        return f"it has no {what}"
+    shown = sorted(names)
+    more = f", … ({len(shown) - most} more)" if len(shown) > most else ""
+    return f"{what}: {', '.join(shown[:most])}{more}"
+
+
+def _line(lines: Mapping[str, int], path: str) -> int | None:
+    """The line of the dotted key ``path``, or of the nearest key above it."""
+    while path:
+        if path in lines:
+            return lines[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
 
 
 DEFAULT = PolicySet(policies=(
@@ -129,12 +190,7 @@ class _Lines:
                 self._walk(item, sub)
 
     def line(self, path: str) -> int | None:
-        while path:
-            if path in self.lines:
-                return self.lines[path]
-            cut = max(path.rfind("."), path.rfind("["))
-            path = path[:cut] if cut > 0 else ""
-        return None
+        return _line(self.lines, path)
 
 
 def load_policies(path: Path | None) -> PolicySet:
@@ -146,12 +202,14 @@ def load_policies(path: Path | None) -> PolicySet:
         raw = parse_yaml(text, path)
     except YamlFileError as exc:
         raise PolicyError(str(exc)) from None
+    lines = _Lines(text)
     try:
-        return parse_policies(raw)
+        parsed = parse_policies(raw)
     except PolicyError as exc:
         key = str(exc).split(":", 1)[0]
-        line = _Lines(text).line(key)
+        line = lines.line(key)
         raise PolicyError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None
+    return replace(parsed, origin=str(path), lines=lines.lines)
 
 
 def _fail(where: str, message: str) -> PolicyError:
@@ -277,4 +335,5 @@ def _policy(raw: object, where: str) -> Policy:
         checkpointable_only=_bool(pre, "checkpointable_only", f"{where}.preemption", False),
         card_pools=pools,
         description=str(obj.get("description") or ""),
+        key=where,
     )

@@ -93,7 +93,7 @@ class ReplayInput:
     mixes: dict[str, TaskMix]
     skipped: int = 0  # attempts of jobs whose pool has no node
     imputed: int = 0
-    censored: int = 0
+    censored: int = 0  # jobs running at the window end (an attempt started, not ended)
     # pinned jobs' recorded queue and start times: they started before the window, so
     # their wait is not the replay's answer
     pinned_at: dict[int, tuple[datetime, datetime]] = field(default_factory=dict)
@@ -189,6 +189,9 @@ def prepare(h: History, policies: PolicySet) -> ReplayInput:
         pl.col("run").last(), pl.col("ckpt").median(),
         pl.col("used_gpu_hours").sum().alias("used"),
         pl.col("allocated_gpu_hours").sum().alias("alloc"),
+        # an attempt of it runs at the window end (started before, not ended by then)
+        ((pl.col("s") < h.span_s) & (pl.col("e").fill_null(math.inf) > h.span_s)).any()
+        .alias("at_end"),
     )
     finished = jobs_df.filter((pl.col("end_event") == "finished")
                               & pl.col("last_start").is_not_null())
@@ -227,9 +230,9 @@ def prepare(h: History, policies: PolicySet) -> ReplayInput:
         started = r["last_start"] is not None
         patience: int | None = None
         work: int
+        censored += bool(r["at_end"])
         if started and r["last_end"] is None:
             work, outcome = CENSORED_S, "finished"
-            censored += 1
         elif started:
             work = round(r["kept"] + r["run"])
             outcome = ended if ended in ("finished", "failed", "cancelled") else "finished"
@@ -263,12 +266,31 @@ def prepare(h: History, policies: PolicySet) -> ReplayInput:
         tasks.setdefault(r["pool"], []).append((gpus, units))
     quotas = {t: dict(p) for t, p in policies.quotas.items()}
     source = "policy file"
-    if not quotas:
+    if quotas:
+        source += _unquoted(jobs, quotas)
+    else:
         quotas = _infer_quotas(h, pools)
         source = "inferred from the history (most GPUs held within quota at once)"
     mixes = {pool: TaskMix.of(t, WHOLE) for pool, t in tasks.items()}
     return ReplayInput(h, layout, jobs, np.array(activity), pinned, quotas, source, mixes,
                        skipped, imputed, censored, pinned_at)
+
+
+def _unquoted(jobs: list[Job], quotas: dict[str, dict[str, int]]) -> str:
+    """What the policy file's quotas leave out, said in the notes: a team (or a team's
+    pool) with jobs and no quota has quota 0 there (its jobs start on borrowed GPUs only,
+    and never under ``quota: fixed``)."""
+    teams = sorted({j.team for j in jobs} - set(quotas))
+    pools: dict[str, set[str]] = {}
+    for j in jobs:
+        if j.team in quotas and j.pool not in quotas[j.team]:
+            pools.setdefault(j.team, set()).add(j.pool)
+    parts = [f"team(s) {', '.join(teams)}"] if teams else []
+    parts += [f"team {t} in pool(s) {', '.join(sorted(p))}" for t, p in sorted(pools.items())]
+    if not parts:
+        return ""
+    return (f"; none there, so 0 GPUs, for {'; '.join(parts)} (their jobs start on "
+            "borrowed GPUs only, and under quota: fixed not at all)")
 
 
 def _spec(inp: ReplayInput, policies: PolicySet) -> ClusterSpec:

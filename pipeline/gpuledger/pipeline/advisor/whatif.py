@@ -29,7 +29,8 @@ def run_whatif(warehouse: str | Path, policies: PolicySet, names: list[str] | No
                           f"{', '.join(p.name for p in policies.policies)})")
     progress("reading the history")
     h = load_history(warehouse, since, until, step_minutes)
-    observed = answers(as_run(h), h)
+    policies.check_names(h.known)
+    observed = answers(as_run(h), h, from_facts=True)
     inp = prepare(h, policies)
     replays = []
     notes: list[str] = []

@@ -74,5 +74,8 @@ def whatif_answer(warehouse: str | Path, since: datetime | None = None,
 def whatif_section(warehouse: str | Path, since: datetime | None = None,
                    until: datetime | None = None, policies: PolicySet = DEFAULT,
                    step_minutes: int = 5) -> ReportSection:
-    """The report's what-if section (every 5 minutes of grid by default, to stay quick)."""
+    """The report's what-if section (every 5 minutes of grid by default, to stay quick;
+    a shorter window, every minute of it)."""
+    if since is not None and until is not None:
+        step_minutes = max(1, min(step_minutes, int((until - since).total_seconds() // 60)))
     return report_section(run_whatif(warehouse, policies, None, since, until, step_minutes))
