@@ -51,6 +51,7 @@ from gpuledger.contract.schema import RecordType
 from gpuledger.pipeline import engines
 from gpuledger.pipeline.bus import Batch
 from gpuledger.pipeline.columns import TIME_DTYPE, conform
+from gpuledger.pipeline.compaction import PART_TIME
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, recommendations, rollup
@@ -106,6 +107,12 @@ HourKey = tuple[str, datetime, int]
 def _newest_by_node(tel: pl.DataFrame) -> pl.DataFrame:
     """Each node's newest sample time in ``tel`` (node, time)."""
     return engines.kept_frame(tel.lazy().group_by("node").agg(pl.col("time").max()))
+
+
+def _run_key(table: str) -> list[str]:
+    """What names a merged table's row across runs: its key and its time (``job_gpu``'s
+    key has no time: a row an earlier run wrote with another end is another row)."""
+    return list(dict.fromkeys([*SORT_KEYS[table], PART_TIME[table]]))
 
 
 def _floor_minute(t: datetime) -> datetime:
@@ -218,7 +225,8 @@ class Processor:
         """Per merged table, the days earlier runs published parts of (as this run
         began)."""
         self._run_keys: dict[str, list[pl.DataFrame]] = {}
-        """Per merged table, the keys of the rows this run wrote."""
+        """Per merged table, the keys and times of the rows this run wrote
+        (:func:`_run_key`)."""
         if partitioning is None:
             self.part_closed = {}
         for table, schema in TABLE_SCHEMAS.items():
@@ -1149,7 +1157,7 @@ class Processor:
         if self._run_from is None or closed is None or not self._earlier:
             return
         for table, days in self._earlier.items():
-            keys = SORT_KEYS[table]
+            keys = _run_key(table)
             mine = self._run_keys.get(table)
             written = (pl.concat(mine, how="vertical_relaxed").unique() if mine
                        else pl.DataFrame(schema={k: TABLE_SCHEMAS[table][k] for k in keys}))
@@ -1237,7 +1245,7 @@ class Processor:
         if self._step is not None:
             self._step_written.add(key)
         if merge and self._earlier:
-            self._run_keys.setdefault(table, []).append(frame.select(SORT_KEYS[table]))
+            self._run_keys.setdefault(table, []).append(frame.select(_run_key(table)))
         self.counters.add_rows(table, frame.height)
         if complete or merge:
             del self.hour_parts[key]

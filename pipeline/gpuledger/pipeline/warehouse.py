@@ -245,8 +245,7 @@ class Warehouse:
         old = self.read(path, suffix)
         if old is None:
             return False
-        return self._keep(table, path, old, old.filter(~_within(table, span)), sort_by,
-                          suffix)
+        return self._keep(path, old, old.filter(~_within(table, span)), sort_by, suffix)
 
     def part_days(self, tables: list[str], suffix: str | None = None) -> dict[str, set[str]]:
         """Per table, the days (``date=`` folders) with published parts."""
@@ -261,7 +260,8 @@ class Warehouse:
                          keep: pl.DataFrame, suffix: str | None = None) -> int:
         """Of ``table``'s parts (hours and compacted days) in ``days``, the rows whose time
         is in ``(start, end]`` of ``span`` and whose key (``keep``'s columns) is not in
-        ``keep`` go. Returns how many."""
+        ``keep`` go (what is left keeps the order of ``keep``'s columns). Returns how
+        many."""
         keys = keep.columns
         dropped = 0
         for logical in sorted(self.publisher.unit(self._unit(suffix)).files):
@@ -278,10 +278,10 @@ class Warehouse:
             if stale.len():
                 dropped += stale.len()
                 kept = rows.filter(~pl.col("_i").is_in(stale.implode())).drop("_i")
-                self._keep(table, logical, old, kept, keys, suffix)
+                self._keep(logical, old, kept, keys, suffix)
         return dropped
 
-    def _keep(self, table: str, logical: str, old: pl.DataFrame, kept: pl.DataFrame,
+    def _keep(self, logical: str, old: pl.DataFrame, kept: pl.DataFrame,
               sort_by: list[str], suffix: str | None) -> bool:
         """``kept`` (rows of ``old``) the content of ``logical`` from now on; a file left
         empty is no longer published. True when some row went."""
