@@ -83,8 +83,6 @@ log = logging.getLogger("gpuledger.processor")
 PER_GPU_TABLES = ("gpu_minute", "gpu_span", "job_gpu")
 CLUSTER_TABLES = ("frag_minute", "pending_minute", "blocked_minute", "job_attempts",
                   "preemptions", "recommendations")
-OWNER_TABLES = ("job_attempts", "recommendations")
-"""Of the cluster tables, those the owner writes whatever ``cluster_facts`` says."""
 HOURLY_TABLES = ("gpu_minute", "gpu_span", "frag_minute", "pending_minute", "blocked_minute",
                  "job_attempts", "job_gpu", "preemptions", "recommendations")
 MERGED_TABLES = ("job_attempts", "job_gpu", "preemptions", "recommendations")
@@ -1128,22 +1126,18 @@ class Processor:
         this run kept an earlier run's spans of it beside this run's minutes). Merged
         tables wait for the run's end (:meth:`_drop_earlier_rows`)."""
         a, b = step
-        hour, hours = _floor_hour(a), []
-        while hour < b:
-            hours.append(hour)
+        whole, hour = [], _floor_hour(a)
+        while hour + timedelta(hours=1) <= b:   # the hours this step completed
+            whole.append(hour)
             hour += timedelta(hours=1)
+        tables = [t for t in HOURLY_TABLES if t not in MERGED_TABLES]
         for p in sorted(self.held):
-            suffix = self.suffix(p)
-            for hour in hours:
-                complete = hour + timedelta(hours=1) <= b
-                for table in HOURLY_TABLES:
-                    if table in CLUSTER_TABLES and not (p == 0 and (
-                            self.owner if table in OWNER_TABLES else self.cluster)):
-                        continue
-                    if complete and table not in MERGED_TABLES \
-                            and (table, hour, p) not in self._step_written:
+            mine = [t for t in tables if t not in CLUSTER_TABLES or (p == 0 and self.cluster)]
+            for hour in whole:
+                for table in mine:
+                    if (table, hour, p) not in self._step_written:
                         self.warehouse.drop_rows(table, hour, (hour, hour + timedelta(hours=1)),
-                                                 SORT_KEYS[table], suffix)
+                                                 SORT_KEYS[table], self.suffix(p))
 
     def _drop_earlier_rows(self) -> None:
         """At the end of a run that holds every partition: the rows of merged tables that
