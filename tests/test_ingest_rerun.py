@@ -271,3 +271,81 @@ def test_an_hour_without_rows_of_a_table_in_the_new_run_keeps_none_of_the_old_on
     again = _ingest(history / "events", wh)
     assert again.continued_from is None
     assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def _whole_minute_end(history: Path) -> str:
+    """The time of an attempt's end that falls on a whole minute inside the history."""
+    for line in (history / "events" / "job.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["event"] in ("finished", "failed", "preempted", "cancelled") \
+                and rec["time"].endswith(":00.000Z") and "T00:30" < rec["time"][10:16] < "T02:30":
+            return str(rec["time"])[:19]
+    raise AssertionError("the simulation has no end on a whole minute")
+
+
+def test_rerunning_a_piece_keeps_the_ends_at_the_minute_it_closes_to(
+        history: Path, tmp_path: Path) -> None:
+    """A piece cut where an attempt ends on a whole minute closes to that minute; the end
+    is the next piece's event. Re-running the piece over the whole history kept every
+    ended attempt (it took out the one ending at that minute, with its job_gpu rows and
+    its preemption, as if this run had read that time)."""
+    cut = _whole_minute_end(history)
+    _split(history / "events", [cut], [tmp_path / "x", tmp_path / "y"])
+    wh = tmp_path / "wh"
+    shutil.copytree(history / "whole", wh)
+    _ingest(tmp_path / "x", wh)
+    got, whole = views(wh), views(history / "whole")
+    for name in ("job_attempts", "job_gpu", "preemptions"):
+        assert_frame_equal(got[name], whole[name], check_exact=False, rel_tol=1e-9)
+
+
+def test_an_hour_replaced_whole_keeps_no_earlier_roll_up(history: Path, tmp_path: Path
+                                                          ) -> None:
+    """Telemetry and inventory ingested alone, then the job events alone (processed on
+    their own): the hours the second run closed whole hold none of the first run's
+    gpu_minute rows, and none of its gpu_hourly rows either (264 GPU-hours of roll-up were
+    left over hours with no GPU-minute)."""
+    tel, jobs = tmp_path / "tel", tmp_path / "jobs"
+    tel.mkdir()
+    jobs.mkdir()
+    for name in ("telemetry.jsonl", "inventory.jsonl"):
+        shutil.copy(history / "events" / name, tel / name)
+    shutil.copy(history / "events" / "job.jsonl", jobs / "job.jsonl")
+    wh = tmp_path / "wh"
+    _ingest(tel, wh)
+    assert views(wh)["gpu_hourly"].height > 0
+    ingest(sorted(jobs.glob("*.jsonl")), wh, ProcessorConfig(), afresh=True)
+    _ingest(jobs, tmp_path / "alone")
+    got, alone = views(wh), views(tmp_path / "alone")
+    for name in ("gpu_minute", "gpu_hourly"):
+        assert_frame_equal(got[name], alone[name])
+
+
+def _quiet_minute(history: Path) -> str:
+    """A minute M (00:30–02:30) with no job or inventory event in the minute before it:
+    a piece ending at M has its newest event at M − 1 min exactly (samples fall on whole
+    minutes), so it leaves that minute open."""
+    busy = {json.loads(line)["time"][:16]
+            for name in ("job.jsonl", "inventory.jsonl")
+            for line in (history / "events" / name).read_text().splitlines()}
+    for minute in range(31, 150):
+        before = f"2026-01-05T{(minute - 1) // 60:02d}:{(minute - 1) % 60:02d}"
+        if before not in busy:
+            return f"2026-01-05T{minute // 60:02d}:{minute % 60:02d}:00"
+    raise AssertionError("no quiet minute")
+
+
+def test_the_next_piece_after_a_rerun_goes_on_without_a_stale_warning(
+        history: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """a, b, then a again (on its own: b's state is stale). a's newest event is a sample
+    at the whole minute before the cut, so a leaves that minute open; b follows a
+    directly: no warning that history was skipped (there was one). b then gives the
+    whole."""
+    _split(history / "events", [_quiet_minute(history)], [tmp_path / "a", tmp_path / "b"])
+    wh = tmp_path / "wh"
+    for piece in ("a", "b", "a"):
+        _ingest(tmp_path / piece, wh)
+    caplog.clear()
+    assert _ingest(tmp_path / "b", wh).continued_from is not None
+    assert "were deleted" not in caplog.text
+    assert_same_facts(wh, history / "whole", SPARSE)

@@ -259,17 +259,26 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
         merge_section(processor, sec)
     processor.counters = Counters()  # this run's own counts
     stale = read_origin(root, "stale_from")
-    if stale is not None and max(closed) == stale and first > stale:
+    if stale is not None and max(closed) == stale and first >= stale + STALE_SLACK:
+        # (a piece that follows directly starts in the minute after: the one before it
+        # left its last minute open, as it closes to its newest event's minute)
         log.warning("the states after %s UTC were deleted when a piece before them was "
                     "processed on its own: if history from then to this input's start "
                     "(%s UTC) was ingested, ingest it again first (this run takes that "
-                    "time as empty)", f"{stale:%Y-%m-%d %H:%M}", f"{first:%Y-%m-%d %H:%M}")
+                    "time as empty; the ended attempts already published from it are "
+                    "kept)", f"{stale:%Y-%m-%d %H:%M}", f"{first:%Y-%m-%d %H:%M}")
+        processor.keep_earlier_rows = True
     elif first - max(closed) > GAP_WARNING:
         log.warning("the input starts %s after the state it continues from closed "
                     "(%s UTC): the time between is taken to hold no event, so jobs running "
                     "then are charged through it; ingest the missing history first if "
                     "there is some", first - max(closed), f"{max(closed):%Y-%m-%d %H:%M}")
     return max(closed)
+
+
+STALE_SLACK = timedelta(minutes=2)
+"""An input starting less than this after a stale point follows the piece before it
+directly (which left its last minute open): no warning."""
 
 
 def _forget_later(root: Store, after: datetime) -> bool:

@@ -222,6 +222,10 @@ class Processor:
         self._earlier: dict[str, set[str]] = {}
         """Per merged table, the days earlier runs published parts of (as this run
         began)."""
+        self.keep_earlier_rows = False
+        """Keep the merged rows earlier runs wrote in this run's time (``ingest`` going on
+        past a stale point takes the time between as empty, but the attempts published
+        from it are real)."""
         self._run_keys: dict[str, list[pl.DataFrame]] = {}
         """Per merged table, the keys and times of the rows this run wrote
         (:func:`_run_key`)."""
@@ -1130,7 +1134,7 @@ class Processor:
         while hour + timedelta(hours=1) <= b:   # the hours this step completed
             whole.append(hour)
             hour += timedelta(hours=1)
-        tables = [t for t in HOURLY_TABLES if t not in MERGED_TABLES]
+        tables = [*(t for t in HOURLY_TABLES if t not in MERGED_TABLES), "gpu_hourly"]
         for p in sorted(self.held):
             mine = [t for t in tables if t not in CLUSTER_TABLES or (p == 0 and self.cluster)]
             for hour in whole:
@@ -1141,21 +1145,25 @@ class Processor:
 
     def _drop_earlier_rows(self) -> None:
         """At the end of a run that holds every partition: the rows of merged tables that
-        earlier runs wrote in the time this run closed (ended after its first step
-        began, at or before its end) and this run did not write again go. A piece
+        earlier runs wrote in the time this run read (after its first step began, at or
+        before its newest event) and this run did not write again go. A piece
         ingested on its own (``--afresh``) left attempts there with other end times than
         the whole history's, beside them. Done at the end, not step by step: a late
         end event publishes an attempt a step later, and a reader in between would see
         it gone."""
-        closed = self.closed_until
-        if self._run_from is None or closed is None or not self._earlier:
+        # to the newest event read, not the closed point: an end at exactly the minute
+        # this run closed to is the next piece's event, which this run never saw
+        newest = max((t for t in (self.max_telemetry_time, self.max_other_time)
+                      if t is not None), default=None)
+        if self._run_from is None or newest is None or newest <= self._run_from \
+                or not self._earlier or self.keep_earlier_rows:
             return
         for table, days in self._earlier.items():
             keys = _run_key(table)
             mine = self._run_keys.get(table)
             written = (pl.concat(mine, how="vertical_relaxed").unique() if mine
                        else pl.DataFrame(schema={k: TABLE_SCHEMAS[table][k] for k in keys}))
-            gone = self.warehouse.drop_rows_not_in(table, days, (self._run_from, closed),
+            gone = self.warehouse.drop_rows_not_in(table, days, (self._run_from, newest),
                                                    written)
             if gone:
                 log.info("%s: %d row(s) an earlier run wrote in the time this run closed, "
@@ -1213,6 +1221,8 @@ class Processor:
             assert hourly is not None  # every hour with partials is rolled up
             self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
                                       suffix=suffix)
+            if self._step is not None:
+                self._step_written.add(("gpu_hourly", hour, partition))
             self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
             if complete:
                 del self.rollup_parts[(hour, partition)]
