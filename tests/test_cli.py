@@ -4,6 +4,7 @@ real subprocess through the installed console script)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -72,6 +73,10 @@ def test_simulate_then_ingest_with_bad_lines(cluster: Path, tmp_path: Path,
     assert main(["ingest", *files, str(bad), "--quiet", "--warehouse", str(wh)]) == 0
     captured = capsys.readouterr()
     assert "3 bad line(s)" in captured.out
+    # where it closed: half an hour, so the hour is not whole yet
+    closed = re.search(r"closed up to (\S+ \d\d:\d\d) UTC: the next piece goes on from "
+                       r"there \(the hour from (\d\d):00 is not whole yet", captured.err)
+    assert closed is not None, captured.err
     assert f"{bad}:1:" in captured.err and "'exploded'" in captured.err
     assert f"{bad}:2:" in captured.err
     assert f"{bad}:3:" in captured.err and "gpu_count" in captured.err

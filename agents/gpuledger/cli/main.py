@@ -300,6 +300,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print(f"ingested {result.records['telemetry']:,} telemetry, "
               f"{result.records['job']:,} job and {result.records['inventory']:,} inventory "
               f"records into {args.warehouse}/; {rej.height:,} bad line(s)")
+    closed = result.closed_to
+    if closed is not None:
+        print(f"closed up to {closed:%Y-%m-%d %H:%M} UTC: the next piece goes on from there"
+              + ("" if closed.minute == 0 else
+                 f" (the hour from {closed:%H}:00 is not whole yet: the next piece "
+                 "rewrites it whole)"), file=sys.stderr)
     c = result.counters
     if c.late_telemetry or c.late_job_events:
         print(f"late: {c.late_telemetry:,} telemetry samples (kept in late_telemetry), "

@@ -88,6 +88,9 @@ class IngestResult:
     there or later), or None (processed afresh)."""
     nothing: bool = False
     """The input held no valid record: nothing was written."""
+    closed_to: datetime | None = None
+    """Every minute before this is closed (the next piece goes on from here); the minute
+    of the newest event stays open when that event falls on its start."""
 
 
 @dataclass(frozen=True)
@@ -481,4 +484,5 @@ def ingest(
     save_state(processor, states, KEEP_STATES)
     _keep_origin(states, first, stale)
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
-                        processor.counters, continued)
+                        processor.counters, continued,
+                        closed_to=max(closed) if closed else None)
