@@ -349,3 +349,25 @@ def test_the_next_piece_after_a_rerun_goes_on_without_a_stale_warning(
     assert _ingest(tmp_path / "b", wh).continued_from is not None
     assert "were deleted" not in caplog.text
     assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_a_last_hour_closed_in_part_is_the_rerun_s_own(history: Path, tmp_path: Path
+                                                        ) -> None:
+    """The history up to 02:30 ingested again over the whole (it starts where the history
+    starts: on its own). Its last hour, closed in part, is written from its own rows
+    alone, in every table: as the same input ingested into a fresh warehouse (tables it
+    had no row of in that hour kept the whole history's hour 02 beside the others)."""
+    _split(history / "events", ["2026-01-05T02:30:00"], [tmp_path / "p", tmp_path / "rest"])
+    wh = tmp_path / "wh"
+    shutil.copytree(history / "whole", wh)
+    _ingest(tmp_path / "p", wh)
+    _ingest(tmp_path / "p", tmp_path / "alone")
+    hour = datetime.fromisoformat("2026-01-05T02:00:00")
+    got, alone = views(wh), views(tmp_path / "alone")
+    for name, column in (("gpu_minute", "minute"), ("frag_minute", "minute"),
+                         ("pending_minute", "minute"), ("blocked_minute", "minute"),
+                         ("gpu_hourly", "hour")):
+        def in_hour(frame: pl.DataFrame, column: str = column) -> pl.DataFrame:
+            return frame.filter(pl.col(column).dt.replace_time_zone(None) >= hour)
+        assert_frame_equal(in_hour(got[name]), in_hour(alone[name]), check_exact=False,
+                           rel_tol=1e-9)

@@ -643,7 +643,21 @@ class Processor:
                     end += timedelta(minutes=1)
         if end is not None and self.closed_until is not None:
             self.close_until(end)
-        self._write_hours(final=True)
+        closed = self.closed_until
+        # a last hour closed in part is written from this run's rows alone: like a whole
+        # hour, it keeps nothing an earlier run wrote of a table this run has none of
+        partial = (self.partitioning is None and closed is not None
+                   and closed != _floor_hour(closed))
+        if partial:
+            assert closed is not None
+            self._step = (closed, closed)
+        try:
+            self._write_hours(final=True)
+            if partial:
+                assert closed is not None
+                self._drop_unwritten([_floor_hour(closed)])
+        finally:
+            self._step, self._step_written = None, set()
         if self.partitioning is None:
             self._drop_earlier_rows()
         self._write_late()
@@ -1134,10 +1148,16 @@ class Processor:
         while hour + timedelta(hours=1) <= b:   # the hours this step completed
             whole.append(hour)
             hour += timedelta(hours=1)
+        self._drop_unwritten(whole)
+
+    def _drop_unwritten(self, hours: list[datetime]) -> None:
+        """Of ``hours``, each table replaced whole by the hour (all but the merged ones,
+        and ``gpu_hourly``) that the step being written wrote nothing of keeps none of
+        what an earlier run wrote there."""
         tables = [*(t for t in HOURLY_TABLES if t not in MERGED_TABLES), "gpu_hourly"]
         for p in sorted(self.held):
             mine = [t for t in tables if t not in CLUSTER_TABLES or (p == 0 and self.cluster)]
-            for hour in whole:
+            for hour in hours:
                 for table in mine:
                     if (table, hour, p) not in self._step_written:
                         self.warehouse.drop_rows(table, hour, (hour, hour + timedelta(hours=1)),
