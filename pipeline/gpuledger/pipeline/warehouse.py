@@ -447,11 +447,11 @@ class Warehouse:
         if force or (self._catalog_wanted and time.monotonic() - self._catalog_at >= interval):
             self._catalog_wanted = False
             self._catalog_at = time.monotonic()
-            self._catalog_or_warning()
+            self.rebuild_catalog()
 
-    def _catalog_or_warning(self) -> None:
-        """Build the catalog; if it cannot be built now, say why and build it again
-        after the next commit."""
+    def rebuild_catalog(self) -> None:
+        """Build the catalog over what is published now (any writer's units); if it cannot
+        be built now, say why and build it again after the next commit."""
         try:
             self._write_catalog()
         except (duckdb.Error, OSError) as exc:
@@ -470,7 +470,7 @@ class Warehouse:
             if required:
                 self._write_catalog()
             else:
-                self._catalog_or_warning()
+                self.rebuild_catalog()
         return self.store.url_of(CATALOG)
 
     def _write_catalog(self) -> None:

@@ -306,7 +306,7 @@ def _write(root: Path, rows: pl.DataFrame, legacy: bool) -> int:
         # facts' units only, and this writer must not take those units up); one that
         # cannot be built now is a warning: the rows are published, and readers build
         # their views from the manifests
-        wh._catalog_or_warning()
+        wh.rebuild_catalog()
     except StoreError as exc:
         raise HistoryError(f"{root}: job_diagnosis not written: {exc}") from None
     finally:
