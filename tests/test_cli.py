@@ -351,3 +351,23 @@ def test_the_demo_summary_counts_the_alerts_a_failing_webhook_gave_up(
     delivered, posts, failed, given_up = (int(g) for g in hook.groups())
     assert delivered == posts == 0 and failed >= 1 and given_up >= int(fired.group(1)) > 0
     assert took < 60
+
+
+def test_the_demo_summary_shows_numbers_as_rounded_and_a_closed_pipe_is_quiet(
+        tmp_path: Path) -> None:
+    """The summary's first table is rounded to one decimal and shows one (it showed
+    '26.000' for 26.0); `gpuledger demo | head` ends with status 0 and no traceback (a
+    BrokenPipeError traceback)."""
+    cmd = [sys.executable, "-m", "gpuledger.cli.main", "demo", "--hours", "0.3", "--quiet",
+           "--warehouse", str(tmp_path / "wh")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.split("== Allocation vs use by pool and card type")[1].split("==")[0]
+    rows = [line.split() for line in first.splitlines()[3:] if line and line[0] != "("]
+    assert rows and all(re.fullmatch(r"-?[\d,]+\.\d", cell) for row in rows for cell in row[2:])
+    head = subprocess.Popen([*cmd[:-1], str(tmp_path / "wh2")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert head.stdout is not None and head.stdout.readline()
+    head.stdout.close()
+    assert head.wait(timeout=300) == 0
+    assert head.stderr is not None and "Traceback" not in head.stderr.read()

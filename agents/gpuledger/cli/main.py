@@ -452,13 +452,19 @@ def cmd_query(args: argparse.Namespace) -> int:
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
     except BrokenPipeError:              # the reader has gone (| head): done, quietly
-        try:                             # the interpreter's last flush must not fail
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):
-            pass
+        _stdout_gone()
     return 0
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout has gone (``| head``): point stdout at /dev/null, so that the
+    interpreter's last flush does not fail with a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 # Commands kept in modules of their own. Each module has
@@ -673,6 +679,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpuledger: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output has gone (| head): done, quietly
+        _stdout_gone()
+        return 0
 
 
 if __name__ == "__main__":

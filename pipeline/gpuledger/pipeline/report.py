@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 from gpuledger.pipeline import query
 
@@ -67,10 +69,25 @@ SECTIONS: list[tuple[str, str]] = [
 
 
 def summary_text(warehouse: Path) -> str:
-    """All sections as plain text tables."""
+    """All sections as plain text tables, each number with the decimals its query rounded
+    it to (not 26.000 for a share rounded to 26.0)."""
     out: list[str] = []
     for title, sql in SECTIONS:
         columns, rows = query.run(warehouse, sql)
         out.append(f"\n== {title}\n")
-        out.append(query.table_text(columns, rows))
+        out.append(query.table_text(columns, _as_rounded(rows)))
     return "".join(out)
+
+
+def _as_rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Each column of floats as text with the fewest decimals (up to 3) that show every
+    value of it exactly as rounded."""
+    if not rows:
+        return rows
+    places: dict[int, int] = {}
+    for i in range(len(rows[0])):
+        values = [r[i] for r in rows if isinstance(r[i], float) and math.isfinite(r[i])]
+        if values:
+            places[i] = next((d for d in range(3) if all(round(v, d) == v for v in values)), 3)
+    return [tuple(f"{v:,.{places[i]}f}" if i in places and isinstance(v, float)
+                  and math.isfinite(v) else v for i, v in enumerate(r)) for r in rows]
