@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +80,6 @@ def _sim_config(args: argparse.Namespace, future_s: float | None = None) -> Any:
     year 9999; processed now (the demo: ``future_s``, its ``windows.max_future_s``), not
     ending more than that after the wall clock, or every later sample is rejected as
     from the future."""
-    from datetime import timedelta
-
     from gpuledger.pipeline.simulate import SimConfig, load_cluster
     from gpuledger.pipeline.validate import MIN_TIME
 
@@ -403,28 +401,26 @@ def cmd_process(args: argparse.Namespace) -> int:
     config = _proc_config(args)
     # the ops surface first: a bad --metrics-address is said before the broker is waited for
     ops = _ops(args, config, None if args.no_alerts else settings)
-    unreadable = ("; the service stops rather than rebuild that state from nothing: restore "
-                  "the file, or move it aside to rebuild the state from the records the "
-                  "topics still retain")
     try:
-        service = KafkaProcessorService(settings, config, args.warehouse, options)
-    except BaseException as exc:
+        try:
+            service = KafkaProcessorService(settings, config, args.warehouse, options)
+        except BaseException:
+            if ops is not None:
+                ops.close()
+            raise
         if ops is not None:
-            ops.close()
-        if isinstance(exc, CheckpointError):
-            raise CliError(f"{exc}{unreadable}") from None
-        raise
-    if ops is not None:
-        ops.follow_service(service)
-    service.install_signal_handlers()
-    try:
-        service.run()
-    except CheckpointError as exc:
-        raise CliError(f"{exc}{unreadable}") from None
-    finally:
-        service.close()
-        if ops is not None:
-            ops.close()
+            ops.follow_service(service)
+        service.install_signal_handlers()
+        try:
+            service.run()
+        finally:
+            service.close()
+            if ops is not None:
+                ops.close()
+    except CheckpointError as exc:  # read at the start, or when a rebalance assigns
+        raise CliError(f"{exc}; the service stops rather than rebuild that state from "
+                       "nothing: restore the file, or move it aside to rebuild the state "
+                       "from the records the topics still retain") from None
     return 0
 
 
@@ -451,9 +447,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             sys.stdout.flush()           # a closed pipe shows here, with the query stopped
     except query.QueryError as exc:
         raise CliError(str(exc)) from None
-    except BrokenPipeError:              # the reader has gone (| head): done, quietly
-        _stdout_gone()
-    return 0
+    return 0    # a closed pipe (| head) leaves the with block, stopping the query: main()
 
 
 def _stdout_gone() -> None:

@@ -216,7 +216,8 @@ class Processor:
         """The minutes the close step being written closed, while its tables are written
         by a run that holds every partition (:meth:`_drop_replaced`)."""
         self._step_written: set[tuple[str, datetime, int]] = set()
-        """The (table, hour, partition) parts that step wrote."""
+        """The (table, hour, partition) parts written since the step began (or the end
+        of input's writes began), by a run that holds every partition."""
         self._run_from: datetime | None = None
         """Where this run's first close step started (a run holding every partition)."""
         self._earlier: dict[str, set[str]] = {}
@@ -644,20 +645,13 @@ class Processor:
         if end is not None and self.closed_until is not None:
             self.close_until(end)
         closed = self.closed_until
+        self._step_written = set()
+        self._write_hours(final=True)
         # a last hour closed in part is written from this run's rows alone: like a whole
         # hour, it keeps nothing an earlier run wrote of a table this run has none of
-        partial = (self.partitioning is None and closed is not None
-                   and closed != _floor_hour(closed))
-        if partial:
-            assert closed is not None
-            self._step = (closed, closed)
-        try:
-            self._write_hours(final=True)
-            if partial:
-                assert closed is not None
-                self._drop_unwritten([_floor_hour(closed)])
-        finally:
-            self._step, self._step_written = None, set()
+        if self.partitioning is None and closed is not None and closed != _floor_hour(closed):
+            self._drop_unwritten([_floor_hour(closed)])
+        self._step_written = set()
         if self.partitioning is None:
             self._drop_earlier_rows()
         self._write_late()
@@ -1241,7 +1235,7 @@ class Processor:
             assert hourly is not None  # every hour with partials is rolled up
             self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
                                       suffix=suffix)
-            if self._step is not None:
+            if self.partitioning is None:
                 self._step_written.add(("gpu_hourly", hour, partition))
             self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
             if complete:
@@ -1266,7 +1260,7 @@ class Processor:
         merge = table in MERGED_TABLES
         self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge,
                                   suffix=self.suffix(partition))
-        if self._step is not None:
+        if self.partitioning is None:
             self._step_written.add(key)
         if merge and self._earlier:
             self._run_keys.setdefault(table, []).append(frame.select(_run_key(table)))

@@ -26,7 +26,6 @@ out of that unit first, which is refused while that unit was published in the la
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -48,7 +47,7 @@ from gpuledger.pipeline.advisor.diagnosis import (
     finish,
     update,
 )
-from gpuledger.pipeline.advisor.history import HistoryError
+from gpuledger.pipeline.advisor.history import HistoryError, unreadable_folder
 from gpuledger.pipeline.advisor.patterns import CATALOGUE, PATTERNS, UNKNOWN
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.generations import WHOLE, read_manifests
@@ -114,21 +113,6 @@ def _warn_once() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(once)
-
-
-def _unreadable(root: Path, tables: tuple[str, ...]) -> Path | None:
-    """The first folder of ``tables`` under ``facts/`` (or a day's folder in one) that
-    cannot be listed or entered; None when all can."""
-    for folder in (root / FACTS, *(root / FACTS / t for t in tables)):
-        if not folder.exists():
-            continue
-        if not os.access(folder, os.R_OK | os.X_OK):
-            return folder
-        if folder != root / FACTS:
-            for day in sorted(folder.iterdir()):
-                if day.is_dir() and not os.access(day, os.R_OK | os.X_OK):
-                    return day
-    return None
 
 
 def _read_failed(path: Path, exc: BaseException) -> HistoryError:
@@ -246,7 +230,7 @@ def diagnose_warehouse(root: Path, *, write: bool = True,
 
 def _diagnose(root: Path, write: bool, cfg: DiagnosisConfig,
               progress: Callable[[float], None], force: bool) -> Diagnosed:
-    denied = _unreadable(root, ("gpu_minute", "job_attempts"))
+    denied = unreadable_folder(root, ("gpu_minute", "job_attempts"))
     if denied is not None:
         raise HistoryError(f"{denied}: permission denied")
     legacy = write and _legacy(root, force)

@@ -28,6 +28,7 @@ seconds is refused, as is a ``step`` longer than the window.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -114,6 +115,29 @@ def local_folder(warehouse: str | Path) -> Path | None:
     return where if isinstance(where, Path) else None
 
 
+def unreadable_folder(root: Path, tables: Iterable[str] | None = None) -> Path | None:
+    """The first folder under ``root``'s ``facts/`` that cannot be listed or entered: the
+    folder itself, a table's (of ``tables``, or every one) or a day's in one; None when
+    all can (or there is no ``facts/``)."""
+    facts = root / "facts"
+    if not facts.is_dir():
+        return None
+    if not os.access(facts, os.R_OK | os.X_OK):
+        return facts
+    names = (sorted(t.name for t in facts.iterdir() if t.is_dir()) if tables is None
+             else tables)
+    for name in names:
+        table = facts / name
+        if not table.is_dir():
+            continue
+        if not os.access(table, os.R_OK | os.X_OK):
+            return table
+        for day in sorted(table.iterdir()):
+            if day.is_dir() and not os.access(day, os.R_OK | os.X_OK):
+                return day
+    return None
+
+
 def check_folder(warehouse: str | Path) -> None:
     """A local warehouse that is a file, or whose ``facts/`` folders cannot be read, in
     one line (DuckDB says "no files found" for a folder it may not read)."""
@@ -122,19 +146,9 @@ def check_folder(warehouse: str | Path) -> None:
         return
     if folder.is_file():
         raise HistoryError(f"{warehouse}: a file, not a warehouse folder")
-    facts = folder / "facts"
-    if not facts.is_dir():
-        return
-    folders = [facts]
-    if os.access(facts, os.R_OK | os.X_OK):
-        tables = [t for t in sorted(facts.iterdir()) if t.is_dir()]
-        folders += tables
-        for t in tables:
-            if os.access(t, os.R_OK | os.X_OK):
-                folders += [d for d in sorted(t.iterdir()) if d.is_dir()]
-    for f in folders:
-        if not os.access(f, os.R_OK | os.X_OK):
-            raise HistoryError(f"{f}: permission denied (the warehouse cannot be read)")
+    denied = unreadable_folder(folder)
+    if denied is not None:
+        raise HistoryError(f"{denied}: permission denied (the warehouse cannot be read)")
 
 
 def open_read_only(warehouse: str | Path) -> duckdb.DuckDBPyConnection:
