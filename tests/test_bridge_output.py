@@ -187,3 +187,38 @@ def test_load_state_refuses_what_is_not_a_state_file(tmp_path: Path, content: st
     path.write_bytes(content.encode("latin-1"))
     with pytest.raises(StateError, match="not a bridge state file"):
         load_state(path)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_fractional_gpu_count_fails_the_poll_and_changes_nothing(tmp_path: Path,
+                                                                  fmt: str) -> None:
+    """``gres/gpu=1.5`` is no count Slurm writes: the poll fails with the reason (in
+    either format; scontrol's text raised a traceback for a bad GRES before), nothing is
+    sent, and the next good answer is read as if the bad one had not come."""
+    text_fix = {"squeue": "scontrol_jobs.txt", "sinfo": "scontrol_nodes.txt"}
+    bad = {"value": True}
+
+    def answers(argv: list[str]) -> str:
+        if fmt == "json":
+            raw = replay(argv)
+            if argv[0] == "squeue" and bad["value"]:
+                doc = json.loads(raw)
+                doc["jobs"][0]["tres_per_node"] = "gres/gpu=1.5"
+                raw = json.dumps(doc)
+            return raw
+        name = text_fix["squeue" if argv[3] == "job" else "sinfo"]
+        raw = (FIX / name).read_text()
+        if argv[3] == "job" and bad["value"]:
+            raw = raw.replace("TresPerNode=gres:gpu:", "TresPerNode=gres:gpu:1.5,x:", 1)
+        return raw
+
+    out, state = tmp_path / "out.jsonl", tmp_path / "out.state"
+    b = SlurmBridge(SlurmSource(fmt=fmt, runner=answers), SlurmTracker(Mapping()),
+                    FileSink(out), state)
+    assert b.poll(now=1.0) is None
+    assert b.totals.failed_polls == 1
+    assert not out.exists() or out.read_text() == ""
+    bad["value"] = False
+    assert b.poll(now=2.0) is not None
+    assert len(job_events(lines(out))) >= 8
+

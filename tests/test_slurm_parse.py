@@ -42,6 +42,20 @@ def test_gres(text: str, expected: tuple[object, ...]) -> None:
     assert parse_gres(text) == expected
 
 
+@pytest.mark.parametrize("text", ["gres/gpu=1.5", "gres/gpu:h100=1.5", "gpu:h100:-1",
+                                  "gres:gpu:1e3", "nic:1,gpu:a100:.5(IDX:0)", "gpu:+2"])
+def test_a_gpu_count_that_is_not_a_whole_number_is_refused(text: str) -> None:
+    # read as no GPUs before: a job asking for gres/gpu=1.5 showed as a CPU-only job
+    with pytest.raises(SlurmParseError, match="is not a whole number"):
+        parse_gres(text)
+
+
+@pytest.mark.parametrize("text", ["gpu:h100", "gres/gpu", "gpu:h100:2(IDX:1-2)",
+                                  "gres/gpu:a100_3g.20gb=1", "nic:1.5"])
+def test_gpu_items_without_a_numeric_count_are_not_refused(text: str) -> None:
+    parse_gres(text)
+
+
 def test_tres_total_is_not_double_counted() -> None:
     assert parse_tres_gpus("billing=2,cpu=2,gres/gpu:h100=2,gres/gpu=2,mem=8G,node=1") == \
         ("h100", 2)

@@ -81,15 +81,18 @@ class SlurmSource:
                     raise SlurmCommandError(str(exc)) from None
                 log.info("squeue --json is not available (%s); using scontrol text", exc)
                 self.resolved = "text"
-        return parse_scontrol_jobs(self.runner(["scontrol", "-o", "show", "job", "-d"]))
+        try:
+            return parse_scontrol_jobs(self.runner(["scontrol", "-o", "show", "job", "-d"]))
+        except SlurmParseError as exc:  # a failed poll, as in JSON: nothing changes
+            raise SlurmCommandError(str(exc)) from None
 
     def nodes(self) -> list[SlurmNode]:
-        if self.resolved == "json":
-            try:
+        try:
+            if self.resolved == "json":
                 return parse_sinfo_json(self.runner(["sinfo", "--json"]))
-            except SlurmParseError as exc:
-                raise SlurmCommandError(str(exc)) from None
-        return parse_scontrol_nodes(self.runner(["scontrol", "-o", "show", "node", "-d"]))
+            return parse_scontrol_nodes(self.runner(["scontrol", "-o", "show", "node", "-d"]))
+        except SlurmParseError as exc:
+            raise SlurmCommandError(str(exc)) from None
 
 
 def load_memory(tracker: SlurmTracker, doc: dict[str, Any], state_path: Path) -> None:

@@ -95,6 +95,11 @@ class SlurmNode:
 
 _GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(=,]+))?[:=](?P<count>\d+)"
                         r"(?:\((?:S:[^)]*?)?(?:IDX:(?P<idx>[^)]*))?\))?$")
+_GPU_COUNT_LIKE = re.compile(r"^(?:gres[:/])?gpu(?::[^:(=,]+)?[:=]"
+                             r"(?P<count>[-+.]?[0-9][^(:=,]*)")
+"""A GPU item whose count reads as a number (``gpu=1.5``, ``gpu:h100:-1``): one that
+is not a whole number is not a count Slurm writes, and is refused rather than read as
+no GPUs."""
 
 
 MAX_GPU_INDEX = 1023
@@ -154,6 +159,10 @@ def parse_gres(text: str | None) -> tuple[str | None, int, list[int]]:
     for item in _split_gres(text):
         m = _GRES_ITEM.match(item.strip())
         if not m:
+            odd = _GPU_COUNT_LIKE.match(item.strip())
+            if odd:
+                raise SlurmParseError(f"GRES {text[:80]!r}: GPU count "
+                                      f"{odd.group('count')[:20]!r} is not a whole number")
             continue
         gpu_type = gpu_type or m.group("type")
         count += int(m.group("count"))
