@@ -1,18 +1,23 @@
-"""Checkpoint files are read as data: a file naming any callable a checkpoint does not
-hold is refused before anything in it runs (a bucket others can write must not run code
-in the processor), and a damaged file is one line naming it."""
+"""Checkpoint files are data: reading one calls nothing it names (a bucket others can write
+must not run code in the processor), a file that is not one of ours or is damaged is one
+line naming it, and an earlier release's pickles are read only when asked, through an
+allow-list that refuses any callable a checkpoint does not hold before it runs."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
+import struct
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
 from test_simulate import SMALL
 
-from gpuledger.pipeline import checkpoint
+from gpuledger.pipeline import checkpoint, state_file
 from gpuledger.pipeline.checkpoint import CheckpointError
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys
@@ -58,7 +63,27 @@ def test_a_checkpoint_written_by_the_processor_reads_back(tmp_path: Path) -> Non
         pl.concat(proc.tel_parts).sort(pl.all()))
 
 
-def test_a_checkpoint_naming_another_callable_is_refused_before_it_runs(
+@pytest.fixture
+def pickles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier release's pickled checkpoints are read (the operator asked)."""
+    monkeypatch.setenv(checkpoint.PICKLES_ENV, "1")
+
+
+def test_an_earlier_releases_pickle_is_not_read_unless_asked(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = tmp_path / "engine.checkpoint"
+    for data in (pickle.dumps({"version": checkpoint.VERSION, "state": Runs(marker)}),
+                 checkpoint.MAGIC + b"0" * 64 + b"\n" + pickle.dumps(Runs(marker))):
+        path.write_bytes(data)
+        with pytest.raises(CheckpointError, match=(
+                rf"^{path}: a checkpoint of an earlier release \(a Python pickle\), not "
+                rf"read by default; set {checkpoint.PICKLES_ENV}=1 to read it .+afresh$")):
+            checkpoint.load(Processor(ProcessorConfig(), Warehouse(tmp_path / "wh")), path)
+    assert not marker.exists()
+
+
+@pytest.mark.usefixtures("pickles")
+def test_a_pickle_naming_another_callable_is_refused_before_it_runs(
         tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     path = tmp_path / "engine.checkpoint"
@@ -70,7 +95,8 @@ def test_a_checkpoint_naming_another_callable_is_refused_before_it_runs(
     assert not marker.exists()
 
 
-def test_getattr_in_a_checkpoint_reaches_only_what_a_time_zone_needs(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("pickles")
+def test_getattr_in_a_pickle_reaches_only_what_a_time_zone_needs(tmp_path: Path) -> None:
     path = tmp_path / "engine.checkpoint"
     path.write_bytes(pickle.dumps({"version": checkpoint.VERSION, "state": Reaches()}))
     with pytest.raises(CheckpointError, match=r"refers to SampleKeys\.forget_before"):
@@ -97,9 +123,10 @@ def test_a_damaged_checkpoint_is_one_line_naming_the_file(tmp_path: Path, damage
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.usefixtures("pickles")
 def test_a_damaged_checkpoint_of_an_earlier_release_is_one_line(tmp_path: Path) -> None:
-    """A bare pickle (before the SHA-256) still reads; a damaged one is one error, also
-    where Polars panics on a frame's damaged bytes."""
+    """A bare pickle (before the SHA-256) still reads when asked; a damaged one is one
+    error, also where Polars panics on a frame's damaged bytes."""
     frame = pl.DataFrame({"a": list(range(50)), "b": [str(i) for i in range(50)]})
     bare = bytearray(pickle.dumps({"version": checkpoint.VERSION, "state": {"f": frame}}))
     path = tmp_path / "old.checkpoint"
@@ -120,7 +147,84 @@ def test_a_damaged_checkpoint_of_an_earlier_release_is_one_line(tmp_path: Path) 
 
 def test_a_checkpoint_of_another_version_says_so(tmp_path: Path) -> None:
     path = tmp_path / "engine.checkpoint"
-    path.write_bytes(pickle.dumps({"version": 1, "state": {}}))
+    path.write_bytes(checkpoint._dump({"version": 1, "state": {}}))
     with pytest.raises(CheckpointError, match=rf"^{path}: checkpoint version 1 is not "
                        f"{checkpoint.VERSION}$"):
         checkpoint.load(Processor(ProcessorConfig(), Warehouse(tmp_path / "wh")), path)
+
+
+def _state_file(doc: Any, frames: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
+    """A state file of the document ``doc`` and ``frames``, with a correct SHA-256: only
+    what is in it can make it unreadable."""
+    size = struct.Struct("<Q")
+    raw = json.dumps(doc).encode()
+    body = size.pack(len(raw)) + raw + b"".join(size.pack(len(f)) + f for f in frames)
+    return state_file.MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+@pytest.mark.parametrize(("doc", "reason"), [
+    ({"$": "obj", "class": "system", "v": {}}, "class 'system' is not one a state holds"),
+    ({"$": "obj", "class": "posix.system", "v": {}}, "is not one a state holds"),
+    ({"$": "call", "v": ["os.system", "touch x"]}, "unknown tag 'call'"),
+    ({"$": "frame", "i": 0}, "frame 0 is not in the file"),
+    ({"$": "ref", "n": 3}, "a reference to container 3 before it was written"),
+    ({"$": "datetime", "v": "2026-01-01T00:00:00+05:00", "tz": None},
+     "carries its zone apart"),
+    ({"$": "datetime", "v": "yesterday", "tz": None}, "is not ISO 8601"),
+    ({"$": "zone", "v": {"key": "../../etc/passwd"}}, "is not known"),
+    ({"$": "dict", "v": [[[1], 2]]}, "a list as a key"),
+    ({"$": "timedelta", "v": [10**10, 0, 0]}, "out of range"),
+    ({"$": "float", "v": "1e999"}, "is not nan, inf or -inf"),
+    ({"$": "obj", "class": "Counters", "v": [1, 2]}, "attributes of a Counters are not"),
+])
+def test_a_crafted_state_file_is_refused_and_calls_nothing(tmp_path: Path, doc: Any,
+                                                          reason: str) -> None:
+    path = tmp_path / "engine.checkpoint"
+    path.write_bytes(_state_file({"version": checkpoint.VERSION, "state": doc}))
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint._read(path)
+    text = str(refused.value)
+    assert text.startswith(f"{path}: not a readable gpuledger checkpoint (")
+    assert reason in text and "\n" not in text
+
+
+def test_a_frame_that_is_not_an_arrow_stream_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "engine.checkpoint"
+    path.write_bytes(_state_file({"version": checkpoint.VERSION,
+                                  "state": {"$": "frame", "i": 0}}, [b"PAR1 not arrow"]))
+    with pytest.raises(CheckpointError, match=r"frame 0 is not an Arrow IPC stream"):
+        checkpoint._read(path)
+
+
+def test_junk_is_not_taken_for_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "engine.checkpoint"
+    for junk in (b"", b"junk", b"{}"):
+        path.write_bytes(junk)
+        with pytest.raises(CheckpointError, match=rf"^{path}: not a readable gpuledger "
+                           r"checkpoint \(not a gpuledger state file\)$"):
+            checkpoint._read(path)
+
+
+def test_shared_and_cyclic_containers_come_back_shared() -> None:
+    """One object in two places is one object again (a job in two indexes of the book:
+    changing it through one changes what the other sees), as with pickle."""
+    shared: list[Any] = [1, 2]
+    loop: dict[str, Any] = {"a": shared}
+    loop["self"] = loop
+    keys = SampleKeys()
+    tree = {"x": shared, "y": [shared, (shared,)], "loop": loop, "k": [keys, keys],
+            (1, "t"): {frozenset({1}), 2.5}, "$odd": float("nan")}
+    back = state_file.load(state_file.dump(tree, checkpoint.CLASSES), checkpoint.CLASSES)
+    assert back["x"] is back["y"][0] is back["y"][1][0] is back["loop"]["a"]
+    assert back["loop"]["self"] is back["loop"]
+    assert back["k"][0] is back["k"][1] and isinstance(back["k"][0], SampleKeys)
+    assert back[(1, "t")] == {frozenset({1}), 2.5}
+    assert back["$odd"] != back["$odd"]  # nan
+
+
+def test_a_value_a_state_never_holds_is_a_programming_error() -> None:
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"cannot hold a numpy\.int64"):
+        state_file.dump({"n": np.int64(3)}, checkpoint.CLASSES)
+

@@ -4,6 +4,7 @@ left, not from the one a later piece left (docs/warehouse.md, "Ingesting in piec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import shutil
@@ -17,6 +18,7 @@ from polars.testing import assert_frame_equal
 from test_checkpoint_files import Runs
 from test_simulate import SMALL
 
+from gpuledger.pipeline import checkpoint, state_file
 from gpuledger.pipeline import ingest as ingest_module
 from gpuledger.pipeline.checkpoint import VERSION
 from gpuledger.pipeline.config import ProcessorConfig
@@ -371,3 +373,33 @@ def test_a_last_hour_closed_in_part_is_the_rerun_s_own(history: Path, tmp_path: 
             return frame.filter(pl.col(column).dt.replace_time_zone(None) >= hour)
         assert_frame_equal(in_hour(got[name]), in_hour(alone[name]), check_exact=False,
                            rel_tol=1e-9)
+
+
+def test_a_state_saved_by_an_earlier_release_is_read_only_when_asked(
+        history: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upgrade: the state pa left, as an earlier release wrote it (a pickle with its
+    SHA-256). pb is refused in one line naming the variable, nothing changes; with
+    GPULEDGER_READ_PICKLE_CHECKPOINTS=1 pb continues from it (the whole's facts), and the
+    state pb leaves is data."""
+    wh = _copy(history, tmp_path)
+    shutil.rmtree(wh / INGEST_STATE / "until-2026-01-05T03-00-00Z")
+    folder = wh / INGEST_STATE / "until-2026-01-05T02-00-00Z"
+    for path in folder.glob("*.checkpoint"):
+        blob = state_file.load(path.read_bytes(), checkpoint.CLASSES)
+        old = pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+        path.write_bytes(checkpoint.MAGIC + hashlib.sha256(old).hexdigest().encode() + b"\n"
+                         + old)
+    before = views(wh)
+    with pytest.raises(IngestRefused, match=(
+            "a checkpoint of an earlier release .a Python pickle., not read by default; set "
+            f"{checkpoint.PICKLES_ENV}=1 to read it")) as refused:
+        _ingest(history / "pb", wh)
+    assert "\n" not in str(refused.value)
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    monkeypatch.setenv(checkpoint.PICKLES_ENV, "1")
+    assert _at_cut(_ingest(history / "pb", wh))
+    assert_same_facts(wh, history / "whole", SPARSE)
+    newest = wh / INGEST_STATE / "until-2026-01-05T03-00-00Z"
+    assert all(state_file.is_state_file(p.read_bytes()) for p in newest.glob("*.checkpoint"))

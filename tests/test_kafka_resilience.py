@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fact_views import assert_same_facts
 from kafka_broker import Broker
-from test_checkpoint_files import Runs
+from test_checkpoint_files import Runs, _state_file
 from test_kafka_pipeline import SPARSE, _process_cmd, _publish, _settings, reference  # noqa: F401
 
 from gpuledger.pipeline.checkpoint import VERSION
@@ -112,13 +112,19 @@ def test_a_crafted_checkpoint_stops_the_service_before_it_runs(
     state = root / "state" / "crafted"
     (target,) = [p for p in state.iterdir() if p.name.startswith(which)]
     marker = tmp_path / "ran"
-    target.write_bytes(pickle.dumps({"version": VERSION, "section": Runs(marker),
-                                     "state": Runs(marker)}))
+    if which == "global-":  # an earlier release's format, made to run a command
+        target.write_bytes(pickle.dumps({"version": VERSION, "section": Runs(marker),
+                                         "state": Runs(marker)}))
+        said = "a checkpoint of an earlier release (a Python pickle), not read by default"
+    else:  # this release's, naming a class no checkpoint holds
+        target.write_bytes(_state_file({"version": VERSION, "section": {
+            "$": "obj", "class": "os.system", "v": {"command": f"touch {marker}"}}}))
+        said = ("not a readable gpuledger checkpoint (class 'os.system' is not one a state "
+                "holds)")
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2, again.stderr[-3000:]
     assert not marker.exists()
     lines = again.stderr.strip().splitlines()
     assert "Traceback" not in again.stderr, again.stderr[-3000:]
-    assert lines[-1].startswith(f"gpuledger: error: {target}: not a readable gpuledger "
-                                "checkpoint (refers to "), lines[-1]
-    assert "which no gpuledger checkpoint holds); the service stops" in lines[-1]
+    assert lines[-1].startswith(f"gpuledger: error: {target}: {said}"), lines[-1]
+    assert "; the service stops" in lines[-1], lines[-1]

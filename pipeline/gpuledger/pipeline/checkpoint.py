@@ -23,11 +23,17 @@ record is applied exactly once to the state that the facts come from. Fact files
 written after a checkpoint and before a crash are written again, byte for byte, when
 their minutes close again.
 
-Files are Python pickles, read back by :class:`_CheckpointUnpickler`, which builds only
-the types a checkpoint holds (:data:`CHECKPOINT_TYPES`): a file in the bucket written by
-anyone else, naming any other callable (``os.system``, ``builtins.eval``), is refused
-with :class:`CheckpointError` before anything in it runs. A file that cannot be read,
-whatever the reason, is that same one-line error, naming the file.
+Files are data (``state_file.py``: a JSON document of the state's tree and its frames as
+Arrow IPC streams, under a SHA-256): reading one builds numbers, strings, times, frames
+and the engine's own classes (:data:`CLASSES`) from their attributes, and calls nothing
+the file names. A file that cannot be read, whatever the reason, is one
+:class:`CheckpointError` naming the file.
+
+Releases before it wrote Python pickles. Those are refused unless
+``GPULEDGER_READ_PICKLE_CHECKPOINTS=1`` is set, and then read by
+:class:`_CheckpointUnpickler`, which builds only the types a checkpoint holds
+(:data:`CHECKPOINT_TYPES`): a pickle naming any other callable (``os.system``) is
+refused before anything in it runs. The next checkpoint is written as data.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from zoneinfo import ZoneInfo
 import polars as pl
 from polars.exceptions import PanicException
 
+from gpuledger.pipeline import state_file
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.facts import job_usage, rollup
 from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys
@@ -84,6 +91,18 @@ class CheckpointError(ValueError):
     gpuledger (it names a callable no checkpoint holds). The message names the file."""
 
 
+class PickledCheckpoint(CheckpointError):
+    """An earlier release's (pickled) checkpoint, not read unless :data:`PICKLES_ENV` is
+    set: readable when asked, so it is kept, not replaced."""
+
+
+CLASSES: dict[str, type] = {t.__name__: t for t in (
+    Counters, SampleKeys, JobBook, Job, BookCounters, InventoryBook, Section)}
+"""The engine's classes a checkpoint holds, by name (made from their attributes)."""
+
+PICKLES_ENV = "GPULEDGER_READ_PICKLE_CHECKPOINTS"
+"""Set to 1 to read an earlier release's (pickled) checkpoints through the allow-list."""
+
 CHECKPOINT_TYPES: dict[tuple[str, str], type] = {
     (t.__module__, t.__qualname__): t
     for t in (pl.DataFrame, datetime, timedelta, timezone, ZoneInfo, Counters, SampleKeys,
@@ -118,20 +137,47 @@ class _CheckpointUnpickler(pickle.Unpickler):
 
 
 MAGIC = b"gpuledger checkpoint sha256 "
-"""A checkpoint file: this, the SHA-256 of the pickle (64 hex digits), a newline, the
-pickle. A file damaged anywhere is refused before its pickle is read (a flipped byte in
-a frame could otherwise load as other numbers, or make Polars panic). Files of releases
-before it have the bare pickle; they are read through the same unpickler."""
+"""A pickled checkpoint of an earlier release: this, the SHA-256 of the pickle (64 hex
+digits), a newline, the pickle (earlier still: the bare pickle)."""
 
 
 def _dump(blob: dict[str, Any]) -> bytes:
-    data = pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
-    return MAGIC + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+    return state_file.dump(blob, CLASSES)
 
 
 def _load(data: bytes | None, where: str) -> dict[str, Any] | None:
     if data is None:
         return None
+    if state_file.is_state_file(data):
+        try:
+            blob = state_file.load(data, CLASSES)
+        except state_file.StateFileError as exc:
+            reason = str(exc)
+            raise CheckpointError(f"{where}: {reason}" if reason.startswith("damaged") else
+                                  f"{where}: not a readable gpuledger checkpoint ({reason})"
+                                  ) from None
+        return _versioned(blob, where)
+    if not (data.startswith(MAGIC) or data.startswith(b"\x80")):
+        raise CheckpointError(f"{where}: not a readable gpuledger checkpoint (not a "
+                              "gpuledger state file)")
+    if os.environ.get(PICKLES_ENV) != "1":
+        raise PickledCheckpoint(
+            f"{where}: a checkpoint of an earlier release (a Python pickle), not read by "
+            f"default; set {PICKLES_ENV}=1 to read it through a reader that builds only a "
+            "checkpoint's own types (the next checkpoint is written as data), or remove it "
+            "to start that part afresh")
+    return _versioned(_unpickled(data, where), where)
+
+
+def _versioned(blob: Any, where: str) -> dict[str, Any]:
+    if not isinstance(blob, dict) or blob.get("version") != VERSION:
+        version = blob.get("version") if isinstance(blob, dict) else None
+        raise CheckpointError(f"{where}: checkpoint version {version} is not {VERSION}")
+    return blob
+
+
+def _unpickled(data: bytes, where: str) -> Any:
+    """An earlier release's checkpoint, through :class:`_CheckpointUnpickler`."""
     if data.startswith(MAGIC):
         head = len(MAGIC) + 65
         digest, data = data[len(MAGIC):head - 1], data[head:]
@@ -139,15 +185,11 @@ def _load(data: bytes | None, where: str) -> dict[str, Any] | None:
             raise CheckpointError(f"{where}: damaged (its SHA-256 does not match its "
                                   "content: cut short or changed since it was written)")
     try:
-        blob = _CheckpointUnpickler(io.BytesIO(data)).load()
+        return _CheckpointUnpickler(io.BytesIO(data)).load()
     except (Exception, PanicException) as exc:  # not a checkpoint of ours, or damaged
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{where}: not a readable gpuledger checkpoint ({reason})"
                               ) from None
-    if not isinstance(blob, dict) or blob.get("version") != VERSION:
-        version = blob.get("version") if isinstance(blob, dict) else None
-        raise CheckpointError(f"{where}: checkpoint version {version} is not {VERSION}")
-    return blob
 
 
 def _write(path: Path, blob: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ import polars as pl
 
 from gpuledger.cli.errors import CliError
 from gpuledger.contract.schema import RECORD_TYPES, RecordType
-from gpuledger.pipeline.checkpoint import CheckpointStore, merge_section
+from gpuledger.pipeline.checkpoint import CheckpointStore, PickledCheckpoint, merge_section
 from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
@@ -218,6 +218,9 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     where = INGEST_STATE
     try:
         _adopt_legacy(root)
+    except PickledCheckpoint as exc:  # readable when asked: kept
+        raise IngestRefused(f"{_why(exc)}; or pass --afresh to process the input on its "
+                            "own") from None
     except Exception as exc:  # unreadable: as if there were none (it is deleted)
         log.warning("%s: the state an earlier release left cannot be read (%s); it is "
                     "left out", INGEST_STATE, _why(exc))
