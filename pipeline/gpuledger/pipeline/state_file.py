@@ -40,6 +40,10 @@ _LENGTH = struct.Struct("<Q")
 _UTC_NAMES = ("UTC",)
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+"""Types written as themselves (a float may be nan or infinite, which JSON lacks)."""
+
+
 class StateFileError(ValueError):
     """A state file that cannot be read as one (the message says why)."""
 
@@ -62,21 +66,21 @@ class _Writer:
         return None
 
     def value(self, v: Any) -> Any:
-        if v is None or isinstance(v, bool | str):
+        if type(v) in _PLAIN:
             return v
-        if isinstance(v, int):
+        if isinstance(v, bool | str | int) or v is None:
             return v
         if isinstance(v, float):
             return v if v == v and v not in (float("inf"), float("-inf")) else \
                 {"$": "float", "v": repr(v)}
         if isinstance(v, list):
-            return self._mark(v) or [self.value(x) for x in v]
+            return self._mark(v) or [x if type(x) in _PLAIN else self.value(x) for x in v]
         if isinstance(v, dict):
             ref = self._mark(v)
             if ref:
                 return ref
-            if all(isinstance(k, str) and not k.startswith("$") for k in v):
-                return {k: self.value(x) for k, x in v.items()}
+            if all(type(k) is str and not k.startswith("$") for k in v):
+                return {k: x if type(x) in _PLAIN else self.value(x) for k, x in v.items()}
             return {"$": "dict", "v": [[self.value(k), self.value(x)] for k, x in v.items()]}
         if isinstance(v, tuple):
             return {"$": "tuple", "v": [self.value(x) for x in v]}
