@@ -181,3 +181,25 @@ def test_low_utilisation_alert_names_its_likely_cause(tmp_path: Path) -> None:
     assert "PCIe 1.0 GB/s" in fire.evidence["likely_cause_evidence"]
     assert "Likely cause: input-bound (activity 6 %" in fire.description
     assert "DataLoader workers" in fire.description
+
+
+def test_the_whatif_rows_round_as_the_reports_sql_does() -> None:
+    """The report's other sections are rounded by DuckDB (halves away from zero); the
+    what-if rows read 0.2 for a value the summary showed as 0.3."""
+    import random
+
+    import duckdb
+
+    from gpuledger.pipeline.advisor.output import sql_round
+
+    rng = random.Random(7)
+    values = [0.25, -0.25, 0.35, 2.675, 1.005, 0.05, 0.0, -0.0, 1e-12, 12345.65, 2.5, -1.5,
+              *[rng.uniform(-1e4, 1e4) for _ in range(300)],
+              *[round(rng.uniform(0, 100), 3) for _ in range(300)]]
+    con = duckdb.connect()
+    for digits in (0, 1, 2, 3):
+        expected = [r[0] for r in con.execute(
+            f"SELECT round(v, {digits}) FROM unnest(?::DOUBLE[]) t(v)", [values]).fetchall()]
+        assert [sql_round(v, digits) for v in values] == expected, digits
+    assert sql_round(0.25, 1) == 0.3 and round(0.25, 1) == 0.2
+    assert sql_round(float("nan"), 1) != sql_round(float("nan"), 1)

@@ -9,8 +9,10 @@ Read a policy's effect as its difference from the *baseline*, give or take the e
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import polars as pl
@@ -62,10 +64,12 @@ class WhatIf:
         ).sort("_rank", key_order(), "key", nulls_last=True).drop("_rank")
 
 
-def _num(v: Any, digits: int = 1) -> str:
+def _num(v: Any, digits: int = 1, sign: str = "") -> str:
+    """``v`` with ``digits`` decimals, rounded as the report's SQL rounds (``sql_round``);
+    ``sign="+"`` shows the sign of a positive value too."""
     if v is None:
         return ""
-    return f"{v:,.{digits}f}"
+    return format(sql_round(float(v), digits), f"{sign},.{digits}f")
 
 
 def print_whatif(w: WhatIf, console: Console) -> None:
@@ -99,11 +103,11 @@ def print_whatif(w: WhatIf, console: Console) -> None:
         for r in rows.iter_rows(named=True):
             mark = "✓" if r["within"] else "✗"
             cells = [_num(r["observed"], digits), _num(r["baseline"], digits),
-                     "" if r["error"] is None else f"{r['error']:+,.{digits}f} {mark}"]
+                     "" if r["error"] is None else f"{_num(r['error'], digits, '+')} {mark}"]
             for name in others:
                 v = r[name]
                 cells.append("" if v is None else _num(v, digits) if r["baseline"] is None
-                             else f"{_num(v, digits)} ({v - r['baseline']:+,.{digits}f})")
+                             else f"{_num(v, digits)} ({_num(v - r['baseline'], digits, '+')})")
             table.add_row(Text(str(r["key"])), *(Text(c) for c in cells))
         console.print(table)
 
@@ -152,17 +156,27 @@ class ReportSection:
     rows: list[tuple[Any, ...]]
 
 
+def sql_round(x: float, digits: int) -> float:
+    """``x`` rounded as DuckDB's ``round(x, digits)`` rounds a DOUBLE: the binary value
+    itself (0.35 is 0.34999…) to ``digits`` decimals, halves away from zero. The report's
+    other sections are rounded in SQL; Python's ``round`` takes halves to even (0.25 →
+    0.2 where DuckDB gives 0.3), so the same value read differently in two sections."""
+    if not math.isfinite(x):
+        return x
+    return float(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
 def report_section(w: WhatIf) -> ReportSection:
     """Headline numbers per policy (and the observed row, and the calibration error)."""
     def headline(label: str, a: Answers) -> tuple[Any, ...]:
         use = a.usage.filter(pl.col("pool") == "all")
         wait = a.wait.filter(pl.col("by") == "all")
         return (label,
-                round(float(use["allocated_gpu_hours"].sum()), 1),
-                round(float(use["used_gpu_hours"].sum()), 1),
-                round(float(wait["p90_min"].sum()), 1) if wait.height else None,
-                round(float(a.blocked["blocked_gpu_hours"].sum()), 1),
-                round(float(a.lost["lost_gpu_hours"].sum()), 2))
+                sql_round(float(use["allocated_gpu_hours"].sum()), 1),
+                sql_round(float(use["used_gpu_hours"].sum()), 1),
+                sql_round(float(wait["p90_min"].sum()), 1) if wait.height else None,
+                sql_round(float(a.blocked["blocked_gpu_hours"].sum()), 1),
+                sql_round(float(a.lost["lost_gpu_hours"].sum()), 2))
 
     base = w.policies.baseline
     err = {r["answer"] + "|" + r["key"]: r["error"] for r in w.calibration.iter_rows(named=True)}
@@ -170,11 +184,12 @@ def report_section(w: WhatIf) -> ReportSection:
     rows = [headline("observed", w.observed)]
     rows += [headline(a.policy, a) for a in w.replays]
     rows.append((f"calibration error ({base} − observed)",
-                 round(err.get("allocated GPU-hours|all", 0.0), 1),
-                 round(err.get("used GPU-hours|all", 0.0), 1),
-                 None if wait_err is None else round(wait_err, 1),
-                 round(sum(v for k, v in err.items() if k.startswith("blocked GPU-hours|")), 1),
-                 round(err.get("lost GPU-hours|all", 0.0), 2)))
+                 sql_round(err.get("allocated GPU-hours|all", 0.0), 1),
+                 sql_round(err.get("used GPU-hours|all", 0.0), 1),
+                 None if wait_err is None else sql_round(wait_err, 1),
+                 sql_round(sum(v for k, v in err.items()
+                               if k.startswith("blocked GPU-hours|")), 1),
+                 sql_round(err.get("lost GPU-hours|all", 0.0), 2)))
     return ReportSection(
         "whatif", "What if: the same history under other policies",
         "Replaying the cluster's own jobs through the scheduler model: what would each "
