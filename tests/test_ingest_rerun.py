@@ -101,18 +101,19 @@ def test_rerunning_the_last_piece_continues_from_the_state_before_it(
 def test_rerunning_the_first_piece_keeps_the_facts_of_the_later_hours(
         history: Path, tmp_path: Path) -> None:
     """pa+pb, then pa again: nothing was saved at or before pa's start, so it is processed
-    afresh, as before. Every hour's facts (pb's too) stay those of the whole; what shows
-    the end of the input is pa's end, as after pa alone: the day's roll-up (gpu_daily of
-    the day pa and pb share) and the latest-state views (running_attempts: pa's
-    snapshot less the attempts whose end is published). Ingesting pb again continues
-    from the state pa left: the whole again."""
+    afresh, as before. Every hour's facts (pb's too) stay those of the whole, and so does
+    the roll-up of the day pa and pb share (gpu_daily: pa's hours and pb's; it held pa's
+    alone before); what shows the end of the input is pa's end, as after pa alone: the
+    latest-state views (running_attempts: pa's snapshot less the attempts whose end is
+    published). Ingesting pb again continues from the state pa left: the whole again."""
     wh = _copy(history, tmp_path)
     _ingest(history / "pa", tmp_path / "pa_alone")
     again = _ingest(history / "pa", wh)
     assert again.continued_from is None
     got, whole, alone = views(wh), views(history / "whole"), views(tmp_path / "pa_alone")
     ended = whole["job_attempts"].select("job_id", "attempt")
-    want = {**whole, "gpu_daily": alone["gpu_daily"], "candidates": alone["candidates"],
+    assert not alone["gpu_daily"].equals(whole["gpu_daily"])
+    want = {**whole, "candidates": alone["candidates"],
             "running_attempts": alone["running_attempts"].join(
                 ended, on=["job_id", "attempt"], how="anti")}
     for name in VIEWS:
@@ -403,3 +404,60 @@ def test_a_state_saved_by_an_earlier_release_is_read_only_when_asked(
     assert_same_facts(wh, history / "whole", SPARSE)
     newest = wh / INGEST_STATE / "until-2026-01-05T03-00-00Z"
     assert all(state_file.is_state_file(p.read_bytes()) for p in newest.glob("*.checkpoint"))
+
+
+def _day_sums_agree(wh: Path) -> None:
+    """Every measure of every day's ``gpu_daily`` rows is the sum of its ``gpu_hourly``."""
+    from gpuledger.pipeline.tables import MEASURES
+
+    hourly = read_table(wh, "gpu_hourly").group_by("date").agg(
+        pl.col(m).sum() for m in MEASURES).sort("date")
+    daily = read_table(wh, "gpu_daily").group_by("date").agg(
+        pl.col(m).sum() for m in MEASURES).sort("date")
+    assert_frame_equal(daily, hourly, check_exact=False, rel_tol=1e-9, abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("order", [("h1",), ("h0", "h2", "h1"), ("h2", "h0")])
+def test_a_day_covered_in_part_rolls_up_every_hour_of_it(
+        history: Path, tmp_path: Path, order: tuple[str, ...]) -> None:
+    """Pieces re-run on their own (--afresh) over the whole history: each covers its
+    hour of the day; gpu_daily stays the sum of the day's gpu_hourly (it held the last
+    piece's hours alone before)."""
+    wh = tmp_path / "wh"
+    shutil.copytree(history / "whole", wh)
+    for piece in order:
+        ingest(sorted((history / piece).glob("*.jsonl")), wh, ProcessorConfig(), afresh=True)
+        _day_sums_agree(wh)
+    assert read_table(wh, "gpu_hourly")["hour"].n_unique() == 3
+
+
+def test_a_piece_without_inventory_leaves_no_day_roll_up_beside_empty_hours(
+        tmp_path: Path) -> None:
+    """A piece with jobs and no inventory, ingested --afresh over an hour and a half
+    already ingested: its hours hold no GPU, and the day's roll-up says so too (it kept
+    the earlier run's 1,800 allocated GPU-seconds beside an empty gpu_hourly)."""
+    inv = ('{"v":1,"type":"inventory","time":"2026-01-05T10:00:00.000Z","node":"n1",'
+           '"pool":"train","card_type":"H100","gpu_count":2,"gpu_mem_mib":81559.0,'
+           '"schedulable":true,"health":"ok"}')
+
+    def job(t: str, event: str, job_id: str, extra: str = "") -> str:
+        return (f'{{"v":1,"type":"job","time":"2026-01-05T{t}.000Z","event":"{event}",'
+                f'"job_id":"{job_id}"{extra}}}')
+
+    alloc = ',"allocation":[{"node":"n1","gpu_index":%d}]'
+    first, second = tmp_path / "p1.jsonl", tmp_path / "p2.jsonl"
+    first.write_text("\n".join([
+        inv, job("10:00:00", "submitted", "a", ',"team":"t"'),
+        job("10:00:30", "started", "a", alloc % 0), job("10:20:00", "finished", "a"),
+        job("11:06:00", "submitted", "end")]) + "\n")
+    second.write_text("\n".join([
+        job("10:55:00", "submitted", "b", ',"team":"t"'),
+        job("10:55:30", "started", "b", alloc % 1), job("11:10:00", "finished", "b"),
+        job("11:30:00", "submitted", "end2")]) + "\n")
+    wh = tmp_path / "wh"
+    ingest([first], wh, ProcessorConfig())
+    assert read_table(wh, "gpu_daily")["allocated_gpu_hours"].sum() * 3600 == \
+        pytest.approx(1170.0)
+    ingest([second], wh, ProcessorConfig(), afresh=True)
+    _day_sums_agree(wh)
+    assert read_table(wh, "gpu_daily").is_empty()

@@ -223,6 +223,10 @@ class Processor:
         self._earlier: dict[str, set[str]] = {}
         """Per merged table, the days earlier runs published parts of (as this run
         began)."""
+        self._days_written: set[datetime] = set()
+        """The days this run wrote ``gpu_daily`` rows of."""
+        self._earlier_hourly: set[str] = set()
+        """The days (``date=`` folders) earlier runs published ``gpu_hourly`` parts of."""
         self.keep_earlier_rows = False
         """Keep the merged rows earlier runs wrote in this run's time (``ingest`` going on
         past a stale point takes the time between as empty, but the attempts published
@@ -701,6 +705,8 @@ class Processor:
             if self._step is not None and self._run_from is None:
                 self._run_from = step[0]
                 self._earlier = self.warehouse.part_days(list(MERGED_TABLES))
+                self._earlier_hourly = self.warehouse.part_days(["gpu_hourly"]).get(
+                    "gpu_hourly", set())
             try:
                 self._write_hours(final=False)
             finally:
@@ -1118,7 +1124,10 @@ class Processor:
             self._write_hour(hour, part, hourly.get((hour, part)))
             if (hour.replace(hour=0), part) in self.day_hourly:
                 days.add((hour.replace(hour=0), part))
-        daily = self._daily_rollups(days)
+        if final and self.partitioning is None and self._run_from is not None:
+            days |= set(self.day_hourly)  # each day's last roll-up takes earlier hours
+            self._roll_up_days_without_hours()
+        daily = self._daily_rollups(days, final)
         for day, part in sorted(days):  # once per day, however many of its hours closed
             self._write_daily(day, part, daily[(day, part)])
         # ended attempts (and the other merged tables) are published by the step that
@@ -1194,10 +1203,12 @@ class Processor:
                                        how="vertical_relaxed"))
         return self._split_rollup("gpu_hourly", rows, ["hour", "partition"], wanted)
 
-    def _daily_rollups(self, keys: set[tuple[datetime, int]]
+    def _daily_rollups(self, keys: set[tuple[datetime, int]], final: bool
                        ) -> dict[tuple[datetime, int], pl.DataFrame]:
         """``gpu_daily`` rows of each (day, partition) of ``keys``, from the hourly rows
-        kept for the day: one roll-up for all of them, split."""
+        kept for the day: one roll-up for all of them, split. A day's last roll-up in
+        this run (``final``, or the day closed) also takes the hours earlier runs wrote
+        outside this run's time (:meth:`_earlier_hours`)."""
         if not keys:
             return {}
         hours: list[pl.DataFrame] = []
@@ -1206,8 +1217,59 @@ class Processor:
             hours += [kept[h].with_columns(pl.lit(day).alias("_day"),
                                            pl.lit(part, pl.Int64).alias("partition"))
                       for h in sorted(kept)]
+            closed = self.closed_until
+            last = final or (closed is not None and day + timedelta(days=1) <= closed)
+            earlier = self._earlier_hours(day, set(kept)) if last else None
+            if earlier is not None:
+                hours.append(earlier.with_columns(pl.lit(day).alias("_day"),
+                                                  pl.lit(part, pl.Int64).alias("partition")))
         rows = rollup.daily(pl.concat(hours), by=("partition", "_day"))
         return self._split_rollup("gpu_daily", rows, ["_day", "partition"], keys)
+
+    def _earlier_hours(self, day: datetime, mine: set[datetime]) -> pl.DataFrame | None:
+        """In a run that holds every partition, the ``gpu_hourly`` rows of ``day`` that an
+        earlier run wrote outside the time this run covers (before the hour it started
+        in, or from where it has closed to on): a day this run covers in part still
+        rolls up every hour of it (re-running the day's first piece left ``gpu_daily``
+        with that piece's hours alone, below the sum of ``gpu_hourly``). Taken only for
+        the day's last roll-up in the run: a re-run of the same input writes the same
+        objects at every step, as the first run did (its sums of unrounded rows and the
+        written, rounded ones may differ in the last digit)."""
+        closed = self.closed_until
+        if self.partitioning is not None or self._run_from is None or closed is None \
+                or f"date={day:%Y-%m-%d}" not in self._earlier_hourly:
+            return None
+        rows = self.warehouse.day_rows("gpu_hourly", day)
+        if rows is None:
+            return None
+        start = _floor_hour(self._run_from)
+        hour = pl.col("hour")
+        outside = rows.filter(~hour.is_in(list(mine)) & ((hour < start) | (hour >= closed)))
+        return self._shape("gpu_hourly", outside) if outside.height else None
+
+    def _roll_up_days_without_hours(self) -> None:
+        """At a run's end (a run that holds every partition): a day in the time it covered
+        where it wrote no ``gpu_hourly`` row (a piece with no inventory: its hours were
+        emptied) is rolled up from the hours earlier runs wrote outside that time, and
+        has no ``gpu_daily`` rows when there are none (an earlier run's roll-up stayed
+        beside an empty ``gpu_hourly``)."""
+        closed = self.closed_until
+        assert self._run_from is not None
+        if closed is None:
+            return
+        day = self._run_from.replace(hour=0, minute=0, second=0, microsecond=0)
+        while day < closed:
+            if (day, 0) not in self.day_hourly and day not in self._days_written:
+                earlier = self._earlier_hours(day, set())
+                if earlier is None:
+                    self.warehouse.drop_part("gpu_daily", day)
+                else:
+                    rows = rollup.daily(earlier.with_columns(
+                        pl.lit(day).alias("_day"), pl.lit(0, pl.Int64).alias("partition")),
+                        by=("partition", "_day"))
+                    self.warehouse.write_part("gpu_daily", day, self._shape("gpu_daily", rows),
+                                              SORT_KEYS["gpu_daily"], hourly=False)
+            day += timedelta(days=1)
 
     def _split_rollup(self, table: str, rows: pl.DataFrame, by: list[str],
                       keys: Collection[tuple[datetime, int]]
@@ -1272,6 +1334,7 @@ class Processor:
 
     def _write_daily(self, day: datetime, partition: int, daily: pl.DataFrame) -> None:
         kept = self.day_hourly[(day, partition)]
+        self._days_written.add(day)
         self.warehouse.write_part("gpu_daily", day, daily, SORT_KEYS["gpu_daily"],
                                   hourly=False, suffix=self.suffix(partition))
         closed = self.closed_until

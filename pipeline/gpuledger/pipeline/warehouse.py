@@ -256,6 +256,27 @@ class Warehouse:
                 out.setdefault(parts[1], set()).add(parts[2])
         return out
 
+    def drop_part(self, table: str, day: datetime, suffix: str | None = None) -> None:
+        """``table``'s part of ``day`` (a day-partitioned table's file) is no longer
+        published (nothing happens when there is none)."""
+        path = self.part_path(table, day, False, suffix)
+        if self.publisher.current(self._unit(suffix), path) is not None:
+            self.publisher.drop(self._unit(suffix), path)
+
+    def day_rows(self, table: str, day: datetime, suffix: str | None = None
+                 ) -> pl.DataFrame | None:
+        """The published rows of ``table`` in ``day``'s folder (its hours' files and a
+        compacted day's object), or None when there are none."""
+        folder = f"date={day:%Y-%m-%d}"
+        frames = []
+        for logical in sorted(self.publisher.unit(self._unit(suffix)).files):
+            parts = logical.split("/")
+            if len(parts) == 4 and parts[1] == table and parts[2] == folder:
+                frame = self.read(logical, suffix)
+                if frame is not None and frame.height:
+                    frames.append(frame)
+        return pl.concat(frames, how="vertical_relaxed") if frames else None
+
     def drop_rows_not_in(self, table: str, days: set[str], span: tuple[datetime, datetime],
                          keep: pl.DataFrame, suffix: str | None = None) -> int:
         """Of ``table``'s parts (hours and compacted days) in ``days``, the rows whose time
