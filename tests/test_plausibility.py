@@ -102,6 +102,34 @@ def test_ingest_sets_aside_a_line_far_outside_the_input(tmp_path: Path, stray: s
     assert len(files) < 60, len(files)   # no walk over the years between
 
 
+def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A node's record and a long job's submission and start, 8 days before a 1-hour
+    burst of short jobs: set aside as outliers before, so the node had no capacity, every
+    job was charged 0 and the long one had no attempt. Kept now, with a warning; the
+    long job holds its GPU for the whole 8 days and an hour."""
+    burst = at(8 * 24 * 60)
+    recs = [inventory("n1", at(0), gpus=8), job("submitted", "long", at(0)),
+            job("started", "long", at(0, 30), allocation=alloc("n1", 0))]
+    for i in range(400):  # the three early records are below the 1st percentile
+        t = burst + timedelta(seconds=9 * i)
+        recs += [job("submitted", f"s{i}", t),
+                 job("started", f"s{i}", t + timedelta(seconds=1),
+                     allocation=alloc("n1", 1 + i % 7)),
+                 job("finished", f"s{i}", t + timedelta(seconds=5))]
+    recs.append(job("finished", "long", burst + timedelta(minutes=61)))
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(jsonl(recs))
+    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    assert result.rejects.is_empty()
+    assert "come 8.0 days before the bulk of the input" in caplog.text
+    attempts = read_table(tmp_path / "wh", "job_attempts")
+    long = attempts.filter(pl.col("job_id") == "long")["allocated_gpu_hours"].item()
+    assert long * 3600 == pytest.approx(8 * 86400 + 61 * 60 - 30)
+    short = attempts.filter(pl.col("job_id") != "long")["allocated_gpu_hours"]
+    assert short.len() == 400 and short.sum() * 3600 == pytest.approx(400 * 4)
+
+
 def test_telemetry_of_unknown_gpus_is_rejected_not_capacity(
     process: Callable[..., Facts],
 ) -> None:

@@ -401,11 +401,16 @@ aside as an outlier (``set_aside_outliers``)."""
 def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: ProcessorConfig
                        ) -> tuple[dict[RecordType, pl.DataFrame], pl.DataFrame]:
     """Events far outside the input's own time range are set aside as rejects, with their
-    reason: further before its 1st percentile of event times than ``windows.max_behind_s``
-    or after its 99th than ``windows.max_ahead_s``, than the input's own span between the
-    two, and than :data:`OUTLIER_MARGIN` (a line from a wrong year, a clock months ahead;
-    not a job that ends hours after a burst of submissions). They would otherwise make
-    the processor walk the empty years between, or close minutes no other event reached."""
+    reason: telemetry further before its 1st percentile of event times than
+    ``windows.max_behind_s``, and any event after its 99th than ``windows.max_ahead_s``,
+    than the input's own span between the two, and than :data:`OUTLIER_MARGIN` (a line
+    from a wrong year, a clock months ahead; not a job that ends hours after a burst of
+    submissions). They would otherwise make the processor walk the empty years between,
+    or close minutes no other event reached. Inventory and job events are not set aside
+    for being early: a node's record written when it joined, or a long job's submission
+    and start, precede the bulk of a history by days (setting them aside left the nodes
+    without capacity and the jobs without attempts); the run then covers that time, and
+    a warning says so."""
     times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
         if any(not f.is_empty() for f in frames.values()) else None
     if times is None or times.height < 20:
@@ -419,9 +424,18 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
     kept: dict[RecordType, pl.DataFrame] = {}
     out: list[pl.DataFrame] = []
+    before = pl.col("time") < pl.lit(early).cast(TIME_DTYPE)
     for kind, frame in frames.items():
-        outside = (pl.col("time") < pl.lit(early).cast(TIME_DTYPE)) | (
-            pl.col("time") > pl.lit(late).cast(TIME_DTYPE))
+        outside = pl.col("time") > pl.lit(late).cast(TIME_DTYPE)
+        if kind == "telemetry":
+            outside = outside | before
+        elif not frame.is_empty():
+            first = frame.filter(before).select(pl.col("time").min()).item()
+            if first is not None:
+                log.warning("%s %s record(s) come %.1f days before the bulk of the input "
+                            "(1st percentile %s): the facts cover the time between",
+                            frame.filter(before).height, kind, (lo - first).total_seconds()
+                            / 86400, f"{lo:%Y-%m-%d %H:%M} UTC")
         bad = frame.filter(outside)
         kept[kind] = frame.filter(~outside) if not bad.is_empty() else frame
         if bad.is_empty():
