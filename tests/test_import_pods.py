@@ -16,6 +16,7 @@ from events import held_per_minute
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline import query
+from gpuledger.pipeline.config import Limits
 from gpuledger.pipeline.importers.pods import PodsImportError, load_pods, parse_columns
 
 T0 = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
@@ -250,3 +251,101 @@ def test_files_refused_whole_say_why(text: str, error: str, tmp_path: Path,
                  "--warehouse", str(tmp_path / "wh")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and error in err, err
+
+
+SPAN = "2026-01-05T10:00:00Z,2026-01-05T10:00:00Z,2026-01-05T10:01:00Z"  # one minute
+
+
+def test_a_share_of_several_gpus_is_a_bad_row(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """gpu_milli < 1000 is a share of one GPU (as in openb): with gpus 2 it was placed as
+    half of one GPU (30 GPU-s for a minute); now the row is reported and skipped."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("node,gpus\nn1,4\n")
+    path = tmp_path / "s.csv"
+    path.write_text("name,created,scheduled,deleted,gpus,gpu_milli\n"
+                    f"two-halves,{SPAN},2,500\n"
+                    f"half,{SPAN},1,500\n"
+                    f"two,{SPAN},2,1000\n"
+                    f"half-again,{SPAN},0.5,500\n"
+                    f"two-shares,{SPAN},0.5,250\n")
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 0
+    out = capsys.readouterr().out
+    assert "5 rows, 3 imported" in out and "2 bad row(s)" in out and "rejected" not in out
+    assert (f"{path}:2: gpu_milli: '500' with gpus '2': only one-GPU pods share a GPU "
+            "(gpu_milli < 1000)") in out
+    assert f"{path}:6: gpu_milli: '250' with gpus '0.5': two different shares" in out
+    assert _gpu_hours(tmp_path / "wh") == {"half": pytest.approx(30 / 3600),
+                                           "two": pytest.approx(120 / 3600),
+                                           "half-again": pytest.approx(30 / 3600)}
+    _, rows = query.run(tmp_path / "wh", "SELECT job_id, count(*) FROM job_gpu GROUP BY 1")
+    assert dict(rows) == {"half": 1, "two": 2, "half-again": 1}
+
+
+PODS_ON_N1 = ("name,created,scheduled,deleted,gpus\n"
+              "a,2026-01-05T10:00:00Z,2026-01-05T10:00:10Z,2026-01-05T10:02:10Z,1\n")
+
+
+@pytest.mark.parametrize(("nodes", "error"), [
+    ("n1,2,A100,p,-5\n",
+     "nodes.csv:2: node 'n1': field 'gpu_mem_mib': -5.0 is below the minimum 0"),
+    ("n1,2,A100,p,2000000\n",
+     "nodes.csv:2: node 'n1': field 'gpu_mem_mib': 2000000.0 is above the physical limit "
+     "1048576 MiB (limits.memory_max_mib)"),
+    ("n1,2,A100,p,nan\n", "nodes.csv:2: node 'n1': field 'gpu_mem_mib': NaN is not a number"),
+    ("n1,2,A100,p,80GB\n", "nodes.csv:2: gpu_mem_mib: '80GB' is not a number"),
+    ("n1,2,A100,p,81559\nn2,2,A100,p,81559\nn1,4,A100,p,81559\n",
+     "nodes.csv:4: node 'n1' appears twice (first on line 2)"),
+], ids=["negative-memory", "memory-above-limit", "nan-memory", "memory-not-a-number",
+        "node-twice"])
+def test_a_node_row_validation_would_reject_refuses_the_file(
+        nodes: str, error: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A --nodes row is checked as its inventory record will be: before, a memory the
+    contract refuses passed here, the inventory record was rejected later and every pod on
+    the node was charged nothing (exit 0); a node listed twice took its last row."""
+    (tmp_path / "nodes.csv").write_text("node,gpus,card_type,pool,gpu_mem_mib\n" + nodes)
+    path = tmp_path / "p.csv"
+    path.write_text(PODS_ON_N1)
+    assert main(["import", "pods", str(path), "--nodes", str(tmp_path / "nodes.csv"),
+                 "--quiet", "--warehouse", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and error in err, err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_node_rows_are_checked_with_the_limits_given(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("node,gpus,card_type,pool,gpu_mem_mib\nn1,2,A100,p,2000000\n")
+    path = tmp_path / "p.csv"
+    path.write_text(PODS_ON_N1)
+    with pytest.raises(PodsImportError, match="above the physical limit"):
+        load_pods(path, nodes_csv=nodes)
+    wide = load_pods(path, nodes_csv=nodes, limits=Limits(memory_max_mib=4_000_000))
+    assert wide.frames["inventory"]["gpu_mem_mib"].to_list() == [2_000_000]
+    assert wide.imported == 1 and not wide.bad_rows
+
+
+def test_a_time_after_the_import_is_a_bad_row(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A deletion years ahead was counted as still running (its end event was rejected
+    by validation): now the row is reported, as validation would judge it."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES_CSV)
+    path = tmp_path / "f.csv"
+    path.write_text("name,created,scheduled,deleted,gpus\n"
+                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,1\n"
+                    "later,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2099-01-01T00:00:00Z,1\n")
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 0
+    out = capsys.readouterr().out
+    assert "1 bad row(s)" in out and "rejected" not in out, out
+    assert (f"{path}:3: deleted: '2099-01-01T00:00:00Z' is more than 3600 s after the time "
+            "of the import") in out
+    assert _gpu_hours(tmp_path / "wh") == {"a": pytest.approx(1.0)}
+    # the bound is validation's: up to max_future_s (3600 s) past the time of the import
+    now = datetime(2026, 1, 5, 0, 5, tzinfo=UTC)  # 65 minutes before a's deletion
+    assert [r for r, _ in load_pods(path, nodes_csv=nodes, now=now).bad_rows] == [2, 3]
+    assert load_pods(path, nodes_csv=nodes, now=now + timedelta(minutes=10)).bad_rows == [
+        (3, "deleted: '2099-01-01T00:00:00Z' is more than 3600 s after the time of the "
+            "import (2026-01-05T00:15:00Z)")]

@@ -58,12 +58,13 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
 
     check_input_files(args.file, args.nodes)
     base, mapping = _mapping_file(args.mapping)
+    config = _proc_config(args)
     try:
         columns = parse_columns(args.columns, base)
-        imported = load_pods(args.file, columns=columns, mapping=mapping, nodes_csv=args.nodes)
+        imported = load_pods(args.file, columns=columns, mapping=mapping, nodes_csv=args.nodes,
+                             limits=config.limits)
     except PodsImportError as exc:
         raise CliError(str(exc)) from None
-    config = _proc_config(args)
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing pods", not args.quiet)
     try:

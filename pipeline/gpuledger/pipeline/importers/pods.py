@@ -22,16 +22,21 @@ file); a field's default column is its own name. Fields (``docs/import.md``):
 Events: ``submitted`` at ``created``; ``started`` at ``scheduled`` with the placement;
 at ``deleted``: ``failed`` (status failed, or unplaced), ``cancelled`` (never
 scheduled), else ``finished``. Rows without a name, a creation time or a GPU count,
-or with unreadable values, times before 2000 (``validate.MIN_TIME``), repeated GPU
-indices or, with ``--nodes``, indices the node does not have, are reported by row number
-and skipped; ``gpus = 0`` rows are CPU-only and skipped.
+or with unreadable values, times before 2000 (``validate.MIN_TIME``) or more than
+``max_future_s`` after now (validation would reject their events), a share of several
+GPUs (``gpu_milli < 1000`` with ``gpus > 1``: as in openb, only one-GPU pods share a
+GPU), repeated GPU indices or, with ``--nodes``, indices the node does not have, are
+reported by row number and skipped; ``gpus = 0`` rows are CPU-only and skipped.
 
 Placement: a pod with a node and indices is placed there; with a node only, on that
 node's lowest free indices (best fit for a share); with neither, by the best-fit policy
 of :mod:`gpuledger.bridges.placement` (the openb importer's) over the nodes of
 ``--nodes`` (CSV ``node,gpus[,card_type,pool,gpu_mem_mib]``), in event-time order with
 releases first. A pod that fits nowhere is reported and ends ``failed`` (reason
-``unplaced by importer``) at its deletion, so that its queue time still counts.
+``unplaced by importer``) at its deletion, so that its queue time still counts. A
+``--nodes`` row is checked as its inventory record will be (``validate.check``, with the
+physical :class:`~gpuledger.pipeline.config.Limits` given to :func:`load_pods`); a row it
+would reject, or a node listed twice, refuses the file with one line naming the row.
 Without ``--nodes``, inventory is made for the nodes the list names (GPU count = the
 highest index used + 1, or the most GPUs held at once).
 """
@@ -41,7 +46,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +56,9 @@ from gpuledger.bridges.mapping import Mapping
 from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer, Slot
 from gpuledger.contract.schema import JOB_TYPES
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.config import Limits, Windows
 from gpuledger.pipeline.importers.csv_text import header_and_rows
-from gpuledger.pipeline.validate import MIN_TIME
+from gpuledger.pipeline.validate import MIN_TIME, check
 
 FIELDS = ("name", "created", "gpus", "scheduled", "deleted", "gpu_milli", "node",
           "gpu_indices", "namespace", "team", "user", "queue", "pool", "priority",
@@ -61,6 +67,8 @@ REQUIRED = ("name", "created", "gpus")
 FAILED = ("failed", "error", "oomkilled", "evicted")
 DEFAULT_POOL = "default"
 DEFAULT_CARD = "unknown"
+MAX_FUTURE = timedelta(seconds=Windows().max_future_s)
+"""How far past the wall clock a time may lie: validation rejects later events."""
 
 
 class PodsImportError(ValueError):
@@ -131,32 +139,59 @@ class _Pod:
     attrs: dict[str, Any]
 
 
-def _read_nodes(path: Path, mapping: Mapping) -> list[dict[str, Any]]:
+def _inventory(nodes: list[dict[str, Any]], time: datetime) -> pl.DataFrame:
+    """The inventory records of ``nodes`` at ``time`` (not yet conformed)."""
+    if not nodes:
+        return pl.DataFrame({"time": []})
+    return pl.DataFrame([{**n, "time": time} for n in nodes]).with_columns(
+        pl.lit(1).alias("v"), pl.lit("inventory").alias("type"),
+        pl.lit(True).alias("schedulable"), pl.lit("ok").alias("health"))
+
+
+def _read_nodes(path: Path, mapping: Mapping, limits: Limits) -> list[dict[str, Any]]:
+    """The node list; a row validation would reject as an inventory record (with
+    ``limits``), or a node listed twice, refuses the file naming the row."""
     header, rows = header_and_rows(path, PodsImportError)
     if not header:
         raise PodsImportError(f"{path}: empty file (expected node,gpus and one row per "
                               "node)")
     if not {"node", "gpus"} <= set(header):
         raise PodsImportError(f"{path}: needs the columns node and gpus")
-    nodes = []
-    for n, row in rows:
+    nodes: list[dict[str, Any]] = []
+    lines: dict[str, int] = {}
+    for n, raw in rows:
+        row = {k: v.strip() for k, v in raw.items()}
+        if not any(row.values()):
+            continue  # a blank line
+        column = "gpus"
         try:
-            gpus = int(row["gpus"] or "")
+            gpus = int(row["gpus"])
+            column = "gpu_mem_mib"
             mem = float(row["gpu_mem_mib"]) if row.get("gpu_mem_mib") else None
-        except ValueError as exc:
-            raise PodsImportError(f"{path}:{n}: {exc}") from None
+        except ValueError:
+            raise PodsImportError(f"{path}:{n}: {column}: {row[column]!r} is not a "
+                                  + ("whole number" if column == "gpus" else "number")
+                                  ) from None
         if not row["node"] or not 0 <= gpus <= MAX_GPUS_PER_NODE:
             raise PodsImportError(f"{path}:{n}: needs a node and 0-{MAX_GPUS_PER_NODE} gpus")
+        if row["node"] in lines:
+            raise PodsImportError(f"{path}:{n}: node {row['node']!r} appears twice (first "
+                                  f"on line {lines[row['node']]}); nodes must be unique")
+        lines[row["node"]] = n
         card = mapping.card_type(row.get("card_type") or None) or DEFAULT_CARD
         nodes.append({"node": row["node"], "gpu_count": gpus, "card_type": card,
                       "pool": row.get("pool") or mapping.pool_default or DEFAULT_POOL,
                       "gpu_mem_mib": mem if mem is not None
                       else mapping.card_memory(card) or 0.0})
+    checked = check(_inventory(nodes, MIN_TIME), "inventory", limits=limits)
+    if checked.rejected_index.len():
+        node = nodes[checked.rejected_index[0]]["node"]
+        raise PodsImportError(f"{path}:{lines[node]}: node {node!r}: {checked.reasons[0]}")
     return nodes
 
 
 def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
-               result: PodsImport) -> list[_Pod]:
+               result: PodsImport, now: datetime) -> list[_Pod]:
     names, rows = header_and_rows(path, PodsImportError)
     if not names:
         raise PodsImportError(f"{path}: empty file (expected a header line and one row "
@@ -179,7 +214,7 @@ def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
         result.rows += 1
         row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
         try:
-            pod = _pod(n, row, mapping)
+            pod = _pod(n, row, mapping, now)
         except ValueError as exc:
             result.bad_rows.append((n, str(exc)))
             continue
@@ -190,7 +225,7 @@ def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
     return pods
 
 
-def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
+def _pod(n: int, row: dict[str, str], mapping: Mapping, now: datetime) -> _Pod | None:
     for name in REQUIRED:
         if not row.get(name):
             raise ValueError(f"{name}: empty")
@@ -206,6 +241,10 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
         if t < MIN_TIME:
             raise ValueError(f"{name}: {row[name]!r} is before {MIN_TIME:%Y-%m-%d} (no "
                              "event is older)")
+        if t > now + MAX_FUTURE:
+            raise ValueError(f"{name}: {row[name]!r} is more than "
+                             f"{MAX_FUTURE.total_seconds():.0f} s after the time of the "
+                             f"import ({now:%Y-%m-%dT%H:%M:%SZ})")
         return t
 
     try:
@@ -220,10 +259,16 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping) -> _Pod | None:
     if gpus_f == 0:
         return None
     if gpus_f < 1:
+        if milli < 1000 and not math.isclose(milli, gpus_f * 1000):
+            raise ValueError(f"gpu_milli: {row['gpu_milli']!r} with gpus {row['gpus']!r}: "
+                             "two different shares of one GPU")
         gpus, share = 1, gpus_f
     else:
         if gpus_f != int(gpus_f):
             raise ValueError(f"gpus: {row['gpus']!r} is above 1 and not whole")
+        if gpus_f > 1 and milli < 1000:
+            raise ValueError(f"gpu_milli: {row['gpu_milli']!r} with gpus {row['gpus']!r}: "
+                             "only one-GPU pods share a GPU (gpu_milli < 1000)")
         gpus, share = int(gpus_f), milli / 1000.0
     created, scheduled, deleted = when("created"), when("scheduled"), when("deleted")
     assert created is not None
@@ -305,11 +350,14 @@ def _place(pods: list[_Pod], placer: Placer, strict_nodes: bool) -> dict[str, li
 
 
 def load_pods(pods_csv: Path, *, columns: dict[str, str] | None = None,
-              mapping: Mapping | None = None, nodes_csv: Path | None = None) -> PodsImport:
-    """Read a pod list and turn it into inventory and job event frames."""
+              mapping: Mapping | None = None, nodes_csv: Path | None = None,
+              limits: Limits | None = None, now: datetime | None = None) -> PodsImport:
+    """Read a pod list and turn it into inventory and job event frames. ``limits``: the
+    physical bounds validation will apply (default: the configuration's defaults);
+    ``now``: the time of the import (default: the wall clock)."""
     mapping = mapping or Mapping()
     result = PodsImport({})
-    pods = _read_pods(pods_csv, columns or {}, mapping, result)
+    pods = _read_pods(pods_csv, columns or {}, mapping, result, now or datetime.now(UTC))
     first_row: dict[str, int] = {}
     for pod in pods:
         if pod.name in first_row:
@@ -317,7 +365,7 @@ def load_pods(pods_csv: Path, *, columns: dict[str, str] | None = None,
                                   f"(first on line {first_row[pod.name]}); names must be "
                                   "unique")
         first_row[pod.name] = pod.row
-    nodes = _read_nodes(nodes_csv, mapping) if nodes_csv else []
+    nodes = _read_nodes(nodes_csv, mapping, limits or Limits()) if nodes_csv else []
     listed = {n["node"]: n["gpu_count"] for n in nodes}
     pods = [p for p in pods if _indices_fit(p, listed, result)]
     result.bad_rows.sort()
@@ -335,8 +383,7 @@ def load_pods(pods_csv: Path, *, columns: dict[str, str] | None = None,
                   "pool": mapping.pool_default or DEFAULT_POOL, "gpu_mem_mib": 0.0}
                  for node, count in sorted(width.items())]
     first = min((p.created for p in pods), default=datetime(2026, 1, 1, tzinfo=UTC))
-    inventory = pl.DataFrame([{**n, "time": first} for n in nodes]) if nodes \
-        else pl.DataFrame({"time": []})
+    inventory = _inventory(nodes, first)
     rows: list[dict[str, Any]] = []
     for pod in pods:
         result.imported += 1
@@ -359,9 +406,5 @@ def load_pods(pods_csv: Path, *, columns: dict[str, str] | None = None,
     jobs = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame(
         {"time": [], "event": [], "job_id": []})
     jobs = jobs.with_columns(pl.lit(1).alias("v"), pl.lit("job").alias("type"))
-    if not inventory.is_empty():
-        inventory = inventory.with_columns(
-            pl.lit(1).alias("v"), pl.lit("inventory").alias("type"),
-            pl.lit(True).alias("schedulable"), pl.lit("ok").alias("health"))
     result.frames = {"inventory": conform(inventory, "inventory"), "job": conform(jobs, "job")}
     return result
