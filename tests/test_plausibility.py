@@ -130,6 +130,32 @@ def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(
     assert short.len() == 400 and short.sum() * 3600 == pytest.approx(400 * 4)
 
 
+def test_allocations_no_inventory_knows_are_counted_and_said(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Not charged, as documented, but no longer silent: a 2-GPU job on a node with no
+    inventory (600 s), GPU 5 of a 2-GPU node (600 s) and a GPU that leaves the inventory
+    half-way through a 600 s hold: 2 × 600 + 600 + 300 GPU-seconds uncharged."""
+    recs = [inventory("n1", at(0), gpus=2), inventory("n2", at(0), gpus=1),
+            job("submitted", "a", at(0), gpus=2),
+            job("started", "a", at(1), allocation=alloc("ghost", 0, 1)),
+            job("finished", "a", at(11)),
+            job("submitted", "b", at(0)),
+            job("started", "b", at(1), allocation=alloc("n1", 5)),
+            job("finished", "b", at(11)),
+            job("submitted", "c", at(0)),
+            job("started", "c", at(1), allocation=alloc("n2", 0)),
+            inventory("n2", at(6), gpus=0),
+            job("finished", "c", at(11)),
+            job("submitted", "end", at(15))]
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(jsonl(recs))
+    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    assert result.counters.uncharged_allocation_ms == (2 * 600 + 600 + 300) * 1000
+    assert "2100.0 allocated GPU-second(s) were on GPUs no inventory knew" in caplog.text
+    charged = read_table(tmp_path / "wh", "job_attempts").filter(pl.col("job_id") == "c")
+    assert charged["allocated_gpu_hours"].item() * 3600 == pytest.approx(300)
+
+
 def test_telemetry_of_unknown_gpus_is_rejected_not_capacity(
     process: Callable[..., Facts],
 ) -> None:

@@ -35,6 +35,9 @@ class Counters:
     """GPU-minutes whose allocations summed to more than the whole GPU (two jobs each
     given all of it by the scheduler, or pods whose fractions add up past 1): the GPU
     counts as allocated once; ``gpu_minute.alloc_fraction`` keeps the sum."""
+    uncharged_allocation_ms: int = 0
+    """Allocated GPU-time (ms) on GPUs no inventory knew at the time (an unknown node, a
+    GPU index beyond its count, a GPU that left the inventory): not charged, no capacity."""
     misrouted_telemetry: int = 0
     """Samples for a node of another shard's partition (dropped; see shard.py)."""
     minutes_closed: int = 0

@@ -172,6 +172,7 @@ class Processor:
         self.warehouse = warehouse
         self.counters = Counters()
         self._overcommit_said = False
+        self._uncharged_said = 0
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
@@ -670,6 +671,12 @@ class Processor:
                 ).select(PARTS_SCHEMA.names()))
         self._write_rejects()
         self.warehouse.publish_catalog()
+        uncharged = self.counters.uncharged_allocation_ms
+        if uncharged > self._uncharged_said:
+            self._uncharged_said = uncharged
+            log.warning("%.1f allocated GPU-second(s) were on GPUs no inventory knew at the "
+                        "time (an unknown node or GPU index, a GPU gone from the inventory): "
+                        "not charged (docs/metrics.md, 'Rejected')", uncharged / 1000)
         over = self.counters.overcommitted_gpu_minutes
         if over and not self._overcommit_said:
             self._overcommit_said = True
@@ -786,6 +793,7 @@ class Processor:
         runs = engines.step_frame(gpu_runs(own_nodes))
         pieces = engines.step_frame(clip_ms(self._with_partition(allocations).filter(
             pl.col("partition").is_in(list(bounds))), "start", "end", lo, b_ms))
+        self._count_uncharged(pieces, runs)
         telem = None
         exact_runs, exact_pieces = runs.clear(), pieces.clear()
         sparse_runs, sparse_pieces = runs, pieces
@@ -844,6 +852,20 @@ class Processor:
             self.rollup_parts.setdefault((_hour_of(hour_ms), part), []).append(rows)
         inc = job_usage.minute_usage(jobs.lazy(), self.config)
         self.acc = job_usage.merge(self.acc, inc)
+
+    def _count_uncharged(self, pieces: pl.DataFrame, runs: pl.DataFrame) -> None:
+        """Count the allocated GPU-time that falls outside every inventory run of its GPU
+        (an unknown node or GPU index, a GPU gone from the inventory): it is not charged,
+        and :meth:`flush` says how much."""
+        if pieces.is_empty():
+            return
+        held = pieces.select((pl.col("e_ms") - pl.col("s_ms")).sum()).item() or 0
+        covered = pieces.join(runs.select(*GPU_KEYS, "from_ms", "to_ms"), on=GPU_KEYS,
+                              how="inner").select(
+            (pl.min_horizontal("e_ms", "to_ms") - pl.max_horizontal("s_ms", "from_ms"))
+            .clip(lower_bound=0).sum()).item() or 0
+        if held > covered:
+            self.counters.uncharged_allocation_ms += int(held - covered)
 
     @staticmethod
     def _with_job_memory(jobs: pl.DataFrame, memory: pl.DataFrame | None) -> pl.DataFrame:

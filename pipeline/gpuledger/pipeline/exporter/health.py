@@ -52,6 +52,10 @@ class HealthCollector:
                       "GPU-time (GPU-seconds, in whole minutes) whose allocations summed to "
                       "more than the whole GPU (jobs given the same GPU at once; it counts "
                       "as allocated once).", 60 * c.overcommitted_gpu_minutes)
+        yield counter("gpuledger_uncharged_allocation_gpu_seconds",
+                      "Allocated GPU-time (GPU-seconds) on GPUs no inventory knew at the time "
+                      "(an unknown node or GPU index): not charged.",
+                      c.uncharged_allocation_ms / 1000)
         yield counter("gpuledger_closed_windows", "One-minute windows closed.", c.minutes_closed)
         yield counter("gpuledger_close_passes", "Passes that closed one or more minutes.",
                       c.close_passes)
