@@ -3,6 +3,7 @@ from its CSV files (queue wait per pod, allocated GPUs over time)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -11,7 +12,11 @@ from openb_trace import openb_trace
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline import query
-from gpuledger.pipeline.importers.openb import load_openb
+from gpuledger.pipeline.config import load_config
+from gpuledger.pipeline.importers.openb import OpenbImportError, load_openb
+from gpuledger.pipeline.ingest import import_history
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
 
 NODES, PODS, PUBLISHED = openb_trace()   # the published trace, else one in its format
 FROM_H, HOURS = 3552.0, 2.0          # a busy stretch of day 148
@@ -133,6 +138,7 @@ def test_a_window_outside_the_trace_is_refused_with_its_length(
     nodes, pods = _tiny_trace(tmp_path)
     args = ["import", "openb", "--nodes", str(nodes), "--pods", str(pods), *window,
             "--quiet", "--warehouse", str(tmp_path / "wh")]
+    code: int | str | None
     try:
         code = main(args)
     except SystemExit as usage:  # argparse refuses the value itself
@@ -186,3 +192,159 @@ def test_a_damaged_pod_row_refuses_the_trace(row: str, error: str, tmp_path: Pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{pods}{error}" in err, err
     assert not (tmp_path / "wh").exists()
+
+
+HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+          "creation_time,deletion_time,scheduled_time\n")
+
+
+def _trace(tmp_path: Path, nodes: str, *pods: str) -> tuple[Path, Path]:
+    """A node list of ``nodes`` lines and a pod list of ``pods`` rows."""
+    node_csv, pod_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    node_csv.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + nodes)
+    pod_csv.write_text(HEADER + "".join(f"{row}\n" for row in pods))
+    return node_csv, pod_csv
+
+
+def _import(nodes: Path, pods: Path, root: Path, *extra: str) -> int:
+    return main(["import", "openb", "--nodes", str(nodes), "--pods", str(pods), *extra,
+                 "--quiet", "--warehouse", str(root)])
+
+
+def test_a_window_that_cuts_attempts_says_so_and_keeps_its_minutes_whole(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Pods alive at the window start keep their own submission and start (the processor
+    begins its minutes at the window's start): one warning line names them, since their
+    job_attempts GPU-hours count from there; the window's minute facts are exact, and
+    their queue waits are their own (200 s and 50 s; 100 and 0 before)."""
+    nodes, pods = _trace(tmp_path, "node-a,64000,262144,4,V100M16\n",
+                         "i,1000,1024,1,1000,,LS,Running,3500,4000,3700",   # pending at 1 h
+                         "r,1000,1024,1,1000,,LS,Running,3000,4200,3050",   # running at 1 h
+                         "n,1000,1024,1,1000,,LS,Running,3660,3900,3720")   # inside
+    with caplog.at_level("WARNING", logger="gpuledger.pipeline.importers.openb"):
+        assert _import(nodes, pods, tmp_path / "wh", "--from-hours", "1", "--hours", "1") == 0
+    said = [r.getMessage() for r in caplog.records
+            if r.name == "gpuledger.pipeline.importers.openb"]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith("openb: 2 pod(s) began before the window's start at 1 h "
+                              "(e.g. i, r): they keep their own queue wait and start, but "
+                              "job_attempts counts their GPU-hours from there only and "
+                              "does not add an earlier window's part of them"), said
+    assert load_openb(nodes, pods, window_from_s=3600, window_to_s=7200).began_before \
+        == ["i", "r"]
+    # minutes: i 3700-4000 (300 s), r 3600-4200 (600 s), n 3720-3900 (180 s)
+    _, rows = query.run(tmp_path / "wh", "SELECT round(sum(alloc_fraction) * 60, 6), "
+                                         "min(minute) FROM gpu_minute WHERE allocated")
+    assert rows[0][0] == pytest.approx(1080.0)
+    assert (rows[0][1].hour, rows[0][1].minute) == (1, 0)
+    _, rows = query.run(tmp_path / "wh", "SELECT job_id, queue_wait_s FROM job_attempts "
+                                         "ORDER BY job_id")
+    assert rows == [("i", 200.0), ("n", 60.0), ("r", 50.0)]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpuledger.pipeline.importers.openb"):
+        assert _import(nodes, pods, tmp_path / "whole") == 0  # no window: nothing cut
+    assert not [r for r in caplog.records if r.name == "gpuledger.pipeline.importers.openb"]
+
+
+@pytest.mark.parametrize(("window", "says"), [
+    (["--from-hours", "1.0125", "--hours", "0.9725"],
+     "the window starts 1.0125 h (3,645 s) after the trace's start, inside a minute: "
+     "--from-hours and --hours must give whole minutes (multiples of 1/60 h)"),
+    (["--from-hours", "1", "--hours", "0.9725"],
+     "the window ends 1.9725 h (7,101 s) after the trace's start, inside a minute"),
+])
+def test_a_window_bound_inside_a_minute_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], window: list[str],
+        says: str) -> None:
+    nodes, pods = _trace(tmp_path, "node-a,64000,262144,2,V100M16\n",
+                         "c,1000,1024,1,250,,BE,Failed,0,7300,10")
+    assert _import(nodes, pods, tmp_path / "wh", *window) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_a_window_on_whole_minutes_keeps_every_gpu_minute(tmp_path: Path) -> None:
+    """1.05 h = 01:03 and 0.95 h later = 02:00 (decimal hours a hair off a minute are
+    that minute): 57 minutes of 4 GPUs, a quarter of one allocated."""
+    nodes, pods = _trace(tmp_path, "node-a,64000,262144,2,V100M16\n"
+                                   "node-b,64000,262144,2,V100M16\n",
+                         "c,1000,1024,1,250,,BE,Failed,0,7300,10")
+    assert _import(nodes, pods, tmp_path / "wh", "--from-hours", "1.05",
+                   "--hours", "0.95") == 0
+    _, rows = query.run(tmp_path / "wh", "SELECT round(sum(gpu_hours) * 60, 6), "
+                                         "round(sum(allocated_gpu_hours) * 60, 6) "
+                                         "FROM gpu_hourly")
+    assert rows == [(228.0, 14.25)]
+    imported = load_openb(nodes, pods, window_from_s=0.0166667 * 3600, window_to_s=3600)
+    assert imported.frames["inventory"]["time"][0].minute == 1
+
+
+def test_a_pod_name_listed_twice_refuses_the_trace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = _trace(tmp_path, "node-a,64000,262144,2,V100M16\n",
+                         "x,1,1,1,1000,,LS,Running,0,100,10",
+                         "y,1,1,0,0,,LS,Running,0,100,10",
+                         "x,1,1,1,1000,,LS,Running,0,200,20")
+    assert _import(nodes, pods, tmp_path / "wh") == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpuledger: error: {pods}:4: pod 'x' appears twice (first on line 2); "
+                   "names must be unique\n")
+    assert not (tmp_path / "wh").exists()
+
+
+@pytest.mark.parametrize(("start", "span"), [
+    ("1990-01-01T00:00Z", "from 1990-01-01 00:00 to 1990-01-01 00:03 UTC"),
+    ("1999-12-31T23:59Z", "from 1999-12-31 23:59 to 2000-01-01 00:02 UTC"),
+    ("2099-01-01T00:00Z", "from 2099-01-01 00:00 to 2099-01-01 00:03 UTC"),
+])
+def test_a_start_whose_events_would_all_be_rejected_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], start: str, span: str) -> None:
+    nodes, pods = _trace(tmp_path, "node-a,64000,262144,2,V100M16\n",
+                         "x,1,1,1,1000,,LS,Running,0,100,10",
+                         "y,1,1,1,1000,,LS,Running,0,200,20")
+    assert _import(nodes, pods, tmp_path / "wh", "--start", start) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"the start {start} (--start) puts the imported events {span}: event times " \
+           "must lie from 2000-01-01 to an hour after now (" in err, err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_the_start_may_put_the_last_event_up_to_an_hour_after_now(tmp_path: Path) -> None:
+    nodes, pods = _tiny_trace(tmp_path)          # its last pod ends 2.5 h after the start
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    load_openb(nodes, pods, start=start, now=start + timedelta(hours=1.5))
+    with pytest.raises(OpenbImportError, match="to 2026-01-01 02:30 UTC: .* an hour after "
+                                               r"now \(2026-01-01 02:29 UTC\)"):
+        load_openb(nodes, pods, start=start, now=start + timedelta(hours=1.49))
+    # a window ending before the trace does ends the events there
+    load_openb(nodes, pods, start=start, window_from_s=0, window_to_s=3600,
+               now=start)
+
+
+def test_real_times_keep_the_queue_wait_of_pods_alive_at_the_window_start(
+        tmp_path: Path) -> None:
+    """``real_times``: the pods alive at the window's start are submitted and started at
+    their own times, and a processor told to begin at the window's start keeps their
+    real queue wait and start while the window's minutes stay as they are."""
+    nodes, pods = _trace(tmp_path, "node-a,64000,262144,2,V100M16\n",
+                         "i,1000,1024,1,1000,,LS,Running,3500,4000,3700",   # pending at 1 h
+                         "r,1000,1024,1,1000,,LS,Running,3000,4200,3050")   # running at 1 h
+    imported = load_openb(nodes, pods, window_from_s=3600, window_to_s=7200,
+                          real_times=True)
+    start = datetime(2026, 1, 1, 1, tzinfo=UTC)
+    assert imported.window_start == start
+    config = load_config(None)
+    processor = Processor(config, Warehouse(tmp_path / "wh", options=config.warehouse))
+    assert imported.window_start is not None
+    processor.begin_at(imported.window_start)
+    assert import_history(processor, imported.frames, None, imported.window_end) == 0
+    _, rows = query.run(tmp_path / "wh", "SELECT job_id, started_at, queue_wait_s, "
+                                         "round(allocated_gpu_hours * 3600, 3) "
+                                         "FROM job_attempts ORDER BY 1")
+    assert rows == [("i", start + timedelta(seconds=100), 200.0, 300.0),
+                    ("r", start - timedelta(seconds=550), 50.0, 600.0)]  # r: 3600-4200
+    _, rows = query.run(tmp_path / "wh", "SELECT min(minute), round(sum(alloc_fraction) * 60, "
+                                         "6) FROM gpu_minute WHERE allocated")
+    assert rows == [(start, 900.0)]

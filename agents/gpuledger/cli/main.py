@@ -327,7 +327,9 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     check_input_files(args.nodes, args.pods)
     lo = args.from_hours * 3600.0
     hi = lo + args.hours * 3600.0 if args.hours is not None else None
-    kw: dict[str, Any] = {"window_from_s": lo, "window_to_s": hi}
+    # pods alive at a window's start keep their own submission and start times; the
+    # processor begins at the window's start (minutes before it are not the window's)
+    kw: dict[str, Any] = {"window_from_s": lo, "window_to_s": hi, "real_times": lo > 0}
     if args.start is not None:
         kw["start"] = args.start
     try:
@@ -336,6 +338,8 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     config = _proc_config(args)
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
+    if imported.window_start is not None:
+        processor.begin_at(imported.window_start)
     update, stop = _progress("importing openb", not args.quiet)
     try:
         rejected = import_history(processor, imported.frames, update, imported.window_end)

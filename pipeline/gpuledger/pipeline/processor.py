@@ -282,6 +282,13 @@ class Processor:
         else:
             self.part_closed = {p: value for p in self.held}
 
+    def begin_at(self, first_minute: datetime) -> None:
+        """Close minutes from ``first_minute`` on, whatever the events before it: a window
+        of a history, whose earlier events (a pod submitted before the window) update the
+        books as late events do, and write no minute before it."""
+        self.started = first_minute
+        self.closed_until = first_minute
+
     def suffix(self, partition: int) -> str:
         """The file-name suffix of a partition's files ("" without partitioning)."""
         return "" if self.partitioning is None else self.partitioning.suffix(partition)

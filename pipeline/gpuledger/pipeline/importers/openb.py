@@ -26,14 +26,26 @@ one-GPU pod. A pod that fits
 nowhere is reported as unplaced and ends ``failed`` (reason ``unplaced by importer``)
 at its deletion time, so that its queue time is still counted.
 
-A window (``window_from_s``, ``window_to_s``) keeps long traces tractable: pods created
-in the window keep their own times; pods alive at the window start enter it as
-submitted (and started, if they were) at the start; events after the window end are
-dropped, so such pods are still running at its end.
+A window (``window_from_s``, ``window_to_s``, whole minutes of the trace) keeps long
+traces tractable: pods created in the window keep their own times; pods alive at the
+window start enter it as submitted (and started, if they were) at the start, since the
+processor begins its minutes at its first event (with ``real_times``, at their own
+times, for a processor told to begin at the window start). A warning names them: their
+``job_attempts`` GPU-hours (and queue wait, without ``real_times``) count from the
+window start only, and a later window imported into the same warehouse does not add an
+earlier window's part of an attempt across their boundary; the per-minute and hourly
+facts are whole. Events after the window end are dropped, so such pods are still
+running at its end.
+
+Refused with one line (:class:`OpenbImportError`): a damaged file or row, a pod name
+listed twice, a window outside the trace or not on whole minutes, and a ``start`` that
+puts the imported events before 2000 or more than an hour after now (the processor would
+reject every one of them).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +55,9 @@ import polars as pl
 
 from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.validate import MIN_TIME
+
+log = logging.getLogger(__name__)
 
 GPU_MEMORY_MIB = {"P100": 16_384.0, "V100M16": 16_384.0, "V100M32": 32_768.0,
                   "T4": 15_360.0, "A10": 23_028.0, "G2": 16_384.0, "G3": 16_384.0}
@@ -50,6 +65,12 @@ DEFAULT_GPU_MEMORY_MIB = 16_384.0
 PRIORITY = {"Guaranteed": 100, "LS": 90, "Burstable": 50, "BE": 10}
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 POOL = "openb"
+MAX_FUTURE_S = 3600.0
+"""How far past now an imported event may be (``validate``'s default ``max_future_s``,
+which history imports use): later ones are rejected."""
+MINUTE_SLACK_S = 0.01
+"""A window bound this close to a whole minute is that minute (decimal hours cannot
+spell most minutes exactly: 1 min = 0.0166... h)."""
 
 
 @dataclass
@@ -57,6 +78,10 @@ class OpenbImport:
     """The events of an import and what could not be imported."""
 
     frames: dict[str, pl.DataFrame]
+    window_start: datetime | None = None
+    """The window's start, when a window from after the trace's start was asked for: the
+    processor's first minute (with ``real_times``, it must be told: see
+    :func:`load_openb`)."""
     window_end: datetime | None = None
     """The window's end, when a window was asked for: every minute before it is closed
     (pods still running then stay running)."""
@@ -64,6 +89,9 @@ class OpenbImport:
     pods_cpu_only: int = 0
     pods_imported: int = 0
     unplaced: list[str] = field(default_factory=list)
+    began_before: list[str] = field(default_factory=list)
+    """Pods created before the window's start and alive at it: they enter the window
+    submitted (and started) at its start (at their own times with ``real_times``)."""
 
 
 class OpenbImportError(ValueError):
@@ -161,20 +189,65 @@ def check_pods(path: Path, pods: pl.DataFrame) -> None:
                                    + what.format(**pods.row(row, named=True)))
 
 
+def check_names(path: Path, pods: pl.DataFrame) -> None:
+    """Refuse ``pods`` at the first row that repeats an earlier pod's name."""
+    again = pods.select(pl.col("name").is_first_distinct().not_()).to_series()
+    if again.any():
+        row = int(again.arg_true()[0])
+        name = pods["name"][row]
+        first = int((pods["name"] == name).arg_true()[0])
+        raise OpenbImportError(f"{path}:{row + 2}: pod {name!r} appears twice (first on "
+                               f"line {first + 2}); names must be unique")
+
+
+def whole_minute(seconds: float, what: str) -> float:
+    """``seconds`` (a window bound) as a whole minute, or :class:`OpenbImportError`."""
+    minute = round(seconds / 60.0) * 60.0
+    if abs(seconds - minute) > MINUTE_SLACK_S:
+        raise OpenbImportError(
+            f"the window {what} {seconds / 3600:,.8g} h ({seconds:,.6g} s) after the "
+            "trace's start, inside a minute: --from-hours and --hours must give whole "
+            "minutes (multiples of 1/60 h)")
+    return minute
+
+
+def check_start(start: datetime, first_s: float, last_s: float, now: datetime) -> None:
+    """Refuse a ``start`` that puts the events from ``first_s`` to ``last_s`` (seconds of
+    the trace) where the processor rejects them: before 2000, or more than
+    :data:`MAX_FUTURE_S` after ``now``."""
+    first, last = start + timedelta(seconds=first_s), start + timedelta(seconds=last_s)
+    limit = now + timedelta(seconds=MAX_FUTURE_S)
+    if first < MIN_TIME or last > limit:
+        raise OpenbImportError(
+            f"the start {start:%Y-%m-%dT%H:%MZ} (--start) puts the imported events from "
+            f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC: event times must lie "
+            f"from {MIN_TIME:%Y-%m-%d} to an hour after now ({limit:%Y-%m-%d %H:%M} UTC), "
+            "else they are rejected")
+
+
 def load_openb(
     nodes_csv: Path, pods_csv: Path, *, start: datetime = DEFAULT_START,
     window_from_s: float | None = None, window_to_s: float | None = None,
+    now: datetime | None = None, real_times: bool = False,
 ) -> OpenbImport:
     """Read the trace and turn it into inventory and job event frames
-    (:class:`OpenbImportError` when a file cannot be read as the trace's)."""
+    (:class:`OpenbImportError` when a file cannot be read as the trace's, or the window
+    or ``start`` cannot be imported; ``now``: the wall clock, for the latter).
+
+    ``real_times``: the pods alive at the window's start are submitted (and started) at
+    their own times, before the window, so that their attempts keep their real queue
+    wait and start. The processor must then begin its minutes at ``window_start``
+    (``processor.begin_at(window_start)`` before the events, as ``import openb`` does):
+    it would otherwise close the minutes before the window from the earliest event on.
+    Off, they enter the window at its start."""
     nodes = read_table(nodes_csv, NODE_COLUMNS).filter(pl.col("gpu") > 0).sort("sn")
     pods = read_table(pods_csv, POD_COLUMNS)
     check_pods(pods_csv, pods)
+    check_names(pods_csv, pods)
     twice = nodes.filter(pl.col("sn").is_duplicated())
     if twice.height:
         raise OpenbImportError(f"{nodes_csv}: node {twice['sn'][0]!r} appears twice")
     lo = float(window_from_s) if window_from_s is not None else 0.0
-    hi = float(window_to_s) if window_to_s is not None else float("inf")
     gpu_pods = pods.filter(pl.col("num_gpu") > 0)
     last = gpu_pods["deletion_time"].max()
     if lo > 0 and isinstance(last, (int, float)) and lo >= last:
@@ -183,8 +256,18 @@ def load_openb(
             f"its end: its last GPU pod ends {last / 3600:,.1f} h after the start")
     if window_to_s is not None and isinstance(last, (int, float)) and window_to_s >= last:
         window_to_s = None  # a window past the trace's end ends where the trace does
+    lo = whole_minute(lo, "starts")
+    if window_to_s is not None:
+        window_to_s = whole_minute(float(window_to_s), "ends")
+    hi = float(window_to_s) if window_to_s is not None else float("inf")
+    ends = float(last) if isinstance(last, (int, float)) else lo
+    alive = gpu_pods.filter((pl.col("deletion_time") > lo) & (pl.col("creation_time") < hi))
+    earliest = alive["creation_time"].min() if real_times and alive.height else None
+    first = min(lo, float(earliest)) if isinstance(earliest, (int, float)) else lo
+    check_start(start, first, min(ends, hi), now or datetime.now(UTC))
     result = OpenbImport({}, pods_total=pods.height,
                          pods_cpu_only=pods.height - gpu_pods.height,
+                         window_start=start + timedelta(seconds=lo) if lo > 0 else None,
                          window_end=None if window_to_s is None else start + timedelta(
                              seconds=float(window_to_s)))
 
@@ -219,12 +302,15 @@ def load_openb(
             placer.release(placements[name] or [])
 
     rows: list[dict[str, Any]] = []
+    floor = 0.0 if real_times else lo  # what began earlier enters the window at this time
     for pod in gpu_pods.iter_rows(named=True):
         created, deleted = float(pod["creation_time"]), float(pod["deletion_time"])
         scheduled = pod["scheduled_time"]
         if deleted <= lo or created >= hi:
             continue
         result.pods_imported += 1
+        if created < lo:
+            result.began_before.append(pod["name"])
         qos = pod["qos"]
         attrs = {"team": "default", "user": None, "queue": qos, "pool": POOL,
                  "priority": PRIORITY.get(qos, 50),
@@ -232,13 +318,13 @@ def load_openb(
                  "gpus": pod["num_gpu"], "card_type": None, "gpu_mem_mib": None,
                  "preemptible": qos == "BE", "checkpointable": False}
         job_id = pod["name"]
-        rows.append({"time": at(max(created, lo)), "event": "submitted", "job_id": job_id,
-                     **attrs})
+        rows.append({"time": at(max(created, floor)), "event": "submitted",
+                     "job_id": job_id, **attrs})
         placed = placements.get(job_id)
         if scheduled is not None and float(scheduled) >= hi:
             continue   # scheduled after the window: pending at its end (submitted only)
         if scheduled is not None and placed:
-            rows.append({"time": at(max(float(scheduled), lo)), "event": "started",
+            rows.append({"time": at(max(float(scheduled), floor)), "event": "started",
                          "job_id": job_id, **attrs,
                          "allocation": [{"node": sn, "gpu_index": i, "gpu_uuid": None,
                                          "fraction": frac} for sn, i, frac in placed]})
@@ -256,4 +342,15 @@ def load_openb(
         pl.lit(1).alias("v"), pl.lit("job").alias("type"))
     result.frames = {"inventory": conform(inventory, "inventory"),
                      "job": conform(jobs, "job")}
+    if result.began_before:
+        cut = result.began_before
+        log.warning(
+            "openb: %s pod(s) began before the window's start at %s h (e.g. %s): %s "
+            "job_attempts counts their GPU-hours from there only and does not add an "
+            "earlier window's part of them imported into the same warehouse (gpu_hourly "
+            "has it; import one window over both for whole attempts)",
+            f"{len(cut):,}", f"{lo / 3600:,.8g}", ", ".join(cut[:5]),
+            "they keep their own queue wait and start, but" if real_times else
+            "they enter it submitted (and started) at its start, so their queue wait "
+            "counts from there, and")
     return result
