@@ -111,8 +111,6 @@ def _attempts(path: Path) -> list[dict[str, object]]:
             start, end = _t(r["Start"]), _t(r["End"])
             if r["State"] == "PENDING" or start is None or (end is not None and end <= start):
                 continue
-            if k + 1 < len(rows):
-                end = _t(rows[k + 1]["Submit"])
             gpus = int(next(p.split("=")[1] for p in r["AllocTRES"].split(",")
                             if p.startswith("gres/gpu=")))
             out.append({"job": job, "attempt": k, "submit": _t(r["Submit"]), "start": start,
@@ -277,6 +275,9 @@ def test_lines_out_of_order_and_repeated_lines(
     ("COMPLETED", "gres/gpu=1", "gpu-[1-2", "NodeList 'gpu-[1-2' is not a host list"),
     ("COMPLETED", "gres/gpu=3", "gpu-[001-003,x]",
      "NodeList 'gpu-[001-003,x]' is not a host list"),
+    ("COMPLETED", "gres/gpu=99999", "gpu-[1-2]",
+     "99,999 GPUs on 2 node(s) (gpu-[1-2]): 50,000 on a node, more than a node can have "
+     "(1,024)"),
 ])
 def test_lines_that_say_something_impossible_are_left_out(
         state: str, tres: str, nodes: str, error: str, tmp_path: Path,
@@ -286,6 +287,7 @@ def test_lines_that_say_something_impossible_are_left_out(
                         _probe("602", "00:00:00", "00:10:00", "00:30:00",
                                nodes="gpu-[001-002],login1"))
     assert "1 bad line(s)" in out and f"sacct.txt:2: {error}" in out, out
+    assert "without a node list" not in out, out
     assert _sql(root, "SELECT job_id FROM attempts").rows() == [("602",)]
 
 
@@ -296,3 +298,126 @@ def test_a_cpu_only_file_rejects_nothing(tmp_path: Path,
                         _probe("702", "00:00:00", "00:10:00", "00:30:00", tres="cpu=2"))
     assert "2 CPU-only jobs" in out and "rejected" not in out, out
     assert _sql(root, "SELECT count(*) FROM rejects").rows() == [(0,)]
+
+
+@pytest.mark.parametrize("with_nodes", [False, True])
+def test_a_time_before_2000_rejects_its_event_only(
+        with_nodes: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One broken clock (job 10's Submit in 1999) must not stamp the inventory before
+    2000 (which validation rejects, leaving no GPU to charge): only that ``submitted``
+    is rejected. Job 1 is charged 2 GPUs × (10:03:41 − 10:00:17 = 204 s) = 408 GPU-s,
+    job 10 1 GPU × 60 s."""
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "\n"
+                    + _probe("1", "10:00:00", "10:00:17", "10:03:41", tres="gres/gpu=2") + "\n"
+                    + _probe("10", "10:00:00", "10:00:30", "10:01:30", nodes="gpu-3")
+                    .replace(f"{T}10:00:00", "1999-12-31T23:00:00") + "\n")
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text("".join(f"NodeName={n} Gres=gpu:h100:8 State=IDLE Partitions=gpu\n"
+                             for n in ("gpu-1", "gpu-3")))
+    root = tmp_path / "wh"
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(root), "--quiet",
+                 *(["--nodes", str(nodes)] if with_nodes else [])]) == 0
+    assert "; 1 event(s) rejected" in capsys.readouterr().out
+    assert _sql(root, "SELECT record_type, reason FROM rejects").rows() == [
+        ("job", "field 'time': 1999-12-31T23:00:00Z is before 2000-01-01T00:00:00Z")]
+    got = _sql(root, "SELECT job_id, allocated_gpu_hours * 3600 FROM job_attempts "
+                     "ORDER BY job_id")
+    assert got.rows() == [("1", pytest.approx(408)), ("10", pytest.approx(60))]
+    _, rows = query.run(root, "SELECT sum(alloc_fraction) * 60, "
+                              "count(DISTINCT (node, gpu_index)) FROM gpu_minute")
+    assert rows[0][0] == pytest.approx(408 + 60)
+    assert rows[0][1] == (16 if with_nodes else 3)  # 2 × 8 listed, or the 2 + 1 seen
+
+
+def _import_tz(tmp_path: Path, capsys: pytest.CaptureFixture[str], zone: str,
+               *lines: str) -> tuple[Path, str]:
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "\n" + "\n".join(lines) + "\n")
+    root = tmp_path / "wh"
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(root), "--quiet",
+                 "--tz", zone]) == 0
+    return root, capsys.readouterr().out
+
+
+def test_tz_times_are_converted_to_utc_with_or_without_an_offset(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Europe/Berlin on 2026-10-25 (clocks go back from 03:00 CEST to 02:00 CET): 03:00
+    is CET (UTC+1) → 02:00 UTC; an explicit offset is taken as it is; 02:10–02:50 occur
+    twice and are read as the first occurrence (CEST, UTC+2) → 00:10–00:50 UTC."""
+    line = "{0}|{0}|x|a|u|gpu|n|1|{1}|{2}|{3}|COMPLETED|0:0|gres/gpu=1|gres/gpu=1|gpu-{0}"
+    day = "2026-10-25T"
+    root, out = _import_tz(
+        tmp_path, capsys, "Europe/Berlin",
+        line.format("1", f"{day}03:00:00", f"{day}03:00:30", f"{day}03:10:30"),
+        line.format("2", f"{day}03:00:00+00:00", f"{day}03:00:30+00:00",
+                    f"{day}03:10:30+00:00"),
+        line.format("3", f"{day}02:10:00", f"{day}02:30:00", f"{day}02:50:00"))
+    assert "bad line" not in out and "rejected" not in out, out
+    got = _sql(root, "SELECT job_id, submitted_at, started_at, ended_at, "
+                     "allocated_gpu_hours * 3600 FROM attempts ORDER BY job_id")
+
+    def utc(hms: str) -> datetime:
+        return datetime.fromisoformat(f"{day}{hms}").replace(tzinfo=UTC)
+
+    assert got.rows() == [
+        ("1", utc("02:00:00"), utc("02:00:30"), utc("02:10:30"), pytest.approx(600)),
+        ("2", utc("03:00:00"), utc("03:00:30"), utc("03:10:30"), pytest.approx(600)),
+        ("3", utc("00:10:00"), utc("00:30:00"), utc("00:50:00"), pytest.approx(1200)),
+    ]
+
+
+def test_tz_a_time_that_does_not_exist_is_a_bad_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """02:00–02:59 on 2026-03-29 does not exist in Europe/Berlin, and 0001-01-01 00:00
+    there (UTC+0:53 then) is before year 1 in UTC: those lines are left out with the
+    reason, the other one (03:10 CEST = 01:10 UTC, 30 min) is imported."""
+    line = "{0}|{0}|x|a|u|gpu|n|1|{1}|{2}|{3}|COMPLETED|0:0|gres/gpu=1|gres/gpu=1|gpu-1"
+    root, out = _import_tz(
+        tmp_path, capsys, "Europe/Berlin",
+        line.format("3", "2026-03-29T01:50:00", "2026-03-29T02:10:00", "2026-03-29T03:40:00"),
+        line.format("4", "2026-03-29T03:00:00", "2026-03-29T03:10:00", "2026-03-29T03:40:00"),
+        line.format("5", "0001-01-01T00:00:00", "2026-03-29T03:10:00", "2026-03-29T03:40:00"))
+    assert "2 bad line(s)" in out and "rejected" not in out, out
+    assert "sacct.txt:4: Submit '0001-01-01T00:00:00' is out of range in UTC" in out, out
+    assert ("sacct.txt:2: Start '2026-03-29T02:10:00' does not exist in time zone "
+            "Europe/Berlin (skipped by a daylight-saving change)") in out, out
+    got = _sql(root, "SELECT job_id, started_at, allocated_gpu_hours FROM attempts")
+    assert got.rows() == [("4", datetime(2026, 3, 29, 1, 10, tzinfo=UTC),
+                           pytest.approx(0.5))]
+
+
+def test_an_attempt_followed_by_another_ends_at_its_end(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm sets End to the requeue time and the next Submit after the epilog (job 1,
+    5 s later) or, in a skewed record, before End (job 2): each attempt is charged its
+    own End − Start (30 s), the next waits from End to its Start (10 s). Job 3 overlaps
+    (End 10:07:00 after the next Start 10:06:40): the attempt ends at that Start (30 s)."""
+    root, out = _import(
+        tmp_path, capsys,
+        _probe("1", "10:00:00", "10:00:10", "10:00:40", "REQUEUED", nodes="gpu-1"),
+        _probe("1", "10:00:45", "10:00:50", "10:01:20", nodes="gpu-1"),
+        _probe("2", "10:02:00", "10:02:10", "10:02:40", "REQUEUED", nodes="gpu-2"),
+        _probe("2", "10:02:30", "10:02:50", "10:03:20", nodes="gpu-2"),
+        _probe("3", "10:06:00", "10:06:10", "10:07:00", "PREEMPTED", nodes="gpu-3"),
+        _probe("3", "10:06:30", "10:06:40", "10:07:20", nodes="gpu-3"))
+    assert "rejected" not in out, out
+    got = _sql(root, "SELECT job_id, attempt, ended_at, end_event, queue_wait_s, "
+                     "allocated_gpu_hours * 3600 FROM attempts ORDER BY job_id, attempt")
+
+    def at(hms: str) -> datetime:
+        return datetime.fromisoformat(f"{T}{hms}").replace(tzinfo=UTC)
+
+    assert got.rows() == [
+        ("1", 0, at("10:00:40"), "requeued", 10, pytest.approx(30)),
+        ("1", 1, at("10:01:20"), "finished", 10, pytest.approx(30)),
+        ("2", 0, at("10:02:40"), "requeued", 10, pytest.approx(30)),
+        ("2", 1, at("10:03:20"), "finished", 10, pytest.approx(30)),
+        ("3", 0, at("10:06:40"), "preempted", 10, pytest.approx(30)),
+        ("3", 1, at("10:07:20"), "finished", 0, pytest.approx(40)),
+    ]
+    # job 3's GPU: 30 s + 20 s in 10:06 (no second held twice), 20 s in 10:07
+    got = _sql(root, "SELECT minute, alloc_fraction * 60 FROM gpu_minute "
+                     "WHERE node = 'gpu-3' AND allocated ORDER BY minute")
+    assert got.rows() == [(at("10:06:00"), pytest.approx(50)),
+                          (at("10:07:00"), pytest.approx(20))]

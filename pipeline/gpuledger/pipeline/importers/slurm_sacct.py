@@ -22,25 +22,31 @@ Rules:
 * the lines of one job (``--duplicates`` prints one per attempt) in Submit order: the
   first gives ``submitted`` at its Submit, with the job's attributes through the
   mapping (``docs/mapping.md``); each attempt with a Start gives ``started`` at Start;
-  an attempt in state REQUEUED (or PREEMPTED followed by another attempt) ends with
-  ``requeued`` at the next attempt's Submit (Slurm sets that to the requeue time), so
-  each attempt's queue wait is exactly its own Start − Submit; PREEMPTED gives
-  ``preempted`` at End first (and ``cancelled`` when no attempt follows); COMPLETED →
-  ``finished``; CANCELLED → ``cancelled``; FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
-  BOOT_FAIL, DEADLINE → ``failed`` with the state and exit code; RUNNING (End
-  ``Unknown``) → no end; PENDING → submitted only; a last line in REQUEUED ends with
-  ``requeued`` at its End (pending after);
-* a line with another state, times out of order, a GPU TRES count that is not a whole
-  number or a malformed NodeList is left out and listed (``bad_lines``); a line
-  identical to an earlier one is dropped and counted;
+  an attempt followed by another ends with ``requeued`` at its own End (Slurm sets End
+  to the requeue time; the next Submit is written only after the epilog), or at the
+  next Submit when End is unknown, and never after the next attempt's Start; the next
+  attempt waits from there to its Start; PREEMPTED gives ``preempted`` at that end
+  first (and ``cancelled`` when no attempt follows); COMPLETED → ``finished``;
+  CANCELLED → ``cancelled``; FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL,
+  DEADLINE → ``failed`` with the state and exit code; RUNNING (End ``Unknown``) → no
+  end; PENDING → submitted only; a last line in REQUEUED ends with ``requeued`` at its
+  End (pending after);
+* a line with another state, times out of order, a local time that ``tz`` skips (DST
+  gap) or that is out of range in UTC, a GPU TRES count that is not a whole number,
+  more GPUs on a node than any node has (``MAX_GPUS_PER_NODE``) or a malformed
+  NodeList is left out and listed (``bad_lines``); a line identical to an earlier one
+  is dropped and counted;
 * allocation: ``GresIDX`` when present; else the GPUs are spread evenly over the
   ``NodeList`` nodes and the indices chosen by the shared best-fit placement inside
   each node (``gpuledger.bridges.placement``), in event-time order;
 * inventory: from ``--nodes`` (``scontrol -o show node -d`` output), else inferred: a
   node seen in ``NodeList`` has as many GPUs as the most it was seen holding at once
   (or its highest index + 1), the card type of the jobs that ran there and the pool of
-  their partition;
-* times without an offset are read in ``tz`` (default UTC: export with ``TZ=UTC sacct``).
+  their partition; it holds from the first event time validation accepts (not before
+  2000: such an event is rejected alone);
+* times without an offset are read in ``tz`` (default UTC: export with ``TZ=UTC sacct``),
+  a time that occurs twice (DST fall-back) as its first occurrence; every time is
+  converted to UTC.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from typing import Any
 import polars as pl
 
 from gpuledger.bridges.mapping import Mapping
-from gpuledger.bridges.placement import Placer
+from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer
 from gpuledger.bridges.slurm_events import job_attributes, node_record
 from gpuledger.bridges.slurm_parse import (
     SlurmJob,
@@ -69,6 +75,7 @@ from gpuledger.bridges.slurm_parse import (
 )
 from gpuledger.pipeline.columns import conform
 from gpuledger.pipeline.importers.csv_text import csv_rows
+from gpuledger.pipeline.validate import MIN_TIME
 
 REQUIRED = ("JobID", "Submit", "Start", "End", "State")
 FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -122,16 +129,33 @@ class _Line:
     indices: list[tuple[str, int]] | None
 
 
-def _time(text: str, tz: tzinfo, where: str) -> datetime | None:
+class _BadLine(Exception):
+    """A line that is left out, with the reason (the rest of the file is imported)."""
+
+
+def _time(text: str, tz: tzinfo, where: str, column: str) -> datetime | None:
+    """The time in UTC: with an offset as given, without one read in ``tz`` (a time
+    that occurs twice, at a fall-back, is its first occurrence: ``fold=0``). A local
+    time that ``tz`` skips (spring-forward gap) is a bad line."""
     text = text.strip()
     if text in _UNSET:
         return None
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise SacctError(f"{where}: {text!r} is not a time (expected 2026-01-05T10:00:00)") \
-            from None
-    return value if value.tzinfo else value.replace(tzinfo=tz)
+        raise SacctError(f"{where}: {column}: {text!r} is not a time (expected "
+                         "2026-01-05T10:00:00)") from None
+    try:
+        if value.tzinfo is None:
+            local = value.replace(tzinfo=tz)
+            if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != value:
+                raise _BadLine(f"{column} {text!r} does not exist in time zone "
+                               f"{getattr(tz, 'key', tz)} (skipped by a daylight-saving "
+                               "change)")
+            value = local
+        return value.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 moved past the calendar's ends
+        raise _BadLine(f"{column} {text!r} is out of range in UTC") from None
 
 
 def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
@@ -147,10 +171,6 @@ def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
             node, idx = nodes[0], part
         out.extend((node, i) for i in expand_indices(idx))
     return out
-
-
-class _BadLine(Exception):
-    """A line that is left out, with the reason (the rest of the file is imported)."""
 
 
 def _check_tres(text: str) -> None:
@@ -187,9 +207,10 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
     The file is refused whole (:class:`SacctError`, ``file:line: reason``) at its first
     unreadable line: not UTF-8, a field over the CSV reader's limit, too few fields, a
     bad time, a GPU count, index list or node list no cluster has. A line that reads but
-    says something impossible (an unknown state, times out of order, a GPU count that is
-    not a whole number, a malformed node list) is left out and listed in ``bad_lines``;
-    a line identical to an earlier one is dropped and counted."""
+    says something impossible (an unknown state, times out of order, a local time the
+    zone skips, a GPU count that is not a whole number or too large for its nodes, a
+    malformed node list) is left out and listed in ``bad_lines``; a line identical to
+    an earlier one is dropped and counted."""
     result = SacctImport({})
     rows = csv_rows(path, SacctError, delimiter="|")
     first = next(rows, None)
@@ -234,7 +255,7 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
             if gpus <= 0:
                 result.cpu_only_skipped += 1
                 continue
-            submit = _time(row["Submit"], tz, f"{where}: Submit")
+            submit = _time(row["Submit"], tz, where, "Submit")
             if submit is None:
                 raise SacctError(f"{where}: Submit is empty")
             hostlist = row.get("NodeList", "").strip()
@@ -243,11 +264,16 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
                                "(e.g. gpu-[1-3,5],login1)")
             nodes = expand_hostlist(hostlist or None)
             indices = _gres_idx(row.get("GresIDX", ""), nodes)
+            per_node = -(-gpus // max(len(nodes), 1))
+            if indices is None and nodes and per_node > MAX_GPUS_PER_NODE:
+                raise _BadLine(f"{gpus:,} GPUs on {len(nodes):,} node(s) ({hostlist[:80]}): "
+                               f"{per_node:,} on a node, more than a node can have "
+                               f"({MAX_GPUS_PER_NODE:,})")
             line = _Line(
                 row=row, job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
                 state=row["State"].split()[0].upper() if row["State"].strip() else "",
-                submit=submit, start=_time(row["Start"], tz, f"{where}: Start"),
-                end=_time(row["End"], tz, f"{where}: End"), gpus=gpus, gpu_type=gpu_type,
+                submit=submit, start=_time(row["Start"], tz, where, "Start"),
+                end=_time(row["End"], tz, where, "End"), gpus=gpus, gpu_type=gpu_type,
                 nodes=nodes, indices=indices)
             _check_line(line)
         except SlurmParseError as exc:
@@ -298,23 +324,36 @@ def load_sacct(path: Path, mapping: Mapping | None = None, nodes_file: Path | No
             if a.start is not None and a.start >= a.submit and a.state != "PENDING" \
                     and not (a.state == "CANCELLED" and a.end is not None
                              and a.end <= a.start):
-                end = following.submit if following is not None else a.end
-                runs.append((a.start, end, job_id, a))
+                runs.append((a.start, _attempt_end(a, following), job_id, a))
                 events.append((a.start, 2, job_id, "started", attrs))
             events.extend(_ends(job_id, a, following))
     return _assemble(result, events, runs, mapping, nodes_file)
 
 
+def _attempt_end(a: _Line, following: _Line | None) -> datetime | None:
+    """When an attempt ends: at its End (Slurm sets End to the requeue time and writes
+    the next attempt's Submit only after the epilog), or, with no End, at the next
+    attempt's Submit; never after the next attempt's Start (attempts do not overlap)."""
+    if following is None:
+        return a.end
+    end = a.end if a.end is not None else following.submit
+    if following.start is not None and following.start < end \
+            and (a.start is None or a.start <= following.start):
+        end = following.start
+    return end
+
+
 def _ends(job_id: str, a: _Line, following: _Line | None
           ) -> list[tuple[datetime, int, str, str, dict[str, Any]]]:
     out: list[tuple[datetime, int, str, str, dict[str, Any]]] = []
-    if a.state == "PREEMPTED" and a.end is not None:
-        out.append((a.end, 1, job_id, "preempted", {"reason": "preempted by Slurm"}))
+    end = _attempt_end(a, following)
+    if a.state == "PREEMPTED" and a.end is not None and end is not None:
+        out.append((end, 1, job_id, "preempted", {"reason": "preempted by Slurm"}))
         if following is None:
-            out.append((a.end, 1, job_id, "cancelled", {"reason": "preempted and not "
-                                                                   "requeued"}))
-    if following is not None:
-        out.append((following.submit, 1, job_id, "requeued",
+            out.append((end, 1, job_id, "cancelled", {"reason": "preempted and not "
+                                                                "requeued"}))
+    if following is not None and end is not None:
+        out.append((end, 1, job_id, "requeued",
                     {"reason": f"requeued by Slurm ({a.state.lower()})"}))
         return out
     if a.state == "REQUEUED" and a.end is not None:
@@ -398,7 +437,10 @@ def _assemble(result: SacctImport,
         row.update(fields)
         rows.append(row)
 
-    first = min((r["time"] for r in rows), default=datetime.now(UTC))
+    # the inventory holds from the first event validation accepts: a time before 2000
+    # (rejected, counted) must not take every node's record with it
+    first = min((r["time"] for r in rows if r["time"] >= MIN_TIME),
+                default=datetime.now(UTC))
     inventory = [{"time": first, **node_record(mapping, n)} for n in known if n.gpus > 0]
     listed = {n.name for n in known}
     seen_nodes: dict[str, tuple[int, str | None, str | None]] = {}
