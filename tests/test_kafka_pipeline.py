@@ -9,6 +9,7 @@ import dataclasses
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from fact_views import assert_same_facts
 from kafka import KafkaConsumer, KafkaProducer
@@ -28,7 +30,7 @@ from gpuledger.pipeline.kafka.producer import KafkaSink
 from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics, load_settings
 from gpuledger.pipeline.kafka.topics import create_topics
-from gpuledger.pipeline.kafka.wire import ARROW, JSONL
+from gpuledger.pipeline.kafka.wire import ARROW, JSONL, ipc_stream
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
 from gpuledger.pipeline.warehouse import read_table
 
@@ -80,6 +82,32 @@ def _process_cmd(kafka: Broker, settings: KafkaSettings, root: Path, group: str,
     prefix = settings.topics.telemetry.split("gpu.telemetry.v1")[0]
     return [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka", kafka.bootstrap,
             "--topic-prefix", prefix, "--warehouse", str(root), "--group", group, *extra]
+
+
+def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> None:
+    """Topics that do not exist, and a broker that cannot be reached, stop the service
+    with one line and exit status 2 (tracebacks before: RuntimeError, and
+    KafkaTimeoutError after 30 s)."""
+    missing = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
+               kafka.bootstrap, "--topic-prefix", f"none{uuid.uuid4().hex[:6]}.",
+               "--warehouse", str(tmp_path / "a"), "--group", "g", "--no-alerts"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]   # nothing listens there once closed
+    gone = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
+            f"127.0.0.1:{port}", "--warehouse", str(tmp_path / "b"), "--group", "g",
+            "--no-alerts"]
+    runs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for c in (missing, gone)]   # side by side: the unreachable one takes 30 s
+    outs = [r.communicate(timeout=120) for r in runs]
+    for r, (_out, err) in zip(runs, outs, strict=True):
+        assert r.returncode == 2, err[-2000:]
+        assert "Traceback" not in err, err[-2000:]
+    assert outs[0][1].strip().splitlines()[-1].startswith(
+        "gpuledger: error: topic none"), outs[0][1][-500:]
+    assert "does not exist on" in outs[0][1] and "gpuledger topics create" in outs[0][1]
+    assert outs[1][1].strip().splitlines()[-1].startswith(
+        f"gpuledger: error: cannot reach Kafka at 127.0.0.1:{port} ("), outs[1][1][-500:]
 
 
 def test_topics_are_created_once(kafka: Broker) -> None:
@@ -166,25 +194,35 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
                   headers=[("gpuledger-format", ARROW), ("gpuledger-type", b"telemetry")])
     producer.send(t.telemetry, key=b"h100-001", value=b"whatever",
                   headers=[("gpuledger-format", b"protobuf-v9")])
+    # tombstones (null values: how a compacted topic forgets a key) hold no record; they
+    # crashed every instance on every restart
+    for topic, key in ((t.telemetry, b"h100-001"), (t.inventory, b"h100-001"),
+                       (t.jobs, b"x"), (t.attempt_parts, b"p001")):
+        producer.send(topic, key=key, value=None)
+    # attempt parts that are not: the owner crashed on them, and so did every owner after
+    producer.send(t.attempt_parts, key=b"p001", value=b"\x00garbage not arrow")
+    producer.send(t.attempt_parts, key=b"p001",
+                  value=ipc_stream(pl.DataFrame({"job_id": [1]}), "uncompressed"))
     producer.flush()
     producer.close()
     service = _process(settings, tmp_path / "wh")
-    assert service.stats.dead_letters == 4
+    assert service.stats.dead_letters == 6
     consumer = KafkaConsumer(t.dead_letters, bootstrap_servers=kafka.bootstrap,
                              auto_offset_reset="earliest", consumer_timeout_ms=5000)
     try:
         dead = list(consumer)
     finally:
         consumer.close()
-    assert len(dead) == 4
+    assert len(dead) == 6
     reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
+    assert sum(r.startswith("not attempt parts (") for r in reasons) == 2
     assert any("malformed JSON" in r for r in reasons)
     assert any("'exploded'" in r for r in reasons)
     assert any("unreadable Arrow IPC" in r for r in reasons)
     assert any("unknown gpuledger-format" in r for r in reasons)
     for m in dead:
         h = dict(m.headers)
-        assert h["source-topic"].decode() in (t.jobs, t.telemetry)
+        assert h["source-topic"].decode() in (t.jobs, t.telemetry, t.attempt_parts)
         assert int(h["source-offset"]) >= 0
     assert b"{not json" in [m.value for m in dead]
     assert_same_facts(tmp_path / "wh", reference, SPARSE)

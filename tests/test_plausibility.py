@@ -17,6 +17,7 @@ from fact_views import assert_same_facts
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import ingest
+from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.warehouse import Warehouse, read_table
 
@@ -100,6 +101,61 @@ def test_ingest_sets_aside_a_line_far_outside_the_input(tmp_path: Path, stray: s
     assert_same_facts(tmp_path / "wh-dirty", tmp_path / "wh-clean", SPARSE)
     files = list((tmp_path / "wh-dirty" / "facts").rglob("*.parquet"))
     assert len(files) < 60, len(files)   # no walk over the years between
+
+
+def _catching_up(root: Path, batches: list[list[dict[str, Any]]],
+                 partitioning: Partitioning | None = None) -> Processor:
+    """Batches processed as a transport behind its input passes them (``behind``)."""
+    proc = Processor(ProcessorConfig(), Warehouse(root), telemetry_clock=True,
+                     partitioning=partitioning)
+    for i, batch in enumerate(batches):
+        proc.process(frames(batch), validated=True, behind=i < len(batches) - 1)
+    proc.flush()
+    return proc
+
+
+def test_a_node_clock_days_ahead_makes_no_facts_while_catching_up(tmp_path: Path) -> None:
+    """Read in a catch-up (a replay, a batch run), 8 samples of n5 two days ahead were
+    taken: the end of input closed every GPU's minutes up to them, two days of invented
+    idle minutes. They are rejected as they are live, and the facts are the good run's."""
+    good = _fleet()
+    _catching_up(tmp_path / "good", _minutes_by_time(good))
+    skewed = [dict(r) for r in good]
+    moved = 0
+    for r in skewed:
+        if r["type"] == "telemetry" and r["node"] == "n5" and at(5) <= r["time"] < at(7):
+            r["time"] += timedelta(days=2)
+            moved += 1
+    proc = _catching_up(tmp_path / "skewed", _minutes_by_time(skewed))
+    assert proc.counters.ahead_telemetry == moved > 0
+    rejects = read_table(tmp_path / "skewed", "rejects")
+    assert rejects["reason"].str.contains(" ahead of ").all()
+    assert rejects["reason"].str.contains("86400 s ahead of its partition's median node").any()
+    gm = read_table(tmp_path / "skewed", "gpu_minute")
+    assert gm["minute"].max() < at(21)
+    assert gm.height == read_table(tmp_path / "good", "gpu_minute").height
+
+
+def test_partitions_read_hours_apart_while_catching_up_are_not_ahead(tmp_path: Path) -> None:
+    """A replay may read one partition far ahead of another (a fetch of one partition's
+    backlog): 12 hours apart is not a clock running ahead, and nothing is rejected."""
+    count = 2
+    parts = Partitioning(count, {0, 1})
+    recs = []
+    for n in range(12):
+        node = f"n{n}"
+        recs.append(inventory(node, at(0), gpus=1))
+        recs += series(node, 0, at(0), 30, sm=0.4)
+    lead = [r for r in recs if r["type"] == "telemetry" and parts.of(r["node"]) == 1]
+    rest = [r for r in recs if r not in lead]
+    late_part = [r for r in lead if r["time"] >= at(10)]
+    # partition 1 read to minute 30 first, then everyone else, then its first minutes
+    batches = [[r for r in rest if r["type"] == "inventory"], late_part,
+               [r for r in rest if r["type"] == "telemetry"],
+               [r for r in lead if r["time"] < at(10)]]
+    proc = _catching_up(tmp_path / "wh", batches, parts)
+    assert proc.counters.ahead_telemetry == 0
+    assert read_table(tmp_path / "wh", "rejects").is_empty()
 
 
 def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(

@@ -387,7 +387,11 @@ MAX_POLL_SAMPLES = 1_000_000
 def cmd_process(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.checkpoint import CheckpointError
-    from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
+    from gpuledger.pipeline.kafka.service import (
+        KafkaProcessorService,
+        ServiceOptions,
+        ServiceStartError,
+    )
 
     _logging(not args.quiet)
     settings = _kafka_settings(args)
@@ -421,6 +425,8 @@ def cmd_process(args: argparse.Namespace) -> int:
             service.close()
             if ops is not None:
                 ops.close()
+    except ServiceStartError as exc:
+        raise CliError(str(exc)) from None
     except CheckpointError as exc:  # read at the start, or when a rebalance assigns
         raise CliError(f"{exc}; the service stops rather than rebuild that state from "
                        "nothing: restore the file, or move it aside to rebuild the state "

@@ -92,6 +92,12 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
+
+
+def conform_parts(parts: pl.DataFrame) -> pl.DataFrame:
+    """Attempt parts in :data:`PARTS_SCHEMA` (an error when their columns are not it)."""
+    return job_usage.conform(parts.select(PARTS_SCHEMA.names())).cast(
+        dict(PARTS_SCHEMA))  # type: ignore[arg-type]
 OVERCOMMITTED = 1.0 + 1e-9
 """A GPU-minute whose allocated shares sum past this is overcommitted (counted)."""
 DENSE_STEP = timedelta(hours=1)
@@ -361,8 +367,10 @@ class Processor:
 
     def _ingest(self, frames: dict[RecordType, pl.DataFrame], behind: bool = False) -> None:
         newest: pl.DataFrame | None = None
-        if "telemetry" in frames and not behind:
-            frames["telemetry"], newest = self._reject_ahead(frames["telemetry"])
+        if "telemetry" in frames:
+            frames["telemetry"], newest = self._reject_ahead(frames["telemetry"], behind)
+            if frames["telemetry"].is_empty():  # every sample of the batch was ahead
+                del frames["telemetry"]
         clocks = {k: f for k, f in frames.items()
                   if (k == "telemetry" or not self.telemetry_clock) and not f.is_empty()}
         if self.started is None and clocks:
@@ -410,32 +418,60 @@ class Processor:
         ordered = sorted(times.values())
         return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
 
-    def _reject_ahead(self, tel: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    def _partition_fleets(self, node_time: dict[str, datetime]) -> dict[int, datetime]:
+        """Per partition, the median (lower) of its nodes' newest sample times."""
+        by_part: dict[int, list[datetime]] = {}
+        for node, when in node_time.items():
+            p = 0 if self.partitioning is None else self.partitioning.of(node)
+            by_part.setdefault(p, []).append(when)
+        return {p: sorted(times)[(len(times) - 1) // 2] for p, times in by_part.items()}
+
+    def _reject_ahead(self, tel: pl.DataFrame, behind: bool = False
+                      ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
         """Telemetry more than ``windows.max_ahead_s`` ahead of the fleet is rejected with
         its reason (a node's clock running ahead must not fabricate minutes no other node
         has reached). The fleet's progress counts this batch's samples too, node by node.
-        Not while the transport is behind its input (a replay reads partitions at
-        different paces). Returns the samples kept and, when that is all of them, each
-        node's newest sample time in them."""
+
+        While the transport is behind its input (a replay, a catch-up), partitions are
+        read at different paces, a day apart or more: a sample is then rejected when it
+        is more than ``windows.max_behind_s`` (and ``max_ahead_s``) ahead of the median
+        node of its own partition, whose nodes are read together (a node 2 days ahead
+        filled every GPU of the fleet with idle minutes up to its clock). Returns the
+        samples kept and, when that is all of them, each node's newest sample time."""
         newest = dict(self.node_time)
         by_node = _newest_by_node(tel)
         for node, when in by_node.iter_rows():
             if node not in newest or when > newest[node]:
                 newest[node] = when
-        fleet = self._fleet_time(newest)
-        if fleet is None:
-            return tel, by_node
-        limit = fleet + timedelta(seconds=self.config.windows.max_ahead_s)
-        ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
+        w = self.config.windows
+        if behind:
+            margin = max(w.max_ahead_s, w.max_behind_s)
+            fleets = self._partition_fleets(newest)
+            if not fleets:
+                return tel, by_node
+            part = self.partition_expr(tel)
+            limit_expr = part.replace_strict(
+                {p: f + timedelta(seconds=margin) for p, f in fleets.items()},
+                default=None, return_dtype=tel.schema["time"])
+            ahead = (pl.col("time") > limit_expr).fill_null(False)
+            what = f"{margin} s ahead of its partition's median node"
+            fleet = None
+        else:
+            margin = w.max_ahead_s
+            fleet = self._fleet_time(newest)
+            if fleet is None:
+                return tel, by_node
+            limit = fleet + timedelta(seconds=margin)
+            ahead = pl.col("time") > pl.lit(limit).cast(TIME_DTYPE)
+            what = (f"{margin} s ahead of the fleet (its 90th percentile node at "
+                    f"{fleet:%Y-%m-%dT%H:%M:%SZ})")
         bad = tel.filter(ahead)
         if bad.is_empty():
             return tel, by_node
         self.counters.ahead_telemetry += bad.height
         fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
         reason = (pl.lit("field 'time': ") + pl.col("time").dt.strftime(fmt)
-                  + pl.lit(f" is more than {self.config.windows.max_ahead_s} s ahead of the "
-                           f"fleet (its 90th percentile node at {fleet:%Y-%m-%dT%H:%M:%SZ}): "
-                           "a clock running ahead?"))
+                  + pl.lit(f" is more than {what}: a clock running ahead?"))
         rows = bad.select(
             pl.lit("telemetry").alias("record_type"), pl.lit("processor").alias("source"),
             pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
@@ -445,9 +481,8 @@ class Processor:
         for (part,), group in rows.group_by("partition"):
             assert isinstance(part, int)
             self.add_rejects(group.drop("partition"), part)
-        log.warning("%d telemetry sample(s) more than %d s ahead of the fleet rejected "
-                    "(first: node %s at %s)", bad.height, self.config.windows.max_ahead_s,
-                    bad["node"][0], bad["time"][0])
+        log.warning("%d telemetry sample(s) more than %s rejected (first: node %s at %s)",
+                    bad.height, what, bad["node"][0], bad["time"][0])
         return tel.filter(~ahead), None
 
     def _reject_job_events(self, refused: pl.DataFrame) -> None:
@@ -1017,8 +1052,7 @@ class Processor:
         """Parts sent by other instances (the owner's input from the attempt exchange)."""
         if not self.owner or parts.is_empty():
             return
-        parts = job_usage.conform(parts.select(PARTS_SCHEMA.names())).cast(
-            dict(PARTS_SCHEMA))  # type: ignore[arg-type]
+        parts = conform_parts(parts)
         mine = self.held
         parts = parts.filter(~pl.col("shard").is_in(list(mine)))  # our own are taken here
         self.flushed_shards.update(

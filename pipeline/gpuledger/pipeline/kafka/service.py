@@ -49,16 +49,23 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from polars.exceptions import PanicException
 
 from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
-from gpuledger.pipeline.kafka.wire import DecodedBatch, Message, decode, ipc_stream
+from gpuledger.pipeline.kafka.wire import (
+    DecodedBatch,
+    Message,
+    decode,
+    ipc_stream,
+    message_reject,
+)
 from gpuledger.pipeline.memory import rss_bytes, tune_allocator
 from gpuledger.pipeline.partitions import Partitioning
-from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.processor import Processor, conform_parts
 from gpuledger.pipeline.store import open_store
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import Warehouse
@@ -112,7 +119,10 @@ def _messages(records: dict[Any, list[Any]]) -> dict[str, list[Message]]:
     by_topic: dict[str, list[Message]] = {}
     for tp, recs in records.items():
         by_topic.setdefault(tp.topic, []).extend(
-            Message(r.topic, r.partition, r.offset, r.key, r.value,
+            # a null value (a tombstone: how a compacted topic forgets a key) holds no
+            # record: empty, as the confluent client hands it over
+            Message(r.topic, r.partition, r.offset, r.key,
+                    b"" if r.value is None else r.value,
                     tuple((k, v) for k, v in (r.headers or [])))
             for r in recs
         )
@@ -175,6 +185,11 @@ def _rejoin_error(exc: BaseException) -> bool:
                             "CommitFailed", "UnknownMemberId"))
 
 
+class ServiceStartError(RuntimeError):
+    """The service cannot start: the broker cannot be reached, or the topics do not
+    exist (the message says which, in one line)."""
+
+
 class KafkaProcessorService:
     """Runs one :class:`Processor` engine over the telemetry partitions assigned here."""
 
@@ -196,6 +211,28 @@ class KafkaProcessorService:
         self._tp = TopicPartition
         o = self.options
         t = settings.topics
+        try:
+            self._connect(settings, o)
+        except ServiceStartError:
+            raise
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            text = text.removeprefix(f"{type(exc).__name__}: ")
+            raise ServiceStartError(f"cannot reach Kafka at {settings.bootstrap} "
+                                    f"({type(exc).__name__}{': ' + text if text else ''})"
+                                    ) from None
+        self.global_parts = [TopicPartition(topic, p)
+                             for topic in (t.jobs, t.inventory, t.attempt_parts)
+                             for p in sorted(self.globals.partitions_for_topic(topic) or [])]
+        self.globals.assign(self.global_parts)
+        self._finish_init(shared, config, settings, now)
+
+    def _connect(self, settings: KafkaSettings, o: ServiceOptions) -> None:
+        """The two consumers, and the number of telemetry partitions
+        (:class:`ServiceStartError` when the topics do not exist)."""
+        t = settings.topics
         self.telemetry = open_consumer(
             settings, group_id=o.group_id, enable_auto_commit=False,
             group_instance_id=o.instance_id, session_timeout_ms=o.session_timeout_ms,
@@ -213,12 +250,13 @@ class KafkaProcessorService:
                                      max_partition_fetch_bytes=16 << 20)
         self.partitions = len(self.globals.partitions_for_topic(t.telemetry) or ())
         if self.partitions == 0:
-            raise RuntimeError(f"topic {t.telemetry} does not exist: run "
-                               "`gpuledger topics create` first")
-        self.global_parts = [TopicPartition(topic, p)
-                             for topic in (t.jobs, t.inventory, t.attempt_parts)
-                             for p in sorted(self.globals.partitions_for_topic(topic) or [])]
-        self.globals.assign(self.global_parts)
+            raise ServiceStartError(f"topic {t.telemetry} does not exist on "
+                                    f"{settings.bootstrap}: run `gpuledger topics create` "
+                                    "first (or check --topic-prefix)")
+
+    def _finish_init(self, shared: Warehouse, config: ProcessorConfig,
+                     settings: KafkaSettings, now: Callable[[], datetime] | None) -> None:
+        o, t = self.options, settings.topics
         for table, schema in TABLE_SCHEMAS.items():
             shared.ensure_schema(table, schema)
         shared.publish_catalog(required=False)   # other instances may be writing it
@@ -548,7 +586,9 @@ class KafkaProcessorService:
             if topic == topics.attempt_parts:
                 if engine.owner:
                     for m in msgs:
-                        engine.receive_parts(pl.read_ipc_stream(io.BytesIO(m.value)))
+                        parts = self._parts_of(m)
+                        if parts is not None:
+                            engine.receive_parts(parts)
             else:
                 decoded = self._decode(topic, msgs)
                 if decoded is None:
@@ -575,6 +615,22 @@ class KafkaProcessorService:
             engine.process(frames, validated=True, event_time_limit=limit, behind=behind)
         self._send_parts()
         return count
+
+    def _parts_of(self, m: Message) -> pl.DataFrame | None:
+        """The attempt parts of a message, in the exchange's columns; None for an empty
+        one, and for one that cannot be read as parts, which is a dead letter with the
+        reason (it crashed the owner, and every owner after it, until the topic's
+        retention dropped it)."""
+        if not m.value:
+            return None
+        try:
+            return conform_parts(pl.read_ipc_stream(io.BytesIO(m.value)))
+        except (Exception, PanicException) as exc:
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() \
+                else type(exc).__name__
+            self._dead_letters(DecodedBatch({}, message_reject(
+                m, f"not attempt parts ({type(exc).__name__}: {reason})")))
+            return None
 
     def _send_parts(self) -> None:
         """Send the engine's attempt parts to the owner (acknowledged before checkpoints)."""

@@ -142,7 +142,7 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
                 pl.lit(None, pl.Int64).alias("line")))
     for m in other:
         fmt = (m.header(FORMAT_HEADER) or b"").decode(errors="replace")
-        dead.append(_whole(m, f"unknown gpuledger-format {fmt!r}"))
+        dead.append(message_reject(m, f"unknown gpuledger-format {fmt!r}"))
     valid = pl.concat(frames) if frames else empty_frame(record_type)
     dead_frame = (pl.concat([d.select(DEAD_SCHEMA.names()).cast(DEAD_SCHEMA)
                              for d in dead]) if dead else pl.DataFrame(schema=DEAD_SCHEMA))
@@ -164,7 +164,7 @@ def _read_arrow(messages: Sequence[Message], record_type: RecordType,
     for m in messages:
         declared = (m.header(TYPE_HEADER) or b"").decode(errors="replace")
         if declared != record_type:
-            dead.append(_whole(m, f"gpuledger-type {declared!r} on topic {m.topic}"))
+            dead.append(message_reject(m, f"gpuledger-type {declared!r} on topic {m.topic}"))
             continue
         try:
             table = pa.ipc.open_stream(pa.py_buffer(m.value)).read_all()
@@ -208,7 +208,7 @@ def _frame(table: pa.Table, record_type: RecordType, contract: pl.Schema) -> pl.
 
 
 def _unreadable(m: Message, exc: Exception) -> pl.DataFrame:
-    return _whole(m, f"unreadable Arrow IPC or not the contract's columns: "
+    return message_reject(m, f"unreadable Arrow IPC or not the contract's columns: "
                      f"{type(exc).__name__}: {exc}")
 
 
@@ -224,7 +224,8 @@ def _origin(rejects: pl.DataFrame, messages: Sequence[Message],
     )
 
 
-def _whole(m: Message, reason: str) -> pl.DataFrame:
+def message_reject(m: Message, reason: str) -> pl.DataFrame:
+    """A dead letter of the whole message ``m``, with ``reason``."""
     return pl.DataFrame({"record_type": [None], "source": [m.topic], "line": [None],
                          "reason": [reason], "raw": [m.value.decode("utf-8", "replace")],
                          "topic": [m.topic], "partition": [m.partition],
