@@ -66,7 +66,7 @@ VERSION = 3
 Offsets = dict[tuple[str, int], int]
 
 GLOBAL_FIELDS = ("inventory", "jobs", "max_telemetry_time", "max_other_time", "started",
-                 "counters", "close_pending")
+                 "counters", "close_pending", "pruned_to")
 OWNER_FIELDS = ("waiting", "received", "completed", "running_parts", "last_free_blocks")
 
 
@@ -219,6 +219,8 @@ def load_global(processor: Processor, state: dict[str, Any]) -> None:
     section, and its marks would hide attempts that section never reported."""
     for name, value in state.items():
         setattr(processor, name, value)
+    if "pruned_to" not in state:  # an earlier release's: its books may have been pruned
+        processor.pruned_to = processor.max_other_time
     processor.jobs.taken = {}
     processor.jobs.preemptions_taken = set()
 

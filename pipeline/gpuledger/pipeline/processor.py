@@ -227,6 +227,9 @@ class Processor:
         of input's writes began), by a run that holds every partition."""
         self._run_from: datetime | None = None
         """Where this run's first close step started (a run holding every partition)."""
+        self.pruned_to: datetime | None = None
+        """The books hold no history closed before this (pruned behind the closed point):
+        a partition started from the topic's start cannot be closed from these books."""
         self._earlier: dict[str, set[str]] = {}
         """Per merged table, the days earlier runs published parts of (as this run
         began)."""
@@ -767,6 +770,8 @@ class Processor:
             self.warehouse.commit(closed)  # the step's files become one generation
             self.sample_keys.forget_before(ms(closed))
             horizon = closed - timedelta(seconds=self.config.windows.handover_retention_s)
+            if self.started is not None and horizon > self.started:
+                self.pruned_to = horizon
             self.jobs.prune(horizon)
             self._forget_completed(closed)
             self.inventory.prune(ms(horizon))
