@@ -30,7 +30,8 @@ from gpuledger.pipeline.kafka.producer import KafkaSink
 from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 from gpuledger.pipeline.kafka.settings import KafkaSettings, Topics, load_settings
 from gpuledger.pipeline.kafka.topics import create_topics
-from gpuledger.pipeline.kafka.wire import ARROW, JSONL, ipc_stream
+from gpuledger.pipeline.kafka.wire import ARROW, JSONL, encode, ipc_stream
+from gpuledger.pipeline.partitions import partition_of
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
 from gpuledger.pipeline.warehouse import read_table
 
@@ -203,18 +204,27 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
     producer.send(t.attempt_parts, key=b"p001", value=b"\x00garbage not arrow")
     producer.send(t.attempt_parts, key=b"p001",
                   value=ipc_stream(pl.DataFrame({"job_id": [1]}), "uncompressed"))
+    # a node's samples (a copy of what it sent) on another node's partition: one instance
+    # holding both kept them, two dropped them; a dead letter now, whatever the instances
+    home = partition_of("h100-001", 4)
+    first = next(iter(simulate(_sim())))["telemetry"].filter(pl.col("node") == "h100-001")
+    producer.send(t.telemetry, key=b"h100-001", partition=(home + 1) % 4,
+                  value=encode(first, "telemetry"),
+                  headers=[("gpuledger-format", ARROW), ("gpuledger-type", b"telemetry")])
     producer.flush()
     producer.close()
     service = _process(settings, tmp_path / "wh")
-    assert service.stats.dead_letters == 6
+    assert service.stats.dead_letters == 7
     consumer = KafkaConsumer(t.dead_letters, bootstrap_servers=kafka.bootstrap,
                              auto_offset_reset="earliest", consumer_timeout_ms=5000)
     try:
         dead = list(consumer)
     finally:
         consumer.close()
-    assert len(dead) == 6
+    assert len(dead) == 7
     reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
+    assert any(f"came on partition {(home + 1) % 4}; its node's partition is {home}" in r
+               for r in reasons)
     assert sum(r.startswith("not attempt parts (") for r in reasons) == 2
     assert any("malformed JSON" in r for r in reasons)
     assert any("'exploded'" in r for r in reasons)

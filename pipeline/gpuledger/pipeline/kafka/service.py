@@ -626,7 +626,7 @@ class KafkaProcessorService:
                         if parts is not None:
                             engine.receive_parts(parts)
             else:
-                decoded = self._decode(topic, msgs)
+                decoded = self._decode(topic, self._routed(msgs) if telemetry else msgs)
                 if decoded is None:
                     continue
                 record_type = topics.record_type_of(topic)
@@ -651,6 +651,28 @@ class KafkaProcessorService:
             engine.process(frames, validated=True, event_time_limit=limit, behind=behind)
         self._send_parts()
         return count
+
+    def _routed(self, msgs: list[Message]) -> list[Message]:
+        """The telemetry messages that arrived on their node's partition (by key: Kafka's
+        default murmur2 partitioner keyed by node, as the agent and the docs say). One
+        that did not is a dead letter with the reason: an engine holding both partitions
+        kept it and one holding only the partition it came on dropped it, so one instance
+        and two wrote different facts."""
+        partitioning = self.engine.partitioning
+        assert partitioning is not None
+        wrong = [m for m in msgs if m.key and partitioning.of(
+            m.key.decode("utf-8", "replace")) != m.partition]
+        if not wrong:
+            return msgs
+        rejects = [message_reject(m, (
+            f"telemetry keyed by node {m.key.decode('utf-8', 'replace')[:80]!r} came on "
+            f"partition {m.partition}; its node's partition is "
+            f"{partitioning.of(m.key.decode('utf-8', 'replace'))} (producers must use "
+            "Kafka's default murmur2 partitioner, keyed by node)"))
+            for m in wrong if m.key]
+        self._dead_letters(DecodedBatch({}, pl.concat(rejects)))
+        gone = {id(m) for m in wrong}
+        return [m for m in msgs if id(m) not in gone]
 
     def _parts_of(self, m: Message) -> pl.DataFrame | None:
         """The attempt parts of a message, in the exchange's columns; None for an empty
