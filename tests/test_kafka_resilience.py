@@ -24,7 +24,9 @@ from test_simulate import SMALL
 from gpuledger.pipeline.checkpoint import VERSION
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
-from gpuledger.pipeline.simulate import SimConfig, parse_cluster
+from gpuledger.pipeline.kafka.producer import KafkaSink
+from gpuledger.pipeline.kafka.topics import create_topics
+from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -160,4 +162,46 @@ def test_a_partition_without_its_section_is_rebuilt_from_the_topics(
     assert "partition 1 of" in again.stderr and "from the start, with books rebuilt" in \
         again.stderr
     assert_same_facts(root, tmp_path / "reference", SPARSE)
+
+
+@pytest.mark.parametrize("partitions", [4, 2])
+def test_topics_created_again_are_refused_not_skipped(
+    kafka: Broker, tmp_path: Path, partitions: int,
+) -> None:
+    """The topics deleted and created again under the same names, with less data (or
+    fewer partitions): the checkpoints' offsets are past the new topics' ends (and name
+    partitions that are gone). Reading on from them skipped the new topics' first hour,
+    or crashed on a partition gone; now the service stops in one line."""
+    from kafka.admin import KafkaAdminClient
+
+    sim = SimConfig(hours=1.0, seed=5, cluster=parse_cluster(SMALL))
+    settings = _settings(kafka)
+    _publish(settings, sim=sim)
+    root = tmp_path / "wh"
+    cmd = _process_cmd(kafka, settings, root, "again", "--exit-when-idle", "2", "--no-alerts")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    t = settings.topics
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        admin.delete_topics([t.telemetry, t.jobs, t.inventory, t.attempt_parts,
+                             t.dead_letters, t.alerts])
+    finally:
+        admin.close()
+    time.sleep(3)
+    create_topics(settings, telemetry_partitions=partitions)
+    sink = KafkaSink(settings)
+    for batch, _ in zip(simulate(SimConfig(hours=0.2, seed=6, cluster=parse_cluster(SMALL))),
+                        range(1), strict=False):
+        sink.publish_batch(batch)
+    sink.close()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr, again.stderr[-3000:]
+    last = again.stderr.strip().splitlines()[-1]
+    if partitions == 4:
+        assert "is past the topic's end" in last and "deleted and created again" in last, last
+    else:
+        assert f"topic {t.telemetry} has 2 partition(s), and there are checkpoints of " \
+               "partition(s) 2, 3" in last, last
 

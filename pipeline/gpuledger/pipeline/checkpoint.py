@@ -393,6 +393,16 @@ class CheckpointStore:
     def partition_path(self, partition: int) -> str:
         return f"partition-p{partition:03d}.checkpoint"
 
+    def partitions(self) -> set[int]:
+        """The partitions with a section file."""
+        out = set()
+        for e in self.store.list(""):
+            name = e.path
+            if name.startswith("partition-p") and name.endswith(".checkpoint") \
+                    and "/" not in name and name[11:-11].isascii() and name[11:-11].isdigit():
+                out.add(int(name[11:-11]))
+        return out
+
     def _write(self, path: str, blob: dict[str, Any]) -> None:
         self.store.write(path, _dump(blob))
 

@@ -269,6 +269,11 @@ def _listed(store: Store) -> dict[str, list[tuple[int, float]]]:
     return {u: sorted(g, reverse=True) for u, g in out.items()}
 
 
+def published_units(store: Store) -> set[str]:
+    """The units with a manifest in ``store``."""
+    return set(_listed(store))
+
+
 def _newest(store: Store, unit: str, generations: list[tuple[int, float]]) -> Manifest | None:
     """The newest whole manifest of ``unit``: one cut off mid-write (a store that lets
     a dropped upload leave part of an object) is passed over for the one before."""

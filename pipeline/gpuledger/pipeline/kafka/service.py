@@ -54,6 +54,7 @@ from polars.exceptions import PanicException
 from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
+from gpuledger.pipeline.generations import published_units
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import (
@@ -266,6 +267,7 @@ class KafkaProcessorService:
         state = (open_store(config.warehouse.state) if config.warehouse.state
                  else shared.store.child("state"))
         self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
+        self._check_partition_count(shared)
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
         self.rebalance_failure: Exception | None = None
@@ -321,6 +323,9 @@ class KafkaProcessorService:
             log.info("partition %d of %s: from the start", partition,
                      self.settings.topics.telemetry)
             return
+        if tele in sec.offsets:
+            self._check_offset(tele, sec.offsets[tele], self.store.store.url_of(
+                self.store.partition_path(partition)))
         self._read_globals_to(sec.offsets)
         checkpoint.merge_section(self.engine, sec)
         if tele in sec.offsets:
@@ -330,6 +335,38 @@ class KafkaProcessorService:
         log.info("partition %d of %s: from its checkpoint (offset %s, closed until %s)",
                  partition, self.settings.topics.telemetry, sec.offsets.get(tele),
                  sec.closed)
+
+    def _check_partition_count(self, shared: Warehouse) -> None:
+        """The telemetry topic has at least the partitions the group's checkpoints and
+        the warehouse's facts were written for (:class:`ServiceStartError` otherwise): a
+        topic created again with fewer partitions left the facts of the ones gone beside
+        the new ones (counted twice), or crashed the service on a partition it no longer
+        has."""
+        topic, n = self.settings.topics.telemetry, self.partitions
+        sections = sorted(p for p in self.store.partitions() if p >= n)
+        units = sorted(u for u in published_units(shared.store)
+                       if u.startswith("p") and u[1:].isdigit() and int(u[1:]) >= n)
+        if sections or units:
+            what = (f"checkpoints of partition(s) {', '.join(map(str, sections))} in "
+                    f"{self.store.store.url}" if sections else
+                    f"facts of partition(s) {', '.join(u[1:].lstrip('0') or '0' for u in units)} "
+                    f"in {shared.location}")
+            raise ServiceStartError(
+                f"topic {topic} has {n} partition(s), and there are {what}: the topic was "
+                "created again with fewer partitions. Process it into a new warehouse (and "
+                "group), or recreate the topic with the partitions it had")
+
+    def _check_offset(self, key: Key, offset: int, where: str) -> None:
+        """A checkpoint's ``offset`` of ``key`` lies within what the topic holds: past its
+        end, the topic was deleted and created again (or lost data), and reading on from
+        there skips the new topic's first records (a probe: an hour of telemetry)."""
+        tp = self._tp(*key)
+        end = self.globals.end_offsets([tp]).get(tp)
+        if end is not None and offset > end:
+            raise checkpoint.CheckpointError(
+                f"{where}: offset {offset:,} of {key[0]} partition {key[1]} is past the "
+                f"topic's end ({end:,}): the topic was deleted and created again, or lost "
+                "data, since the checkpoint was written")
 
     def _rebuild_books(self, partition: int) -> None:
         """Take ``partition``, which has no checkpoint section (never checkpointed: its
@@ -467,6 +504,8 @@ class KafkaProcessorService:
         for tp in self.global_parts:
             key = (tp.topic, tp.partition)
             if loaded is not None and key in loaded:
+                self._check_offset(key, loaded[key], f"{self.store.store.url} (global "
+                                   "checkpoint)")
                 self.offsets[key] = loaded[key]
                 self.globals.seek(tp, loaded[key])
             else:
