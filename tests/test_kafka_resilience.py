@@ -102,6 +102,48 @@ def test_a_broker_restart_mid_run_changes_nothing(
     assert_same_facts(root, reference, SPARSE)
 
 
+def test_a_second_signal_while_the_broker_is_down_stops_at_once(
+    kafka: Broker, reference: Path, tmp_path: Path,  # noqa: F811
+) -> None:
+    """SIGTERM while the broker is down: the last checkpoint's calls wait for the broker
+    (up to request_timeout_ms, 305 s by default; still running after 150 s in a probe).
+    A second signal ends it at once, as the watchdog does 60 s after the first; the
+    checkpoint before stands, and a run after it gives the same facts."""
+    if not kafka.managed:
+        pytest.skip("broker from GPULEDGER_TEST_KAFKA_BOOTSTRAP: not ours to stop")
+    settings = _settings(kafka)
+    _publish(settings)
+    root, log = tmp_path / "wh", tmp_path / "service.log"
+    cmd = _process_cmd(kafka, settings, root, "stopped", "--checkpoint-interval", "0.3",
+                       "--max-poll-samples", "2000", "--no-alerts")
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    try:
+        _wait_for(log, "partition 3 of")
+        time.sleep(1.0)
+        kafka.stop_process()
+        try:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(2.0)
+            asked = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+            assert time.monotonic() - asked < 10
+        finally:
+            kafka.start_again(timeout_s=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    assert "signal 15 again: stopping without a last checkpoint" in text, text[-3000:]
+    assert "Traceback" not in text.split("signal 15: finishing")[-1], text[-3000:]
+    done = subprocess.run([*cmd, "--exit-when-idle", "3"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_facts(root, reference, SPARSE)
+
+
 @pytest.mark.parametrize("which", ["partition-p001.checkpoint", "global-"])
 def test_a_crafted_checkpoint_stops_the_service_before_it_runs(
     kafka: Broker, tmp_path: Path, which: str,

@@ -186,6 +186,11 @@ def _rejoin_error(exc: BaseException) -> bool:
                             "CommitFailed", "UnknownMemberId"))
 
 
+STOP_GRACE_S = 60.0
+"""How long a stop asked by a signal may take before the process ends without its last
+checkpoint (a broker that is down holds a request for ``request_timeout_ms``)."""
+
+
 class ServiceStartError(RuntimeError):
     """The service cannot start: the broker cannot be reached, or the topics do not
     exist (the message says which, in one line)."""
@@ -208,6 +213,8 @@ class KafkaProcessorService:
         self.now = now
         self.stats = ServiceStats()
         self.stop = threading.Event()
+        self.closed = threading.Event()
+        """Set once :meth:`close` is done."""
         self.closing = False
         self._tp = TopicPartition
         o = self.options
@@ -434,10 +441,27 @@ class KafkaProcessorService:
 
     # -- the loop ------------------------------------------------------------------
 
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM and SIGINT finish the batch, write a last checkpoint and stop. When
+        that takes more than ``grace_s`` (a call to a broker that is down waits up to
+        ``request_timeout_ms``: 305 s by default), or at a second signal, the process
+        ends at once: the last checkpoint written stands, as after a kill."""
+        def give_up(why: str) -> None:
+            log.warning("%s: stopping without a last checkpoint (the one before stands; "
+                        "the input since is read again at the next start)", why)
+            logging.shutdown()
+            os._exit(128 + signal.SIGTERM)
+
+        def watchdog() -> None:
+            if not self.closed.wait(grace_s):
+                give_up(f"not stopped {grace_s:.0f} s after the signal")
+
         def handler(signum: int, _frame: object) -> None:
+            if self.stop.is_set():
+                give_up(f"signal {signum} again")
             log.info("signal %d: finishing the batch, then stopping", signum)
             self.stop.set()
+            threading.Thread(target=watchdog, name="gpuledger-stop", daemon=True).start()
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
@@ -603,6 +627,7 @@ class KafkaProcessorService:
         self.producer.flush()
         self.producer.close()
         self.engine.warehouse.close()
+        self.closed.set()
 
     def _drain_globals(self, force: bool = False) -> int:
         """Read what the global topics hold now (up to ``max_records`` messages), decode
