@@ -275,3 +275,21 @@ def test_a_checkpoint_torn_between_its_global_part_and_a_section_loses_nothing(
     again.flush()
     assert again.waiting.is_empty()
     assert_same_facts(tmp_path / "again", single, SPARSE)
+
+
+def test_a_section_taken_over_brings_its_newest_sample_to_the_end_of_input(
+        tmp_path: Path) -> None:
+    """An instance that read none of a partition takes it over, with its section, from
+    one that read it all: at the end of input it closes the partition up to the
+    section's newest sample. It closed only up to what it had read itself, and left the
+    last minute of the partition open (a batch run of two instances, a probe)."""
+    count = 2
+    first = _engine(tmp_path / "first", count, {0, 1})
+    for batch in simulate(SimConfig(hours=0.5, seed=11, cluster=parse_cluster(SMALL))):
+        _feed(first, batch, count)
+    sec = checkpoint.section(first, 1, {})
+    newest = max(sec.state["node_time"].values())
+    other = _engine(tmp_path / "other", count, {0})
+    assert other.max_telemetry_time is None
+    checkpoint.merge_section(other, sec)
+    assert other.max_telemetry_time == newest

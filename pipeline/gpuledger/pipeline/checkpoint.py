@@ -327,6 +327,11 @@ def merge_section(processor: Processor, sec: Section) -> None:
     for node, when in s["node_time"].items():
         if node not in processor.node_time or when > processor.node_time[node]:
             processor.node_time[node] = when
+        # the newest sample read is at least the section's: a batch run's end of input
+        # closes up to it (an instance that read none of a handed-over partition left
+        # its last minute open)
+        if processor.max_telemetry_time is None or when > processor.max_telemetry_time:
+            processor.max_telemetry_time = when
     processor._seq_last.update(s["seq_last"])
     processor.jobs.merge_history(s["history"])
     processor.inventory.merge(s["history"]["inventory"])
