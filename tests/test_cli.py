@@ -371,3 +371,25 @@ def test_the_demo_summary_shows_numbers_as_rounded_and_a_closed_pipe_is_quiet(
     head.stdout.close()
     assert head.wait(timeout=300) == 0
     assert head.stderr is not None and "Traceback" not in head.stderr.read()
+
+
+def test_kafka_client_errors_are_logged_in_one_line() -> None:
+    """kafka-python logs a connection lost in a broker's outage with its traceback, at
+    ERROR, though the service recovers by itself: the line says the exception instead."""
+    import logging
+
+    from gpuledger.cli.main import _client_errors_in_one_line
+
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("kafka.conn", logging.ERROR, __file__, 1,
+                               "Error receiving network data from %s", ("node 1",), exc_info)
+    assert _client_errors_in_one_line(record)
+    text = logging.Formatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert text == ("ERROR kafka.conn: Error receiving network data from node 1 "
+                    "(ConnectionResetError: [Errno 104] Connection reset by peer)")
+    ours = logging.LogRecord("gpuledger.kafka.service", logging.ERROR, __file__, 1, "x",
+                             None, exc_info)
+    assert _client_errors_in_one_line(ours) and ours.exc_info is exc_info

@@ -143,6 +143,20 @@ def _logging(verbose: bool) -> None:
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_client_errors_in_one_line)
+
+
+def _client_errors_in_one_line(record: Any) -> bool:
+    """The Kafka client logs a connection lost during a broker's outage with the whole
+    traceback, at ERROR; the service recovers from it by itself (docs/kafka.md): the
+    exception is said in the line instead."""
+    if record.name.startswith("kafka") and record.exc_info and record.exc_info[1]:
+        exc = record.exc_info[1]
+        record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
+        record.args = None
+        record.exc_info = record.exc_text = None
+    return True
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
