@@ -89,3 +89,22 @@ def test_sequence_gaps_and_duplicate_samples_are_counted(process: Callable[..., 
     assert c.telemetry_lost_samples == 5
     assert c.duplicate_samples == 3
     assert facts.table("gpu_minute")["telemetry_samples"].sum() == 55
+
+
+def test_two_starts_of_one_job_at_one_time_give_the_same_facts_in_any_order(
+        process: Callable[..., Facts]) -> None:
+    """Two 'started' of one job at the same instant naming different GPUs: which was
+    charged depended on the input's order, and the other was counted as a duplicate.
+    One is kept whatever the order (the first by allocation), the other is rejected."""
+    head = [inventory("n1", at(0), gpus=2), job("submitted", "j", at(0))]
+    starts = [job("started", "j", at(1), allocation=alloc("n1", 0)),
+              job("started", "j", at(1), allocation=alloc("n1", 1))]
+    tail = [job("finished", "j", at(3)), job("submitted", "end", at(5))]
+    runs = [process(head + order + tail, name=f"o{i}")
+            for i, order in enumerate((starts, starts[::-1]))]
+    charged = [r.table("job_gpu").select("node", "gpu_index").rows() for r in runs]
+    assert charged[0] == charged[1] and len(charged[0]) == 1
+    for r in runs:
+        rejects = r.table("rejects")
+        assert rejects.height == 1
+        assert "again at the same time with other GPUs" in rejects["reason"][0]

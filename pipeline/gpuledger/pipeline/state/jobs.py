@@ -152,6 +152,12 @@ class BookCounters:
     """Events rejected because they do not fit the job's life cycle."""
 
 
+def _gpus(ev: dict[str, Any]) -> set[tuple[str, int, float]]:
+    """The GPUs (node, index, fraction) an event's allocation names."""
+    return {(a["node"], a["gpu_index"], 1.0 if a.get("fraction") is None else a["fraction"])
+            for a in (ev.get("allocation") or [])}
+
+
 class OutOfOrder(Exception):
     """An event that does not fit the job's life cycle (the message is the reason)."""
 
@@ -182,10 +188,14 @@ class JobBook:
         Returns the events rejected as out of order (:data:`REJECTED_EVENT_SCHEMA`)."""
         if events.is_empty():
             return pl.DataFrame(schema=REJECTED_EVENT_SCHEMA)
+        # ties of one job's events at one time are ordered by their allocation too, so
+        # that two 'started' with different GPUs give the same facts in any input order
         ranked = events.with_columns(
             pl.col("event").replace_strict(EVENT_ORDER, default=9, return_dtype=pl.Int64())
-            .alias("_rank")
-        ).sort(["time", "_rank", "job_id"], maintain_order=True)
+            .alias("_rank"),
+            (pl.col("allocation").hash() if "allocation" in events.columns
+             else pl.lit(0, pl.UInt64)).alias("_tie"),
+        ).sort(["time", "_rank", "job_id", "_tie"], maintain_order=True).drop("_tie")
         rejected: list[dict[str, Any]] = []
         rows = ranked.iter_rows(named=True)
         for _time, block in itertools.groupby(rows, key=lambda r: r["time"]):
@@ -245,6 +255,9 @@ class JobBook:
             self.jobs[job_id] = job
         key = (kind, time)
         if key in job.seen:
+            if kind == "started" and _gpus(ev) != _gpus({"allocation": job.allocation}):
+                raise OutOfOrder(f"started for job {job_id!r} again at the same time with "
+                                 "other GPUs (the first, in allocation order, is kept)")
             self.counters.duplicates += 1
             return
         if job.status not in ALLOWED[kind]:
