@@ -228,3 +228,27 @@ def test_a_value_a_state_never_holds_is_a_programming_error() -> None:
     with pytest.raises(TypeError, match=r"cannot hold a numpy\.int64"):
         state_file.dump({"n": np.int64(3)}, checkpoint.CLASSES)
 
+
+
+def test_global_parts_of_instances_gone_are_deleted(tmp_path: Path) -> None:
+    """Without --instance-id every process writes a global part of its own (200-300 KB
+    each, piling up): those not written for a day go, but never this instance's own,
+    the newest, or a live instance's."""
+    from gpuledger.pipeline.store import open_store
+
+    store = open_store(tmp_path / "state")
+    for name, age_h in (("global-gone1", 50), ("global-gone2", 30), ("global-me", 40),
+                        ("global-live", 0.01), ("partition-p000", 90)):
+        store.write(f"{name}.checkpoint", b"x")
+        when = 1_000_000.0 - age_h * 3600
+        os.utime(tmp_path / "state" / f"{name}.checkpoint", (when, when))
+    keep = checkpoint.CheckpointStore(store, "me")
+    assert sorted(keep.prune_globals(24 * 3600, 1_000_000.0)) == [
+        "global-gone1.checkpoint", "global-gone2.checkpoint"]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        "global-live.checkpoint", "global-me.checkpoint", "partition-p000.checkpoint"]
+    only = checkpoint.CheckpointStore(store, "other")
+    os.utime(tmp_path / "state" / "global-live.checkpoint", (0, 0))
+    # for another instance: the newest (40 h old) stays, the one now older goes
+    assert only.prune_globals(24 * 3600, 1_000_000.0) == ["global-live.checkpoint"]
+    assert (tmp_path / "state" / "global-me.checkpoint").exists()

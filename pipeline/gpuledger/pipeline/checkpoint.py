@@ -398,6 +398,20 @@ class CheckpointStore:
     def partition_path(self, partition: int) -> str:
         return f"partition-p{partition:03d}.checkpoint"
 
+    def prune_globals(self, idle_s: float, now: float) -> list[str]:
+        """Delete the global parts of other instances not written for ``idle_s`` (gone:
+        without ``--instance-id`` each process writes one of its own, and they piled up),
+        keeping the newest (a new instance starts from it); the names deleted."""
+        mine = self.global_path()
+        found = sorted((e for e in self.store.list("")
+                        if e.path.startswith("global-") and "/" not in e.path
+                        and e.path.endswith(".checkpoint")),
+                       key=lambda e: e.mtime, reverse=True)
+        gone = [e.path for e in found[1:] if e.path != mine and now - e.mtime > idle_s]
+        for path in gone:
+            self.store.delete(path)
+        return gone
+
     def partitions(self) -> set[int]:
         """The partitions with a section file."""
         out = set()

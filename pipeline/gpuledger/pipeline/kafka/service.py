@@ -186,6 +186,9 @@ def _rejoin_error(exc: BaseException) -> bool:
                             "CommitFailed", "UnknownMemberId"))
 
 
+GLOBALS_IDLE_S = 24 * 3600.0
+"""Another instance's global checkpoint not written for this long is of an instance gone
+(a live one writes it every ``checkpoint_interval_s``): deleted at start."""
 STOP_GRACE_S = 60.0
 """How long a stop asked by a signal may take before the process ends without its last
 checkpoint (a broker that is down holds a request for ``request_timeout_ms``)."""
@@ -282,6 +285,11 @@ class KafkaProcessorService:
         raised inside the client (kafka-python would only log it, with a traceback), and
         raised by the loop right after the poll, before any record is handled."""
         self._seek_globals()
+        gone = self.store.prune_globals(max(GLOBALS_IDLE_S, 10 * o.checkpoint_interval_s),
+                                        time.time())
+        if gone:
+            log.info("%d global checkpoint(s) of instances gone deleted (e.g. %s)",
+                     len(gone), gone[0])
         self.partition_time: dict[Key, datetime] = {}
         self.on_engine: list[Callable[[Processor], None]] = []
         """Called with the engine once (the exporter and the alert engine follow it)."""
