@@ -92,3 +92,16 @@ def test_a_message_cut_from_a_large_batch_holds_only_its_own_rows() -> None:
     got = decoded.frames["job"]
     assert got.sort("job_id", "time", "event").equals(
         jobs.select(got.columns).sort("job_id", "time", "event"))
+
+
+def test_a_record_of_another_type_names_its_topic_and_partition() -> None:
+    """A job record in a JSON-lines message on the telemetry topic: a dead letter whose
+    origin says where it was read (topic '' and partition None before)."""
+    line = (b'{"v":1,"type":"job","time":"2026-01-05T00:30:00Z","event":"submitted",'
+            b'"job_id":"x","team":"t"}\n')
+    m = Message("t.gpu.telemetry.v1", 2, 7, b"n", line)
+    decoded = decode([m], "telemetry")
+    assert decoded.frames["telemetry"].is_empty()
+    dead = decoded.dead_letters.row(0, named=True)
+    assert dead["reason"] == "a job record on the telemetry topic"
+    assert (dead["topic"], dead["partition"]) == ("t.gpu.telemetry.v1", 2)

@@ -124,7 +124,8 @@ def decode(messages: Sequence[Message], record_type: RecordType, *,
         frames.append(decoded.frames[record_type])
         for other_type in RECORD_TYPES:
             if other_type != record_type and decoded.frames[other_type].height:
-                dead.append(_wrong_topic(decoded.frames[other_type], other_type, record_type))
+                dead.append(_wrong_topic(decoded.frames[other_type], other_type, record_type,
+                                         jsonl))
         if decoded.rejects.height:
             dead.append(_origin(decoded.rejects, jsonl, lines_per))
     readable, counts, arrow_frames = _read_arrow(arrow, record_type, dead)
@@ -232,11 +233,17 @@ def message_reject(m: Message, reason: str) -> pl.DataFrame:
                          "offset": [m.offset]}, schema=DEAD_SCHEMA)
 
 
-def _wrong_topic(frame: pl.DataFrame, found: str, expected: str) -> pl.DataFrame:
+def _wrong_topic(frame: pl.DataFrame, found: str, expected: str,
+                 messages: Sequence[Message]) -> pl.DataFrame:
+    """Dead letters of records of another type than their topic's: their topic, and
+    their partition when the messages read came from one (a decoded record does not
+    keep its message)."""
     n = frame.height
+    partitions = {m.partition for m in messages}
+    partition = next(iter(partitions)) if len(partitions) == 1 else None
     return pl.DataFrame({
         "record_type": [found] * n, "source": [""] * n, "line": [None] * n,
         "reason": [f"a {found} record on the {expected} topic"] * n,
         "raw": encode_jsonl(frame, found).decode().splitlines(),  # type: ignore[arg-type]
-        "topic": [None] * n, "partition": [None] * n, "offset": [None] * n,
+        "topic": [messages[0].topic] * n, "partition": [partition] * n, "offset": [None] * n,
     }, schema=DEAD_SCHEMA)
