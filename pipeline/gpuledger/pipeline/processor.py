@@ -92,12 +92,6 @@ PARTS_SCHEMA = pl.Schema([*ACC_SCHEMA.items(), ("shard", pl.Int64()), ("kind", p
 """An attempt's accumulator rows as one partition sends them to the owner; ``shard`` is
 the partition (the name is the wire format's)."""
 REJECTS_SCHEMA = pl.Schema([*REJECT_SCHEMA.items(), ("partition", pl.Int64())])
-
-
-def conform_parts(parts: pl.DataFrame) -> pl.DataFrame:
-    """Attempt parts in :data:`PARTS_SCHEMA` (an error when their columns are not it)."""
-    return job_usage.conform(parts.select(PARTS_SCHEMA.names())).cast(
-        dict(PARTS_SCHEMA))  # type: ignore[arg-type]
 OVERCOMMITTED = 1.0 + 1e-9
 """A GPU-minute whose allocated shares sum past this is overcommitted (counted)."""
 DENSE_STEP = timedelta(hours=1)
@@ -106,6 +100,12 @@ SPARSE_STEP = timedelta(hours=24)
 """The longest close step of a history without telemetry (no samples are held)."""
 
 HourKey = tuple[str, datetime, int]
+
+
+def conform_parts(parts: pl.DataFrame) -> pl.DataFrame:
+    """Attempt parts in :data:`PARTS_SCHEMA` (an error when their columns are not it)."""
+    return job_usage.conform(parts.select(PARTS_SCHEMA.names())).cast(
+        dict(PARTS_SCHEMA))  # type: ignore[arg-type]
 
 
 def _newest_by_node(tel: pl.DataFrame) -> pl.DataFrame:
