@@ -252,7 +252,7 @@ BAD_LINES: list[BadLine] = [
             jb("started", allocation=[{"node": "n1", "gpu_index": 0},
                                       {"node": "n2", "gpu_index": 0},
                                       {"node": "n1", "gpu_index": 0, "fraction": 0.5}]),
-            "a GPU (node, gpu_index) is listed twice"),
+            "a GPU (node, gpu_index) is listed twice, once as a whole GPU"),
     BadLine("allocation-object", jb("started", allocation={"node": "n1"}),
             "field 'allocation': expected an array"),
     BadLine("allocation-without-node", jb("started", allocation=[{"gpu_index": 0}]),

@@ -25,8 +25,8 @@ in field order. The rules (see ``docs/events.md``):
 * ``processes`` entries need a ``pid`` >= 0; ``used_mib``, when given, is finite and >= 0;
 * ``allocation`` entries need a non-empty ``node``, a ``gpu_index`` >= 0 and a
   ``fraction`` in (0, 1]; a null ``fraction`` means a whole GPU and becomes 1.0 in the
-  valid frame; a ``started`` job event must carry a non-empty allocation, listing each
-  GPU once;
+  valid frame; a ``started`` job event must carry a non-empty allocation, which lists a
+  whole GPU once (shares of one GPU, a pod's MIG instances, may be listed apart);
 * ``int_list`` entries (``unhealthy_gpus``) are non-null, >= 0 and below ``gpu_count``;
 * physical limits (:class:`~gpuledger.pipeline.config.Limits`, the configuration's
   ``limits`` section; within the contract's own ranges): power, temperature, SM clock,
@@ -616,11 +616,15 @@ def _row_checks(record_type: RecordType) -> tuple[_Check, ...]:
             (pl.col("event") == "started") & (allocation.is_null() | (allocation.list.len() == 0)),
             pl.lit("field 'allocation': a 'started' event needs a non-empty allocation"),
         ),
-        _Check(  # one GPU twice would be charged twice (120 GPU-s for a 60 s hold)
-            allocation.list.eval(pl.struct(pl.element().struct.field("node"),
-                                           pl.element().struct.field("gpu_index"))
-                                 .is_duplicated().any()).list.first().fill_null(False),
-            pl.lit("field 'allocation': a GPU (node, gpu_index) is listed twice"),
+        _Check(  # a whole GPU twice was charged twice (120 GPU-s for a 60 s hold); shares
+            # of one GPU may be listed apart (a pod's MIG instances: 3/7 and 2/7)
+            allocation.list.eval(
+                pl.struct(pl.element().struct.field("node"),
+                          pl.element().struct.field("gpu_index")).is_duplicated()
+                & (pl.element().struct.field("fraction").fill_null(1.0) >= 1.0)
+            ).list.any().fill_null(False),
+            pl.lit("field 'allocation': a GPU (node, gpu_index) is listed twice, once as a "
+                   "whole GPU"),
         ),
     )
 

@@ -376,7 +376,12 @@ class KafkaProcessorService:
         end, the topic was deleted and created again (or lost data), and reading on from
         there skips the new topic's first records (a probe: an hour of telemetry)."""
         tp = self._tp(*key)
-        end = self.globals.end_offsets([tp]).get(tp)
+        try:
+            end = self.globals.end_offsets([tp]).get(tp)
+        except Exception as exc:  # the broker is away (a reload in an outage): not known
+            if not _transient(exc):
+                raise
+            return
         if end is not None and offset > end:
             raise checkpoint.CheckpointError(
                 f"{where}: offset {offset:,} of {key[0]} partition {key[1]} is past the "
@@ -479,8 +484,12 @@ class KafkaProcessorService:
         self._idle_since: float | None = None
         self._flushed = False
         backoff = 1.0
+        reload = False  # the state is not the last checkpoint's yet (Kafka went away)
         while not self.stop.is_set():
             try:
+                if reload:
+                    self._reload()   # may fail again while Kafka is away: tried again
+                    reload = False
                 if self._step():
                     return
                 backoff = 1.0
@@ -490,9 +499,12 @@ class KafkaProcessorService:
                 self.stats.recoveries += 1
                 log.warning("Kafka unavailable (%s: %s): back to the last checkpoint in "
                             "%.0f s, then on", type(exc).__name__, str(exc)[:200], backoff)
+                reload = True
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
-                self._reload()
+        if reload:  # stopped in an outage: the last checkpoint stands
+            log.warning("stopped while Kafka was unavailable: the last checkpoint stands")
+            return
         self.engine.write_partial()
         self._send_parts()
         self._checkpoint()
