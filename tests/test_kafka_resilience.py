@@ -249,3 +249,4 @@ def test_topics_created_again_are_refused_not_skipped(
         assert f"topic {t.telemetry} has 2 partition(s), and there are checkpoints of " \
                "partition(s) 2, 3" in last, last
 
+

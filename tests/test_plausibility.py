@@ -320,3 +320,18 @@ def test_a_job_ending_hours_after_a_burst_of_submissions_is_not_an_outlier(
     attempts = read_table(tmp_path / "wh", "job_attempts")
     assert attempts.filter(pl.col("job_id") == "q0")["allocated_gpu_hours"].to_list() == \
         [pytest.approx(179 / 60)]
+
+
+def test_samples_before_a_nodes_first_inventory_say_so(tmp_path: Path) -> None:
+    """Samples of a node from before its first inventory record are rejected (nothing
+    unknown adds to capacity); the reason said 'GPU 0 of node n1, which has 2 GPUs', as
+    if the GPU did not exist, where the node had no inventory at that time."""
+    recs = [inventory("n1", at(10), gpus=2), inventory("n2", at(0), gpus=2)]
+    recs += series("n1", 0, at(0), 20, sm=0.5)
+    recs += series("n2", 0, at(0), 20, sm=0.5, seq0=500)
+    proc = _live(tmp_path / "wh", _minutes_by_time(recs))
+    assert proc.counters.unplaced_telemetry > 0
+    reasons = read_table(tmp_path / "wh", "rejects")["reason"]
+    assert reasons.len() > 0
+    assert reasons.str.starts_with("no inventory for node 'n1'").all(), reasons.to_list()
+    assert reasons.str.contains("at that time").any()   # read after its record came

@@ -933,6 +933,9 @@ class Processor:
         minute = to_time(pl.col("minute_ms")).dt.strftime("%Y-%m-%dT%H:%MZ")
         reason = (pl.when(pl.col("gpu_count").is_null())
                   .then(pl.lit("no inventory for node '") + pl.col("node") + pl.lit("'"))
+                  .when(pl.col("gpu_index") < pl.col("gpu_count"))  # a GPU it has now
+                  .then(pl.lit("no inventory for node '") + pl.col("node")
+                        + pl.lit("' at that time (its records are of other times)"))
                   .otherwise(pl.lit("GPU ") + pl.col("gpu_index").cast(pl.String)
                              + pl.lit(" of node '") + pl.col("node") + pl.lit("', which has ")
                              + pl.col("gpu_count").cast(pl.String) + pl.lit(" GPUs"))
