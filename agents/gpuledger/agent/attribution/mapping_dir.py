@@ -8,12 +8,16 @@ missing file means no job. The same folder can serve dcgm-exporter and this agen
 Files named by GPU UUID (``GPU-...`` / ``MIG-...``) are read too. A file that is not
 UTF-8, larger than 64 KiB, or holds an id that is not a valid job id (blank, control
 characters, over 256 characters) is skipped with one warning: no job rather than an
-invented one.
+invented one. Only regular files (or links to them) are read, opened non-blocking: a
+FIFO, socket, device or folder in the folder is skipped with one warning (a FIFO would
+otherwise block the collection for good).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from pathlib import Path
 
 from gpuledger.agent.attribution import Method, Record, job_id_problem, mig_gi
@@ -38,6 +42,35 @@ def _job_ids(data: bytes) -> tuple[list[str], str | None]:
         if problem:
             return [], f"job {number}: {problem}"
     return ids, None
+
+
+class _NotRegular(Exception):
+    """A folder entry that is not a regular file (its kind is the message)."""
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def _read_regular(path: Path) -> bytes:
+    """At most ``MAX_FILE_BYTES + 1`` bytes of ``path`` if it is a regular file (links
+    followed); :class:`_NotRegular` otherwise. Checked before opening (a device is never
+    opened) and again on the open file, which is opened non-blocking (a FIFO put in place
+    between the two cannot block)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise _NotRegular(f"{_kind(mode)}, not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _NotRegular(f"{_kind(mode)}, not a regular file")
+        return f.read(MAX_FILE_BYTES + 1)
 
 
 class MappingDirAttribution(Method):
@@ -66,10 +99,12 @@ class MappingDirAttribution(Method):
             if entry.name.startswith("."):
                 continue
             try:
-                with open(entry, "rb") as f:
-                    data = f.read(MAX_FILE_BYTES + 1)
+                data = _read_regular(entry)
+            except _NotRegular as exc:
+                problems[entry.name] = str(exc)
+                continue
             except OSError:
-                continue          # a directory, or removed by the epilog meanwhile
+                continue          # removed by the epilog meanwhile, or unreadable
             ids, problem = _job_ids(data)
             if problem:
                 problems[entry.name] = problem

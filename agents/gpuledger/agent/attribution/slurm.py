@@ -13,19 +13,29 @@ With ``ConstrainDevices=yes`` on cgroup v1, a job's ``devices`` cgroup lists the
 device files it may open (``c 195:<minor> rwm``); that names the job of an allocated
 GPU that runs no process yet (minor number = GPU index, the usual ``/dev/nvidia<N>``
 numbering). cgroup v2 constrains devices with eBPF programs, which a file cannot show.
+
+A job id found this way is checked as every job id the agent reports
+(:func:`~gpuledger.agent.attribution.job_id_problem`: not blank, no control characters, at
+most 256 characters, after the template): a process whose ``SLURM_JOB_ID`` breaks the rule
+(``4242\n``, 400 digits) is left unattributed — no job rather than a phantom one — and
+the method's ``errors`` count it, with one warning per distinct value.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
-from gpuledger.agent.attribution import Method, Record
+from gpuledger.agent.attribution import Method, Record, job_id_problem
 from gpuledger.agent.attribution.procfs import Procfs
 
 JOB_IN_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 _DEVICE_LINE = re.compile(r"^c\s+195:(\d+)\s")
 NVIDIA_CONTROL_MINORS = (254, 255)  # nvidia-modeset, nvidiactl
+_MAX_WARNED = 1024
+
+log = logging.getLogger("gpuledger.agent.attribution.slurm")
 
 
 def job_from_cgroups(paths: list[str]) -> str | None:
@@ -51,9 +61,21 @@ class SlurmAttribution(Method):
         self.walk_parents = walk_parents
         self.device_cgroups = device_cgroups
         self._devices: dict[int, list[str]] = {}
+        self._warned: set[str] = set()
 
-    def _render(self, raw: str) -> str:
-        return self.template.format(id=raw)
+    def _render(self, raw: str) -> str | None:
+        """The job id of Slurm's ``raw`` id, or None (counted, warned once) when the result
+        is not a valid job id."""
+        job = self.template.format(id=raw)
+        problem = job_id_problem(job)
+        if problem is None:
+            return job
+        self.errors += 1
+        if raw not in self._warned and len(self._warned) < _MAX_WARNED:
+            self._warned.add(raw)
+            log.warning("Slurm job id %s skipped (no job attributed): %s",
+                        ascii(raw[:64] + ("..." if len(raw) > 64 else "")), problem)
+        return None
 
     def process_job(self, pid: int, record: Record) -> str | None:
         if pid <= 0:
@@ -63,7 +85,7 @@ class SlurmAttribution(Method):
             if raw is None:
                 raw = self.procfs.environ(ancestor).get("SLURM_JOB_ID") or None
             if raw is not None:
-                return self._render(raw)
+                return self._render(raw)     # None for an invalid id: not walked past
         return None
 
     def begin_cycle(self) -> None:
@@ -91,6 +113,8 @@ class SlurmAttribution(Method):
             except OSError:
                 continue
             job = self._render(m.group(1))
+            if job is None:
+                continue
             for line in lines:
                 dm = _DEVICE_LINE.match(line.strip())
                 if dm is None:

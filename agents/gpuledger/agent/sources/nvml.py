@@ -16,6 +16,11 @@ call, is data (``nvml_fields.yaml``, docs/nvml.md). Rules:
   devices and the processor adds them up) and one per MIG device (``mig_instance``
   "profile/GI id", its memory and its processes).
 * No driver (or no bindings) is :class:`NvmlUnavailable` at construction.
+* A reading that is NVML's "not available" value (``0xFFFFFFFF``, ``2**64 - 1``), not a
+  finite number, or outside the field's bounds (:data:`READING_BOUNDS`: the contract's
+  range narrowed by the processor's default physical limits) is omitted from the sample
+  — the rest of the sample is kept — counted in :attr:`NvmlSource.skipped` (``no_value``,
+  ``not_a_number``, ``out_of_range``) and logged once per GPU and field.
 
 Per sample the work is a handful of NVML calls per GPU (counters in one
 ``nvmlDeviceGetFieldValues`` call); the layout (GPUs, MIG devices, NVLink links) is read
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,9 +41,60 @@ from typing import Any
 
 from gpuledger.agent.sources.card_types import card_type_of
 from gpuledger.agent.sources.nvml_spec import Reader, load_field_spec
+from gpuledger.contract.schema import TELEMETRY
+from gpuledger.pipeline.config import Limits
+
+log = logging.getLogger("gpuledger.agent.nvml")
 
 MIB = 1.0 / (1024 * 1024)
 MAX_EVENTS_PER_SAMPLE = 1024
+NVML_NOT_AVAILABLE = (float(0xFFFFFFFF), float(0xFFFFFFFFFFFFFFFF))
+"""NVML's "value not available" (``NVML_VALUE_NOT_AVAILABLE`` as unsigned int and long
+long): a driver sentinel, never a reading."""
+_MAX_WARNED = 4096
+
+
+def _bounds() -> dict[str, tuple[float | None, float | None]]:
+    """Field → (minimum, maximum): the contract's range, narrowed by the processor's
+    default physical limits (``gpuledger.pipeline.config.Limits``), which reject the
+    whole sample when one reading is outside them."""
+    limits = Limits()
+    physical: dict[str, tuple[float | None, float | None]] = {
+        "power_w": (None, limits.power_max_w),
+        "temp_c": (limits.temp_min_c, limits.temp_max_c),
+        "sm_clock_mhz": (None, limits.clock_max_mhz),
+        "mem_used_mib": (None, limits.memory_max_mib),
+        "mem_total_mib": (None, limits.memory_max_mib),
+        "used_mib": (0.0, limits.memory_max_mib),
+        **{f"{bus}_{way}_bytes_s": (None, limits.byte_rate_max)
+           for bus in ("pcie", "nvlink") for way in ("rx", "tx")},
+    }
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for f in TELEMETRY:
+        if f.kind not in ("int", "float") or f.name in ("seq", "gpu_index"):
+            continue
+        low, high = physical.get(f.name, (None, None))
+        lows = [x for x in (f.minimum, low) if x is not None]
+        highs = [x for x in (f.maximum, high) if x is not None]
+        out[f.name] = (max(lows) if lows else None, min(highs) if highs else None)
+    out["used_mib"] = physical["used_mib"]   # a process's memory
+    return out
+
+
+READING_BOUNDS = _bounds()
+"""Field → (minimum, maximum) a source may report; a reading outside is omitted."""
+
+
+def reading_problem(name: str, value: float) -> str | None:
+    """Why ``value`` cannot be a reading of field ``name`` (None when it can)."""
+    if not math.isfinite(value):
+        return f"{value} is not a number"
+    low, high = READING_BOUNDS.get(name, (None, None))
+    if low is not None and value < low:
+        return f"{value:g} is below {low:g}"
+    if high is not None and value > high:
+        return f"{value:g} is above {high:g}"
+    return None
 
 
 class NvmlUnavailable(Exception):
@@ -84,6 +142,10 @@ class NvmlSource:
         self.node = node
         self.seq = 0
         self.errors = 0
+        self.skipped: Counter[str] = Counter()
+        """Readings omitted as not a reading, by reason (``no_value``, ``not_a_number``,
+        ``out_of_range``): the agent's ``source_series_skipped_total``."""
+        self._warned: set[tuple[str, str, str]] = set()
         self._spec = load_field_spec(pynvml, fields)
         self._start()
         self._open_nvml = True
@@ -286,9 +348,18 @@ class NvmlSource:
                 except nvml.NVMLError:
                     self.errors += 1
                     break
-                value = _convert(dev, way, float(raw), seconds)
+                reading = float(raw)
+                if reading in NVML_NOT_AVAILABLE or not math.isfinite(reading):
+                    # not a reading; a counter keeps its previous one
+                    self._omit(dev, name, "no_value" if math.isfinite(reading)
+                               else "not_a_number", reading)
+                    break
+                value = _convert(dev, way, reading, seconds)
                 if value is not None:
-                    out[name] = value
+                    if reading_problem(name, value) is None:
+                        out[name] = value
+                    else:
+                        self._omit(dev, name, "out_of_range", value)
                 break
             if not ways:
                 del dev.ways[name]
@@ -358,10 +429,25 @@ class NvmlSource:
         for p in procs:
             entry: dict[str, Any] = {"pid": int(p.pid)}
             if p.usedGpuMemory is not None:
-                entry["used_mib"] = p.usedGpuMemory * MIB
+                used = float(p.usedGpuMemory)
+                if used in NVML_NOT_AVAILABLE:
+                    self._omit(dev, "used_mib", "no_value", used)
+                elif reading_problem("used_mib", used * MIB) is not None:
+                    self._omit(dev, "used_mib", "out_of_range", used * MIB)
+                else:
+                    entry["used_mib"] = used * MIB
             entry["job_id"] = None
             out.append(entry)
         return out
+
+    def _omit(self, dev: _Device, name: str, reason: str, value: float) -> None:
+        """Count a reading left out of a sample; warn once per device, field and reason."""
+        self.skipped[reason] += 1
+        if (dev.uuid, name, reason) not in self._warned and len(self._warned) < _MAX_WARNED:
+            self._warned.add((dev.uuid, name, reason))
+            log.warning("GPU %d (%s): %s %r omitted from the sample (%s)", dev.index,
+                        dev.uuid, name, value, "NVML's value-not-available"
+                        if reason == "no_value" else reading_problem(name, value) or reason)
 
     def _drain_events(self) -> None:
         nvml = self._nvml
