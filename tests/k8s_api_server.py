@@ -278,3 +278,109 @@ class FakeApiServer:
                 rec.position += 1  # the resume marker
             rec.compacted_rv = rec.current_rv
             self.lock.notify_all()
+
+
+# -- a hostile API server: scripted misbehaviour ------------------------------------------
+
+HOSTILE_NODE = {"metadata": {"name": "gpu-1", "uid": "u1", "resourceVersion": "5",
+                             "labels": {"nvidia.com/gpu.count": "8"}},
+                "status": {"capacity": {"nvidia.com/gpu": "8"},
+                           "allocatable": {"nvidia.com/gpu": "8"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class HostileApiServer:
+    """An API server that misbehaves as ``answer`` says (real HTTP on 127.0.0.1).
+
+    ``answer(server, handler, path, watch, n)`` answers the ``n``-th request (from 0) of
+    that kind (list or watch) for ``path`` with the helpers below; ``requests`` logs
+    ``(path, watch)``. By default lists hold :data:`HOSTILE_NODE` (no pods) and watches
+    end empty after a short while.
+    """
+
+    def __init__(self, answer: Any = None) -> None:
+        self.answer = answer
+        self.requests: list[tuple[str, bool]] = []
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                watch = parse_qs(url.query).get("watch") == ["1"]
+                with server.lock:
+                    n = sum(1 for r in server.requests if r == (url.path, watch))
+                    server.requests.append((url.path, watch))
+                try:
+                    if server.answer is None or not server.answer(
+                            server, self, url.path, watch, n):
+                        server.default(self, url.path, watch)
+                except (BrokenPipeError, ConnectionError):
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> HostileApiServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def count(self, path: str, watch: bool) -> int:
+        with self.lock:
+            return sum(1 for r in self.requests if r == (path, watch))
+
+    def default(self, h: BaseHTTPRequestHandler, path: str, watch: bool) -> None:
+        if watch:
+            self.stream(h, [])
+        else:
+            items = [HOSTILE_NODE] if path == "/api/v1/nodes" else []
+            self.json(h, {"metadata": {"resourceVersion": "5"}, "items": items})
+
+    @staticmethod
+    def body(h: BaseHTTPRequestHandler, body: bytes) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def json(self, h: BaseHTTPRequestHandler, doc: Any) -> None:
+        self.body(h, json.dumps(doc).encode())
+
+    def trickle(self, h: BaseHTTPRequestHandler, body: bytes, every_s: float) -> None:
+        """The body one byte per ``every_s`` (every read gets a byte in time)."""
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        for b in body:
+            if self.stopping.wait(every_s):
+                return
+            h.wfile.write(bytes([b]))
+            h.wfile.flush()
+
+    def stream(self, h: BaseHTTPRequestHandler, lines: list[bytes],
+               hold_s: float = 0.3) -> None:
+        """A watch answer: ``lines`` as chunks, then held ``hold_s``, then ended."""
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        for line in lines:
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            h.wfile.flush()
+        self.stopping.wait(hold_s)
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()

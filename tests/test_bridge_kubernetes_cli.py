@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from k8s_api_server import FakeApiServer
+from k8s_api_server import HOSTILE_NODE, FakeApiServer, HostileApiServer
 
 from gpuledger.cli.main import main
 
@@ -137,3 +142,60 @@ def test_unreachable_kafka_says_what_was_spooled_and_once_exits_1(
     assert summary.startswith("kubernetes bridge: ") and "Traceback" not in err
     assert (f"record(s) spooled in {tmp_path / 'k8s.state.spool'}, not sent to Kafka yet "
             "(the next run sends them)") in summary
+
+
+def test_sigterm_while_the_start_list_trickles_in_exits_promptly(tmp_path: Path) -> None:
+    """A node list served one byte every 0.2 s (a per-read timeout never fires): SIGTERM
+    during the start's list ends the bridge within a few seconds, status 0."""
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        server.trickle(h, json.dumps({"items": [HOSTILE_NODE]}).encode(), 0.2)
+        return True
+
+    config = tmp_path / "k8s.yaml"
+    with HostileApiServer(answer) as server:
+        config.write_text(yaml.safe_dump({"kubernetes": {
+            "server": server.url, "kueue": False, "request_timeout_s": 60}}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuledger.cli.main", "bridge", "kubernetes",
+             "--config", str(config), "--out", str(tmp_path / "o.jsonl"),
+             "--state", str(tmp_path / "s")],
+            stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not server.count("/api/v1/nodes", False):
+                time.sleep(0.05)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            _, err = proc.communicate(timeout=10)
+            elapsed = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    assert elapsed < 3, elapsed
+    assert "Traceback" not in err and "stopped while listing" in err
+
+
+def test_a_list_that_never_ends_is_a_clear_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An API that repeats its ``continue`` token: one request more, then exit 2."""
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        server.json(h, {"metadata": {"resourceVersion": "5", "continue": "again"},
+                        "items": [HOSTILE_NODE]})
+        return True
+
+    with HostileApiServer(answer) as server:
+        config = tmp_path / "k8s.yaml"
+        config.write_text(yaml.safe_dump({"kubernetes": {"server": server.url,
+                                                         "kueue": False}}))
+        code = main(["bridge", "kubernetes", "--config", str(config),
+                     "--out", str(tmp_path / "o.jsonl"), "--state", str(tmp_path / "s"),
+                     "--once", "--quiet"])
+        requests = server.count("/api/v1/nodes", False)
+    err = capsys.readouterr().err
+    assert code == 2 and requests == 2
+    assert err.strip().splitlines() == [
+        f"gpuledger: error: cannot read the Kubernetes API at {server.url}: /api/v1/nodes: "
+        "the API sent the continue token 'again' again (page 2); the list would never end"]

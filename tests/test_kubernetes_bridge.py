@@ -9,6 +9,7 @@ events and facts are derived here from the recorded objects themselves.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -19,10 +20,10 @@ from typing import Any
 
 import pytest
 from events import held_per_minute
-from k8s_api_server import FakeApiServer
+from k8s_api_server import HOSTILE_NODE, FakeApiServer, HostileApiServer
 
-from gpuledger.bridges.kubernetes.api import ApiClient
-from gpuledger.bridges.kubernetes.bridge import Bridge
+from gpuledger.bridges.kubernetes.api import ApiClient, MalformedResponse
+from gpuledger.bridges.kubernetes.bridge import Bridge, WatcherDied
 from gpuledger.bridges.kubernetes.config import BridgeConfig, connection, parse_config
 from gpuledger.bridges.output import FileSink
 from gpuledger.pipeline import query
@@ -83,9 +84,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, A
 
 def _objects(resource: str) -> list[dict[str, Any]]:
     """Every recorded state of every object of a resource, in version order."""
-    listing = json.loads((FIXTURES / f"{resource}-list.json").read_text())["items"]
-    events = [json.loads(line) for line in
-              (FIXTURES / f"{resource}-watch.jsonl").read_text().splitlines()]
+    listing: list[dict[str, Any]] = json.loads(
+        (FIXTURES / f"{resource}-list.json").read_text())["items"]
+    events: list[dict[str, Any]] = [
+        json.loads(line) for line in
+        (FIXTURES / f"{resource}-watch.jsonl").read_text().splitlines()]
     return listing + [e["object"] for e in events if e.get("type") in ("ADDED", "MODIFIED",
                                                                          "DELETED")]
 
@@ -236,7 +239,7 @@ def test_inventory_from_node_labels_and_state(recorded: Any) -> None:
     nodes = json.loads((FIXTURES / "nodes-list.json").read_text())["items"]
     gpu_nodes = {n["metadata"]["name"]: n for n in nodes
                  if "nvidia.com/gpu.count" in n["metadata"]["labels"]}
-    first = {}
+    first: dict[str, dict[str, Any]] = {}
     for r in inventory:
         first.setdefault(r["node"], r)
     assert set(first) == set(gpu_nodes)  # the CPU node is not inventory
@@ -361,3 +364,241 @@ def test_a_batch_torn_by_a_crash_is_completed_once(tmp_path: Path) -> None:
         assert out.read_bytes() == whole
         assert json.loads(state.read_text())["outbox"] is None
         assert again.sync() == 0 and out.read_bytes() == whole
+
+
+# -- a hostile API server ------------------------------------------------------------------
+
+NODES = "/api/v1/nodes"
+
+
+def _hostile_config(url: str, state: Path, **kube: Any) -> BridgeConfig:
+    config = parse_config({"kubernetes": {"server": url, "kueue": False,
+                                          "watch_timeout_s": 2, "read_timeout_s": 1,
+                                          "request_timeout_s": 2, **kube}})
+    return replace(config, state_file=state)
+
+
+def _cordoned(version: str) -> dict[str, Any]:
+    node: dict[str, Any] = json.loads(json.dumps(HOSTILE_NODE))
+    node["metadata"]["resourceVersion"] = version
+    node["spec"] = {"unschedulable": True}
+    return node
+
+
+class _Running:
+    """A bridge's ``run`` in a thread; ``error`` is what it raised."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.bridge.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def wait(self, until: Any, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not until():
+            time.sleep(0.05)
+        return bool(until())
+
+
+def _inventory(out: Path) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    return [r for r in _records(out) if r["type"] == "inventory"]
+
+
+def test_malformed_watch_events_are_counted_and_the_watch_goes_on(tmp_path: Path) -> None:
+    """A ``null`` line and an event whose object is a list: each is one warning and a
+    count, the watch resumes from the last good version and the next real change of
+    the node comes out."""
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        if path != NODES or not watch or n > 2:
+            return False
+        line = [b"null\n", b'{"type":"MODIFIED","object":[1]}\n',
+                json.dumps({"type": "MODIFIED", "object": _cordoned("6")}).encode()
+                + b"\n"][n]
+        server.stream(h, [line])
+        return True
+
+    out = tmp_path / "out.jsonl"
+    with HostileApiServer(answer) as server:
+        config = _hostile_config(server.url, tmp_path / "state")
+        bridge = Bridge(config, ApiClient(connection(config)), FileSink(out))
+        running = _Running(bridge)
+        cordoned = running.wait(lambda: len(_inventory(out)) >= 2, 10)
+        bridge.stop()
+        running.thread.join(5)
+    assert running.error is None and not running.thread.is_alive()
+    assert cordoned, _inventory(out)
+    assert [r["schedulable"] for r in _inventory(out)] == [True, False]
+    assert bridge.stats.malformed == {"nodes": 2}
+    assert bridge.versions["nodes"] == "6"
+
+
+def test_a_relist_cut_short_is_retried(tmp_path: Path) -> None:
+    """After a 410 the watch thread lists again; a list answer cut short (an
+    IncompleteRead) is counted as malformed and the list is retried."""
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        if path != NODES:
+            return False
+        if watch and n == 0:
+            h.send_response(410)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return True
+        if not watch and n == 1:
+            h.send_response(200)
+            h.send_header("Content-Length", "500")
+            h.end_headers()
+            h.wfile.write(b'{"items": [')
+            h.close_connection = True
+            return True
+        if not watch and n == 2:
+            server.json(h, {"metadata": {"resourceVersion": "7"}, "items": [_cordoned("7")]})
+            return True
+        return False
+
+    out = tmp_path / "out.jsonl"
+    with HostileApiServer(answer) as server:
+        config = _hostile_config(server.url, tmp_path / "state")
+        bridge = Bridge(config, ApiClient(connection(config)), FileSink(out))
+        running = _Running(bridge)
+        relisted = running.wait(lambda: len(_inventory(out)) >= 2, 10)
+        bridge.stop()
+        running.thread.join(5)
+    assert running.error is None and relisted, _inventory(out)
+    assert [r["schedulable"] for r in _inventory(out)] == [True, False]
+    assert bridge.stats.malformed == {"nodes": 1}
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"null", "not a JSON object: null"),
+    (b"[1]", "not a JSON object: [1]"),
+    (b'{"items": [1]}', "items are not a list of objects"),
+    (b'{"items": [], "metadata": [2]}', "metadata is not an object"),
+    (b'{"items": [{"metadata": 3}]}', "an item's metadata is not an object"),
+    (b"{\"items\": [", "not JSON"),
+])
+def test_a_malformed_list_is_a_clear_error(body: bytes, message: str) -> None:
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        server.body(h, body)
+        return True
+
+    with HostileApiServer(answer) as server:
+        client = ApiClient(connection(_hostile_config(server.url, Path("s"))))
+        with pytest.raises(MalformedResponse, match=re.escape(message)):
+            client.list(NODES)
+
+
+def test_a_watcher_that_fails_unexpectedly_ends_the_bridge(tmp_path: Path) -> None:
+    """No silent death: an unexpected error in a watch thread ends ``run`` with a
+    clear error (the command exits 2) instead of running blind."""
+    class Exploding(ApiClient):
+        def watch(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            if path == NODES:
+                raise RuntimeError("boom")
+            return super().watch(path, *args, **kwargs)
+
+    out = tmp_path / "out.jsonl"
+    with HostileApiServer() as server:
+        config = _hostile_config(server.url, tmp_path / "state")
+        bridge = Bridge(config, Exploding(connection(config)), FileSink(out))
+        running = _Running(bridge)
+        running.thread.join(5)
+        alive = running.thread.is_alive()
+        bridge.stop()
+        running.thread.join(5)
+    assert not alive
+    assert isinstance(running.error, WatcherDied)
+    assert "nodes: the watch stopped on an unexpected error (RuntimeError: boom)" in str(
+        running.error)
+    assert len(_inventory(out)) == 1  # what was listed was handed over first
+
+
+def _list_in_thread(client: ApiClient) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = client.list(NODES)
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_a_repeated_continue_token_fails_the_list() -> None:
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        server.json(h, {"metadata": {"resourceVersion": "5", "continue": "again"},
+                        "items": [HOSTILE_NODE]})
+        return True
+
+    with HostileApiServer(answer) as server:
+        client = ApiClient(connection(_hostile_config(server.url, Path("s"))))
+        thread, result = _list_in_thread(client)
+        thread.join(5)
+        requests = server.count(NODES, False)
+        client.stop = threading.Event()
+        client.stop.set()  # end it, should it still run
+    assert not thread.is_alive() and requests == 2, requests
+    assert isinstance(result.get("error"), MalformedResponse)
+    assert "continue token 'again' again" in str(result["error"])
+
+
+def test_a_trickled_list_hits_the_overall_deadline() -> None:
+    """``request_timeout_s`` bounds the whole answer, not each read: a list served one
+    byte every 0.1 s fails after about 1 s."""
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        server.trickle(h, json.dumps({"items": [HOSTILE_NODE]}).encode(), 0.1)
+        return True
+
+    with HostileApiServer(answer) as server:
+        client = ApiClient(connection(_hostile_config(server.url, Path("s"))),
+                           request_timeout_s=1)
+        started = time.monotonic()
+        thread, result = _list_in_thread(client)
+        thread.join(5)
+        elapsed = time.monotonic() - started
+    assert not thread.is_alive() and elapsed < 2.5, elapsed
+    assert isinstance(result.get("error"), TimeoutError)
+    assert str(result["error"]) == f"{NODES}: no complete answer within 1 s"
+
+
+@pytest.mark.parametrize("where", ["list", "watch"])
+def test_stop_ends_a_slow_list_or_a_quiet_watch_at_once(tmp_path: Path, where: str) -> None:
+    """Stopping (SIGTERM) while the start's list trickles in, or while a watch is quiet,
+    ends ``run`` within about a second, without an error."""
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        if where == "list" and path == NODES and not watch:
+            server.trickle(h, json.dumps({"items": [HOSTILE_NODE]}).encode(), 0.2)
+            return True
+        if where == "watch" and watch:
+            server.stream(h, [], hold_s=30)
+            return True
+        return False
+
+    out = tmp_path / "out.jsonl"
+    with HostileApiServer(answer) as server:
+        config = _hostile_config(server.url, tmp_path / "state", request_timeout_s=30,
+                                 read_timeout_s=20, watch_timeout_s=30)
+        bridge = Bridge(config, ApiClient(connection(config), request_timeout_s=30),
+                        FileSink(out))
+        running = _Running(bridge)
+        kind = where == "watch"
+        assert running.wait(lambda: server.count(NODES, kind) >= 1, 5)
+        time.sleep(0.3)
+        stopped = time.monotonic()
+        bridge.stop()
+        running.thread.join(10)
+        elapsed = time.monotonic() - stopped
+    assert not running.thread.is_alive() and elapsed < 1.5, elapsed
+    assert running.error is None
+    assert len(_inventory(out)) == (1 if where == "watch" else 0)

@@ -114,6 +114,7 @@ def cmd_bridge_kubernetes(args: argparse.Namespace, helpers: Any) -> int:
     unsent = helpers.unsent_records(sink)
     print(f"kubernetes bridge: {s.records} records; lists {s.lists}, relists after 410 "
           f"{s.relists}, resumed watches {s.resumes}, watch events {s.events}"
+          + (f", malformed answers {s.malformed}" if s.malformed else "")
           + unsent_note(unsent, sink), file=sys.stderr)
     return 1 if args.once and unsent else 0
 

@@ -10,6 +10,13 @@ against the cluster CA unless the configuration says otherwise.
 stream; the caller resumes from the last ``resourceVersion`` it saw. A ``410 Gone``
 answer, or an ``ERROR`` event whose status has code 410 (the resource version was
 compacted away), raises :class:`Gone`: the caller must list again.
+
+Hostile or broken answers are refused with a reason, never a traceback or a hang: a list
+answer that is not JSON or not the shape of a list, a watch line that is not an event,
+a ``continue`` token sent twice (a list that would never end) raise
+:class:`MalformedResponse`; ``request_timeout_s`` bounds a list page's whole answer, not
+each read (a server trickling one byte at a time cannot hold it); :meth:`ApiClient.abort`
+cuts every open request at once (a stop while a list or a quiet watch is in flight).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +47,59 @@ class ApiError(Exception):
 
 class Gone(ApiError):
     """410: the requested resourceVersion is too old; list again."""
+
+
+class MalformedResponse(ApiError):
+    """A 200 answer that is not what the API sends: not JSON, not the shape of a list or
+    of a watch event, cut short, or a ``continue`` token repeated."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.status = 200
+
+
+class Stopped(Exception):
+    """The request was cut by :meth:`ApiClient.abort` (the bridge is stopping)."""
+
+
+def _shown(doc: Any) -> str:
+    text = json.dumps(doc)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _page(path: str, raw: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The items and metadata of one list page, or :class:`MalformedResponse`."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise MalformedResponse(f"{path}: the answer is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise MalformedResponse(f"{path}: the answer is not a JSON object: {_shown(body)}")
+    items = body.get("items") or []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise MalformedResponse(f"{path}: the answer's items are not a list of objects")
+    meta = body.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise MalformedResponse(f"{path}: the answer's metadata is not an object")
+    if not all(isinstance(i.get("metadata"), dict) for i in items):
+        raise MalformedResponse(f"{path}: an item's metadata is not an object")
+    return items, meta
+
+
+def _event(path: str, line: bytes) -> tuple[str, dict[str, Any]]:
+    """The type and object of one watch line, or :class:`MalformedResponse`."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    obj = event.get("object") if isinstance(event, dict) else None
+    if (not isinstance(event, dict) or not isinstance(event.get("type"), str)
+            or not isinstance(obj, dict)
+            or not isinstance(obj.get("metadata", {}), dict)):
+        text = line.decode("utf-8", "replace").strip()
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise MalformedResponse(f"{path}: a watch line that is not an event: {shown}")
+    return event["type"], obj
 
 
 @dataclass(frozen=True)
@@ -156,6 +218,20 @@ class ApiClient:
         self._port = url.port or (443 if self._https else 80)
         self._prefix = url.path.rstrip("/")
         self._ssl = tls_context(connection) if self._https else None
+        self.stop: threading.Event | None = None  # set: no new request starts
+        self._live: set[http.client.HTTPConnection] = set()
+        self._lock = threading.Lock()
+
+    def abort(self) -> None:
+        """Cut every request in flight (their reads end at once) and start no new one
+        while ``stop`` is set."""
+        with self._lock:
+            live = list(self._live)
+        for conn in live:
+            _cut(conn)
+
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
     def _request(self, path: str, params: dict[str, Any],
                  timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -170,11 +246,17 @@ class ApiClient:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+        if self._stopping():
+            raise Stopped(path)
+        with self._lock:
+            self._live.add(conn)
         try:
             conn.request("GET", f"{self._prefix}{path}?{query}", headers=headers)
             resp = conn.getresponse()
         except BaseException:
-            conn.close()
+            self._close(conn)
+            if self._stopping():
+                raise Stopped(path) from None
             raise
         if resp.status != 200:
             body = resp.read(4096).decode("utf-8", "replace")
@@ -186,24 +268,63 @@ class ApiClient:
             raise cls(resp.status, f"{path}: {message}")
         return conn, resp
 
+    def _close(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._live.discard(conn)
+        conn.close()
+
+    def _read_page(self, path: str, params: dict[str, Any]) -> bytes:
+        """One list page's whole body within ``request_timeout_s``, or TimeoutError;
+        :class:`Stopped` when cut by :meth:`abort`."""
+        timeout = self.request_timeout_s
+        conn, resp = self._request(path, params, timeout)
+        late = threading.Event()
+
+        def expire() -> None:
+            late.set()
+            _cut(conn)
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            body = resp.read()
+        except (http.client.IncompleteRead, OSError) as exc:
+            if self._stopping():
+                raise Stopped(path) from None
+            if late.is_set() or isinstance(exc, TimeoutError):
+                raise TimeoutError(f"{path}: no complete answer within {timeout:g} s"
+                                   ) from None
+            raise MalformedResponse(f"{path}: the answer was cut short ({exc!r})") from None
+        finally:
+            timer.cancel()
+            self._close(conn)
+        if self._stopping():
+            raise Stopped(path)
+        if late.is_set():
+            raise TimeoutError(f"{path}: no complete answer within {timeout:g} s")
+        return body
+
     def list(self, path: str, label_selector: str | None = None
              ) -> tuple[list[dict[str, Any]], str]:
         """Every item of a collection (following ``continue``) and the list's version."""
         items: list[dict[str, Any]] = []
         token: str | None = None
+        seen: set[str] = set()
         while True:
-            conn, resp = self._request(path, {"limit": self.page_size, "continue": token,
-                                              "labelSelector": label_selector},
-                                       self.request_timeout_s)
-            try:
-                body = json.loads(resp.read())
-            finally:
-                conn.close()
-            items += body.get("items") or []
-            meta = body.get("metadata") or {}
+            page, meta = _page(path, self._read_page(
+                path, {"limit": self.page_size, "continue": token,
+                       "labelSelector": label_selector}))
+            items += page
             token = meta.get("continue")
             if not token:
                 return items, str(meta.get("resourceVersion") or "")
+            token = str(token)
+            if token in seen:
+                raise MalformedResponse(
+                    f"{path}: the API sent the continue token {token!r} again (page "
+                    f"{len(seen) + 1}); the list would never end")
+            seen.add(token)
 
     def watch(self, path: str, resource_version: str, timeout_s: float = 300.0,
               read_timeout_s: float = 90.0, label_selector: str | None = None
@@ -227,13 +348,23 @@ class ApiClient:
                     return
                 if not line.strip():
                     continue
-                event = json.loads(line)
-                kind = str(event.get("type"))
-                obj = event.get("object") or {}
+                kind, obj = _event(path, line)
                 if kind == "ERROR":
-                    code = int(obj.get("code") or 0)
+                    code = obj.get("code")
+                    code = code if isinstance(code, int) else 0
                     cls = Gone if code == 410 else ApiError
                     raise cls(code, f"{path}: {obj.get('message', 'watch error')}")
                 yield kind, obj
         finally:
-            conn.close()
+            self._close(conn)
+
+
+def _cut(conn: http.client.HTTPConnection) -> None:
+    """End the reads of ``conn`` from another thread (a blocked read returns at once)."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+

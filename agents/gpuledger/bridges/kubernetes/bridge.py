@@ -15,6 +15,10 @@
   first records the batch and the sink's position together with the new translator
   state and resourceVersions, then the sink takes the batch, then the outbox is
   cleared; after a crash the bridge completes an interrupted batch before anything else.
+- A malformed answer (a watch line that is not an event, a list cut short or not of a
+  list's shape) is a warning and a count (``Stats.malformed``); the watch resumes from
+  the last good version. An unexpected error in a watch thread ends :meth:`run` with
+  :class:`WatcherDied` instead of watching blind. A stop cuts lists and watches in flight.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuledger.bridges.kubernetes.api import ApiClient, ApiError, Gone
+from gpuledger.bridges.kubernetes.api import (
+    ApiClient,
+    ApiError,
+    Gone,
+    MalformedResponse,
+    Stopped,
+)
 from gpuledger.bridges.kubernetes.config import BridgeConfig
 from gpuledger.bridges.kubernetes.translate import Record, Translator
 from gpuledger.bridges.output import Sink
@@ -45,6 +55,11 @@ STATE_VERSION = 1
 BATCH = 1000  # watch events translated per hand-over (one state write per batch)
 
 
+class WatcherDied(OSError):
+    """A watch thread ended on an unexpected error: the bridge stops rather than run
+    without that resource's changes."""
+
+
 @dataclass
 class Stats:
     """What the bridge did (also logged)."""
@@ -53,6 +68,7 @@ class Stats:
     relists: dict[str, int] = field(default_factory=dict)
     resumes: dict[str, int] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
+    malformed: dict[str, int] = field(default_factory=dict)
     records: int = 0
 
     def bump(self, counter: dict[str, int], resource: str) -> None:
@@ -130,13 +146,24 @@ class Bridge:
     def stop(self) -> None:
         self._stop.set()
 
+    def _cut_on_stop(self) -> None:
+        self._stop.wait()
+        self.client.abort()
+
     def run(self, stop: threading.Event | None = None) -> None:
-        """Watch until :meth:`stop` (or until ``stop`` is set)."""
+        """Watch until :meth:`stop` (or until ``stop`` is set); a stop cuts the lists
+        and watches in flight."""
         if stop is not None:
             self._stop = stop
-        for resource in list(self.resources):
-            if resource not in self.versions:
-                self._emit(self._list(resource), force_save=True)
+        self.client.stop = self._stop
+        threading.Thread(target=self._cut_on_stop, daemon=True, name="cut-on-stop").start()
+        try:
+            self._start()
+        except Stopped:
+            log.warning("stopped while listing; the next start lists again")
+            self._stop.set()
+            self._save()
+            return
         inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         threads = [threading.Thread(target=self._watch, args=(r, inbox), daemon=True,
                                     name=f"watch-{r}") for r in self.resources]
@@ -162,7 +189,17 @@ class Bridge:
                 t.join(timeout=self.config.read_timeout_s + 5)
             self._save()
 
+    def _start(self) -> None:
+        """List each resource that has no saved version (and emit what it implies)."""
+        for resource in list(self.resources):
+            if resource not in self.versions:
+                self._emit(self._list(resource), force_save=True)
+
     def _handle(self, item: tuple[Any, ...]) -> list[Record]:
+        if item[0] == "died":
+            _, resource, exc = item
+            raise WatcherDied(f"{resource}: the watch stopped on an unexpected error "
+                              f"({type(exc).__name__}: {exc})")
         if item[0] == "list":
             _, resource, items, version = item
             self.stats.bump(self.stats.relists, resource)
@@ -196,15 +233,24 @@ class Bridge:
                         return
                 self.stats.bump(self.stats.resumes, resource)
                 backoff = 0.5
+            except Stopped:
+                return
             except Gone:
                 log.info("%s: resourceVersion %s expired (410); listing again",
                          resource, version)
                 version = None
-            except (OSError, ApiError, ValueError) as exc:
-                log.warning("%s: watch failed (%s); retrying in %.1f s", resource, exc,
-                            backoff)
+            except (OSError, ApiError) as exc:
+                if self._stop.is_set():
+                    return
+                if isinstance(exc, MalformedResponse):
+                    self.stats.bump(self.stats.malformed, resource)
+                log.warning("%s: watch failed (%s); retrying from resourceVersion %s in "
+                            "%.1f s", resource, exc, version, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+            except Exception as exc:  # handed to run(), which stops
+                inbox.put(("died", resource, exc))
+                return
 
     # -- output --------------------------------------------------------------------------
 
@@ -225,3 +271,5 @@ class Bridge:
             "version": STATE_VERSION, "resource_versions": self.versions,
             "translator": self.translator.state, "outbox": outbox})
         self._last_save = time.monotonic()
+
+
