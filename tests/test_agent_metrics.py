@@ -25,6 +25,10 @@ def _values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
+def _no_room(path: Path, data: bytes) -> None:
+    raise OSError(28, "No space left on device")
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Agent:
     # a spool too small for what is written, so that it drops and counts
@@ -34,9 +38,13 @@ def agent(tmp_path: Path) -> Agent:
                  Chain([]), spool, sender)
 
 
-def test_metrics_reflect_the_agent(agent: Agent) -> None:
+def test_metrics_reflect_the_agent(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
     for k in range(12):
         agent.cycle(T0 + timedelta(seconds=10 * k))
+    with monkeypatch.context() as m:    # a full disk for one cycle: counted, not stored
+        m.setattr("gpuledger.agent.spool._write_all", _no_room)
+        with pytest.raises(OSError):
+            agent.cycle(T0 + timedelta(seconds=125))
     agent.source.fail = True                                      # type: ignore[attr-defined]
     agent.cycle(T0 + timedelta(seconds=130))
     server = MetricsServer("127.0.0.1", 0, registry_for(agent), agent.health)
@@ -56,6 +64,7 @@ def test_metrics_reflect_the_agent(agent: Agent) -> None:
     assert agent.spool is not None and agent.spool.dropped_messages > 0
     assert v[("gpuledger_agent_spool_dropped_messages_total", ())] == agent.spool.dropped_messages
     assert v[("gpuledger_agent_spool_dropped_bytes_total", ())] == agent.spool.dropped_bytes
+    assert v[("gpuledger_agent_spool_failed_appends_total", ())] == 1 == agent.spool.failed_appends
     assert v[("gpuledger_agent_spool_bytes", ())] == agent.spool.bytes_used
     assert v[("gpuledger_agent_spool_backlog_messages", ())] == agent.spool.backlog
     assert v[("gpuledger_agent_sent_messages_total", ())] == 0

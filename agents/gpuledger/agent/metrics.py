@@ -17,6 +17,7 @@ registry, metrics about the exporter itself):
 | ``gpuledger_agent_spool_backlog_messages`` | gauge | messages not yet confirmed by Kafka |
 | ``gpuledger_agent_spool_dropped_messages_total`` | counter | dropped because the spool was full |
 | ``gpuledger_agent_spool_dropped_bytes_total`` | counter | their bytes |
+| ``gpuledger_agent_spool_failed_appends_total`` | counter | not stored: a failed write |
 | ``gpuledger_agent_sent_messages_total`` | counter | messages Kafka confirmed |
 | ``gpuledger_agent_send_errors_total`` | counter | failed deliveries (kept in the spool) |
 | ``gpuledger_agent_last_send_success_timestamp_seconds`` | gauge | Unix time of the last delivery |
@@ -92,6 +93,9 @@ class AgentCollector(Collector):
             yield CounterMetricFamily("gpuledger_agent_spool_dropped_bytes",
                                       "Bytes of the messages dropped.",
                                       value=spool.dropped_bytes)
+            yield CounterMetricFamily("gpuledger_agent_spool_failed_appends",
+                                      "Messages not stored because the write failed "
+                                      "(a full disk).", value=spool.failed_appends)
         sender = a.sender
         if sender is not None:
             yield CounterMetricFamily("gpuledger_agent_sent_messages",
