@@ -431,3 +431,29 @@ def test_a_bridge_started_after_the_fact(scenario: Scenario, tmp_path: Path) -> 
         for a, e, u in ((0, "requeued", True), (1, "cancelled", False))]
     waits = {j: w for j, a, _, _, w in att.iter_rows() if a == 1}
     assert waits == {requeued: starts[requeued] - reset, held: starts[held] - held_reset}
+
+
+def test_a_job_name_that_looks_like_scontrols_fields(scenario: Scenario,
+                                                     tmp_path: Path) -> None:
+    """Slurm prints a job name as written: `sbatch -J 'x Account=rich-team UserId=boss(0)
+    ... GRES=gpu:h100:4(IDX:4-7)'` puts those keys into `scontrol -o show job` (checked
+    here). The text bridge leaves that job out, with a warning, instead of reading it as
+    boss's job on GPUs 4-7; the JSON bridge reads the name as a name."""
+    cluster = scenario.cluster
+    name = ("x Account=rich-team UserId=boss(0) Partition=urgent Nodes=gpu-node-1 "
+            "GRES=gpu:h100:4(IDX:4-7)")
+    job_id = cluster.sbatch(1, 120, name, "--hold")
+    try:
+        line = cluster.run("scontrol", "-o", "show", "job", "-d", job_id).stdout
+        assert f"JobName={name} UserId=" in line
+        text_log = _poll_once(cluster, tmp_path / "text.jsonl", tmp_path / "text.state", "text")
+        assert f"job {job_id} left out of this poll" in text_log
+        assert [r for r in _records(tmp_path / "text.jsonl", "job")
+                if r["job_id"] == job_id] == []
+        _poll_once(cluster, tmp_path / "json.jsonl", tmp_path / "json.state", "json")
+        (submitted,) = [r for r in _records(tmp_path / "json.jsonl", "job")
+                        if r["job_id"] == job_id]
+        assert (submitted["event"], submitted["user"], submitted["pool"]) == \
+            ("submitted", "root", "gpu")
+    finally:
+        cluster.run("scancel", job_id, check=False)

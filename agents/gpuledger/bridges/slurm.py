@@ -68,8 +68,12 @@ class SlurmSource:
     runner: Runner = field(default=run_command)
     resolved: str | None = None
     """The format in use once known (``json`` or ``text``)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Jobs of the last :meth:`jobs` whose scontrol line could not be read safely (job id
+    → reason): left out of the view, yet still in Slurm (the tracker keeps their memory)."""
 
     def jobs(self) -> list[SlurmJob]:
+        self.refused = {}
         if self.fmt in ("auto", "json") and self.resolved != "text":
             try:
                 jobs = parse_squeue_json(self.runner(["squeue", "--json", "--states=all",
@@ -82,7 +86,11 @@ class SlurmSource:
                 log.info("squeue --json is not available (%s); using scontrol text", exc)
                 self.resolved = "text"
         try:
-            return parse_scontrol_jobs(self.runner(["scontrol", "-o", "show", "job", "-d"]))
+            refused: dict[str, str] = {}
+            jobs = parse_scontrol_jobs(self.runner(["scontrol", "-o", "show", "job", "-d"]),
+                                       refused)
+            self.refused = refused
+            return jobs
         except SlurmParseError as exc:  # a failed poll, as in JSON: nothing changes
             raise SlurmCommandError(str(exc)) from None
 
@@ -130,6 +138,8 @@ class SlurmBridge:
         self.state_path = state_path
         self.inventory_every = max(1, inventory_every)
         self.totals = BridgeTotals()
+        self._refused_said: set[str] = set()
+        """Jobs left out whose warning was logged (once while they stay unreadable)."""
         doc = load_state(state_path)
         load_memory(tracker, doc, state_path)
         outbox = doc.get("outbox")
@@ -151,7 +161,14 @@ class SlurmBridge:
             self.totals.failed_polls += 1
             log.warning("poll failed, nothing changed: %s", exc)
             return None
-        records, stats = self.tracker.step(jobs, nodes, time.time() if now is None else now)
+        for job_id, reason in sorted(self.source.refused.items()):
+            if job_id in self._refused_said:
+                continue
+            log.warning("job %s left out of this poll, its scontrol line cannot be read "
+                        "safely: %s", job_id, reason)
+        records, stats = self.tracker.step(jobs, nodes, time.time() if now is None else now,
+                                           unreadable=set(self.source.refused))
+        self._refused_said = set(self.source.refused)
         memory = self.tracker.to_json()
         if records:
             position = self.sink.position()

@@ -36,6 +36,7 @@ Jobs that ask for no GPU are ignored.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -115,8 +116,11 @@ class SlurmTracker:
     # -- one poll ------------------------------------------------------------------
 
     def step(self, jobs: list[SlurmJob], nodes: list[SlurmNode] | None,
-             now: float) -> tuple[list[Record], StepStats]:
-        """Records for what changed since the last step (jobs in time order per job)."""
+             now: float, unreadable: Collection[str] = ()) -> tuple[list[Record], StepStats]:
+        """Records for what changed since the last step (jobs in time order per job).
+
+        ``unreadable``: ids of jobs Slurm still lists whose entry could not be read
+        safely this time; they are not taken for gone (their memory is kept as it is)."""
         stats = StepStats()
         out: list[Record] = []
         if nodes is not None:
@@ -127,7 +131,7 @@ class SlurmTracker:
                 continue
             seen.add(job.job_id)
             out.extend(self._job(job, now, stats))
-        for job_id in [j for j in self.jobs if j not in seen]:
+        for job_id in [j for j in self.jobs if j not in seen and j not in unreadable]:
             memory = self.jobs.pop(job_id)
             if not memory.ended:
                 stats.vanished += 1

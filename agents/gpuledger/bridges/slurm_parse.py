@@ -15,6 +15,7 @@ Pure Python: the bridge is as lean as the node agent.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +31,11 @@ PENDING_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DE
 
 class SlurmParseError(ValueError):
     """Slurm's output could not be understood."""
+
+
+class SlurmAmbiguousLine(SlurmParseError):
+    """A line of scontrol's text whose fields cannot be told from text a user wrote into
+    a free-text field (JobName, Comment, WorkDir, StdOut, ...)."""
 
 
 @dataclass(frozen=True)
@@ -223,29 +229,53 @@ def parse_tres_gpus(text: str | None) -> tuple[str | None, int]:
 
 
 def expand_hostlist(text: str | None) -> list[str]:
-    """``gpu-[1-3,5],login1`` → ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-5', 'login1']."""
+    """``gpu-[1-3,5],login1`` → ['gpu-1', 'gpu-2', 'gpu-3', 'gpu-5', 'login1'].
+
+    Every bracket group is expanded, the first one outermost as Slurm does:
+    ``rack[1-2]-node[01-02]`` → rack1-node01, rack1-node02, rack2-node01, rack2-node02.
+    An unbalanced or empty bracket is refused (:class:`SlurmParseError`).
+    """
     if not text or text in ("(null)", "None assigned"):
         return []
     out: list[str] = []
     for item in _split_hostlist(text):
-        m = re.match(r"^(.*?)\[([^\]]+)\](.*)$", item)
-        if not m:
-            out.append(item)
-            continue
-        prefix, ranges, suffix = m.groups()
+        out.extend(_expand_host(item, text, MAX_HOSTS - len(out)))
+    return out
+
+
+def _expand_host(item: str, text: str, room: int) -> list[str]:
+    """The host names of one hostlist item (all its bracket groups), at most ``room``."""
+    names = [""]
+    rest = item
+    while rest:
+        opening, closing = rest.find("["), rest.find("]")
+        if opening < 0:
+            if closing >= 0:
+                raise SlurmParseError(f"hostlist {text[:80]!r}: unbalanced ']'")
+            names = [n + rest for n in names]
+            break
+        closing = rest.find("]", opening)
+        if closing < 0 or "[" in rest[opening + 1:closing] or "]" in rest[:opening]:
+            raise SlurmParseError(f"hostlist {text[:80]!r}: unbalanced brackets")
+        prefix, ranges, rest = rest[:opening], rest[opening + 1:closing], rest[closing + 1:]
+        values: list[str] = []
         for part in ranges.split(","):
             if "-" in part:
                 numbers = _range(part, f"hostlist {text[:80]!r}", 10**9)
-                if len(out) + len(numbers) > MAX_HOSTS:
+                if len(values) + len(numbers) > MAX_HOSTS:
                     raise SlurmParseError(f"hostlist {text[:80]!r}: more than "
                                           f"{MAX_HOSTS:,} nodes")
                 width = len(part.split("-", 1)[0])
-                out.extend(f"{prefix}{str(n).zfill(width)}{suffix}" for n in numbers)
+                values.extend(str(n).zfill(width) for n in numbers)
+            elif part.isdigit():
+                values.append(part)
             else:
-                out.append(f"{prefix}{part}{suffix}")
-        if len(out) > MAX_HOSTS:
+                raise SlurmParseError(f"hostlist {text[:80]!r}: {part!r} is not a number "
+                                      "or a range")
+        if len(names) * len(values) > room:
             raise SlurmParseError(f"hostlist {text[:80]!r}: more than {MAX_HOSTS:,} nodes")
-    return out
+        names = [n + prefix + v for n in names for v in values]
+    return names
 
 
 def _split_hostlist(text: str) -> list[str]:
@@ -260,14 +290,33 @@ def _text(value: Any) -> str | None:
     return None if s in ("", "(null)", "N/A", "None") else s
 
 
-def _epoch(value: Any) -> float | None:
-    """JSON times: epoch seconds; 0 means unset."""
+MAX_EPOCH = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: a time beyond it is not one Slurm keeps (nor one a timestamp can
+hold)."""
+
+
+def _epoch(value: Any, what: str = "time") -> float | None:
+    """JSON times: epoch seconds; 0 means unset. :class:`SlurmParseError` when it is not a
+    number of seconds (``"yesterday"``, ``1e300``, a list)."""
     if isinstance(value, dict):  # Slurm ≥ 23.02: {"set": true, "number": N}
         value = value.get("number") if value.get("set", True) else None
-    if value is None or isinstance(value, bool):
+    if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SlurmParseError(f"{what}: {str(value)[:40]!r} is not a time in epoch seconds")
     number = float(value)
+    if not math.isfinite(number) or number > MAX_EPOCH:
+        raise SlurmParseError(f"{what}: {value!r} is not a time in epoch seconds")
     return number if number > 0 else None
+
+
+def _jtext(raw: dict[str, Any], key: str, job: str = "") -> str | None:
+    """A text field of a JSON object: a string (or number); anything else is refused."""
+    value = raw.get(key)
+    if isinstance(value, dict | list | bool):
+        raise SlurmParseError(f"{job}{key}: expected text, got {type(value).__name__} "
+                              f"{str(value)[:40]!r}")
+    return _text(value)
 
 
 def _int(value: Any) -> int | None:
@@ -313,9 +362,11 @@ def exit_code_text(value: Any) -> str | None:
     return f"{(status >> 8) & 0xFF}:{signal if signaled else 0}"
 
 
-def _state(value: Any) -> str:
+def _state(value: Any, what: str = "job_state") -> str:
     if isinstance(value, list):  # Slurm ≥ 23.02: ["RUNNING", "COMPLETING"]
         value = value[0] if value else "UNKNOWN"
+    if value is not None and not isinstance(value, str):
+        raise SlurmParseError(f"{what}: expected a state name, got {str(value)[:40]!r}")
     return str(value or "UNKNOWN").upper()
 
 
@@ -323,65 +374,130 @@ def _state(value: Any) -> str:
 
 
 def _job_id(raw: dict[str, Any]) -> str:
-    return str(_int(raw.get("job_id")))
+    job_id = _int(raw.get("job_id"))
+    if job_id is None or job_id <= 0 or isinstance(raw.get("job_id"), float):
+        raise SlurmParseError(f"a job without a valid job_id ({str(raw.get('job_id'))[:40]!r})")
+    return str(job_id)
+
+
+def _check_errors(doc: dict[str, Any], command: str) -> None:
+    """Slurm's ``errors`` list: an answer that carries errors is not a view of the
+    cluster (its ``jobs`` may be empty), so it fails the poll."""
+    errors = doc.get("errors")
+    if not errors:
+        return
+    if not isinstance(errors, list):
+        raise SlurmParseError(f"{command}: 'errors' is not a list")
+    first = errors[0]
+    if isinstance(first, dict):
+        first = first.get("error") or first.get("description") or first
+    raise SlurmParseError(f"{command}: Slurm reported {len(errors)} error(s): "
+                          f"{str(first)[:200]}")
 
 
 def parse_squeue_json(text: str) -> list[SlurmJob]:
-    """Jobs from ``squeue --json`` (optionally ``--states=all``)."""
+    """Jobs from ``squeue --json`` (optionally ``--states=all``).
+
+    An answer that is not what squeue writes (an ``errors`` list, a job that is not an
+    object or has no job id, a time or a name that is not one) is refused whole with
+    :class:`SlurmParseError`: the bridge's poll fails and nothing changes."""
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise SlurmParseError(f"squeue --json: not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+    if not isinstance(doc, dict):
+        raise SlurmParseError("squeue --json: no 'jobs' list")
+    _check_errors(doc, "squeue --json")
+    if not isinstance(doc.get("jobs"), list):
         raise SlurmParseError("squeue --json: no 'jobs' list")
     jobs = []
-    for raw in doc["jobs"]:
-        gpu_type, gpus, _ = parse_gres(_text(raw.get("tres_per_node")))
-        if not gpus:
-            gpu_type, gpus, _ = parse_gres(_text(raw.get("tres_per_job")))
-        nodes = expand_hostlist(_text(raw.get("nodes")))
-        allocation: list[tuple[str, int]] = []
-        for node, detail in zip(nodes, raw.get("gres_detail") or [], strict=False):
-            _, _, idx = parse_gres(detail)
-            allocation.extend((node, i) for i in idx)
-        node_count = max(len(nodes), _int(raw.get("node_count")) or 1)
-        if gpus and node_count > 1 and _text(raw.get("tres_per_node")):
-            gpus *= node_count
-        jobs.append(SlurmJob(
-            job_id=_job_id(raw), state=_state(raw.get("job_state")),
-            name=str(raw.get("name") or ""), user=_text(raw.get("user_name")),
-            account=_text(raw.get("account")), partition=_text(raw.get("partition")),
-            qos=_text(raw.get("qos")), priority=_int(raw.get("priority")),
-            reason=_text(raw.get("state_reason")), restarts=_int(raw.get("restart_cnt")) or 0,
-            requeue=bool(raw.get("requeue", True)), submit=_epoch(raw.get("submit_time")),
-            start=_epoch(raw.get("start_time")), end=_epoch(raw.get("end_time")),
-            exit_code=exit_code_text(raw.get("exit_code")), gpus=gpus, gpu_type=gpu_type,
-            allocation=tuple(allocation)))
+    seen: set[str] = set()
+    for n, raw in enumerate(doc["jobs"]):
+        if not isinstance(raw, dict):
+            raise SlurmParseError(f"squeue --json: job #{n} is not an object "
+                                  f"({str(raw)[:40]!r})")
+        try:
+            job = _squeue_job(raw)
+        except SlurmParseError as exc:
+            raise SlurmParseError(f"squeue --json: job #{n}: {exc}") from None
+        if job.job_id in seen:
+            raise SlurmParseError(f"squeue --json: job {job.job_id} is listed twice")
+        seen.add(job.job_id)
+        jobs.append(job)
     return jobs
 
 
+def _squeue_job(raw: dict[str, Any]) -> SlurmJob:
+    job_id = _job_id(raw)
+    where = f"job {job_id}: "
+    gpu_type, gpus, _ = parse_gres(_jtext(raw, "tres_per_node", where))
+    if not gpus:
+        gpu_type, gpus, _ = parse_gres(_jtext(raw, "tres_per_job", where))
+    nodes = expand_hostlist(_jtext(raw, "nodes", where))
+    details = raw.get("gres_detail") or []
+    if not isinstance(details, list) or not all(isinstance(d, str) for d in details):
+        raise SlurmParseError(f"{where}gres_detail: expected a list of GRES strings")
+    allocation: list[tuple[str, int]] = []
+    for node, detail in zip(nodes, details, strict=False):
+        _, _, idx = parse_gres(detail)
+        allocation.extend((node, i) for i in idx)
+    if len(set(allocation)) != len(allocation):
+        raise SlurmParseError(f"{where}gres_detail lists a GPU twice ({details!r:.80})")
+    node_count = max(len(nodes), _int(raw.get("node_count")) or 1)
+    if gpus and node_count > 1 and _jtext(raw, "tres_per_node", where):
+        gpus *= node_count
+    restarts = _int(raw.get("restart_cnt")) or 0
+    if restarts < 0:
+        raise SlurmParseError(f"{where}restart_cnt {restarts} is negative")
+    return SlurmJob(
+        job_id=job_id, state=_state(raw.get("job_state"), f"{where}job_state"),
+        name=_jtext(raw, "name", where) or "", user=_jtext(raw, "user_name", where),
+        account=_jtext(raw, "account", where), partition=_jtext(raw, "partition", where),
+        qos=_jtext(raw, "qos", where), priority=_int(raw.get("priority")),
+        reason=_jtext(raw, "state_reason", where), restarts=restarts,
+        requeue=bool(raw.get("requeue", True)),
+        submit=_epoch(raw.get("submit_time"), f"{where}submit_time"),
+        start=_epoch(raw.get("start_time"), f"{where}start_time"),
+        end=_epoch(raw.get("end_time"), f"{where}end_time"),
+        exit_code=exit_code_text(raw.get("exit_code")), gpus=gpus, gpu_type=gpu_type,
+        allocation=tuple(allocation))
+
+
 def parse_sinfo_json(text: str) -> list[SlurmNode]:
-    """Nodes from ``sinfo --json``."""
+    """Nodes from ``sinfo --json`` (an ``errors`` list or a malformed node is refused)."""
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise SlurmParseError(f"sinfo --json: not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+    if not isinstance(doc, dict):
+        raise SlurmParseError("sinfo --json: no 'nodes' list")
+    _check_errors(doc, "sinfo --json")
+    if not isinstance(doc.get("nodes"), list):
         raise SlurmParseError("sinfo --json: no 'nodes' list")
     nodes: dict[str, SlurmNode] = {}
-    for raw in doc["nodes"]:
-        gpu_type, gpus, _ = parse_gres(_text(raw.get("gres")))
-        _, _, drained = parse_gres(_text(raw.get("gres_drained")))
+    for n, raw in enumerate(doc["nodes"]):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) \
+                or not raw["name"]:
+            raise SlurmParseError(f"sinfo --json: node #{n} is not an object with a name")
+        name = raw["name"]
+        where = f"sinfo --json: node {name[:40]}: "
+        gpu_type, gpus, _ = parse_gres(_jtext(raw, "gres", where))
+        _, _, drained = parse_gres(_jtext(raw, "gres_drained", where))
         state = raw.get("state")
-        flags = [str(f).upper() for f in raw.get("state_flags") or []]
+        raw_flags = raw.get("state_flags") or []
+        partitions = raw.get("partitions") or []
+        for key, value in (("state_flags", raw_flags), ("partitions", partitions)):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SlurmParseError(f"{where}{key}: expected a list of names")
+        flags = [f.upper() for f in raw_flags]
         if isinstance(state, list):  # Slurm ≥ 23.02
             flags = [str(s).upper() for s in state[1:]] + flags
             state = state[0] if state else "unknown"
-        name = str(raw.get("name"))
+        state = _state(state, f"{where}state")
         nodes[name] = SlurmNode(
-            name=name, state=str(state or "unknown").lower(), flags=tuple(flags),
-            partitions=tuple(raw.get("partitions") or ()), gpu_type=gpu_type, gpus=gpus,
-            gres_drained=tuple(drained), reason=_text(raw.get("reason")))
+            name=name, state=state.lower(), flags=tuple(flags),
+            partitions=tuple(partitions), gpu_type=gpu_type, gpus=gpus,
+            gres_drained=tuple(drained), reason=_jtext(raw, "reason", where))
     return list(nodes.values())
 
 
@@ -416,56 +532,165 @@ def _name_of(text: str | None) -> str | None:
     return _text(text.split("(")[0])
 
 
-def parse_scontrol_jobs(text: str) -> list[SlurmJob]:
-    """Jobs from ``scontrol -o show job -d`` (one line per job)."""
+# The keys ``scontrol -o show job -d`` prints, in its order (Slurm 22.05; keys on one row
+# may come in any order among themselves). JobName, Comment, WorkDir, StdOut, ... are
+# free text, printed as written — ``sbatch -J 'x Account=rich UserId=boss(0)'`` puts
+# those keys into the line — so a line where one of these keys comes twice or out of
+# this order does not say which value is Slurm's, and is refused.
+_JOB_KEY_ORDER: tuple[tuple[str, ...], ...] = (
+    ("JobId",), ("ArrayJobId",), ("ArrayTaskId",), ("ArrayTaskThrottle",),
+    ("HetJobId",), ("HetJobOffset",), ("HetJobIdSet",), ("JobName",), ("UserId",),
+    ("GroupId",), ("MCS_label",), ("Priority",), ("Nice",), ("Account",), ("QOS",),
+    ("JobState",), ("Reason",), ("Dependency",), ("Requeue",), ("Restarts",),
+    ("BatchFlag",), ("Reboot",), ("ExitCode",), ("DerivedExitCode",), ("RunTime",),
+    ("TimeLimit",), ("TimeMin",), ("SubmitTime",), ("EligibleTime",), ("AccrueTime",),
+    ("StartTime",), ("EndTime",), ("Deadline",), ("SuspendTime",), ("SecsPreSuspend",),
+    ("LastSchedEval",), ("Scheduler",), ("Partition",), ("AllocNode:Sid",),
+    ("ReqNodeList",), ("ExcNodeList",), ("NodeList",), ("BatchHost",), ("NumNodes",),
+    ("NumCPUs",), ("NumTasks",), ("CPUs/Task",), ("ReqB:S:C:T",), ("TRES",),
+    ("Socks/Node",), ("NtasksPerN:B:S:C",), ("CoreSpec",), ("JOB_GRES",),
+    ("MinCPUsNode",), ("MinMemoryNode", "MinMemoryCPU"), ("MinTmpDiskNode",),
+    ("Features",), ("DelayBoot",), ("OverSubscribe",), ("Contiguous",), ("Licenses",),
+    ("Network",), ("Command",), ("WorkDir",), ("StdErr",), ("StdIn",), ("StdOut",),
+    ("Power",), ("TresPerJob", "TresPerNode", "TresPerSocket", "TresPerTask"),
+)
+_JOB_KEY_RANK = {key: rank for rank, keys in enumerate(_JOB_KEY_ORDER) for key in keys}
+_JOB_DETAIL_KEYS = ("Nodes", "CPU_IDs", "Mem", "GRES")
+"""The per-node detail of ``-d`` (``Nodes=… CPU_IDs=… Mem=… GRES=…``), once per node
+group, between JOB_GRES and MinCPUsNode."""
+
+
+def _job_fields(line: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The fields of one ``scontrol -o show job -d`` line and its detail pairs.
+
+    Only scontrol's own keys in scontrol's order count (:data:`_JOB_KEY_ORDER`); the
+    detail keys only between TRES/JOB_GRES and MinCPUsNode. JobName runs up to UserId
+    (``JobName=lr=0.1 bs=32`` is that name). :class:`SlurmParseError` when a key comes
+    twice or out of order: text written by a user pretends to be a field."""
+    marks = list(_KV.finditer(line))
+    known = [(i, m.group(1)) for i, m in enumerate(marks) if m.group(1) in _JOB_KEY_RANK]
+    last_rank, last_key, index = -1, "", {}
+    for i, key in known:
+        rank = _JOB_KEY_RANK[key]
+        if key in index:
+            raise SlurmAmbiguousLine(f"{key}= appears twice (text in a free-text field such "
+                                  "as JobName, Comment, WorkDir or StdOut looks like "
+                                  "scontrol's fields)")
+        if rank < last_rank:
+            raise SlurmAmbiguousLine(f"{key}= comes after {last_key}= (text in a free-text "
+                                  "field looks like scontrol's fields)")
+        index[key] = i
+        last_rank, last_key = rank, key
+    if "JobId" not in index or index["JobId"] != 0:
+        raise SlurmParseError("the line does not start with JobId=")
+    region_start = max(index.get(k, -1) for k in ("TRES", "CoreSpec", "JOB_GRES"))
+    later = [i for i, key in known if _JOB_KEY_RANK[key] >= _JOB_KEY_RANK["MinCPUsNode"]]
+    region_end = min(later) if later else len(marks)
+    delimiters = [m for i, m in enumerate(marks)
+                  if m.group(1) not in _JOB_DETAIL_KEYS or region_start < i < region_end]
+    name_mark = marks[index["JobName"]] if "JobName" in index else None
+    fields: dict[str, str] = {}
+    detail: list[tuple[str, str]] = []
+    for n, m in enumerate(delimiters):
+        key = m.group(1)
+        if m is name_mark:  # free text up to the next of scontrol's keys
+            end = next((d.start() for d in delimiters[n + 1:] if d.group(1) in _JOB_KEY_RANK),
+                       len(line))
+        else:
+            end = delimiters[n + 1].start() if n + 1 < len(delimiters) else len(line)
+        value = line[m.end():end].strip()
+        if key in _JOB_DETAIL_KEYS:
+            detail.append((key, value))
+        elif key in _JOB_KEY_RANK or key not in fields:
+            fields.setdefault(key, value)
+    return fields, detail
+
+
+def parse_scontrol_jobs(text: str, refused: dict[str, str] | None = None) -> list[SlurmJob]:
+    """Jobs from ``scontrol -o show job -d`` (one line per job).
+
+    A line whose fields cannot be told from text a user wrote into it (see
+    :func:`_job_fields`) raises :class:`SlurmAmbiguousLine`, or, when ``refused`` is
+    given, is left out and noted there (job id → reason): that job's values are not
+    known, and the other jobs are still read. Any other line that cannot be read (a GPU
+    count of 1.5) raises :class:`SlurmParseError`."""
     jobs = []
     for line in text.splitlines():
         if not line.startswith("JobId="):
             continue
-        kv = _key_values(line)
-        first: dict[str, str] = {}
-        allocation: list[tuple[str, int]] = []
-        node_group: list[str] = []
-        for key, value in kv:
-            if key == "Nodes" and "JobId" in first:  # detail part: Nodes=... GRES=...
-                node_group = expand_hostlist(value)
-            elif key == "GRES" and node_group:
-                _, _, idx = parse_gres(value)
-                allocation.extend((n, i) for n in node_group for i in idx)
-                node_group = []
-            elif key not in first:
-                first[key] = value
-        if "ArrayJobId" in first and "ArrayTaskId" in first and "JobId" not in first:
-            continue
-        tres = first.get("TresPerNode") or first.get("TresPerJob") or first.get("TRES")
-        gpu_type, gpus, _ = parse_gres(_text(tres))
-        if not gpus:
-            gpu_type, gpus, _ = parse_gres(_text(first.get("JOB_GRES")))
-        nodes = expand_hostlist(_text(first.get("NodeList")))
-        node_count = max(len(nodes), _int((first.get("NumNodes") or "1").split("-")[0]) or 1)
-        if gpus and node_count > 1 and first.get("TresPerNode"):
-            gpus *= node_count
-        state = first.get("JobState", "UNKNOWN").split()[0]
-        jobs.append(SlurmJob(
-            job_id=first["JobId"], state=state.upper(), name=first.get("JobName", ""),
-            user=_name_of(first.get("UserId")), account=_text(first.get("Account")),
-            partition=_text(first.get("Partition")), qos=_text(first.get("QOS")),
-            priority=_int(first.get("Priority")), reason=_text(first.get("Reason")),
-            restarts=_int(first.get("Restarts")) or 0, requeue=first.get("Requeue") != "0",
-            submit=_local_time(first.get("SubmitTime")),
-            start=_local_time(first.get("StartTime")), end=_local_time(first.get("EndTime")),
-            exit_code=_text(first.get("ExitCode")), gpus=gpus, gpu_type=gpu_type,
-            allocation=tuple(allocation)))
+        job_id = line[len("JobId="):].split(" ", 1)[0]
+        try:
+            if not job_id.isdigit():
+                raise SlurmParseError(f"JobId {job_id[:40]!r} is not a number")
+            jobs.append(_scontrol_job(line))
+        except SlurmAmbiguousLine as exc:
+            if refused is None:
+                raise SlurmAmbiguousLine(f"scontrol job {job_id}: {exc}") from None
+            refused[job_id] = str(exc)
+        except SlurmParseError as exc:  # not Slurm's output as it writes it: the poll fails
+            raise SlurmParseError(f"scontrol job {job_id[:40]}: {exc}") from None
     return jobs
 
 
+def _scontrol_job(line: str) -> SlurmJob:
+    first, detail = _job_fields(line)
+    allocation: list[tuple[str, int]] = []
+    node_group: list[str] = []
+    for key, value in detail:
+        if key == "Nodes":
+            node_group = expand_hostlist(value)
+        elif key == "GRES" and node_group:
+            _, _, idx = parse_gres(value)
+            allocation.extend((n, i) for n in node_group for i in idx)
+            node_group = []
+    tres = first.get("TresPerNode") or first.get("TresPerJob") or first.get("TRES")
+    gpu_type, gpus, _ = parse_gres(_text(tres))
+    if not gpus:
+        gpu_type, gpus, _ = parse_gres(_text(first.get("JOB_GRES")))
+    nodes = expand_hostlist(_text(first.get("NodeList")))
+    node_count = max(len(nodes), _int((first.get("NumNodes") or "1").split("-")[0]) or 1)
+    if gpus and node_count > 1 and first.get("TresPerNode"):
+        gpus *= node_count
+    state = (first.get("JobState") or "UNKNOWN").split()[0]
+    return SlurmJob(
+        job_id=first["JobId"], state=state.upper(), name=first.get("JobName", ""),
+        user=_name_of(first.get("UserId")), account=_text(first.get("Account")),
+        partition=_text(first.get("Partition")), qos=_text(first.get("QOS")),
+        priority=_int(first.get("Priority")), reason=_text(first.get("Reason")),
+        restarts=_int(first.get("Restarts")) or 0, requeue=first.get("Requeue") != "0",
+        submit=_local_time(first.get("SubmitTime")),
+        start=_local_time(first.get("StartTime")), end=_local_time(first.get("EndTime")),
+        exit_code=_text(first.get("ExitCode")), gpus=gpus, gpu_type=gpu_type,
+        allocation=tuple(allocation))
+
+
+_NODE_READ_KEYS = ("NodeName", "Gres", "GresDrain", "State", "Partitions")
+
+
 def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol -o show node -d``."""
+    """Nodes from ``scontrol -o show node -d``.
+
+    ``Reason=`` is free text (an admin's or a health check's, ``NHC: gpu count=4
+    State=IDLE``) and scontrol prints it last: everything after the first ``Reason=``
+    that follows ``State=`` is the reason, never a field. A key the bridge reads that
+    comes twice before it is refused (:class:`SlurmParseError`)."""
     nodes = []
     for line in text.splitlines():
         if not line.startswith("NodeName="):
             continue
-        kv = dict(_key_values(line))
+        state_at = re.search(r"\sState=", line)
+        reason_at = re.search(r"\sReason=", line[state_at.end():]) if state_at else None
+        reason = None
+        if state_at and reason_at:
+            cut = state_at.end() + reason_at.start()
+            reason = line[cut:].strip()[len("Reason="):]
+            line = line[:cut]
+        pairs = _key_values(line)
+        keys = [k for k, _ in pairs]
+        for key in _NODE_READ_KEYS:
+            if keys.count(key) > 1:
+                raise SlurmParseError(f"scontrol node {line[9:49]!r}: {key}= appears twice")
+        kv = dict(pairs)
         gpu_type, gpus, _ = parse_gres(_text(kv.get("Gres")))
         _, _, drained = parse_gres(_text(kv.get("GresDrain")))
         parts = (kv.get("State") or "UNKNOWN").split("+")
@@ -474,5 +699,5 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             flags=tuple(p.upper() for p in parts[1:]),
             partitions=tuple(p for p in (kv.get("Partitions") or "").split(",") if p),
             gpu_type=gpu_type, gpus=gpus, gres_drained=tuple(drained),
-            reason=_text(kv.get("Reason"))))
+            reason=_text(reason if reason is not None else kv.get("Reason"))))
     return nodes
