@@ -293,3 +293,51 @@ def test_a_section_taken_over_brings_its_newest_sample_to_the_end_of_input(
     assert other.max_telemetry_time is None
     checkpoint.merge_section(other, sec)
     assert other.max_telemetry_time == newest
+
+
+def test_the_owner_taken_over_reads_the_parts_its_own_partitions_sent(
+        single: Path, tmp_path: Path) -> None:
+    """Instance A holds partition 1 and sends its attempt parts through the topic to the
+    owner B (partition 0). B dies; its last section of partition 0 was written before it
+    had read A's latest parts. A takes partition 0 over from that section and reads the
+    parts topic from the section's position: the parts there that its own partition 1
+    sent while B owned are taken. They were dropped as "our own, taken here" (a probe
+    killing three instances at random: attempts never written)."""
+    count = 2
+    a, b = _engine(tmp_path, count, {1}), _engine(tmp_path, count, {0})
+    topic: list[pl.DataFrame] = []   # the attempt-parts topic, in order
+    batches = list(simulate(_sim()))
+    saved_at, cut = len(batches) // 3, 2 * len(batches) // 3
+    sec = None
+    position = read = 0
+    for i, batch in enumerate(batches[:cut]):
+        if i == saved_at:   # B's last section of partition 0, and its place in the topic
+            b.warehouse.sync()
+            sec = checkpoint.Section(0, b.part_closed.get(0), {}, pickle.loads(pickle.dumps(
+                checkpoint.section(b, 0, {}).state)))
+            position = len(topic)
+        _feed(a, batch, count)
+        _feed(b, batch, count)
+        topic.extend(a.outbox)
+        a.outbox.clear()
+        for parts in topic[read:]:
+            b.receive_parts(parts)
+        read = len(topic)
+    assert sec is not None and position < len(topic)
+    assert any(not p.filter(pl.col("kind") == "ended").is_empty() for p in topic[position:])
+    # B is gone; A takes partition 0 from B's section
+    checkpoint.merge_section(a, sec)
+    assert a.owner and a.held == {0, 1}
+    for parts in topic[position:]:      # the parts topic from the section's position
+        a.receive_parts(parts)
+    for i in range(saved_at, cut):      # partition 0's telemetry from the section's offset
+        tel = batches[i]["telemetry"]
+        part = tel["node"].map_elements(lambda n: partition_of(n, count),
+                                        return_dtype=pl.Int64)
+        a.process({"telemetry": tel.filter(part == 0)}, validated=True,
+                  event_time_limit=batches[i + 1]["telemetry"]["time"].min())
+    for batch in batches[cut:]:
+        _feed(a, batch, count)
+    a.flush()
+    assert a.waiting.is_empty()
+    assert_same_facts(tmp_path, single, SPARSE)

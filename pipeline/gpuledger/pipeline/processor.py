@@ -1061,11 +1061,14 @@ class Processor:
         if not self.owner or parts.is_empty():
             return
         parts = conform_parts(parts)
-        mine = self.held
-        parts = parts.filter(~pl.col("shard").is_in(list(mine)))  # our own are taken here
+        # the running and end-of-input marks of our own partitions are this engine's;
+        # ended parts are taken whoever sent them: a partition this instance holds now
+        # may have sent its parts through the topic while another instance owned, and
+        # a part this engine took itself is dropped as a repeat (``_take_parts``)
+        others = parts.filter(~pl.col("shard").is_in(list(self.held)))
         self.flushed_shards.update(
-            parts.filter(pl.col("kind") == "flushed")["shard"].to_list())
-        running = parts.filter(pl.col("kind") == "running")
+            others.filter(pl.col("kind") == "flushed")["shard"].to_list())
+        running = others.filter(pl.col("kind") == "running")
         for (shard,), rows in running.group_by(["shard"]):
             assert isinstance(shard, int)
             self.running_parts[shard] = rows.filter(pl.col("node").is_not_null())
