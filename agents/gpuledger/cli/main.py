@@ -581,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     kafka_args(p)
     common(p)
     p.add_argument("--group", type=nonempty("--group"), default="gpuledger-processor",
-                   help="consumer group id")
+                   help="consumer group id: one per deployment (warehouse); a group "
+                   "another warehouse's service is live in is refused (docs/kafka.md)")
     p.add_argument("--instance-id", type=nonempty("--instance-id"), default=None,
                    help="static group membership id (a restarted instance keeps its "
                    "partitions without waiting for a rebalance)")

@@ -8,7 +8,8 @@ same meaning. Options are passed by kafka-python's names (``group_id``,
 ``max_partition_fetch_bytes``, ...) whatever the client; the adapter translates them.
 
 Offsets are committed only when the service says so (``enable_auto_commit=False``) with
-either client: what ``commit`` is given is what the group stores.
+either client: what ``commit`` is given is what the group stores, with its metadata
+(``group_claim.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class Consumer(Protocol):
 
     def commit(self, offsets: Mapping[Any, Any]) -> None:
         """Store these offsets (values with an ``offset`` attribute) for the group, now."""
+        ...
+
+    def committed(self, partition: Any, metadata: bool = False,
+                  timeout_ms: int | None = None) -> Any:
+        """The group's committed offset of ``partition`` (an ``OffsetAndMetadata`` when
+        ``metadata``), or None."""
         ...
 
     def close(self, autocommit: bool = True) -> None: ...

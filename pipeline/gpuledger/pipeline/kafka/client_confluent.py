@@ -50,6 +50,14 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
+class Committed(NamedTuple):
+    """A committed offset with its metadata, as kafka-python's ``OffsetAndMetadata``."""
+
+    offset: int
+    metadata: str
+    leader_epoch: int = -1
+
+
 class Record(NamedTuple):
     """A consumed message, with the attributes of kafka-python's ``ConsumerRecord``."""
 
@@ -245,8 +253,20 @@ class ConfluentConsumer:
     def commit(self, offsets: Mapping[Any, Any]) -> None:
         if not offsets:
             return
-        self._c.commit(offsets=[_TP(tp.topic, tp.partition, int(getattr(om, "offset", om)))
+        self._c.commit(offsets=[_TP(tp.topic, tp.partition, int(getattr(om, "offset", om)),
+                                    getattr(om, "metadata", None) or None)
                                 for tp, om in offsets.items()], asynchronous=False)
+
+    def committed(self, partition: Any, metadata: bool = False,
+                  timeout_ms: int | None = None) -> Any:
+        """The group's committed offset of ``partition`` (with its metadata when asked,
+        as :class:`Committed`), or None when there is none."""
+        timeout = timeout_ms / 1000 if timeout_ms is not None else TIMEOUT_S
+        (tp,) = self._c.committed([_TP(partition.topic, partition.partition)],
+                                  timeout=timeout)
+        if tp.offset < 0:
+            return None
+        return Committed(int(tp.offset), tp.metadata or "") if metadata else int(tp.offset)
 
     def close(self, autocommit: bool = True) -> None:
         # enable.auto.commit is off: closing commits nothing, whatever ``autocommit`` says

@@ -55,6 +55,7 @@ from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.generations import published_units
+from gpuledger.pipeline.kafka import group_claim
 from gpuledger.pipeline.kafka.client import open_consumer, open_producer
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import (
@@ -195,8 +196,8 @@ checkpoint (a broker that is down holds a request for ``request_timeout_ms``).""
 
 
 class ServiceStartError(RuntimeError):
-    """The service cannot start: the broker cannot be reached, or the topics do not
-    exist (the message says which, in one line)."""
+    """The service cannot start (or go on): the broker cannot be reached, the topics do
+    not exist, the group is another deployment's (the message says which, in one line)."""
 
 
 class KafkaProcessorService:
@@ -278,6 +279,9 @@ class KafkaProcessorService:
                  else shared.store.child("state"))
         self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
         self._check_partition_count(shared)
+        self.deployment = self._deployment()
+        self._old_claim_said = False
+        self._check_group()
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
         self.rebalance_failure: Exception | None = None
@@ -335,6 +339,8 @@ class KafkaProcessorService:
         if sec is None:
             self.engine.start_partition(partition, None)
             self.offsets.pop(tele, None)
+            if partition == 0:
+                self._seek_parts({})
             log.info("partition %d of %s: from the start", partition,
                      self.settings.topics.telemetry)
             return
@@ -347,9 +353,70 @@ class KafkaProcessorService:
             self.offsets[tele] = sec.offsets[tele]
         else:
             self.offsets.pop(tele, None)
+        if partition == 0:
+            self._seek_parts(sec.offsets)
         log.info("partition %d of %s: from its checkpoint (offset %s, closed until %s)",
                  partition, self.settings.topics.telemetry, sec.offsets.get(tele),
                  sec.closed)
+
+    def _seek_parts(self, offsets: dict[Key, int]) -> None:
+        """Read the attempt-parts topic from where partition 0's section (the owner's
+        state: the attempts waiting, the parts received) had read it, or from the start
+        without one. An instance that takes partition 0 had skipped the parts while it
+        did not own, and its global checkpoint may be another instance's, read further:
+        reading on from there lost the parts sent in between (a probe: 3 instances
+        killed at random, 5 attempts never written)."""
+        topic = self.settings.topics.attempt_parts
+        for tp in self.global_parts:
+            if tp.topic != topic:
+                continue
+            key = (tp.topic, tp.partition)
+            if key in offsets:
+                self.offsets[key] = offsets[key]
+                self.globals.seek(tp, offsets[key])
+            else:
+                self.offsets.pop(key, None)
+                self.globals.seek_to_beginning(tp)
+        self._ends_stale = True
+
+    def _deployment(self) -> str:
+        try:
+            return group_claim.deployment_id(self.store.store)
+        except ValueError as exc:
+            raise ServiceStartError(str(exc)) from None
+
+    def _check_group(self) -> None:
+        """The group's telemetry commits are this deployment's, or none is another's
+        from a live service (``group_claim.py``); :class:`ServiceStartError` otherwise,
+        before anything more is written."""
+        topic, now = self.settings.topics.telemetry, time.time()
+        claims = []
+        for p in range(self.partitions):
+            committed = self.telemetry.committed(self._tp(topic, p), metadata=True)
+            claim = group_claim.parse(p, getattr(committed, "metadata", None), now)
+            if claim is not None:
+                claims.append(claim)
+        foreign = group_claim.others(claims, self.deployment)
+        if foreign:  # two instances that started at once may have written the id twice
+            self.deployment = self._deployment()
+            foreign = group_claim.others(claims, self.deployment)
+        if not foreign:
+            return
+        c, window = foreign[0], group_claim.window_s(self.options.checkpoint_interval_s)
+        said = (f"consumer group {self.options.group_id} holds commits of another "
+                f"deployment ({c.deployment}, partition {c.partition} of {topic}, "
+                f"{c.age_s:.0f} s ago); this one is {self.deployment} "
+                f"({self.store.store.url_of(group_claim.ID_FILE)})")
+        if c.age_s <= window:
+            raise ServiceStartError(
+                f"{said}: two services with different warehouses share the group, which "
+                "splits the partitions between them, and each warehouse would miss the "
+                "other's facts. Give each deployment its own --group (if that was this "
+                f"warehouse before its state was deleted, start again in {window:.0f} s)")
+        if not self._old_claim_said:
+            self._old_claim_said = True
+            log.warning("%s, not live (none within %.0f s): this deployment's commits "
+                        "replace them", said, window)
 
     def _check_partition_count(self, shared: Warehouse) -> None:
         """The telemetry topic has at least the partitions the group's checkpoints and
@@ -429,13 +496,23 @@ class KafkaProcessorService:
             return
         self._send_parts()
         self.producer.flush()
-        tele = (self.settings.topics.telemetry, partition)
-        offsets = {k: v for k, v in self.offsets.items()
-                   if k == tele or k[0] != self.settings.topics.telemetry}
-        self.store.save_partition(self.engine, partition, offsets)
+        telemetry = self.settings.topics.telemetry
+        if partition != 0 and 0 in self.engine.held and self.engine.owner:
+            # the owner took this partition's parts itself, into partition 0's state:
+            # that state is saved first, or a kill before the next checkpoint loses
+            # the parts this section says were reported
+            self.store.save_partition(self.engine, 0, self._section_offsets(0))
+        self.store.save_partition(self.engine, partition, self._section_offsets(partition))
         checkpoint.drop_partition(self.engine, partition)
+        tele = (telemetry, partition)
         self.offsets.pop(tele, None)
         self.partition_time.pop(tele, None)
+
+    def _section_offsets(self, partition: int) -> dict[Key, int]:
+        """The offsets a section of ``partition`` covers: its telemetry, the globals."""
+        tele = (self.settings.topics.telemetry, partition)
+        return {k: v for k, v in self.offsets.items()
+                if k == tele or k[0] != self.settings.topics.telemetry}
 
     def _read_globals_to(self, wanted: dict[Key, int], timeout_s: float = 30.0) -> None:
         """Read the global topics at least as far as a section's books had read them, so
@@ -857,6 +934,7 @@ class KafkaProcessorService:
         global_offsets = {k: v for k, v in self.offsets.items() if k[0] != telemetry}
         per_partition = {p: {k: v for k, v in self.offsets.items() if k == (telemetry, p)}
                          for p in sorted(self.engine.held)}
+        self._check_group()
         self.store.save(self.engine, global_offsets, per_partition)
         self._commit(per_partition)
         released = self.engine.warehouse.release_memory(force=True)  # decode buffers too
@@ -870,7 +948,8 @@ class KafkaProcessorService:
         topic = self.settings.topics.telemetry
         try:
             owned = {tp.partition for tp in self.telemetry.assignment()}
-            commits = {self._tp(topic, p): OffsetAndMetadata(offs[(topic, p)], "", -1)
+            meta = group_claim.commit_metadata(self.deployment, time.time())
+            commits = {self._tp(topic, p): OffsetAndMetadata(offs[(topic, p)], meta, -1)
                        for p, offs in per_partition.items()
                        if p in owned and (topic, p) in offs}
             if commits:
