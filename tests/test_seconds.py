@@ -150,6 +150,29 @@ def test_preempted_requeued_and_started_in_the_same_second(
         == [(at(0), 0, 0), (at(1), 0, 0), (at(1), 1, 1), (at(2), 1, 1)]
 
 
+@pytest.mark.parametrize("second", [0, 10])
+def test_an_attempt_that_ends_the_instant_it_starts_has_its_gpu_rows(
+        run: Callable[[Records], Facts], second: int) -> None:
+    """A job that fails as it starts (Slurm's one-second times make it 0 s): 0 GPU-hours,
+    yet a ``job_gpu`` row per GPU, with the node's card, as every attempt × GPU has. It
+    had none: nothing of it fell into a minute. A GPU no inventory knows gets no row,
+    as it gets no charge."""
+    recs = [inventory("n1", at(0), gpus=4, card="H100"),
+            job("submitted", "j", at(0), gpus=3),
+            job("started", "j", at(1, second), allocation=alloc("n1", 0, 1, 7)),
+            job("failed", "j", at(1, second)),
+            job("submitted", "end", at(3))]
+    facts = run(recs)
+    att = _attempts(facts)[("j", 0)]
+    assert att["allocated_gpu_hours"] == 0 and att["job_gpu_hours"] == 0
+    gpus = facts.table("job_gpu").filter(pl.col("job_id") == "j").sort("gpu_index")
+    assert gpus["gpu_index"].to_list() == [0, 1]             # GPU 7 is not on n1
+    assert gpus["card_type"].to_list() == ["H100", "H100"]
+    assert gpus["allocated_gpu_hours"].to_list() == [0.0, 0.0]
+    assert gpus["ended_at"].to_list() == [at(1, second)] * 2
+    assert facts.table("gpu_minute").filter(pl.col("job_id") == "j").is_empty()
+
+
 def test_two_jobs_share_one_gpu_inside_a_minute(run: Callable[[Records], Facts]) -> None:
     recs = [inventory("n1", at(0), gpus=1, card="L40S-48GB", mem=46_068.0)]
     for name, start, end in (("a", at(0, 0), at(0, 30)), ("b", at(0, 15), at(0, 45))):

@@ -1026,6 +1026,10 @@ class Processor:
         if not acc.is_empty():
             self.acc = self.acc.join(acc.select(*keys, "node", "gpu_index"),
                                      on=[*keys, "node", "gpu_index"], how="anti")
+        unheld = self._unheld_gpus(mine, acc)
+        if not unheld.is_empty():
+            acc = pl.concat([acc, unheld])
+        if not acc.is_empty():
             gpus = job_usage.per_gpu(acc).join(mine.select(*keys, "partition", "ended_at"),
                                                on=[*keys, "partition"])
             self._buffer("job_gpu", gpus.with_columns(
@@ -1036,6 +1040,36 @@ class Processor:
         else:
             by_shard = parts.partition_by("shard", as_dict=True, maintain_order=True)
             self.outbox.extend(rows for _, rows in sorted(by_shard.items()))
+
+    def _unheld_gpus(self, attempts: pl.DataFrame, acc: pl.DataFrame) -> pl.DataFrame:
+        """Accumulator rows of zeros for the GPUs of ``attempts`` (one row per attempt and
+        partition) that have none: an attempt that ended the instant it started held
+        them for no time, yet every attempt × GPU has a ``job_gpu`` row
+        (docs/metrics.md). Card and memory are the node's record at the start; a GPU no
+        inventory knows gets none (it is not charged, as any other allocation there)."""
+        keys = ["job_id", "attempt"]
+        allocs = self.jobs.allocations().join(attempts.select(*keys, "partition"), on=keys)
+        if allocs.is_empty():
+            return pl.DataFrame(schema=ACC_SCHEMA)
+        allocs = allocs.filter(self.partition_expr(allocs) == pl.col("partition"))
+        missing = allocs.join(acc.select(*keys, "node", "gpu_index"),
+                              on=[*keys, "node", "gpu_index"], how="anti")
+        if missing.is_empty():
+            return pl.DataFrame(schema=ACC_SCHEMA)
+        start = pl.col("start").cast(pl.Int64)
+        runs = self.inventory.all_runs().select("node", "from_ms", "to_ms", "card_type",
+                                                "gpu_mem_mib", "gpu_count")
+        known = missing.join(runs, on="node").filter(
+            (pl.col("from_ms") <= start)
+            & (pl.col("to_ms").is_null() | (pl.col("to_ms") > start))
+            & (pl.col("gpu_index") < pl.col("gpu_count")))
+        return known.unique([*keys, "node", "gpu_index"], keep="first",
+                            maintain_order=True).select(
+            *keys, "node", "gpu_index", "partition", "card_type",
+            pl.col("gpu_mem_mib").alias("gpu_mem_total_mib"), "fraction",
+            *[pl.lit(0, pl.Int64).alias(c) for c in job_usage.SUMMED],
+            pl.lit(None, pl.Float64).alias("mem_peak_mib"),
+        ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA))  # type: ignore[arg-type]
 
     def _parts(self, attempts: pl.DataFrame, acc: pl.DataFrame, kind: str,
                partition: int | None = None) -> pl.DataFrame:
