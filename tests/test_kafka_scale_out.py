@@ -157,7 +157,8 @@ def test_taking_partition_0_reads_the_parts_from_its_sections_place(
     """An instance that did not own read past attempt parts without taking them; when it
     takes partition 0 it reads the parts topic again from where partition 0's section
     (the owner state) had read it, and from the start without a section. An owner that
-    lets another partition go saves partition 0's section first."""
+    lets another partition go saves partition 0's section first. (And the start sweeps
+    the temporary files of writers killed mid-write.)"""
     from kafka import KafkaProducer, TopicPartition
 
     settings = _settings(kafka)
@@ -169,9 +170,14 @@ def test_taking_partition_0_reads_the_parts_from_its_sections_place(
     producer.flush()
     producer.close()
     root = tmp_path / "wh"
+    dead = root / "state" / "own" / ".partition-p001.checkpoint.0123456789ab.tmp"
+    dead.parent.mkdir(parents=True)
+    dead.write_bytes(b"cut off")    # a writer killed mid-write, a day ago
+    os.utime(dead, (time.time() - 86400, time.time() - 86400))
     service = KafkaProcessorService(settings, ProcessorConfig(), root,
                                     ServiceOptions(group_id="own"))
     try:
+        assert not dead.exists()             # swept at the start
         tp, key = TopicPartition(parts, 0), (parts, 0)
         service.add_partition(1)             # not the owner: parts are read, not taken
         service._drain_globals(force=True)

@@ -124,6 +124,39 @@ def test_links_under_facts_are_not_followed_and_foreign_files_are_kept(tmp_path:
     assert important.exists() and mine.exists()
 
 
+def test_temporary_files_of_killed_writers_are_swept_by_compact(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A writer killed mid-write leaves its hidden temporary file (``.NAME.<12 hex>.tmp``:
+    facts, manifests, checkpoints); they piled up under a service killed at random.
+    ``compact`` deletes those untouched for an hour, and nothing else: a fresh one (a
+    write going on), a user's hidden files, a link, what lies behind a link."""
+    root = _published(tmp_path / "wh")
+    day = root / "facts" / "gpu_minute" / "date=2026-01-05"
+    day.mkdir(parents=True, exist_ok=True)
+    dead = [day / ".gpu_minute-x.parquet.0123456789ab.tmp",
+            root / "state" / "g" / ".partition-p000.checkpoint.4242aa4242aa.tmp"]
+    fresh = day / ".gpu_minute-y.parquet.ba9876543210.tmp"
+    kept = [fresh, root / ".my-notes.tmp", root / ".backup.2024.tmp",
+            day / ".x.0123456789ab.tmp.bak"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    behind = outside / ".other.0123456789ab.tmp"
+    for path in [*dead, *kept, behind]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+        if path is not fresh:
+            os.utime(path, (OLD, OLD))
+    (root / "facts" / "elsewhere").symlink_to(outside)
+    link = day / ".link.0123456789ab.tmp"
+    link.symlink_to(behind)
+    os.utime(link, (OLD, OLD), follow_symlinks=False)
+    assert main(["compact", "--force", "--warehouse", str(root)]) == 0
+    assert "deleted 2 temporary file(s) of writers killed mid-write" in capsys.readouterr().out
+    assert not any(p.exists() for p in dead)
+    assert all(p.exists() for p in kept) and behind.exists() and link.is_symlink()
+    assert open_store(root).sweep_temporary() == []
+
+
 def test_a_second_writer_of_a_unit_is_stopped_not_overwriting(tmp_path: Path) -> None:
     store = open_store(tmp_path / "wh")
     first, second = Publisher(store, retain_s=0), Publisher(store, retain_s=0)

@@ -70,11 +70,14 @@ def cmd_compact(args: argparse.Namespace) -> int:
                         warehouse.publisher.pending_retired()):
         store.delete(path)
         removed += 1
+    swept = store.sweep_temporary()
     warehouse.close()
     what = "no hourly files to compact" if before is None else \
         f"compacted {days} table-day(s) before {before.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
     print(f"{what} in {store.url}; removed {retired} object(s) replaced more than "
-          f"{config.warehouse.retain_s:g} s ago and {removed} object(s) no generation names")
+          f"{config.warehouse.retain_s:g} s ago and {removed} object(s) no generation names"
+          + (f"; deleted {len(swept)} temporary file(s) of writers killed mid-write"
+             if swept else ""))
     return 0
 
 
@@ -86,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "per table, day and partition (gpu_minute sorted by job, then minute), published "
         "atomically with the next generation; then delete the objects replaced more than "
         "warehouse.retain_s ago, and objects that no generation names and that are older "
-        "than warehouse.retain_s (uploads cut off by a crash). Run it "
+        "than warehouse.retain_s (uploads cut off by a crash), and in a local folder the temporary "
+        "files of writers killed mid-write (untouched for an hour). Run it "
         "on a warehouse written by ingest or import; a processor compacts its own days.")
     common(p)
     p.add_argument("--before", type=iso_time, default=None, metavar="TIME",

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -86,6 +87,12 @@ class StoreIOError(OSError, StoreError):
     """A read, write, listing or deletion of the store that failed (no permission, a file
     where a folder must be, a full disk, a refused request), with the path, in one line.
     Still an ``OSError``: what retries or reports I/O failures goes on doing so."""
+
+
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+"""A temporary file of :meth:`Store.write` (facts, manifests, checkpoints)."""
+TEMPORARY_AGE_S = 3600.0
+"""A temporary file this old is a dead writer's."""
 
 
 class StoreConflict(StoreError):
@@ -296,6 +303,32 @@ class Store:
                     continue  # a link or anything but a plain file
                 out.append(Entry(path[start:].replace(os.sep, "/"), st.st_size, st.st_mtime))
         return out
+
+    def sweep_temporary(self, older_than_s: float = TEMPORARY_AGE_S,
+                        now: float | None = None) -> builtins.list[str]:
+        """Delete the temporary files writers killed mid-write left in a local folder
+        (``.NAME.<12 hex>.tmp`` of :meth:`write`: facts, manifests, checkpoints) not
+        touched for ``older_than_s``: a write takes seconds, so none of them is still
+        being written. Links are neither followed nor deleted; an object
+        store has none (an object appears whole or not at all). The paths deleted."""
+        if self.remote or not os.path.isdir(self.base):
+            return []
+        now = time.time() if now is None else now
+        gone: builtins.list[str] = []
+        for folder, dirs, files in os.walk(self.base, followlinks=False):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+            for name in files:
+                if not _TEMPORARY.fullmatch(name):
+                    continue
+                path = os.path.join(folder, name)
+                try:
+                    st = os.lstat(path)
+                    if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= older_than_s:
+                        os.unlink(path)
+                        gone.append(path[len(self.base) + 1:].replace(os.sep, "/"))
+                except OSError:
+                    continue  # gone meanwhile, or not ours to delete: left as it is
+        return gone
 
     def check(self) -> None:
         """Reach the store once: a missing bucket, refused credentials or an endpoint

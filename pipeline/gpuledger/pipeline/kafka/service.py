@@ -294,6 +294,12 @@ class KafkaProcessorService:
         if gone:
             log.info("%d global checkpoint(s) of instances gone deleted (e.g. %s)",
                      len(gone), gone[0])
+        swept = shared.store.sweep_temporary()
+        if not state.url.startswith(shared.store.url.rstrip("/") + "/"):
+            swept += state.sweep_temporary()
+        if swept:
+            log.info("%d temporary file(s) of writers killed mid-write deleted (e.g. %s)",
+                     len(swept), swept[0])
         self.partition_time: dict[Key, datetime] = {}
         self.on_engine: list[Callable[[Processor], None]] = []
         """Called with the engine once (the exporter and the alert engine follow it)."""
