@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_sources import TinySource
@@ -61,6 +62,53 @@ def test_cycles_number_attribute_and_spool_contract_records(tmp_path: Path) -> N
     decoded = decode_jsonl(data, now=T0 + timedelta(minutes=1))
     assert decoded.rejects.height == 0
     assert decoded.frames["telemetry"].height == 12 and decoded.frames["inventory"].height == 1
+
+
+class GlitchingSource(TinySource):
+    """GPU 1 reports more memory used than it has, GPU 0's processes add up to more."""
+
+    def collect(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        records = super().collect(now)
+        records[1]["mem_used_mib"] = 99_000.0
+        records[0]["processes"] = [{"pid": 100, "used_mib": 60_000.0, "job_id": None},
+                                   {"pid": 101, "used_mib": 30_000.0, "job_id": None}]
+        return records
+
+
+def test_memory_readings_that_contradict_the_gpu_are_left_out(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A driver glitch: more memory used than the GPU has (81,559 MiB), or processes
+    adding up to more. The processor rejects such a sample whole, activity and all; the
+    agent leaves out the reading that cannot be right, keeps the rest, counts it and
+    warns once per field."""
+    agent = _agent(tmp_path / "spool", GlitchingSource(gpus=3), pool="train")
+    with caplog.at_level(logging.WARNING, logger="gpuledger.agent"):
+        for k in range(2):
+            agent.cycle(T0 + timedelta(seconds=10 * k))
+    samples = [r for topic, _, recs in _spooled(agent) if topic == TEL for r in recs]
+    assert len(samples) == 6
+    gpu0, gpu1 = samples[0], samples[1]
+    assert "mem_used_mib" not in gpu1 and gpu1["util_gpu"] == 10.0
+    assert gpu0["mem_used_mib"] == 4.0
+    assert [sorted(p) for p in gpu0["processes"]] == [["job_id", "pid"]] * 2
+    assert samples[2]["mem_used_mib"] == 4.0                     # GPU 2 untouched
+    assert agent.inconsistent_memory == 4                          # 2 readings × 2 cycles
+    warnings = [r.getMessage() for r in caplog.records if "omitted" in r.getMessage()]
+    assert len(warnings) == 2
+    assert "GPU 1: mem_used_mib omitted from the sample (99000 MiB used of 81559" in \
+        " ".join(warnings)
+    assert "GPU 0: the processes' used_mib omitted from the sample (processes' memory " \
+        "adds up to 90000 MiB of 81559" in " ".join(warnings)
+    data = b"".join(m.value for m in agent.spool.pending())       # type: ignore[union-attr]
+    decoded = decode_jsonl(data, now=T0 + timedelta(minutes=1))
+    assert decoded.rejects.height == 0 and decoded.frames["telemetry"].height == 6
+    from prometheus_client import generate_latest
+
+    from gpuledger.agent.metrics import registry_for
+
+    exported = generate_latest(registry_for(agent)).decode()
+    assert 'gpuledger_agent_source_series_skipped_total{reason="inconsistent_memory"} 4.0' \
+        in exported
 
 
 def test_inventory_again_when_it_changes(tmp_path: Path) -> None:

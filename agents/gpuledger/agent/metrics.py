@@ -70,7 +70,10 @@ class AgentCollector(Collector):
         skipped = CounterMetricFamily("gpuledger_agent_source_series_skipped",
                                       "Series of the source skipped as untrustworthy, by "
                                       "reason (never turned into GPUs).", labels=["reason"])
-        for reason, count in sorted(getattr(a.source, "skipped", {}).items()):
+        counts = dict(getattr(a.source, "skipped", {}))
+        if a.inconsistent_memory:
+            counts["inconsistent_memory"] = a.inconsistent_memory
+        for reason, count in sorted(counts.items()):
             skipped.add_metric([reason], count)
         yield skipped
         attribution = CounterMetricFamily("gpuledger_agent_attribution_errors",

@@ -36,6 +36,7 @@ from gpuledger.agent.inventory import (
     node_labels,
     with_labels,
 )
+from gpuledger.agent.memory_check import drop_inconsistent_memory
 from gpuledger.agent.sender import Sender
 from gpuledger.agent.spool import Message, Spool, _read_frames
 
@@ -162,6 +163,9 @@ class Agent:
         self._seq_saved = float("-inf")
         self.samples = 0
         self.collect_errors = 0
+        self.inconsistent_memory = 0
+        """Memory readings left out as more than the GPU has (``memory_check.py``)."""
+        self._memory_warned: set[str] = set()
         self.last_success = False
         self.last_duration_s = 0.0
         self.last_cycle_end: float | None = None
@@ -228,6 +232,7 @@ class Agent:
             self.last_success = False
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("collection from %s failed: %s", self.source_name, self.last_error)
+        self.inconsistent_memory += drop_inconsistent_memory(records, self._memory_warned)
         try:
             self.chain.apply(records)
         except Exception:
