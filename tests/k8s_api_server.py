@@ -35,7 +35,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 PATHS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods",
@@ -88,7 +88,46 @@ class Recording:
         return self.position >= len(self.script)
 
 
-class FakeApiServer:
+class _LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 (``url``) that hands each GET to ``_get``;
+    ``stopping`` is set when it stops."""
+
+    def _serve(self) -> None:
+        self.stopping = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server._get(self)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def _get(self, h: BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
+
+    def _wake(self) -> None:
+        """Let requests waiting inside the server see ``stopping``."""
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopping.set()
+        self._wake()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FakeApiServer(_LoopbackServer):
     """Serves recordings from ``folder``; ``requests`` logs (resource, kind, rv)."""
 
     def __init__(self, folder: Path, token: str | None = None) -> None:
@@ -101,33 +140,14 @@ class FakeApiServer:
         self.order = sorted(_rv(e) for r in self.recordings.values() for e in r.script
                             if "type" in e)
         self.requests: list[tuple[str, str, str]] = []
-        self.stopping = threading.Event()
-        server = self
+        self._serve()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def _get(self, h: BaseHTTPRequestHandler) -> None:
+        self._handle(h)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                server._handle(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> FakeApiServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stopping.set()
+    def _wake(self) -> None:
         with self.lock:
             self.lock.notify_all()
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     def final_versions(self) -> dict[str, str]:
         return {n: str(max([r.list_rv] + [_rv(e) for e in r.script if "type" in e]))
@@ -289,7 +309,7 @@ HOSTILE_NODE = {"metadata": {"name": "gpu-1", "uid": "u1", "resourceVersion": "5
                            "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-class HostileApiServer:
+class HostileApiServer(_LoopbackServer):
     """An API server that misbehaves as ``answer`` says (real HTTP on 127.0.0.1).
 
     ``answer(server, handler, path, watch, n)`` answers the ``n``-th request (from 0) of
@@ -301,42 +321,20 @@ class HostileApiServer:
     def __init__(self, answer: Any = None) -> None:
         self.answer = answer
         self.requests: list[tuple[str, bool]] = []
-        self.stopping = threading.Event()
         self.lock = threading.Lock()
-        server = self
+        self._serve()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                url = urlsplit(self.path)
-                watch = parse_qs(url.query).get("watch") == ["1"]
-                with server.lock:
-                    n = sum(1 for r in server.requests if r == (url.path, watch))
-                    server.requests.append((url.path, watch))
-                try:
-                    if server.answer is None or not server.answer(
-                            server, self, url.path, watch, n):
-                        server.default(self, url.path, watch)
-                except (BrokenPipeError, ConnectionError):
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> HostileApiServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stopping.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def _get(self, h: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(h.path)
+        watch = parse_qs(url.query).get("watch") == ["1"]
+        with self.lock:
+            n = sum(1 for r in self.requests if r == (url.path, watch))
+            self.requests.append((url.path, watch))
+        try:
+            if self.answer is None or not self.answer(self, h, url.path, watch, n):
+                self.default(h, url.path, watch)
+        except (BrokenPipeError, ConnectionError):
+            pass
 
     def count(self, path: str, watch: bool) -> int:
         with self.lock:

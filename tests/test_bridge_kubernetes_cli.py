@@ -174,7 +174,7 @@ def test_sigterm_while_the_start_list_trickles_in_exits_promptly(tmp_path: Path)
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0, err
-    assert elapsed < 3, elapsed
+    assert elapsed < 5, elapsed  # the list trickled on for 40 s before
     assert "Traceback" not in err and "stopped while listing" in err
 
 

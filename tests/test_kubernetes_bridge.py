@@ -413,6 +413,23 @@ def _inventory(out: Path) -> list[dict[str, Any]]:
     return [r for r in _records(out) if r["type"] == "inventory"]
 
 
+def _cordoned_through(answer: Any, tmp_path: Path) -> Bridge:
+    """Run a bridge against ``HostileApiServer(answer)`` until the node's cordon (its
+    second inventory record) comes out, then stop it."""
+    out = tmp_path / "out.jsonl"
+    with HostileApiServer(answer) as server:
+        config = _hostile_config(server.url, tmp_path / "state")
+        bridge = Bridge(config, ApiClient(connection(config)), FileSink(out))
+        running = _Running(bridge)
+        cordoned = running.wait(lambda: len(_inventory(out)) >= 2, 10)
+        bridge.stop()
+        running.thread.join(5)
+    assert running.error is None and not running.thread.is_alive()
+    assert cordoned, _inventory(out)
+    assert [r["schedulable"] for r in _inventory(out)] == [True, False]
+    return bridge
+
+
 def test_malformed_watch_events_are_counted_and_the_watch_goes_on(tmp_path: Path) -> None:
     """A ``null`` line and an event whose object is a list: each is one warning and a
     count, the watch resumes from the last good version and the next real change of
@@ -426,17 +443,7 @@ def test_malformed_watch_events_are_counted_and_the_watch_goes_on(tmp_path: Path
         server.stream(h, [line])
         return True
 
-    out = tmp_path / "out.jsonl"
-    with HostileApiServer(answer) as server:
-        config = _hostile_config(server.url, tmp_path / "state")
-        bridge = Bridge(config, ApiClient(connection(config)), FileSink(out))
-        running = _Running(bridge)
-        cordoned = running.wait(lambda: len(_inventory(out)) >= 2, 10)
-        bridge.stop()
-        running.thread.join(5)
-    assert running.error is None and not running.thread.is_alive()
-    assert cordoned, _inventory(out)
-    assert [r["schedulable"] for r in _inventory(out)] == [True, False]
+    bridge = _cordoned_through(answer, tmp_path)
     assert bridge.stats.malformed == {"nodes": 2}
     assert bridge.versions["nodes"] == "6"
 
@@ -464,16 +471,7 @@ def test_a_relist_cut_short_is_retried(tmp_path: Path) -> None:
             return True
         return False
 
-    out = tmp_path / "out.jsonl"
-    with HostileApiServer(answer) as server:
-        config = _hostile_config(server.url, tmp_path / "state")
-        bridge = Bridge(config, ApiClient(connection(config)), FileSink(out))
-        running = _Running(bridge)
-        relisted = running.wait(lambda: len(_inventory(out)) >= 2, 10)
-        bridge.stop()
-        running.thread.join(5)
-    assert running.error is None and relisted, _inventory(out)
-    assert [r["schedulable"] for r in _inventory(out)] == [True, False]
+    bridge = _cordoned_through(answer, tmp_path)
     assert bridge.stats.malformed == {"nodes": 1}
 
 
@@ -567,7 +565,7 @@ def test_a_trickled_list_hits_the_overall_deadline() -> None:
         thread, result = _list_in_thread(client)
         thread.join(5)
         elapsed = time.monotonic() - started
-    assert not thread.is_alive() and elapsed < 2.5, elapsed
+    assert not thread.is_alive() and elapsed < 5, elapsed  # 25 s without the deadline
     assert isinstance(result.get("error"), TimeoutError)
     assert str(result["error"]) == f"{NODES}: no complete answer within 1 s"
 
@@ -599,6 +597,6 @@ def test_stop_ends_a_slow_list_or_a_quiet_watch_at_once(tmp_path: Path, where: s
         bridge.stop()
         running.thread.join(10)
         elapsed = time.monotonic() - stopped
-    assert not running.thread.is_alive() and elapsed < 1.5, elapsed
+    assert not running.thread.is_alive() and elapsed < 5, elapsed  # 30 s or more before
     assert running.error is None
     assert len(_inventory(out)) == (1 if where == "watch" else 0)
