@@ -14,7 +14,8 @@ the file is read again before another id is taken for foreign). Each offset comm
 carries ``gpuledger <id> <unix time>`` as its metadata. Before each checkpoint, and at
 the start, the service reads the group's committed metadata of every telemetry
 partition: a commit by another deployment within ``window_s`` means another service is
-live in the group, and this one stops with the reason before it writes anything more.
+live in the group, and this one stops with the reason (at the start before it reads
+anything; at a checkpoint before it commits).
 An older commit by another deployment (a warehouse deleted and started again, a
 deployment since moved to its own group) is a warning only; this deployment's commits
 replace it. Commits without such metadata (other tools, earlier releases) are ignored.
