@@ -227,8 +227,14 @@ def test_the_service_refuses_bad_settings_before_it_waits_for_a_broker(
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--group", ""], "--group must not be empty"),
-    (["--instance-id", " "], "--instance-id must not be empty"),
+    (["--group", ""], "--group '': use 1 to 249 letters, digits"),
+    (["--instance-id", " "], "--instance-id ' ': use 1 to 249 letters, digits"),
+    # they name a checkpoint folder and file: never a path out of the state folder
+    (["--group", "../../etc"], "--group '../../etc': use 1 to 249 letters, digits, '.', "
+     "'_' and '-' (it names the group's checkpoint folder, <state>/<group>/)"),
+    (["--group", ".."], "--group '..': use"),
+    (["--instance-id", "a/b"], "--instance-id 'a/b': use 1 to 249 letters, digits, '.', "
+     "'_' and '-' (it names its checkpoint, global-<instance>.checkpoint)"),
     (["--session-timeout-ms", "99999999999"],
      "--session-timeout-ms must be at most 2,147,483,647, got 99999999999"),
 ])

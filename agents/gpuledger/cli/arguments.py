@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +68,19 @@ def nonempty(name: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not text.strip():
             raise argparse.ArgumentTypeError(f"{name} must not be empty")
+        return text
+    return parse
+
+
+def file_name_part(name: str, what: str) -> Callable[[str], str]:
+    """An argparse ``type`` for an id that also names a file or folder (a consumer group's
+    checkpoint folder, an instance's checkpoint): letters, digits, ``.``, ``_``, ``-``,
+    as Kafka's own topic names; never a path (``a/b``, ``..``)."""
+    def parse(text: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", text) or text in (".", ".."):
+            raise argparse.ArgumentTypeError(
+                f"{name} {text[:80]!r}: use 1 to 249 letters, digits, '.', '_' and '-' "
+                f"(it names {what})")
         return text
     return parse
 

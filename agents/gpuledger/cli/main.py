@@ -21,8 +21,8 @@ from typing import Any
 from gpuledger.cli.arguments import (
     INT32_MAX,
     SIMULATED_HOURS_MAX,
+    file_name_part,
     non_negative,
-    nonempty,
     positive,
     time_limit,
     warehouse_location,
@@ -580,10 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "checkpoints and commits.")
     kafka_args(p)
     common(p)
-    p.add_argument("--group", type=nonempty("--group"), default="gpuledger-processor",
+    p.add_argument("--group", type=file_name_part(
+                       "--group", "the group's checkpoint folder, <state>/<group>/"),
+                   default="gpuledger-processor",
                    help="consumer group id: one per deployment (warehouse); a group "
                    "another warehouse's service is live in is refused (docs/kafka.md)")
-    p.add_argument("--instance-id", type=nonempty("--instance-id"), default=None,
+    p.add_argument("--instance-id", type=file_name_part(
+                       "--instance-id", "its checkpoint, global-<instance>.checkpoint"),
+                   default=None,
                    help="static group membership id (a restarted instance keeps its "
                    "partitions without waiting for a rebalance)")
     p.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"),
