@@ -42,6 +42,8 @@ def test_commits_are_read_back_and_sorted_by_age() -> None:
               group_claim.parse(1, "gpuledger other 999000", now),
               group_claim.parse(2, "gpuledger other 999990", now)]
     assert [c.age_s for c in claims if c] == [30.0, 1000.0, 10.0]
+    # as librdkafka (the confluent client) stores it: with its C string's NUL
+    assert group_claim.parse(0, meta + "\x00", now) == claims[0]
     for foreign in ("", None, "something else", "gpuledger x", "gpuledger x y",
                     "gpuledger x 12 13", "other x 12"):
         assert group_claim.parse(3, foreign, now) is None

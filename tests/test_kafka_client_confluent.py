@@ -226,3 +226,30 @@ def test_sasl_scram_with_confluent_and_the_password_never_logged(
     assert password not in logs
     gm = read_table(tmp_path / "wh", "gpu_minute")
     assert gm.height > 0
+
+
+def test_a_group_shared_by_two_warehouses_is_refused_with_confluent(
+    kafka: Broker, tmp_path: Path,
+) -> None:
+    """The commits' deployment metadata through librdkafka, which stores it with its C
+    string's NUL: read back, it names the deployment, and a second warehouse in the group
+    is refused at its start, on either client (kafka-python saw the NUL, read the
+    metadata as no claim, and let the second warehouse in)."""
+    from gpuledger.pipeline.kafka.service import ServiceStartError
+
+    settings = _settings(kafka)
+    _publish(settings)
+    first = _process(settings, tmp_path / "first", group="shared")
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "shared"})
+    try:
+        got = c.committed([CTP(settings.topics.telemetry, 0)], timeout=30)
+    finally:
+        c.close()
+    assert (got[0].metadata or "").rstrip("\x00").split()[:2] == ["gpuledger",
+                                                                  first.deployment]
+    for client in ("confluent", "kafka-python"):
+        with pytest.raises(ServiceStartError,
+                           match=f"another deployment \\({first.deployment}, "):
+            KafkaProcessorService(dataclasses.replace(settings, client=client),
+                                  ProcessorConfig(), tmp_path / f"second-{client}",
+                                  ServiceOptions(group_id="shared"))

@@ -266,7 +266,8 @@ class ConfluentConsumer:
                                   timeout=timeout)
         if tp.offset < 0:
             return None
-        return Committed(int(tp.offset), tp.metadata or "") if metadata else int(tp.offset)
+        text = (tp.metadata or "").rstrip("\x00")  # librdkafka keeps the C string's NUL
+        return Committed(int(tp.offset), text) if metadata else int(tp.offset)
 
     def close(self, autocommit: bool = True) -> None:
         # enable.auto.commit is off: closing commits nothing, whatever ``autocommit`` says

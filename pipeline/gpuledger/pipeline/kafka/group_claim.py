@@ -62,8 +62,9 @@ class Claim:
 
 
 def parse(partition: int, metadata: str | None, now: float) -> Claim | None:
-    """The claim in a commit's metadata, or None when it is not one of ours."""
-    words = (metadata or "").split()
+    """The claim in a commit's metadata, or None when it is not one of ours. (librdkafka
+    stores the metadata with its C string's terminating NUL: it is not part of it.)"""
+    words = (metadata or "").rstrip("\x00").split()
     if len(words) != 3 or words[0] != PREFIX or not words[2].isdigit():
         return None
     return Claim(partition, words[1], max(0.0, now - int(words[2])))

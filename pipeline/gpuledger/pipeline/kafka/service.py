@@ -35,6 +35,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -242,7 +243,13 @@ class KafkaProcessorService:
                              for topic in (t.jobs, t.inventory, t.attempt_parts)
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
         self.globals.assign(self.global_parts)
-        self._finish_init(shared, config, settings, now)
+        try:
+            self._finish_init(shared, config, settings, now)
+        except BaseException:   # refused at the start: the clients' threads end too
+            for client in (self.telemetry, self.globals):
+                with contextlib.suppress(Exception):
+                    client.close(autocommit=False)
+            raise
 
     def _connect(self, settings: KafkaSettings, o: ServiceOptions) -> None:
         """The two consumers, and the number of telemetry partitions
