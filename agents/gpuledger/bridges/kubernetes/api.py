@@ -246,10 +246,11 @@ class ApiClient:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
-        if self._stopping():
-            raise Stopped(path)
         with self._lock:
             self._live.add(conn)
+        if self._stopping():  # after the add: a stop from now on cuts this one too
+            self._close(conn)
+            raise Stopped(path)
         try:
             conn.request("GET", f"{self._prefix}{path}?{query}", headers=headers)
             resp = conn.getresponse()
