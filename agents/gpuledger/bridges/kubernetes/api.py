@@ -248,11 +248,10 @@ class ApiClient:
         query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
         with self._lock:
             self._live.add(conn)
-        if self._stopping():  # after the add: a stop from now on cuts this one too
-            self._close(conn)
-            raise Stopped(path)
         try:
             conn.request("GET", f"{self._prefix}{path}?{query}", headers=headers)
+            if self._stopping():  # connected and listed: a stop from now on cuts it
+                raise Stopped(path)
             resp = conn.getresponse()
         except BaseException:
             self._close(conn)
