@@ -227,14 +227,17 @@ def test_the_service_refuses_bad_settings_before_it_waits_for_a_broker(
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--group", ""], "--group '': use 1 to 249 letters, digits"),
-    (["--instance-id", " "], "--instance-id ' ': use 1 to 249 letters, digits"),
+    (["--group", ""], "--group '': not a name a file can have"),
+    (["--instance-id", " "], "--instance-id ' ': not a name a file can have"),
     # they name a checkpoint folder and file: never a path out of the state folder
-    (["--group", "../../etc"], "--group '../../etc': use 1 to 249 letters, digits, '.', "
-     "'_' and '-' (it names the group's checkpoint folder, <state>/<group>/)"),
-    (["--group", ".."], "--group '..': use"),
-    (["--instance-id", "a/b"], "--instance-id 'a/b': use 1 to 249 letters, digits, '.', "
-     "'_' and '-' (it names its checkpoint, global-<instance>.checkpoint)"),
+    (["--group", "../../etc"], "--group '../../etc': not a name a file can have: 1 to 249 "
+     "printable characters, no '/' or '\\', not '.' or '..' (it names the group's "
+     "checkpoint folder, <state>/<group>/)"),
+    (["--group", ".."], "--group '..': not a name a file can have"),
+    (["--group", "a\nb"], "--group 'a\\nb': not a name a file can have"),
+    (["--instance-id", "a/b"], "--instance-id 'a/b': not a name a file can have: 1 to 249 "
+     "printable characters, no '/' or '\\', not '.' or '..' (it names its checkpoint, "
+     "global-<instance>.checkpoint)"),
     (["--session-timeout-ms", "99999999999"],
      "--session-timeout-ms must be at most 2,147,483,647, got 99999999999"),
 ])
@@ -399,3 +402,13 @@ def test_kafka_client_errors_are_logged_in_one_line() -> None:
     ours = logging.LogRecord("gpuledger.kafka.service", logging.ERROR, __file__, 1, "x",
                              None, exc_info)
     assert _client_errors_in_one_line(ours) and ours.exc_info is exc_info
+
+
+def test_group_and_instance_ids_kafka_allows_stay_allowed() -> None:
+    """Ids in use keep working: only a path (or no name) is refused."""
+    from gpuledger.cli.arguments import file_name_part
+
+    parse = file_name_part("--group", "the group's checkpoint folder")
+    for text in ("gpuledger-processor", "team:gpu ledger", "prod.eu_1", "h100-node-7.example",
+                 "é" * 10, "x" * 249):
+        assert parse(text) == text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,13 +73,14 @@ def nonempty(name: str) -> Callable[[str], str]:
 
 def file_name_part(name: str, what: str) -> Callable[[str], str]:
     """An argparse ``type`` for an id that also names a file or folder (a consumer group's
-    checkpoint folder, an instance's checkpoint): letters, digits, ``.``, ``_``, ``-``,
-    as Kafka's own topic names; never a path (``a/b``, ``..``)."""
+    checkpoint folder, an instance's checkpoint): any text a file name can hold, never a
+    path (``a/b``, ``..``) nor blank or with control characters."""
     def parse(text: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", text) or text in (".", ".."):
+        if (not text.strip() or text in (".", "..") or len(text) > 249
+                or any(c in "/\\" or not c.isprintable() for c in text)):
             raise argparse.ArgumentTypeError(
-                f"{name} {text[:80]!r}: use 1 to 249 letters, digits, '.', '_' and '-' "
-                f"(it names {what})")
+                f"{name} {text[:80]!r}: not a name a file can have: 1 to 249 printable "
+                f"characters, no '/' or '\\', not '.' or '..' (it names {what})")
         return text
     return parse
 
