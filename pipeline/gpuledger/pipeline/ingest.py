@@ -430,11 +430,12 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
         if kind == "telemetry":
             outside = outside | before
         elif not frame.is_empty():
-            first = frame.filter(before).select(pl.col("time").min()).item()
-            if first is not None:
+            early_rows = frame.filter(before)
+            if early_rows.height:
+                first = early_rows["time"].min()
                 log.warning("%s %s record(s) come %.1f days before the bulk of the input "
                             "(1st percentile %s): the facts cover the time between",
-                            frame.filter(before).height, kind, (lo - first).total_seconds()
+                            early_rows.height, kind, (lo - first).total_seconds()
                             / 86400, f"{lo:%Y-%m-%d %H:%M} UTC")
         bad = frame.filter(outside)
         kept[kind] = frame.filter(~outside) if not bad.is_empty() else frame

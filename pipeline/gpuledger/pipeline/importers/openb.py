@@ -55,6 +55,7 @@ import polars as pl
 
 from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer
 from gpuledger.pipeline.columns import conform
+from gpuledger.pipeline.config import Windows
 from gpuledger.pipeline.validate import MIN_TIME
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,9 @@ DEFAULT_GPU_MEMORY_MIB = 16_384.0
 PRIORITY = {"Guaranteed": 100, "LS": 90, "Burstable": 50, "BE": 10}
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 POOL = "openb"
-MAX_FUTURE_S = 3600.0
-"""How far past now an imported event may be (``validate``'s default ``max_future_s``,
-which history imports use): later ones are rejected."""
+MAX_FUTURE_S = float(Windows().max_future_s)
+"""How far past now an imported event may be (the default ``windows.max_future_s``, which
+history imports use): later ones are rejected."""
 MINUTE_SLACK_S = 0.01
 """A window bound this close to a whole minute is that minute (decimal hours cannot
 spell most minutes exactly: 1 min = 0.0166... h)."""

@@ -489,11 +489,8 @@ class KafkaProcessorService:
                     "their start to rebuild them", partition, topics.telemetry,
                     self.engine.pruned_to)
         held = sorted(self.engine.held - {partition})
-        globals_ = {k: v for k, v in self.offsets.items() if k[0] != topics.telemetry}
         for p in held:
-            tele = (topics.telemetry, p)
-            own = {tele: self.offsets[tele]} if tele in self.offsets else {}
-            self.store.save_partition(self.engine, p, {**own, **globals_})
+            self.store.save_partition(self.engine, p, self._section_offsets(p))
         started = self.engine.started
         self.engine.reset()
         self.engine.started = started
