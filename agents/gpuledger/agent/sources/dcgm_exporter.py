@@ -23,14 +23,10 @@ a page larger than :data:`MAX_PAGE_BYTES` is refused.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import logging
 import math
 import re
-import socket
-import threading
-import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,6 +39,7 @@ import yaml
 from gpuledger.agent.attribution import job_id_problem
 from gpuledger.agent.sources.card_types import card_type_of
 from gpuledger.agent.sources.nvml import reading_problem
+from gpuledger.deadline import RequestDeadline
 
 log = logging.getLogger("gpuledger.agent.dcgm_exporter")
 
@@ -163,7 +160,7 @@ class DcgmExporterSource:
     def scrape(self) -> str:
         """The exporter's page, read within ``timeout_s`` in all and at most
         :data:`MAX_PAGE_BYTES` long (:class:`ScrapeError` otherwise)."""
-        watch = _Deadline(self.timeout_s)
+        watch = RequestDeadline(self.timeout_s)
         got = 0
         chunks: list[bytes] = []
         try:
@@ -328,54 +325,7 @@ def _timeout(url: str, timeout_s: float, got: int) -> ScrapeError:
                        f"dcgm_exporter.timeout_s = {timeout_s:g} s ({got} bytes read)")
 
 
-class _Deadline:
-    """A deadline over one request: at expiry the request's sockets are shut down, so
-    that a blocked read returns at once however slowly the peer trickles bytes."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-        self.expired = False
-        self._done = False
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def remaining(self) -> float:
-        return max(self.end - time.monotonic(), 0.0)
-
-    def add(self, sock: socket.socket | None) -> None:
-        if sock is None:
-            return
-        with self._lock:
-            if self.expired:
-                _shut(sock)
-            elif not self._done:
-                self._sockets.append(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self.expired = True
-            for sock in self._sockets:
-                _shut(sock)
-
-    def finish(self) -> None:
-        with self._lock:
-            self._done = True
-            self._sockets.clear()
-        self._timer.cancel()
-
-
-def _shut(sock: socket.socket) -> None:
-    # socket.socket's own shutdown, also for an SSL socket (its TLS state is left alone)
-    with contextlib.suppress(OSError):
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-
-def _opener(watch: _Deadline) -> urllib.request.OpenerDirector:
+def _opener(watch: RequestDeadline) -> urllib.request.OpenerDirector:
     """urllib (proxies, redirects, HTTPS as before) whose connections join ``watch``."""
 
     class Http(http.client.HTTPConnection):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from gpuledger.deadline import RequestDeadline, shut_socket
 from gpuledger.http_url import http_url_problem
 from gpuledger.yaml_file import NotUtf8Error, YamlFileError, read_text
 
@@ -228,7 +228,7 @@ class ApiClient:
         with self._lock:
             live = list(self._live)
         for conn in live:
-            _cut(conn)
+            shut_socket(conn.sock)
 
     def _stopping(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -278,30 +278,23 @@ class ApiClient:
         :class:`Stopped` when cut by :meth:`abort`."""
         timeout = self.request_timeout_s
         conn, resp = self._request(path, params, timeout)
-        late = threading.Event()
-
-        def expire() -> None:
-            late.set()
-            _cut(conn)
-
-        timer = threading.Timer(timeout, expire)
-        timer.daemon = True
-        timer.start()
+        watch = RequestDeadline(timeout)
+        watch.add(conn.sock)
         try:
             body = resp.read()
         except (http.client.IncompleteRead, OSError) as exc:
             if self._stopping():
                 raise Stopped(path) from None
-            if late.is_set() or isinstance(exc, TimeoutError):
+            if watch.expired or isinstance(exc, TimeoutError):
                 raise TimeoutError(f"{path}: no complete answer within {timeout:g} s"
                                    ) from None
             raise MalformedResponse(f"{path}: the answer was cut short ({exc!r})") from None
         finally:
-            timer.cancel()
+            watch.finish()
             self._close(conn)
         if self._stopping():
             raise Stopped(path)
-        if late.is_set():
+        if watch.expired:
             raise TimeoutError(f"{path}: no complete answer within {timeout:g} s")
         return body
 
@@ -357,14 +350,3 @@ class ApiClient:
                 yield kind, obj
         finally:
             self._close(conn)
-
-
-def _cut(conn: http.client.HTTPConnection) -> None:
-    """End the reads of ``conn`` from another thread (a blocked read returns at once)."""
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-

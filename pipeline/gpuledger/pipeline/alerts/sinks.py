@@ -11,13 +11,13 @@ import contextlib
 import http.client
 import json
 import logging
-import socket
 import threading
 import time
 import urllib.parse
 from collections import deque
 from typing import Any, Protocol
 
+from gpuledger.deadline import shut_socket
 from gpuledger.http_url import http_url_problem
 from gpuledger.pipeline.alerts.model import Alert
 
@@ -370,7 +370,4 @@ class WebhookSink:
 
 def _shut(connection: http.client.HTTPConnection, late: threading.Event) -> None:
     late.set()
-    sock = connection.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+    shut_socket(connection.sock)
