@@ -17,6 +17,7 @@ from gpuledger.pipeline.demo import run_demo
 from gpuledger.pipeline.ingest import ingest, telemetry_slice
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+from gpuledger.pipeline.warehouse import Warehouse
 
 SPARSE = ("blocked_minute", "preemptions", "candidates", "recommendations",
           "pending_minute")
@@ -119,3 +120,40 @@ def test_a_damaged_ingest_state_is_said_and_the_input_processed_afresh(
     again = ingest(files, tmp_path / "wh", ProcessorConfig())
     assert again.continued_from is None
     assert "the state an earlier release left cannot be read" in caplog.text
+
+
+def test_the_end_of_the_input_closes_the_last_batch_in_one_pass_with_the_same_facts(
+        tmp_path: Path) -> None:
+    """The demo and ingest leave the last batch's minutes to the flush (``close=False``):
+    one close pass where there were two (the batch's, then a few minutes the lateness had
+    kept open), and the facts of closing every batch as it comes."""
+    sim = SimConfig(hours=2, seed=7, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    batches = list(simulate(sim))
+    passes, minutes = {}, {}
+    for name, close_last in (("each", True), ("last", False)):
+        proc = Processor(ProcessorConfig(), Warehouse(tmp_path / name))
+        for i, batch in enumerate(batches):
+            proc.process(batch, close=close_last or i < len(batches) - 1)
+        proc.flush()
+        passes[name] = proc.counters.close_passes
+        minutes[name] = proc.counters.minutes_closed
+    assert minutes["last"] == minutes["each"] > 100
+    # the last batch (10 minutes) and the lateness's 2 minutes before it: one pass, not two
+    assert passes["last"] == passes["each"] - 1
+    assert_same_facts(tmp_path / "each", tmp_path / "last")
+
+
+def test_a_close_step_takes_a_short_tail_with_it(tmp_path: Path) -> None:
+    """Closing 63 minutes of telemetry (an hourly batch closed to the lateness, then the
+    end of input) is one step: a step of 3 minutes on its own would cost a whole pass."""
+    sim = SimConfig(hours=2, seed=3, sample_interval_s=60, cluster=parse_cluster(SMALL))
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "w"))
+    frames = list(simulate(sim))
+    for batch in frames:
+        proc.process(batch, close=False)
+    assert proc.closed_until is not None
+    start = proc.closed_until
+    proc.close_until(start + timedelta(minutes=63))
+    assert proc.counters.close_passes == 1
+    proc.close_until(start + timedelta(minutes=63 + 75))   # 75 minutes: an hour, then 15
+    assert proc.counters.close_passes == 3

@@ -41,10 +41,18 @@ def run_demo(
     done = 0.0
     pending_minutes, pending_samples = 0, 0
 
-    def drain() -> None:
+    def drain(last: bool = False) -> None:
+        """Hand the bus's batches to the processor; ``last``: the end of the input
+        follows, which closes the last batch's minutes (one close pass, not two)."""
         bus.end_batch()
+        held = None
         for consumed in bus.batches():
-            processor.process(consumed)
+            if held is not None:
+                processor.process(held)
+                bus.commit()
+            held = consumed
+        if held is not None:
+            processor.process(held, close=not last)
             bus.commit()
 
     for batch in simulate(sim):
@@ -57,10 +65,10 @@ def run_demo(
         done += sim.chunk_minutes
         if (pending_samples >= SLICE_SAMPLES or done >= total_minutes
                 or pending_minutes * 60 >= LONGEST_SLICE.total_seconds()):
-            drain()
+            drain(last=done >= total_minutes)
             pending_minutes, pending_samples = 0, 0
         if on_progress is not None:
             on_progress(min(done / total_minutes, 1.0))
-    drain()  # whatever a simulator past its hours left
+    drain(last=True)  # whatever a simulator past its hours left
     processor.flush()
     return DemoResult(processor.counters, bus.published_bytes)

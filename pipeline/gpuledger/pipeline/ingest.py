@@ -386,7 +386,8 @@ def feed_in_time_order(
             if stop > offsets[kind]:
                 batch[kind] = frame.slice(offsets[kind], stop - offsets[kind])
                 offsets[kind] = stop
-        processor.process(batch, validated=True)
+        # the last slice's minutes are closed by the flush below, in the same pass
+        processor.process(batch, validated=True, close=end <= last)
         start = end
         if on_progress is not None:
             on_progress(min((start - first).total_seconds() / total, 1.0))

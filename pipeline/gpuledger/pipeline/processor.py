@@ -98,6 +98,11 @@ DENSE_STEP = timedelta(hours=1)
 """The longest close step while telemetry is buffered (its samples are held in memory)."""
 SPARSE_STEP = timedelta(hours=24)
 """The longest close step of a history without telemetry (no samples are held)."""
+DENSE_TAIL = timedelta(minutes=15)
+"""A close step with telemetry takes the minutes after it too when fewer than this would
+be left for a step of their own (the end of an input an hour after where the last batch
+closed, which the lateness left 2–3 minutes short of the hour: one pass, not a second one
+for three minutes)."""
 
 HourKey = tuple[str, datetime, int]
 
@@ -331,13 +336,17 @@ class Processor:
     # -- input ---------------------------------------------------------------------
 
     def process(self, batch: Batch, validated: bool = False,
-                event_time_limit: datetime | None = None, behind: bool = False) -> None:
+                event_time_limit: datetime | None = None, behind: bool = False,
+                close: bool = True) -> None:
         """Take one micro-batch; close every minute the watermark has passed.
 
         ``event_time_limit`` caps the watermark: a transport reading several partitions
         passes a bound of the event times still unread in them, so that a partition
         read ahead of the others cannot make the others' samples late. ``behind``: more
-        input is already waiting (see :meth:`advance`).
+        input is already waiting (see :meth:`advance`). ``close`` off: the end of the
+        input follows (:meth:`flush`), which closes this batch's minutes with the rest
+        in one pass instead of two (a close pass has a fixed cost); the facts are the
+        same either way.
         """
         self.counters.batches += 1
         frames: dict[RecordType, pl.DataFrame] = {}
@@ -356,7 +365,8 @@ class Processor:
             if not good.is_empty():
                 frames[record_type] = good
         self._ingest(frames, behind)
-        self.advance(event_time_limit, behind)
+        if close:
+            self.advance(event_time_limit, behind)
 
     def add_rejects(self, rejects: pl.DataFrame, partition: int = 0) -> None:
         """Record rejects found before the processor (e.g. by the JSON decoder)."""
@@ -734,14 +744,17 @@ class Processor:
 
     def close_until(self, end: datetime) -> None:
         """Close all minutes before ``end`` in every partition held, in steps: while
-        telemetry is buffered, at most an hour from where the last step ended (a step has
-        a fixed cost: an hourly batch whose watermark is past a whole hour closes in one
-        step, not two); without telemetry, up to a day from the hour it starts in."""
+        telemetry is buffered, at most an hour from where the last step ended, or the rest
+        if less than ``DENSE_TAIL`` would be left (a step has a fixed cost: an hourly batch
+        whose watermark is past a whole hour closes in one step, not two); without
+        telemetry, up to a day from the hour it starts in."""
         closed = self.closed_until
         assert closed is not None
         while closed < end:
             if self.tel_parts:
                 step_end = min(end, closed + DENSE_STEP)
+                if end - step_end < DENSE_TAIL:
+                    step_end = end
             else:
                 step_end = min(end, _floor_hour(closed) + SPARSE_STEP)
             self._close(closed, step_end)

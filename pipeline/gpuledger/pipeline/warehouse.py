@@ -496,6 +496,9 @@ class Warehouse:
 
     def _write_catalog(self) -> None:
         with self._catalog_lock:
+            # the interval counts from any build (a service's build at its start too:
+            # its first commit then does not build the catalog again at once)
+            self._catalog_at = time.monotonic()
             self._build_catalog()
 
     def _build_catalog(self) -> None:
