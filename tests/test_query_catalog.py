@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from events import alloc, at, frames, inventory, job, series
 
-from gpuledger.pipeline import query
+from gpuledger.pipeline import query, warehouse
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
@@ -130,3 +130,27 @@ def test_a_stale_unmarked_or_broken_catalog_is_not_used(
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 4
     assert not built[-1].exists()                   # the reader's own copy went with it
+
+
+def test_a_run_shorter_than_the_catalog_interval_builds_the_catalog_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catalog is rebuilt at most every ``warehouse.catalog_interval_s`` while a run
+    commits, counted from when the warehouse opened, and at the end: a run of a few
+    seconds builds it once (its first commit built it, then its end again)."""
+    built: list[Path] = []
+    real: Callable[..., None] = warehouse.build_views
+
+    def counted(path: Path, *args: Any) -> None:
+        built.append(path)
+        real(path, *args)
+
+    monkeypatch.setattr(warehouse, "build_views", counted)
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
+    proc.process(frames([inventory("n1", at(0), gpus=2), *_job("a", 0),
+                         *series("n1", 0, at(0), 5, sm=0.5)]), validated=True)
+    proc.process(frames([*series("n1", 0, at(30), 5, sm=0.5)]), validated=True)
+    assert proc.warehouse.publisher.manifests            # a step was committed
+    assert built == []
+    proc.flush()
+    assert len(built) == 1
+    assert query.run(tmp_path / "wh", JOBS)[1] == [("a", pytest.approx(5 / 60))]

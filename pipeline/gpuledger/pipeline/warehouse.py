@@ -108,7 +108,10 @@ class Warehouse:
         self.publisher = Publisher(self.store, self.options.retain_s)
         self.publisher.after_commit.append(self._after_commit)
         self._schemas: set[str] = set()
-        self._catalog_at = 0.0
+        self._catalog_at = time.monotonic()
+        """When the catalog was last built, or the warehouse opened: the first commits'
+        rebuild waits ``catalog_interval_s`` too (a run shorter than that builds it once,
+        at its end; it was built twice)."""
         self._catalog_wanted = False
         self._catalog_lock = threading.Lock()
         self.release_memory = PeriodicRelease()
