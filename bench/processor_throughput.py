@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from gpuledger.pipeline.bus import EmbeddedBus, decode_message
+from gpuledger.pipeline.bus import EmbeddedBus, decode_message, marking_last
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
@@ -73,13 +73,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc = Processor(ProcessorConfig(), Warehouse(Path(tmp)))
         c0, w0 = time.process_time(), time.perf_counter()
-        held = None
-        for batch in bus.batches():  # as the demo and ingest hand them over: the last
-            if held is not None:     # batch's minutes are closed by the flush, in one pass
-                proc.process(held)
-            held = batch
-        if held is not None:
-            proc.process(held, close=False)
+        # as the demo and ingest hand batches over: the last one's minutes are closed by
+        # the flush, in one pass
+        for batch, last in marking_last(bus.batches()):
+            proc.process(batch, close=not last)
         proc.flush()
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
 

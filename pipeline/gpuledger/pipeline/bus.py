@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
 import polars as pl
@@ -36,6 +36,19 @@ class Source(Protocol):
     def commit(self) -> None:
         """Everything yielded so far is durable downstream; never replay it."""
         ...
+
+
+def marking_last(batches: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
+    """Each batch with whether it is the last one (the next is read ahead): the last
+    batch before the end of an input is handed over with ``close=False``, so that the
+    flush after it closes its minutes in the same pass (``Processor.process``)."""
+    held: Batch | None = None
+    for batch in batches:
+        if held is not None:
+            yield held, False
+        held = batch
+    if held is not None:
+        yield held, True
 
 
 def decode_message(data: bytes) -> pl.DataFrame:

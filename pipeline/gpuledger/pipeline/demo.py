@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuledger.pipeline.bus import EmbeddedBus
+from gpuledger.pipeline.bus import EmbeddedBus, marking_last
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.ingest import LONGEST_SLICE, SLICE_SAMPLES
@@ -45,14 +45,8 @@ def run_demo(
         """Hand the bus's batches to the processor; ``last``: the end of the input
         follows, which closes the last batch's minutes (one close pass, not two)."""
         bus.end_batch()
-        held = None
-        for consumed in bus.batches():
-            if held is not None:
-                processor.process(held)
-                bus.commit()
-            held = consumed
-        if held is not None:
-            processor.process(held, close=not last)
+        for consumed, final in marking_last(bus.batches()):
+            processor.process(consumed, close=not (last and final))
             bus.commit()
 
     for batch in simulate(sim):
