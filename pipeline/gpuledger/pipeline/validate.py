@@ -174,19 +174,37 @@ def parse_rfc3339(strings: pl.Series) -> pl.Series:
     )
 
 
+SHOWN_MS = 8_000_000_000_000_000
+"""Times are written as dates within this many ms of 1970 (about ±253,000 years: the
+calendar's range); beyond it, which only raw Arrow input can hold, as the number."""
+
+
+def _raw_ms(expr: pl.Expr) -> pl.Expr:
+    return expr.cast(pl.Int64).cast(pl.String) + pl.lit(" ms since 1970-01-01")
+
+
+def _showable(expr: pl.Expr) -> pl.Expr:
+    """``expr`` where a date can be written for it, else null (formatting a time beyond
+    the calendar's range panicked)."""
+    return pl.when(expr.cast(pl.Int64).is_between(-SHOWN_MS, SHOWN_MS)).then(expr)
+
+
 def format_time(expr: pl.Expr) -> pl.Expr:
     """Render a ``Datetime("ms", "UTC")`` expression as contract text,
-    ``2026-01-05T00:00:10.000Z``."""
-    return expr.dt.convert_time_zone("UTC").dt.strftime("%Y-%m-%dT%H:%M:%S%.3fZ")
+    ``2026-01-05T00:00:10.000Z`` (a time beyond the calendar's range as its number)."""
+    return pl.coalesce(
+        _showable(expr).dt.convert_time_zone("UTC").dt.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"),
+        _raw_ms(expr))
 
 
 def _short_time(expr: pl.Expr) -> pl.Expr:
     """A time for reasons: milliseconds only when non-zero."""
-    return (
-        pl.when(expr.dt.millisecond() == 0)
-        .then(expr.dt.strftime("%Y-%m-%dT%H:%M:%SZ"))
-        .otherwise(expr.dt.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"))
-    )
+    shown = _showable(expr)
+    return pl.coalesce(
+        pl.when(shown.dt.millisecond() == 0)
+        .then(shown.dt.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        .otherwise(shown.dt.strftime("%Y-%m-%dT%H:%M:%S%.3fZ")),
+        _raw_ms(expr))
 
 
 def _fmt_number(x: float) -> str:

@@ -36,7 +36,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import signal
@@ -65,6 +64,7 @@ from gpuledger.pipeline.kafka.wire import (
     decode,
     ipc_stream,
     message_reject,
+    read_frame,
 )
 from gpuledger.pipeline.memory import rss_bytes, tune_allocator
 from gpuledger.pipeline.partitions import Partitioning
@@ -860,7 +860,7 @@ class KafkaProcessorService:
         if not m.value:
             return None
         try:
-            return conform_parts(pl.read_ipc_stream(io.BytesIO(m.value)))
+            return conform_parts(read_frame(m.value))
         except (Exception, PanicException) as exc:
             reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() \
                 else type(exc).__name__
