@@ -6,9 +6,11 @@ allow-list that refuses any callable a checkpoint does not hold before it runs."
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
+import random
 import struct
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,36 @@ def test_a_frame_that_is_not_an_arrow_stream_is_refused(tmp_path: Path) -> None:
                                   "state": {"$": "frame", "i": 0}}, [b"PAR1 not arrow"]))
     with pytest.raises(CheckpointError, match=r"frame 0 is not an Arrow IPC stream"):
         checkpoint._read(path)
+
+
+def test_damaged_frames_of_a_crafted_state_file_are_refused_never_a_crash(
+        tmp_path: Path) -> None:
+    """A frame's bytes damaged under a correct SHA-256 (a crafted file): refused in one
+    line, or read; Polars' IPC reader had aborted the process on some (an allocation of
+    petabytes asked for by a damaged length), which no ``except`` catches."""
+    n = 40
+    frame = pl.DataFrame({"job_id": [f"job-{i}-with-a-long-name" for i in range(n)],
+                          "x": list(range(n))})
+    sink = io.BytesIO()
+    frame.write_ipc_stream(sink, compression="uncompressed")
+    good = sink.getvalue()
+    doc = {"version": checkpoint.VERSION, "state": {"$": "frame", "i": 0}}
+    path = tmp_path / "engine.checkpoint"
+    path.write_bytes(_state_file(doc, [good]))
+    assert checkpoint._read(path)["state"].equals(frame)
+    rng = random.Random(1)
+    refused = 0
+    for _ in range(400):
+        damaged = bytearray(good)
+        for _ in range(rng.randint(1, 8)):
+            damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+        path.write_bytes(_state_file(doc, [bytes(damaged)]))
+        try:
+            checkpoint._read(path)["state"].to_dicts()
+        except CheckpointError as exc:
+            refused += 1
+            assert "frame 0 is not an Arrow IPC stream" in str(exc)
+    assert refused > 200
 
 
 def test_junk_is_not_taken_for_a_checkpoint(tmp_path: Path) -> None:

@@ -312,3 +312,42 @@ def test_a_group_shared_by_two_warehouses_is_refused(
     assert "holds commits of another deployment (feedface, partition 0" in old.stderr
     assert "not live (none within 120 s)" in old.stderr
     assert_same_facts(tmp_path / "third", reference, SPARSE)
+
+
+def test_an_instance_whose_id_write_did_not_stand_commits_with_the_one_that_did(
+    kafka: Broker, reference: Path, tmp_path: Path,  # noqa: F811
+) -> None:
+    """Two instances of one deployment starting in the same instant may both write
+    ``deployment.id`` to a bucket, each reading its own back; the last write stands. The
+    instance whose write did not must commit with the id that stood: it had committed
+    with its own, and the other instance then refused the group as another deployment's
+    (a test of two instances on one bucket failed so, now and then). Here the file is
+    changed under a running instance, as the other's late write would: its commits carry
+    the new id, and the deployment's next run is not refused."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    settings = _settings(kafka)
+    _publish(settings)
+    root = tmp_path / "wh"
+    cmd = _process_cmd(kafka, settings, root, "race", "--exit-when-idle", "4",
+                       "--no-alerts")
+    log = tmp_path / "first.log"
+    proc = _start(cmd, log)
+    _wait_for(log, "from the start")
+    id_file = root / "state" / "race" / "deployment.id"
+    assert id_file.read_text().strip() != "feedfacecafe0001"
+    id_file.write_text("feedfacecafe0001\n")     # the other instance's write stands
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id="race",
+                             enable_auto_commit=False)
+    try:
+        metadata = [consumer.committed(TopicPartition(settings.topics.telemetry, p),
+                                       metadata=True)
+                    for p in sorted(consumer.partitions_for_topic(settings.topics.telemetry))]
+    finally:
+        consumer.close()
+    assert metadata and all(m is not None and m.metadata.startswith(
+        "gpuledger feedfacecafe0001 ") for m in metadata), metadata
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_same_facts(root, reference, SPARSE)

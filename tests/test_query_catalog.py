@@ -33,16 +33,17 @@ def _job(name: str, start: int) -> list[Any]:
             job("finished", name, at(start + 5))]
 
 
-def _builds(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """The views databases that ``query.connect`` builds itself, from now on."""
+def _builds(monkeypatch: pytest.MonkeyPatch, where: Any = query) -> list[Path]:
+    """The views databases that ``query.connect`` (``where``: or the warehouse's
+    catalog) builds, from now on."""
     built: list[Path] = []
-    real: Callable[..., None] = query.build_views
+    real: Callable[..., None] = where.build_views
 
     def counted(path: Path, *args: Any) -> None:
         built.append(path)
         real(path, *args)
 
-    monkeypatch.setattr(query, "build_views", counted)
+    monkeypatch.setattr(where, "build_views", counted)
     return built
 
 
@@ -137,14 +138,7 @@ def test_a_run_shorter_than_the_catalog_interval_builds_the_catalog_once(
     """The catalog is rebuilt at most every ``warehouse.catalog_interval_s`` while a run
     commits, counted from when the warehouse opened, and at the end: a run of a few
     seconds builds it once (its first commit built it, then its end again)."""
-    built: list[Path] = []
-    real: Callable[..., None] = warehouse.build_views
-
-    def counted(path: Path, *args: Any) -> None:
-        built.append(path)
-        real(path, *args)
-
-    monkeypatch.setattr(warehouse, "build_views", counted)
+    built = _builds(monkeypatch, warehouse)
     proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
     proc.process(frames([inventory("n1", at(0), gpus=2), *_job("a", 0),
                          *series("n1", 0, at(0), 5, sm=0.5)]), validated=True)

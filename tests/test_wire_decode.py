@@ -11,6 +11,7 @@ import pyarrow as pa
 from polars.exceptions import PanicException
 from test_simulate import SMALL
 
+from gpuledger.pipeline.arrow_ipc import check_views, read_frame, read_stream
 from gpuledger.pipeline.columns import schema_of
 from gpuledger.pipeline.facts.telemetry_minutes import prepare
 from gpuledger.pipeline.kafka.wire import (
@@ -18,12 +19,9 @@ from gpuledger.pipeline.kafka.wire import (
     FORMAT_HEADER,
     TYPE_HEADER,
     Message,
-    _read_stream,
-    check_views,
     decode,
     encode,
     ipc_stream,
-    read_frame,
 )
 from gpuledger.pipeline.processor import PARTS_SCHEMA, conform_parts
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
@@ -128,7 +126,7 @@ def _read(value: bytes, fast: bool) -> pa.Table | None:
     """A message's table as the decoder takes it (read, fully validated, views checked),
     or None where that fails."""
     try:
-        table = (_read_stream(value, {}) if fast
+        table = (read_stream(value, {}) if fast
                  else pa.ipc.open_stream(pa.py_buffer(value)).read_all())
         table.validate(full=True)
         check_views(table)
@@ -183,7 +181,7 @@ def test_a_stream_read_with_its_schema_parsed_once_is_the_stream_read_whole() ->
     assert read >= 6 and refused >= 50
     schemas: dict[bytes, pa.Schema] = {}                  # one schema parsed per poll
     for _ in range(3):
-        assert _read_stream(value, schemas).equals(_read(value, fast=False))
+        assert read_stream(value, schemas).equals(_read(value, fast=False))
     assert len(schemas) == 1
 
 

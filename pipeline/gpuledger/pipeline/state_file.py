@@ -35,6 +35,8 @@ from zoneinfo import ZoneInfo
 import polars as pl
 from polars.exceptions import PanicException
 
+from gpuledger.pipeline.arrow_ipc import read_frame
+
 MAGIC = b"gpuledger state v1 sha256 "
 _LENGTH = struct.Struct("<Q")
 _UTC_NAMES = ("UTC",)
@@ -286,7 +288,7 @@ class _Reader:
         frame = self.frames.get(i)
         if frame is None:
             try:
-                frame = pl.read_ipc_stream(io.BytesIO(self.raw[i]))
+                frame = read_frame(self.raw[i])  # checked before Polars reads it
             except (Exception, PanicException) as exc:
                 raise StateFileError(f"frame {i} is not an Arrow IPC stream "
                                      f"({type(exc).__name__})") from None

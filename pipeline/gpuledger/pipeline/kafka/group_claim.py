@@ -9,8 +9,9 @@ miss facts, and nothing says so.
 A *deployment* is a warehouse with its checkpoint folder. Its id is a random token kept
 in the group's checkpoint folder (``deployment.id``, created by the first instance and
 read by every other, so all instances of one deployment share it; in a bucket two
-instances starting in the same instant may both write it, and the last write stands:
-the file is read again before another id is taken for foreign). Each offset commit
+instances starting in the same instant may both write it, each reading its own back;
+the last write stands, and every check reads the file again, before this instance
+commits with the id). Each offset commit
 carries ``gpuledger <id> <unix time>`` as its metadata. Before each checkpoint, and at
 the start, the service reads the group's committed metadata of every telemetry
 partition: a commit by another deployment within ``window_s`` means another service is

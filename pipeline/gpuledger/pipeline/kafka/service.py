@@ -52,6 +52,7 @@ import polars as pl
 from polars.exceptions import PanicException
 
 from gpuledger.pipeline import checkpoint
+from gpuledger.pipeline.arrow_ipc import read_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.generations import published_units
@@ -64,7 +65,6 @@ from gpuledger.pipeline.kafka.wire import (
     decode,
     ipc_stream,
     message_reject,
-    read_frame,
 )
 from gpuledger.pipeline.memory import rss_bytes, tune_allocator
 from gpuledger.pipeline.partitions import Partitioning
@@ -416,10 +416,12 @@ class KafkaProcessorService:
             claim = group_claim.parse(p, getattr(committed, "metadata", None), now)
             if claim is not None:
                 claims.append(claim)
+        # read again at every check, before this instance commits with it: two instances
+        # of one deployment starting in the same instant may both write the id to a
+        # bucket, each reading its own back; the last write stands, and the instance
+        # whose write did not must commit with it too, or the other refuses them both
+        self.deployment = self._deployment()
         foreign = group_claim.others(claims, self.deployment)
-        if foreign:  # two instances that started at once may have written the id twice
-            self.deployment = self._deployment()
-            foreign = group_claim.others(claims, self.deployment)
         if not foreign:
             return
         c, window = foreign[0], group_claim.window_s(self.options.checkpoint_interval_s)
