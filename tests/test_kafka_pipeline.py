@@ -23,6 +23,7 @@ from fact_views import assert_same_facts
 from kafka import KafkaConsumer, KafkaProducer
 from kafka_broker import Broker
 from test_simulate import SMALL
+from test_wire_decode import damaged_views
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
@@ -193,6 +194,11 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
     producer.send(t.jobs, key=b"x", value=b"{not json\n" + bad_json + b"\n")
     producer.send(t.telemetry, key=b"h100-001", value=b"\x00\x01garbage",
                   headers=[("gpuledger-format", ARROW), ("gpuledger-type", b"telemetry")])
+    # Arrow that Arrow's own validation passes and Polars crashed the process on (the view
+    # of a null string pointing outside its buffers), at every restart
+    sample = next(iter(simulate(_sim())))["telemetry"].filter(pl.col("node") == "h100-001")
+    producer.send(t.telemetry, key=b"h100-001", value=damaged_views(sample.head(4)),
+                  headers=[("gpuledger-format", ARROW), ("gpuledger-type", b"telemetry")])
     producer.send(t.telemetry, key=b"h100-001", value=b"whatever",
                   headers=[("gpuledger-format", b"protobuf-v9")])
     # tombstones (null values: how a compacted topic forgets a key) hold no record; they
@@ -214,14 +220,14 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
     producer.flush()
     producer.close()
     service = _process(settings, tmp_path / "wh")
-    assert service.stats.dead_letters == 7
+    assert service.stats.dead_letters == 8
     consumer = KafkaConsumer(t.dead_letters, bootstrap_servers=kafka.bootstrap,
                              auto_offset_reset="earliest", consumer_timeout_ms=5000)
     try:
         dead = list(consumer)
     finally:
         consumer.close()
-    assert len(dead) == 7
+    assert len(dead) == 8
     reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
     assert any(f"came on partition {(home + 1) % 4}; its node's partition is {home}" in r
                for r in reasons)
@@ -229,6 +235,7 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
     assert any("malformed JSON" in r for r in reasons)
     assert any("'exploded'" in r for r in reasons)
     assert any("unreadable Arrow IPC" in r for r in reasons)
+    assert any("a string view points outside its buffers" in r for r in reasons)
     assert any("unknown gpuledger-format" in r for r in reasons)
     for m in dead:
         h = dict(m.headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+import struct
 
 import polars as pl
 import pyarrow as pa
@@ -232,3 +233,36 @@ def test_damaged_attempt_parts_are_refused_never_a_crash() -> None:
         except (Exception, PanicException):
             refused += 1
     assert refused > 100
+
+
+def damaged_views(frame: pl.DataFrame) -> bytes:
+    """An Arrow stream of ``frame`` whose all-null ``mig_instance`` has the view of a null
+    slot pointing far outside its buffers, in a row with a bad value: Arrow's full
+    validation passes it (it looks at the slots holding a value), and Polars crashed the
+    process on it (a segmentation fault rendering that row for its reject)."""
+    middle = frame.height // 2
+    table = frame.with_columns(pl.when(pl.int_range(pl.len()) == middle).then(pl.lit(-5.0))
+                               .otherwise(pl.col("util_gpu")).alias("util_gpu")).to_arrow()
+    i = table.schema.get_field_index("mig_instance")
+    column = table.column(i).chunk(0)
+    views = bytearray(16 * len(column))
+    struct.pack_into("<iiii", views, 16 * middle, 1000, 0, 7, 123456)
+    damaged = pa.Array.from_buffers(pa.string_view(), len(column),
+                                    [column.buffers()[0], pa.py_buffer(bytes(views))],
+                                    null_count=column.null_count)
+    table = table.set_column(i, "mig_instance", damaged)
+    table.validate(full=True)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def test_a_null_strings_view_pointing_outside_is_a_dead_letter() -> None:
+    tel = _telemetry().head(5)
+    assert tel["mig_instance"].null_count() == 5
+    got = decode([_message(7, damaged_views(tel)), _message(8, encode(tel, "telemetry"))],
+                 "telemetry")
+    assert got.frames["telemetry"].height == 5                # the good message's
+    assert got.dead_letters["offset"].to_list() == [7]
+    assert "a string view points outside its buffers" in got.dead_letters["reason"][0]
