@@ -110,6 +110,10 @@ JOB_ATTR_FRAME_SCHEMA = pl.Schema({"job_id": pl.String(), "attempt": pl.Int64(),
 STARTS_SCHEMA = pl.Schema({"started_at": TIME_DTYPE, "pool": pl.String(),
                            "card_type": pl.String(), "gpus": pl.Int64()})
 OWNER = -1
+_ROW_LISTS = {"closed_allocs": ALLOC_SCHEMA, "closed_pending": PENDING_SCHEMA,
+              "ended_attempts": ATTEMPT_SCHEMA, "preemptions": PREEMPTION_SCHEMA,
+              "started_sizes": STARTS_SCHEMA}
+"""The book's lists of rows, and the columns they are saved with."""
 """Who takes ended attempts for the per-attempt totals (the owner), beside partitions."""
 REJECTED_EVENT_SCHEMA = pl.Schema({"job_id": pl.String(), "event": pl.String(),
                                    "time": TIME_DTYPE, "reason": pl.String()})
@@ -158,6 +162,48 @@ def _gpus(ev: dict[str, Any]) -> set[tuple[str, int, float]]:
             for a in (ev.get("allocation") or [])}
 
 
+_JOB_SCHEMA = pl.Schema({
+    "job_id": pl.String(), "attempt": pl.Int64(), "status": pl.String(),
+    "submitted_at": TIME_DTYPE, "queued_at": TIME_DTYPE, "started_at": TIME_DTYPE,
+    "borrowed": pl.Boolean(), "last_checkpoint": TIME_DTYPE, "checkpoints": pl.Int64(),
+    "ended_at": TIME_DTYPE, **{f"attr_{k}": v for k, v in ATTR_SCHEMA.items()}})
+_JOB_ALLOCATION_SCHEMA = pl.Schema({"job_id": pl.String(), "node": pl.String(),
+                                    "gpu_index": pl.Int64(), "fraction": pl.Float64()})
+_JOB_SEEN_SCHEMA = pl.Schema({"job_id": pl.String(), "event": pl.String(), "time": TIME_DTYPE})
+_JOB_SCALARS = ("job_id", "attempt", "status", "submitted_at", "queued_at", "started_at",
+                "borrowed", "last_checkpoint", "checkpoints", "ended_at")
+
+
+def _jobs_as_frames(jobs: dict[str, Job]) -> dict[str, pl.DataFrame]:
+    """Jobs as three frames (the jobs in the book's order; allocations in each job's
+    order; the events seen), for a checkpoint."""
+    rows = [(*(getattr(j, f) for f in _JOB_SCALARS), *(j.attrs.get(k) for k in ATTR_SCHEMA))
+            for j in jobs.values()]
+    allocation = [(j.job_id, a["node"], a["gpu_index"], a["fraction"])
+                  for j in jobs.values() for a in j.allocation]
+    seen = [(j.job_id, kind, when) for j in jobs.values() for kind, when in j.seen]
+    return {"jobs": pl.DataFrame(rows, schema=_JOB_SCHEMA, orient="row"),
+            "allocation": pl.DataFrame(allocation, schema=_JOB_ALLOCATION_SCHEMA,
+                                       orient="row"),
+            "seen": pl.DataFrame(seen, schema=_JOB_SEEN_SCHEMA, orient="row")}
+
+
+def _jobs_from_frames(frames: dict[str, pl.DataFrame]) -> dict[str, Job]:
+    jobs: dict[str, Job] = {}
+    n = len(_JOB_SCALARS)
+    for row in frames["jobs"].select(_JOB_SCHEMA.names()).iter_rows():
+        job = Job(row[0], dict(zip(ATTR_SCHEMA, row[n:], strict=True)))
+        for name, value in zip(_JOB_SCALARS[1:], row[1:n], strict=True):
+            setattr(job, name, value)
+        jobs[job.job_id] = job
+    for job_id, node, gpu, fraction in frames["allocation"].select(
+            _JOB_ALLOCATION_SCHEMA.names()).iter_rows():
+        jobs[job_id].allocation.append({"node": node, "gpu_index": gpu, "fraction": fraction})
+    for job_id, kind, when in frames["seen"].select(_JOB_SEEN_SCHEMA.names()).iter_rows():
+        jobs[job_id].seen.add((kind, when))
+    return jobs
+
+
 class OutOfOrder(Exception):
     """An event that does not fit the job's life cycle (the message is the reason)."""
 
@@ -179,6 +225,35 @@ class JobBook:
         self._memory = timedelta(seconds=ended_job_memory_s)
         self._version = 0
         self._cache: dict[str, tuple[int, pl.DataFrame]] = {}
+
+    # -- saved state -------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The book as a checkpoint holds it: its jobs and its lists of rows as frames.
+        Walked value by value, 10,000 running jobs took 1.6 CPU-s and 14.6 MB a
+        checkpoint (every 10 s by default), as much again to read back."""
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("jobs", "_cache", *_ROW_LISTS)}
+        state["job_frames"] = _jobs_as_frames(self.jobs)
+        for name, schema in _ROW_LISTS.items():
+            rows = getattr(self, name)  # dicts, or tuples (the sizes of starts)
+            state[name] = pl.DataFrame(rows, schema=schema, orient=(
+                "row" if name == "started_sizes" else None)) if rows else \
+                pl.DataFrame(schema=schema)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        frames = state.pop("job_frames", None)
+        if frames is not None:
+            state["jobs"] = _jobs_from_frames(frames)
+            for name in _ROW_LISTS:
+                rows = state[name]
+                state[name] = ([tuple(r) for r in rows.iter_rows()]
+                               if name == "started_sizes" else rows.to_dicts())
+        # (an earlier release's state holds them as they are in memory)
+        self.__dict__.update(state)
+        self._cache = {}  # rebuilt when asked
 
     # -- applying events ---------------------------------------------------------
 
