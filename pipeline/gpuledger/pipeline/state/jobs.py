@@ -110,11 +110,11 @@ JOB_ATTR_FRAME_SCHEMA = pl.Schema({"job_id": pl.String(), "attempt": pl.Int64(),
 STARTS_SCHEMA = pl.Schema({"started_at": TIME_DTYPE, "pool": pl.String(),
                            "card_type": pl.String(), "gpus": pl.Int64()})
 OWNER = -1
+"""Who takes ended attempts for the per-attempt totals (the owner), beside partitions."""
 _ROW_LISTS = {"closed_allocs": ALLOC_SCHEMA, "closed_pending": PENDING_SCHEMA,
               "ended_attempts": ATTEMPT_SCHEMA, "preemptions": PREEMPTION_SCHEMA,
               "started_sizes": STARTS_SCHEMA}
 """The book's lists of rows, and the columns they are saved with."""
-"""Who takes ended attempts for the per-attempt totals (the owner), beside partitions."""
 REJECTED_EVENT_SCHEMA = pl.Schema({"job_id": pl.String(), "event": pl.String(),
                                    "time": TIME_DTYPE, "reason": pl.String()})
 ALLOWED: dict[str, tuple[str, ...]] = {
