@@ -16,9 +16,11 @@ import logging
 import math
 from typing import Any
 
+from gpuledger.pipeline.config import Limits
+
 log = logging.getLogger("gpuledger.agent")
 
-MEMORY_MARGIN = 0.05
+MEMORY_MARGIN = Limits().memory_margin
 """The processor's default ``limits.memory_margin``: used may exceed total by this much."""
 
 

@@ -89,13 +89,21 @@ def _check_array_views(array: pa.Array) -> None:
             _check_array_views(array.field(i))
 
 
+def read_table(value: bytes, schemas: dict[bytes, pa.Schema]) -> pa.Table:
+    """:func:`read_stream`, then Arrow's full validation (every offset, length and UTF-8
+    string of the slots that hold a value): what remains to check before Polars reads it
+    is its views (:func:`check_views`, once for many tables concatenated)."""
+    table = read_stream(value, schemas)
+    table.validate(full=True)
+    return table
+
+
 def read_frame(value: bytes) -> pl.DataFrame:
     """An Arrow IPC stream's frame, read safely: every offset, length, string and view
     checked before Polars reads the values (``ValueError`` or Arrow's error otherwise).
     Polars' own IPC reader aborted the process on damaged bytes (an allocation of
     petabytes, asked for by a damaged length), which no ``except`` can catch."""
-    table = read_stream(value, {})
-    table.validate(full=True)
+    table = read_table(value, {})
     check_views(table)
     frame = pl.from_arrow(table, rechunk=False)
     assert isinstance(frame, pl.DataFrame)

@@ -470,7 +470,6 @@ class Warehouse:
         interval = self.options.catalog_interval_s
         if force or (self._catalog_wanted and time.monotonic() - self._catalog_at >= interval):
             self._catalog_wanted = False
-            self._catalog_at = time.monotonic()
             self.rebuild_catalog()
 
     def rebuild_catalog(self) -> None:

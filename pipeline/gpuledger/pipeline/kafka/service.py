@@ -289,7 +289,7 @@ class KafkaProcessorService:
                  else shared.store.child("state"))
         self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
         self._check_partition_count(shared)
-        self.deployment = self._deployment()
+        self.deployment = ""  # read (made if missing) by every check, the first just below
         self._old_claim_said = False
         self._check_group()
         self.offsets: dict[Key, int] = {}
