@@ -506,7 +506,9 @@ class Warehouse:
     def _build_catalog(self) -> None:
         snapshot = read_snapshot(self.store)
         statements = catalog_statements(self.store, snapshot)
-        digest = statements_digest(statements)
+        # the storage format is part of what was built: a catalog of an earlier release,
+        # in DuckDB's newest format, is built again even for the same statements
+        digest = f"{statements_digest(statements)} {CATALOG_STORAGE_VERSION}"
         stamp = f".{CATALOG}.sha256"
         if self.store.read(stamp) == digest.encode() and self.store.exists(CATALOG):
             return
@@ -697,11 +699,21 @@ def statements_digest(statements: list[str]) -> str:
     return hashlib.sha256("\n".join(statements).encode()).hexdigest()
 
 
+CATALOG_STORAGE_VERSION = "v1.1.0"
+"""The DuckDB storage format of the views databases (``catalog.duckdb``): the oldest that
+every view and macro runs on (DuckDB 1.1; 1.0 lacks ``arg_max`` over a struct). By default
+DuckDB writes its own newest format, and every DuckDB CLI before 2.0 refused the file
+("a database file with version number 69"). The catalog holds only views and one
+one-row table, so the older format costs nothing."""
+
+
 def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
     """Create the database ``path`` with the views of ``statements`` (from
-    ``catalog_statements(store, snapshot)``) and their mark."""
-    con = duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
-                                            "autoload_known_extensions": False})
+    ``catalog_statements(store, snapshot)``) and their mark, in the storage format of
+    :data:`CATALOG_STORAGE_VERSION`."""
+    con = duckdb.connect(str(path), config={
+        "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+        "storage_compatibility_version": CATALOG_STORAGE_VERSION})
     try:
         attach_store(con, store, snapshot.sizes)
         for statement in statements:
