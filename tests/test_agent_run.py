@@ -212,6 +212,24 @@ def test_a_bad_seq_file_is_said_and_the_sequence_restarts_safely(
     assert seqs == [0, 1]
 
 
+@pytest.mark.parametrize("value", [b"not json", b"[" * 100_000, b'{"seq": -1}'])
+def test_an_unreadable_newest_spooled_sample_is_said_and_the_seq_file_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, value: bytes) -> None:
+    """The newest telemetry message in the spool names the next seq; one that cannot be
+    read (nested deeper than Python's JSON reader goes: a RecursionError stopped the
+    agent's start) is said in one warning and the seq file is used."""
+    agent = _agent(tmp_path / "spool", TinySource(gpus=2))
+    agent.cycle(T0)
+    assert agent.spool is not None
+    agent.spool.append(TEL, b"node-a", value)
+    agent.close()
+    with caplog.at_level(logging.WARNING):
+        again = _agent(tmp_path / "spool", TinySource(gpus=2))
+    assert again.seq == 2                              # from the seq file
+    assert any("no readable seq" in r.getMessage() for r in caplog.records)
+    again.close()
+
+
 def test_a_seq_folder_is_a_start_up_error_and_writing_never_crashes(tmp_path: Path) -> None:
     folder = tmp_path / "spool"
     (folder / "agent.seq").mkdir(parents=True)

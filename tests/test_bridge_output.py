@@ -181,7 +181,7 @@ def test_file_sink_complete_never_pads_or_cuts_a_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("content", ["\xff\xfe\x00", '{"memory": 5, "outbox": 7}',
                                      '{"outbox": {"position": -1, "records": []}}',
                                      '{"outbox": {"position": 0, "records": [{"type": "x"}]}}',
-                                     "NaN", "[1]"])
+                                     "NaN", "[1]", "[" * 100_000])
 def test_load_state_refuses_what_is_not_a_state_file(tmp_path: Path, content: str) -> None:
     path = tmp_path / "st"
     path.write_bytes(content.encode("latin-1"))

@@ -24,6 +24,7 @@ from gpuledger.pipeline.checkpoint import VERSION
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import INGEST_STATE, IngestRefused, IngestResult, ingest
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+from gpuledger.pipeline.store import open_store
 from gpuledger.pipeline.warehouse import read_table
 
 SPARSE = ("blocked_minute", "preemptions", "candidates", "recommendations",
@@ -461,3 +462,18 @@ def test_a_piece_without_inventory_leaves_no_day_roll_up_beside_empty_hours(
     ingest([second], wh, ProcessorConfig(), afresh=True)
     _day_sums_agree(wh)
     assert read_table(wh, "gpu_daily").is_empty()
+
+
+@pytest.mark.parametrize("content", [b"{cut", b"[" * 100_000, b'{"first": 5}', b"[]"])
+def test_an_unreadable_origin_is_not_known_rather_than_an_error(
+        tmp_path: Path, content: bytes) -> None:
+    """``origin.json`` is a file of the warehouse anyone with access could damage: read
+    as not known (nested deeper than Python's JSON reader goes, it was a RecursionError
+    out of every ingest)."""
+    store = open_store(tmp_path / "wh")
+    store.write(ingest_module.ORIGIN, json.dumps({"first": "2026-01-05T00:00:00+00:00"})
+                .encode())
+    assert ingest_module.read_origin(store) == datetime.fromisoformat(
+        "2026-01-05T00:00:00+00:00")
+    store.write(ingest_module.ORIGIN, content)
+    assert ingest_module.read_origin(store) is None

@@ -431,20 +431,21 @@ def _cordoned_through(answer: Any, tmp_path: Path) -> Bridge:
 
 
 def test_malformed_watch_events_are_counted_and_the_watch_goes_on(tmp_path: Path) -> None:
-    """A ``null`` line and an event whose object is a list: each is one warning and a
-    count, the watch resumes from the last good version and the next real change of
-    the node comes out."""
+    """A ``null`` line, an event whose object is a list and one nested too deeply for
+    Python's JSON reader: each is one warning and a count, the watch resumes from the last
+    good version and the next real change of the node comes out."""
     def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
-        if path != NODES or not watch or n > 2:
+        if path != NODES or not watch or n > 3:
             return False
         line = [b"null\n", b'{"type":"MODIFIED","object":[1]}\n',
+                b'{"type":"MODIFIED","object":' + b"[" * 100_000 + b"\n",
                 json.dumps({"type": "MODIFIED", "object": _cordoned("6")}).encode()
                 + b"\n"][n]
         server.stream(h, [line])
         return True
 
     bridge = _cordoned_through(answer, tmp_path)
-    assert bridge.stats.malformed == {"nodes": 2}
+    assert bridge.stats.malformed == {"nodes": 3}
     assert bridge.versions["nodes"] == "6"
 
 
@@ -482,6 +483,7 @@ def test_a_relist_cut_short_is_retried(tmp_path: Path) -> None:
     (b'{"items": [], "metadata": [2]}', "metadata is not an object"),
     (b'{"items": [{"metadata": 3}]}', "an item's metadata is not an object"),
     (b"{\"items\": [", "not JSON"),
+    (b"[" * 100_000, "not JSON (nested too deeply)"),  # Python's reader: a RecursionError
 ])
 def test_a_malformed_list_is_a_clear_error(body: bytes, message: str) -> None:
     def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:

@@ -202,12 +202,16 @@ def test_io_failures_are_one_line(tmp_path: Path) -> None:
         store.list("facts")
 
 
+@pytest.mark.parametrize("damage", ["cut", "nested"])
 def test_a_warning_says_when_the_newest_manifest_is_damaged(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    """Cut in half, or nested deeper than Python's JSON reader goes (a RecursionError
+    escaped every reader of the warehouse)."""
     root = _published(tmp_path / "wh")
     newest = read_manifests(open_store(root))["warehouse"].generation
     good = (root / manifest_path("warehouse", newest)).read_bytes()
-    (root / manifest_path("warehouse", newest + 1)).write_bytes(good[: len(good) // 2])
+    (root / manifest_path("warehouse", newest + 1)).write_bytes(
+        good[: len(good) // 2] if damage == "cut" else b"[" * 100_000)
     with caplog.at_level(logging.WARNING):
         assert read_manifests(open_store(root))["warehouse"].generation == newest
     assert f"{newest + 1:012d}.json: not a gpuledger manifest" in caplog.text

@@ -18,12 +18,26 @@ from gpuledger.pipeline.config import load_config
 from gpuledger.pipeline.simulate import load_cluster
 from gpuledger.yaml_file import YamlFileError, read_yaml
 
+LAUGHS = "\n".join(
+    ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    + [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+).encode()
+"""Nine lists of nine aliases of the one before: 3.5·10⁹ values once expanded (this took
+over 4 GB and never ended where a value was shown in an error message)."""
+
 BAD: list[tuple[str, bytes | None, str]] = [
     ("missing", None, "no such file"),
     ("folder", b"", "is a directory, not a file"),
     ("latin-1", "team: Zürich\n".encode("latin-1"), "not UTF-8 text (byte 7)"),
     ("broken", b"a: [1, 2\nb: 3\n", "not valid YAML at line 2, column 2"),
     ("tab", b"a:\n\t- 1\n", "not valid YAML at line 2, column 1"),
+    # valid YAML that would hang or crash the reader: refused before it is built
+    ("laughs", LAUGHS, "refused at line 6, column 10: aliases expand to more than 100,000 "
+     "values (at *a4)"),
+    ("deep", b"a: " + b"[" * 1000 + b"]" * 1000 + b"\n",
+     "refused at line 1, column 67: nested more than 64 levels deep"),
+    ("itself", b"a: &x [1, *x]\n",
+     "refused at line 1, column 11: the alias *x is inside the value it names"),
 ]
 
 
@@ -85,3 +99,37 @@ def test_commands_print_it_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: {says}" in err, err
     assert not (tmp_path / "wh").exists() and not (tmp_path / "out").exists()
+
+
+def test_aliases_depth_and_merge_keys_within_bounds_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    nested = "[" * 63 + "1" + "]" * 63  # 64 levels with the mapping around it
+    path.write_text("base: &base {idle: 0.05, busy: 0.5}\n"
+                    "pools:\n  a: {<<: *base, busy: 0.6}\n  b: *base\n"
+                    f"deep: {nested}\n")
+    got = read_yaml(path)
+    assert got["pools"] == {"a": {"idle": 0.05, "busy": 0.6},
+                            "b": {"idle": 0.05, "busy": 0.5}}
+    deep = got["deep"]
+    for _ in range(62):
+        deep = deep[0]
+    assert deep == [1]
+    path.write_text(f"deep: [{nested}]\n")  # one level more
+    with pytest.raises(YamlFileError, match="nested more than 64 levels deep"):
+        read_yaml(path)
+
+
+def test_agent_environment_values_are_checked_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list or mapping given in a ``GPULEDGER_AGENT__*`` variable is YAML too."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("")
+    value = "[" + ", ".join(["&a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]"]
+                            + [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]"
+                               for i in range(1, 10)]) + "]"
+    monkeypatch.setenv("GPULEDGER_AGENT__ATTRIBUTION__METHODS", value)
+    with pytest.raises(ValueError) as err:
+        load_agent_config(path)
+    assert "GPULEDGER_AGENT__ATTRIBUTION__METHODS" in str(err.value) or \
+        "attribution.methods" in str(err.value), str(err.value)
+    assert "aliases expand to more than 100,000 values" in str(err.value)

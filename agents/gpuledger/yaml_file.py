@@ -4,6 +4,14 @@ every way it can fail is one line that names the file and the reason.
 A missing file, a folder, a file that cannot be opened, bytes that are not UTF-8 and text
 that is not YAML (with the line and column where the parser stopped) each raise
 :class:`YamlFileError`; callers put their own prefix on it (the option or section).
+
+YAML that is valid but would make the reader hang or crash is refused before it is built
+(:func:`load_yaml`), with the line and column: collections nested more than
+:data:`MAX_DEPTH` deep (the parser recursed until Python stopped it, a traceback), aliases
+that would add more than :data:`MAX_ALIASED` values (nine nested lists of nine aliases
+each, a "billion laughs", took over 4 GB and never ended: every error message that
+showed the value expanded it), and an alias inside the collection it names (a value
+that contains itself).
 """
 
 from __future__ import annotations
@@ -22,12 +30,75 @@ class NotUtf8Error(YamlFileError):
     """The file's bytes are not UTF-8 text."""
 
 
+MAX_DEPTH = 64
+"""Collections nested deeper than this are refused (gpuledger's files nest 5 deep at most;
+PyYAML's reader recurses per level and failed at about 330)."""
+MAX_ALIASED = 100_000
+"""The most values that aliases (``*name``) may add to a document, counted as expanded."""
+
+
+class YamlRefused(yaml.YAMLError):
+    """Valid YAML that gpuledger does not read (:func:`load_yaml`)."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.problem_mark = mark
+
+
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """The parser's complaint in one line: where it stopped (1-based) and what it found."""
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"not valid YAML{where}: {problem}"
+    return f"{'refused' if isinstance(exc, YamlRefused) else 'not valid YAML'}{where}: {problem}"
+
+
+def _check_shape(text: str) -> None:
+    """Refuse ``text`` (:class:`YamlRefused`) when it nests too deep or its aliases expand
+    too far, from the parser's events alone (the parser itself does not recurse)."""
+    sizes: dict[str, int] = {}  # anchor → the values its collection or scalar holds
+    anchors: list[str | None] = []  # per open collection: its anchor
+    counts: list[int] = []  # per open collection: the values in it so far
+    aliased = 0
+
+    def add(values: int) -> None:
+        if counts:
+            counts[-1] += values
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            anchor = str(event.anchor)
+            if anchor not in sizes:  # still open: it would contain itself
+                raise YamlRefused(f"the alias *{anchor} is inside the value it names "
+                                  "(a value that contains itself)", event.start_mark)
+            aliased += sizes[anchor]
+            if aliased > MAX_ALIASED:
+                raise YamlRefused(f"aliases expand to more than {MAX_ALIASED:,} values "
+                                  f"(at *{anchor})", event.start_mark)
+            add(sizes[anchor])
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                sizes[str(event.anchor)] = 1  # a scalar: one value
+            add(1)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            if len(counts) >= MAX_DEPTH:
+                raise YamlRefused(f"nested more than {MAX_DEPTH} levels deep",
+                                  event.start_mark)
+            anchors.append(None if event.anchor is None else str(event.anchor))
+            counts.append(1)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            named, size = anchors.pop(), counts.pop()
+            if named is not None:
+                sizes[named] = size
+            add(size)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, after :func:`_check_shape`: a ``yaml.YAMLError`` (a
+    :class:`YamlRefused` for what it refuses) when it cannot be read."""
+    _check_shape(text)
+    return yaml.safe_load(text)
 
 
 def read_text(path: Path) -> str:
@@ -47,7 +118,7 @@ def read_text(path: Path) -> str:
 def parse_yaml(text: str, origin: str | Path) -> Any:
     """The YAML document in ``text`` (read from ``origin``), or :class:`YamlFileError`."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         raise YamlFileError(f"{origin}: {yaml_problem(exc)}") from None
 

@@ -26,7 +26,7 @@ import yaml
 
 from gpuledger.agent.attribution import job_id_problem
 from gpuledger.http_url import http_url_problem
-from gpuledger.yaml_file import YamlFileError, read_yaml, yaml_problem
+from gpuledger.yaml_file import YamlFileError, load_yaml, read_yaml, yaml_problem
 
 ENV_PREFIX = "GPULEDGER_AGENT__"
 SOURCES = ("nvml", "dcgm-exporter", "simulator")
@@ -195,7 +195,7 @@ def _show(value: Any) -> str:
 
 def _yaml_value(path: str, text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         raise AgentConfigError(f"{path}: {yaml_problem(exc)}") from None
 

@@ -200,7 +200,7 @@ class Agent:
             lines = last.value.rstrip(b"\n").rsplit(b"\n", 1)
             try:
                 saved = max(saved, _valid_seq(json.loads(lines[-1])["seq"]) + 1)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 log.warning("the newest spooled sample has no readable seq")
         return saved
 

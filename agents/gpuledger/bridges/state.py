@@ -46,6 +46,8 @@ def load_state(path: Path) -> dict[str, Any]:
         doc = json.loads(text, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise StateError(f"{path}: not a bridge state file ({exc})") from None
+    except RecursionError:
+        raise StateError(f"{path}: not a bridge state file (nested too deeply)") from None
     problem = _shape_problem(doc)
     if problem:
         raise StateError(f"{path}: not a bridge state file ({problem})")

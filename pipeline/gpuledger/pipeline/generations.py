@@ -140,6 +140,8 @@ def _parsed(data: bytes, where: str, what: str, build: Callable[[dict[str, Any]]
         if blob.get("version") != VERSION:
             raise ValueError(f"version {blob.get('version')} is not {VERSION}")
         return build(blob)
+    except RecursionError:
+        raise ValueError(f"{where}: not a gpuledger {what} (nested too deeply)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{where}: not a gpuledger {what} ({exc})") from None
 

@@ -163,7 +163,7 @@ def read_origin(root: Store, key: str = "first") -> datetime | None:
         data = root.read(ORIGIN)
         return None if data is None else datetime.fromisoformat(
             json.loads(data)[key]).astimezone(UTC)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 
 

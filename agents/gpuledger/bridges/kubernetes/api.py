@@ -73,6 +73,9 @@ def _page(path: str, raw: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         body = json.loads(raw)
     except ValueError as exc:
         raise MalformedResponse(f"{path}: the answer is not JSON ({exc})") from None
+    except RecursionError:  # Python's reader recurses per level of nesting
+        raise MalformedResponse(f"{path}: the answer is not JSON (nested too deeply)"
+                                ) from None
     if not isinstance(body, dict):
         raise MalformedResponse(f"{path}: the answer is not a JSON object: {_shown(body)}")
     items = body.get("items") or []
@@ -90,7 +93,7 @@ def _event(path: str, line: bytes) -> tuple[str, dict[str, Any]]:
     """The type and object of one watch line, or :class:`MalformedResponse`."""
     try:
         event = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         event = None
     obj = event.get("object") if isinstance(event, dict) else None
     if (not isinstance(event, dict) or not isinstance(event.get("type"), str)
@@ -262,7 +265,7 @@ class ApiClient:
             body = resp.read(4096).decode("utf-8", "replace")
             conn.close()
             message = body
-            with contextlib.suppress(ValueError, AttributeError):
+            with contextlib.suppress(ValueError, AttributeError, RecursionError):
                 message = json.loads(body).get("message", body)
             cls = Gone if resp.status == 410 else ApiError
             raise cls(resp.status, f"{path}: {message}")
