@@ -11,6 +11,7 @@ the feed loops, and .dockerignore keeps the build context small."""
 from __future__ import annotations
 
 import fnmatch
+import http.client
 import json
 import os
 import re
@@ -389,6 +390,40 @@ def webhook() -> Iterator[tuple[int, subprocess.Popen[str]]]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_the_example_webhook_answers_bad_posts_and_keeps_serving(
+        webhook: tuple[int, subprocess.Popen[str]]) -> None:
+    """Posts that are not Alertmanager's webhook format get a 4xx or print nothing odd,
+    and the receiver goes on: a bad Content-Length, JSON nested deeper than Python's
+    reader goes, alerts and labels of the wrong shape, a value with a newline."""
+    port, hook = webhook
+
+    def post(body: bytes, length: str | None = None) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.putrequest("POST", "/")
+        conn.putheader("Content-Length", str(len(body)) if length is None else length)
+        conn.endheaders()
+        conn.send(body)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    assert post(b"{}", length="lots") == 400
+    assert post(b"{}", length="-5") == 400
+    assert post(b"[" * 100_000) == 400
+    assert post(b"not json") == 400
+    for shape in ([1], {"alerts": 5}, {"alerts": [7, None]}, {"alerts": [{"labels": [1]}]}):
+        assert post(json.dumps(shape).encode()) == 200
+    odd = {"alerts": [{"status": "firing", "labels": {"alertname": "X", "team": "a\nb"},
+                       "annotations": {"summary": "two\nlines"}}]}
+    assert post(json.dumps(odd).encode()) == 200
+    assert hook.stdout is not None
+    ready, _, _ = select.select([hook.stdout], [], [], 10)
+    assert ready
+    assert hook.stdout.readline() == "? ?\n"      # the alert whose labels are a list
+    assert hook.stdout.readline() == "firing X team=a b two lines\n"
+    assert hook.poll() is None
 
 
 def test_a_real_alertmanager_delivers_to_the_example_webhook(

@@ -20,15 +20,24 @@ from typing import Any
 MAX_BODY = 1 << 20
 
 
-def lines(payload: dict[str, Any]) -> list[str]:
-    """One line per alert: status, name, labels, summary."""
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def lines(payload: Any) -> list[str]:
+    """One line per alert: status, name, labels, summary (what is not of the webhook
+    format's shape is left out, not an error)."""
     out = []
-    for alert in payload.get("alerts", []):
-        labels = dict(alert.get("labels", {}))
+    alerts = _object(payload).get("alerts")
+    for alert in alerts if isinstance(alerts, list) else []:
+        if not isinstance(alert, dict):
+            continue
+        labels = {str(k): str(v) for k, v in _object(alert.get("labels")).items()}
         name = labels.pop("alertname", "?")
-        summary = alert.get("annotations", {}).get("summary", "")
+        summary = str(_object(alert.get("annotations")).get("summary", ""))
         pairs = " ".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        out.append(f"{alert.get('status', '?')} {name} {pairs} {summary}".rstrip())
+        out.append(" ".join(f"{alert.get('status', '?')} {name} {pairs} {summary}"
+                            .split()))  # one line, whatever the values hold
     return out
 
 
@@ -36,16 +45,22 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 10
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.send_error(400, "no valid Content-Length")
+            return
         if length > MAX_BODY:
             self.send_error(413)
             return
         try:
             payload = json.loads(self.rfile.read(length))
-        except ValueError:
+        except (ValueError, RecursionError):  # nested too deeply: a RecursionError
             self.send_error(400, "not JSON")
             return
-        for line in lines(payload if isinstance(payload, dict) else {}):
+        for line in lines(payload):
             print(line, flush=True)
         self.send_response(200)
         self.send_header("Content-Length", "0")
