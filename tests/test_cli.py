@@ -281,6 +281,8 @@ def test_an_alert_webhook_refused_for_its_credentials_does_not_show_them(
      "ends at 2099-01-01T01:00Z, more than 3600 s after now"),
     (["demo", "--start", "2000-01-01T00:00Z", "--hours", "1"],
      "would begin before 2000-01-01, and events before then are rejected"),
+    (["demo", "--start", "0001-01-01T00:00Z", "--hours", "1"],  # was an OverflowError
+     "--start 0001-01-01T00:00Z: the simulation (with its 6 h warm-up) would begin"),
     (["simulate", "--start", "9999-12-31T23:00Z", "--hours", "2"],
      "the simulation would go past the year 9999"),
     (["demo", "--hours", "0.1", "--topic-prefix", "zz"], "it needs --kafka"),

@@ -62,6 +62,11 @@ def test_file_then_environment_override(tmp_path: Path) -> None:
     ("alerts:\n  idle_gpu_s: 90.5\n", {}, "alerts.idle_gpu_s: expected a whole number, got 90.5"),
     ("alerts:\n  for_s: 99999999999999999999999\n", {},
      "alerts.for_s: at most 31,622,400 s"),
+    # finite but beyond a timedelta: an OverflowError traceback out of every command
+    ("windows:\n  max_future_s: 1000000000000000000\n", {},
+     "windows.max_future_s: at most 315,619,200 s"),
+    ("", {"GPULEDGER_WAREHOUSE__COMPACT_AFTER_S": "1e18"},
+     "warehouse.compact_after_s: at most 315,619,200 s"),
     ("limits:\n  watts: 5\n", {}, "limits.watts: unknown key"),
     ("warehouse:\n  compact_bucket_rows: 10\n", {},
      "warehouse.compact_bucket_rows: must be >= 1000"),
@@ -81,3 +86,9 @@ def test_numbers_written_as_1e3_are_numbers(tmp_path: Path) -> None:
     config = load_config(f, environ={})
     assert config.alerts.for_s == 1000 and isinstance(config.alerts.for_s, int)
     assert config.thresholds.idle_activity == 0.05
+
+
+def test_ten_years_is_the_longest_window(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("windows:\n  max_behind_s: 315619200\n  ended_job_memory_s: 315619200\n")
+    assert load_config(f).windows.max_behind_s == 315_619_200

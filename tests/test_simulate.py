@@ -286,6 +286,15 @@ def test_invalid_specs_name_the_bad_key() -> None:
         with pytest.raises(ValueError, match=r"cluster\.workloads\[0\]\.arrivals_per_hour: "
                            "must be a finite number"):
             parse_cluster(broken("workloads.0.arrivals_per_hour", nan_or_inf))
+    # finite but far too large: an overflow (a traceback), a 44 TiB array, a run for ever
+    with pytest.raises(ValueError, match=r"cluster\.warmup_hours: must be <= 168"):
+        parse_cluster(broken("warmup_hours", 1e12))
+    with pytest.raises(ValueError, match=r"cluster\.workloads\[0\]\.arrivals_per_hour: "
+                       "must be <= 10000"):
+        parse_cluster(broken("workloads.0.arrivals_per_hour", 1e12))
+    with pytest.raises(ValueError, match=r"cluster\.workloads\[0\]\.duration_minutes"
+                       r"\.sigma: must be <= 10"):
+        parse_cluster(broken("workloads.0.duration_minutes.sigma", 1e12))
 
 
 # --- output shape -------------------------------------------------------------------

@@ -95,9 +95,9 @@ def _sim_config(args: argparse.Namespace, future_s: float | None = None) -> Any:
     sim = SimConfig(**kw)
     warmup = timedelta(hours=(sim.cluster or load_cluster(None)).warmup_hours)
     start = sim.start if sim.start.tzinfo else sim.start.replace(tzinfo=UTC)
-    if start - warmup < MIN_TIME:
-        raise CliError(f"--start {start:%Y-%m-%dT%H:%MZ}: the simulation (with its "
-                       f"{warmup.total_seconds() / 3600:g} h warm-up) would begin before "
+    if start < MIN_TIME + warmup:  # (start - warmup underflows before year 1)
+        raise CliError(f"--start {start.year:04d}{start:-%m-%dT%H:%MZ}: the simulation "
+                       f"(with its {warmup.total_seconds() / 3600:g} h warm-up) would begin before "
                        f"{MIN_TIME:%Y-%m-%d}, and events before then are rejected; start "
                        f"at {MIN_TIME + warmup:%Y-%m-%dT%H:%MZ} or later")
     last = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)

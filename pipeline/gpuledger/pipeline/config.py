@@ -81,6 +81,9 @@ class Windows:
     samples of one step are held in memory."""
 
 
+WINDOW_SECONDS_MAX = 3653 * 86_400
+"""The longest time a ``windows`` or ``warehouse`` setting in seconds may hold: ten years
+(a history imported with ``max_behind_s`` of a year fits many times over)."""
 ALERT_SECONDS_MAX = 366 * 86_400
 """The longest alert duration (a ``for`` or window a Prometheus rule holds)."""
 
@@ -285,6 +288,14 @@ class ProcessorConfig:
                      "snapshot_interval_s"):
             if getattr(self.warehouse, name) < 0:
                 raise ConfigError(f"warehouse.{name}: must be >= 0")
+        # 10¹⁸ s overflowed a timedelta: a traceback out of every command
+        for section, names in (("windows", [f.name for f in fields(w)]),
+                               ("warehouse", [f.name for f in fields(self.warehouse)])):
+            for name in names:
+                value = getattr(getattr(self, section), name)
+                if name.endswith("_s") and value > WINDOW_SECONDS_MAX:
+                    raise ConfigError(f"{section}.{name}: at most {WINDOW_SECONDS_MAX:,} s "
+                                      f"(ten years), got {value:g}")
         if self.warehouse.compact_bucket_rows < 1_000:
             raise ConfigError("warehouse.compact_bucket_rows: must be >= 1000 (a spill of "
                               "smaller buckets costs far more than it saves)")

@@ -397,7 +397,8 @@ def parse_cluster(raw: object) -> ClusterSpec:
         workloads=workloads,
         faults=faults,
         outside_processes=outside,
-        warmup_hours=_num(doc, "warmup_hours", root, 6.0, minimum=0),
+        # bounded: 10¹² hours overflowed a timedelta (a traceback), 10⁵ ran for ever
+        warmup_hours=_num(doc, "warmup_hours", root, 6.0, minimum=0, maximum=MAX_WARMUP_HOURS),
         schedule_interval_s=_int(doc, "schedule_interval_s", root, 15, minimum=1),
         reserve_after_minutes=_num(doc, "reserve_after_minutes", root, 120.0, minimum=0),
     )
@@ -552,7 +553,9 @@ def _workload(
         job_type=job_type,
         queue=queue_name,
         teams=tuple(str(t) for t in raw_teams),
-        arrivals_per_hour=_num(obj, "arrivals_per_hour", where, minimum=0),
+        # 10¹² asked numpy for a 44 TiB array
+        arrivals_per_hour=_num(obj, "arrivals_per_hour", where, minimum=0,
+                               maximum=MAX_ARRIVALS_PER_HOUR),
         gpus=gpus,
         duration=duration,
         initial_jobs=_int(obj, "initial_jobs", where, 0, minimum=0),
@@ -595,6 +598,16 @@ def _fits_group(size: int, group: NodeGroup) -> bool:
     return size <= n or (size % n == 0 and size // n <= group.nodes)
 
 
+MAX_WARMUP_HOURS = 168.0
+"""The longest warm-up a cluster spec may ask for (a week: the queue fills in hours)."""
+MAX_ARRIVALS_PER_HOUR = 10_000.0
+"""The most jobs a workload may submit per hour (about 3 a second; the default cluster's
+busiest workload submits 8; at 10,000 the 6-hour warm-up alone takes 80 s)."""
+MAX_SIGMA = 10.0
+"""The widest log-normal spread of a duration (``sigma``; 0.5–0.7 in the default
+cluster; durations are clipped to their ``min`` and ``max`` anyway)."""
+
+
 def _duration(raw: object, where: str) -> Duration:
     obj = _mapping(raw, where)
     _check_keys(obj, where, {"median", "sigma", "min", "max"})
@@ -605,7 +618,8 @@ def _duration(raw: object, where: str) -> Duration:
         raise _fail(where, "need min <= median <= max")
     return Duration(
         median=median,
-        sigma=_num(obj, "sigma", where, 0.5, minimum=0),
+        # the log-normal's spread: 10¹² overflowed exp() (a traceback)
+        sigma=_num(obj, "sigma", where, 0.5, minimum=0, maximum=MAX_SIGMA),
         minimum=minimum,
         maximum=maximum,
     )
