@@ -89,18 +89,21 @@ def _process_cmd(kafka: Broker, settings: KafkaSettings, root: Path, group: str,
 def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> None:
     """Topics that do not exist, and a broker that cannot be reached, stop the service
     with one line and exit status 2 (tracebacks before: RuntimeError, and
-    KafkaTimeoutError after 30 s)."""
+    KafkaTimeoutError after 30 s, still so with the alerts on until 2026-12-05)."""
     missing = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
                kafka.bootstrap, "--topic-prefix", f"none{uuid.uuid4().hex[:6]}.",
                "--warehouse", str(tmp_path / "a"), "--group", "g", "--no-alerts"]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]   # nothing listens there once closed
+    # alerts on (the default): the alerts topic is made first, and that was a traceback
     gone = [sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
-            f"127.0.0.1:{port}", "--warehouse", str(tmp_path / "b"), "--group", "g",
-            "--no-alerts"]
+            f"127.0.0.1:{port}", "--warehouse", str(tmp_path / "b"), "--group", "g"]
+    demo = [sys.executable, "-m", "gpuledger.cli.main", "demo", "--kafka",
+            f"127.0.0.1:{port}", "--hours", "0.1", "--warehouse", str(tmp_path / "c"),
+            "--quiet"]                  # a traceback too, from making the topics
     runs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for c in (missing, gone)]   # side by side: the unreachable one takes 30 s
+            for c in (missing, gone, demo)]   # side by side: the unreachable take 30 s
     outs = [r.communicate(timeout=120) for r in runs]
     for r, (_out, err) in zip(runs, outs, strict=True):
         assert r.returncode == 2, err[-2000:]
@@ -108,8 +111,10 @@ def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> No
     assert outs[0][1].strip().splitlines()[-1].startswith(
         "gpuledger: error: topic none"), outs[0][1][-500:]
     assert "does not exist on" in outs[0][1] and "gpuledger topics create" in outs[0][1]
-    assert outs[1][1].strip().splitlines()[-1].startswith(
-        f"gpuledger: error: cannot reach Kafka at 127.0.0.1:{port} ("), outs[1][1][-500:]
+    for _out, err in outs[1:]:
+        assert err.strip().splitlines()[-1].startswith(
+            f"gpuledger: error: cannot reach Kafka at 127.0.0.1:{port} ("), err[-500:]
+    assert not (tmp_path / "c").exists()
 
 
 def test_topics_are_created_once(kafka: Broker) -> None:

@@ -186,8 +186,16 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
     try:
         if args.kafka:
             from gpuledger.pipeline.kafka.demo import run_kafka_demo
+            from gpuledger.pipeline.kafka.service import unreachable
 
-            result = run_kafka_demo(sim, config, args.warehouse, _kafka_settings(args), update)
+            settings = _kafka_settings(args)
+            try:
+                result = run_kafka_demo(sim, config, args.warehouse, settings, update)
+            except Exception as exc:  # a broker that cannot be reached: one line
+                error = unreachable(settings.bootstrap, exc)
+                if error is None:
+                    raise
+                raise CliError(str(error)) from None
         else:
             from gpuledger.pipeline.demo import run_demo
 
@@ -233,6 +241,13 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
         url = ops.start()
     except (AddressError, OSError) as exc:
         raise CliError(f"--metrics-address: {exc}") from None
+    except Exception as exc:  # the alerts topic is made at the start: Kafka must answer
+        from gpuledger.pipeline.kafka.service import unreachable
+
+        error = unreachable(kafka.bootstrap, exc) if kafka is not None else None
+        if error is None:
+            raise
+        raise CliError(str(error)) from None
     if url:
         print(f"serving {url}", file=sys.stderr, flush=True)
     return ops

@@ -177,6 +177,17 @@ def _transient(exc: BaseException) -> bool:
     return type(exc).__name__ == "KafkaException"  # confluent-kafka's
 
 
+def unreachable(bootstrap: str, exc: BaseException) -> ServiceStartError | None:
+    """The one-line error for ``exc`` when it says Kafka at ``bootstrap`` cannot be
+    reached (None when it says something else)."""
+    if not _transient(exc):
+        return None
+    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    text = text.removeprefix(f"{type(exc).__name__}: ")
+    return ServiceStartError(f"cannot reach Kafka at {bootstrap} "
+                             f"({type(exc).__name__}{': ' + text if text else ''})")
+
+
 def _rejoin_error(exc: BaseException) -> bool:
     """A commit refused because the group no longer counts this member (its session
     expired, or a rebalance is under way): the consumer rejoins by itself."""
@@ -232,13 +243,10 @@ class KafkaProcessorService:
         except ServiceStartError:
             raise
         except Exception as exc:
-            if not _transient(exc):
+            error = unreachable(settings.bootstrap, exc)
+            if error is None:
                 raise
-            text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-            text = text.removeprefix(f"{type(exc).__name__}: ")
-            raise ServiceStartError(f"cannot reach Kafka at {settings.bootstrap} "
-                                    f"({type(exc).__name__}{': ' + text if text else ''})"
-                                    ) from None
+            raise error from None
         self.global_parts = [TopicPartition(topic, p)
                              for topic in (t.jobs, t.inventory, t.attempt_parts)
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
