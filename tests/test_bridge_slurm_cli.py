@@ -127,8 +127,9 @@ def test_an_outbox_past_the_end_of_a_new_out_file_is_appended_not_padded(
     assert json.loads((tmp_path / "st").read_text())["outbox"] is None
 
 
-@pytest.mark.parametrize("value", ["1e-300", "0.05", "0", "nan", "inf"])
-def test_interval_has_a_lower_bound(capsys: pytest.CaptureFixture[str], value: str) -> None:
+@pytest.mark.parametrize("value", ["1e-300", "0.05", "0", "nan", "inf", "86401", "1e18"])
+def test_interval_has_bounds(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """(1e18 overflowed the wait between polls: a traceback after the first poll.)"""
     with pytest.raises(SystemExit) as done:
         main(["bridge", "slurm", "--out", "o", "--interval", value])
     assert done.value.code == 2

@@ -29,13 +29,16 @@ BRIDGE_MODULES: tuple[str, ...] = ("gpuledger.cli.bridge_kubernetes",)
 
 
 INTERVAL_MIN_S = 0.1
+INTERVAL_MAX_S = 86_400.0
 """The shortest ``--interval``: each poll is two controller RPCs (a tenth of a second
 already polls ten times a second; tests use 0.3 s, production 10 s or more)."""
 
 
 def poll_interval(name: str) -> Callable[[str], float]:
-    """A finite number of seconds, at least :data:`INTERVAL_MIN_S`."""
-    return bounded(float, name, at_least=INTERVAL_MIN_S, unit="seconds")
+    """A finite number of seconds, at least :data:`INTERVAL_MIN_S` and at most a day
+    (10¹⁸ overflowed the wait between polls: a traceback after the first poll)."""
+    return bounded(float, name, at_least=INTERVAL_MIN_S, at_most=INTERVAL_MAX_S,
+                   unit="seconds")
 
 
 def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
@@ -58,7 +61,8 @@ def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
                    "unreachable (default: STATE.spool/)")
     p.add_argument("--interval", type=poll_interval("--interval"), default=10.0,
                    metavar="SECONDS",
-                   help=f"seconds between polls, at least {INTERVAL_MIN_S:g} (default 10)")
+                   help=f"seconds between polls, at least {INTERVAL_MIN_S:g} and at most "
+                   f"{INTERVAL_MAX_S:,.0f} (default 10)")
     p.add_argument("--once", action="store_true", help="poll once, hand over, and exit")
     p.add_argument("--quiet", action="store_true", help="log only warnings")
     p.add_argument("--metrics-address", metavar="HOST:PORT", default=None,
