@@ -29,9 +29,10 @@ BRIDGE_MODULES: tuple[str, ...] = ("gpuledger.cli.bridge_kubernetes",)
 
 
 INTERVAL_MIN_S = 0.1
-INTERVAL_MAX_S = 86_400.0
 """The shortest ``--interval``: each poll is two controller RPCs (a tenth of a second
 already polls ten times a second; tests use 0.3 s, production 10 s or more)."""
+INTERVAL_MAX_S = 86_400.0
+"""The longest ``--interval``: a day."""
 
 
 def poll_interval(name: str) -> Callable[[str], float]:
