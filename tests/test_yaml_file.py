@@ -133,3 +133,16 @@ def test_agent_environment_values_are_checked_the_same(
     assert "GPULEDGER_AGENT__ATTRIBUTION__METHODS" in str(err.value) or \
         "attribution.methods" in str(err.value), str(err.value)
     assert "aliases expand to more than 100,000 values" in str(err.value)
+
+
+def test_an_undecodable_byte_in_an_agent_variable_is_said_not_raised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment variable's byte that is not UTF-8 reaches Python as a lone
+    surrogate, which libyaml's reader cannot take (a UnicodeEncodeError traceback, for one
+    commit); the Python reader says why it is not YAML."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("")
+    monkeypatch.setenv("GPULEDGER_AGENT__ATTRIBUTION__METHODS", "[\udcff]")
+    with pytest.raises(ValueError) as err:
+        load_agent_config(path)
+    assert "special characters are not allowed" in str(err.value), str(err.value)

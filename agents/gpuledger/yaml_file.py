@@ -61,8 +61,9 @@ def _check_shape(text: str) -> None:
 
     The events come from libyaml's parser where PyYAML has it (20 times faster: the
     check of a 1.2 MB mapping file took 2.6 s in Python, as much as 60 % of reading it);
-    text libyaml does not take is checked again by the Python parser, which reads it
-    as ``yaml.safe_load`` will (and raises what it finds wrong)."""
+    text libyaml does not take (not YAML, or a lone surrogate from an environment
+    variable's undecodable byte) is checked again by the Python parser, which reads it as
+    ``yaml.safe_load`` will (and raises what it finds wrong)."""
     parsers: list[Any] = [yaml.SafeLoader]
     if getattr(yaml, "__with_libyaml__", False):
         parsers.insert(0, yaml.CSafeLoader)
@@ -72,7 +73,7 @@ def _check_shape(text: str) -> None:
             return
         except YamlRefused:
             raise
-        except yaml.YAMLError:
+        except Exception:  # libyaml's: a YAMLError, or a UnicodeEncodeError (a surrogate)
             if parser is yaml.SafeLoader:
                 raise
 
