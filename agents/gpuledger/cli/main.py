@@ -8,12 +8,13 @@ it is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -186,16 +187,10 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
     try:
         if args.kafka:
             from gpuledger.pipeline.kafka.demo import run_kafka_demo
-            from gpuledger.pipeline.kafka.service import unreachable
 
             settings = _kafka_settings(args)
-            try:
+            with _unreachable_said(settings.bootstrap):
                 result = run_kafka_demo(sim, config, args.warehouse, settings, update)
-            except Exception as exc:  # a broker that cannot be reached: one line
-                error = unreachable(settings.bootstrap, exc)
-                if error is None:
-                    raise
-                raise CliError(str(error)) from None
         else:
             from gpuledger.pipeline.demo import run_demo
 
@@ -225,6 +220,21 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _unreachable_said(bootstrap: str | None) -> Iterator[None]:
+    """A Kafka at ``bootstrap`` that cannot be reached, met in the block, is one line
+    (``CliError``) instead of a traceback; other errors go on as they are."""
+    try:
+        yield
+    except Exception as exc:
+        from gpuledger.pipeline.kafka.service import unreachable
+
+        error = unreachable(bootstrap, exc) if bootstrap is not None else None
+        if error is None:
+            raise
+        raise CliError(str(error)) from None
+
+
 def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
     """The exporter and alert engine the options ask for (gpuledger.pipeline.ops), or None."""
     if not (args.metrics_address or args.alert_webhook or kafka is not None):
@@ -237,17 +247,12 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
     if problem:
         raise CliError(f"--alert-webhook: {redacted(args.alert_webhook)!r}: {problem}")
     try:
-        ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
+        # the alerts topic is made at the start: Kafka must answer
+        with _unreachable_said(kafka.bootstrap if kafka is not None else None):
+            ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
         url = ops.start()
     except (AddressError, OSError) as exc:
         raise CliError(f"--metrics-address: {exc}") from None
-    except Exception as exc:  # the alerts topic is made at the start: Kafka must answer
-        from gpuledger.pipeline.kafka.service import unreachable
-
-        error = unreachable(kafka.bootstrap, exc) if kafka is not None else None
-        if error is None:
-            raise
-        raise CliError(str(error)) from None
     if url:
         print(f"serving {url}", file=sys.stderr, flush=True)
     return ops

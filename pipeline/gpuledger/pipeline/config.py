@@ -278,21 +278,18 @@ class ProcessorConfig:
                               "alerts.waste_critical_gpu_hours "
                               f"({a.waste_warning_gpu_hours} > {a.waste_critical_gpu_hours})")
         w = self.windows
-        for name in ("allowed_lateness_s", "node_stall_s", "max_future_s", "max_ahead_s",
-                     "max_behind_s",
-                     "ended_job_memory_s", "handover_retention_s", "catchup_close_minutes",
-                     "catchup_close_interval_s"):
-            if getattr(w, name) < 0:
-                raise ConfigError(f"windows.{name}: must be >= 0")
-        for name in ("retain_s", "compact_after_s", "catalog_interval_s",
-                     "snapshot_interval_s"):
-            if getattr(self.warehouse, name) < 0:
-                raise ConfigError(f"warehouse.{name}: must be >= 0")
-        # 10¹⁸ s overflowed a timedelta: a traceback out of every command
-        for section, names in (("windows", [f.name for f in fields(w)]),
-                               ("warehouse", [f.name for f in fields(self.warehouse)])):
+        for section, names in (
+                ("windows", ("allowed_lateness_s", "node_stall_s", "max_future_s",
+                             "max_ahead_s", "max_behind_s", "ended_job_memory_s",
+                             "handover_retention_s", "catchup_close_minutes",
+                             "catchup_close_interval_s")),
+                ("warehouse", ("retain_s", "compact_after_s", "catalog_interval_s",
+                               "snapshot_interval_s"))):
             for name in names:
                 value = getattr(getattr(self, section), name)
+                if value < 0:
+                    raise ConfigError(f"{section}.{name}: must be >= 0")
+                # 10¹⁸ s overflowed a timedelta: a traceback out of every command
                 if name.endswith("_s") and value > WINDOW_SECONDS_MAX:
                     raise ConfigError(f"{section}.{name}: at most {WINDOW_SECONDS_MAX:,} s "
                                       f"(ten years), got {value:g}")
