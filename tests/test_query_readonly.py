@@ -359,3 +359,20 @@ def test_a_query_that_is_not_utf8_is_one_line(warehouse: Path,
     argument = latin.decode("utf-8", "surrogateescape")      # as Python hands over argv
     assert main(["query", "--warehouse", str(warehouse), argument]) == 2
     assert capsys.readouterr().err == "gpuledger: error: the query is not UTF-8 text\n"
+
+
+@pytest.mark.parametrize(("sql", "named"), [
+    ("INSTALL httpfs", "got INSTALL (DuckDB's kind: LOAD)"),
+    ("use memory", "got USE (DuckDB's kind: SET)"),
+    ("CHECKPOINT", "got CHECKPOINT (DuckDB's kind: CALL)"),
+    ("EXPLAIN ANALYZE CHECKPOINT", "got EXPLAIN of CHECKPOINT (DuckDB's kind: CALL)"),
+    ("WITH a AS (SELECT 1) INSERT INTO gpu_minute SELECT * FROM a", "got INSERT"),
+    ("COPY (SELECT 1) TO 'x.csv'", "got COPY"),
+])
+def test_a_refusal_names_the_statement_as_it_was_written(warehouse: Path, sql: str,
+                                                         named: str) -> None:
+    """DuckDB files INSTALL under LOAD, USE under SET and CHECKPOINT under CALL: the
+    refusal says what the user wrote ("got LOAD" for an INSTALL puzzled)."""
+    with pytest.raises(query.QueryError) as refused:
+        query.run(warehouse, sql)
+    assert str(refused.value).endswith(named), str(refused.value)

@@ -259,6 +259,15 @@ def _refuse(kind: str) -> QueryError:
                       f"got {kind}")
 
 
+def _named(kind: str, text: str) -> str:
+    """A statement's kind as its author wrote it: DuckDB files INSTALL under LOAD, USE
+    under SET and CHECKPOINT under CALL; the first word names what was asked."""
+    head = next((t.text for t in _tokens(text)), kind)
+    if head == kind or head not in WRITE_WORDS or "(" in kind:  # WITH … INSERT: INSERT
+        return kind
+    return f"{head} (DuckDB's kind: {kind})"
+
+
 def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> None:
     statements = _statements(con, sql)
     if not statements:
@@ -267,7 +276,8 @@ def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> None:
         if kind == "SELECT":
             continue
         if kind not in ("EXPLAIN", "MULTI"):
-            raise _refuse(kind if depth == 0 else f"EXPLAIN of {kind}")
+            named = _named(kind, text)
+            raise _refuse(named if depth == 0 else f"EXPLAIN of {named}")
         inner = _explained(con, text)
         if inner is not None:
             if not inner.strip():
