@@ -140,6 +140,16 @@ def test_bad_configuration_exits_2_naming_the_key(tmp_path: Path) -> None:
     done = subprocess.run(_agent_cmd(good), env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "kafka: no Kafka bootstrap" in done.stderr
+    # the agent has no --kafka flag: the error names what it does have
+    assert "--kafka" not in done.stderr, done.stderr
+    assert "set kafka.bootstrap in the agent configuration" in done.stderr
+    env["GPULEDGER_AGENT__KAFKA__BOOTSTRAP"] = "127.0.0.1:9"
+    env["GPULEDGER_KAFKA_SECURITY_PROTOCOL"] = "TLS"
+    done = subprocess.run(_agent_cmd(good), env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith("is not one of PLAINTEXT, SASL_PLAINTEXT, "
+                                        "SASL_SSL, SSL"), done.stderr
 
 
 def _free_port() -> int:

@@ -24,7 +24,9 @@ def kafka_settings(config: AgentConfig, environ: dict[str, str] | None = None
     env = dict(os.environ) if environ is None else dict(environ)
     if config.kafka.topic_prefix:
         env["GPULEDGER_KAFKA_TOPIC_PREFIX"] = config.kafka.topic_prefix
-    return load_settings(config.kafka.bootstrap, env)
+    return load_settings(config.kafka.bootstrap, env,
+                         given_by="set kafka.bootstrap in the agent configuration "
+                                  "(GPULEDGER_AGENT__KAFKA__BOOTSTRAP)")
 
 
 def producer_options(settings: KafkaSettings, send_timeout_s: float) -> dict[str, Any]:

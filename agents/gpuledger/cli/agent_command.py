@@ -85,7 +85,7 @@ def _serve(config: Any) -> int:
     try:
         settings = kafka_settings(config)
     except KafkaSettingsError as exc:
-        raise CliError(f"kafka: {exc} (or set kafka.bootstrap in the configuration)") from None
+        raise CliError(f"kafka: {exc}") from None
     try:
         source = build_source(config)
     except SourceError as exc:

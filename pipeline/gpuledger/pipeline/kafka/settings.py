@@ -142,12 +142,14 @@ def _secret(environ: dict[str, str], name: str) -> str | None:
 
 
 def load_settings(bootstrap: str | None = None,
-                  environ: dict[str, str] | None = None) -> KafkaSettings:
-    """Settings from ``bootstrap`` (e.g. ``--kafka``) and the environment, validated."""
+                  environ: dict[str, str] | None = None,
+                  given_by: str = "pass --kafka HOST:PORT") -> KafkaSettings:
+    """Settings from ``bootstrap`` (e.g. ``--kafka``) and the environment, validated.
+    ``given_by``: how the caller's user gives a bootstrap, for the error without one."""
     env = dict(os.environ) if environ is None else environ
     servers = bootstrap or env.get("GPULEDGER_KAFKA_BOOTSTRAP")
     if not servers:
-        raise KafkaSettingsError("no Kafka bootstrap: pass --kafka HOST:PORT or set "
+        raise KafkaSettingsError(f"no Kafka bootstrap: {given_by} or set "
                                  "GPULEDGER_KAFKA_BOOTSTRAP")
     for server in servers.split(","):
         host, _, port = server.rpartition(":")
