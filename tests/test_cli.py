@@ -414,3 +414,22 @@ def test_group_and_instance_ids_kafka_allows_stay_allowed() -> None:
     for text in ("gpuledger-processor", "team:gpu ledger", "prod.eu_1", "h100-node-7.example",
                  "é" * 10, "x" * 249):
         assert parse(text) == text
+
+
+def test_sql_typed_without_quotes_is_told_to_be_quoted(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpuledger query select * from gpu_minute` left argparse saying 'unrecognized
+    arguments' under the top level's usage; the query command now says it, with the
+    fix."""
+    with pytest.raises(SystemExit) as ended:
+        main(["query", "select", "count(*)", "from", "gpu_minute"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: gpuledger query" in err
+    assert ("gpuledger query: error: unrecognized arguments: count(*) from gpu_minute; "
+            "the SQL is one argument: quote it") in err
+    with pytest.raises(SystemExit):  # another command's stray word: its own usage
+        main(["demo", "--hours", "1", "extra"])
+    err = capsys.readouterr().err
+    assert "usage: gpuledger demo" in err
+    assert err.rstrip().endswith("gpuledger demo: error: unrecognized arguments: extra")

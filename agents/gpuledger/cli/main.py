@@ -708,9 +708,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser kept in its namespace (``_parser``), so that an error
+    found after parsing is told with that command's usage, not the top level's."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(_parser=child)
+                _command_parsers(child)
+
+
+def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parse_args``, but words left over are refused by the command that was given
+    (argparse has the top level say it, with the top level's usage), and SQL typed
+    without quotes is told to be quoted."""
+    _command_parsers(parser)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        where: argparse.ArgumentParser = getattr(args, "_parser", parser)
+        hint = ""
+        if args.command == "query" and not any(word.startswith("-") for word in extra):
+            hint = ("; the SQL is one argument: quote it, e.g. gpuledger query "
+                    "\"SELECT * FROM gpu_minute LIMIT 5\" (unquoted, the shell also "
+                    "expands *)")
+        where.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parsed(parser, argv)
     try:
         if hasattr(args, "warehouse"):
             args.warehouse = warehouse_location(args.warehouse, getattr(args, "config", None))
