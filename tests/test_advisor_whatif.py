@@ -19,6 +19,7 @@ from gpuledger.pipeline import query
 from gpuledger.pipeline.advisor.answers import FRAGS, answers
 from gpuledger.pipeline.advisor.calibration import key_order
 from gpuledger.pipeline.advisor.history import HistoryError, load_history
+from gpuledger.pipeline.advisor.output import _num
 from gpuledger.pipeline.advisor.policy import PolicySet, load_policies, parse_policies
 from gpuledger.pipeline.advisor.replay import as_run
 from gpuledger.pipeline.advisor.whatif import run_whatif
@@ -114,6 +115,28 @@ def test_whatif_command_json_and_table(day: Path, capsys: pytest.CaptureFixture[
                  "--width", "200", "--until", "2026-01-05T03:00Z"]) == 0
     out = capsys.readouterr().out
     assert "calib. error" in out and "queue wait p90 (min)" in out and "fgd" in out
+
+
+def test_the_tables_fit_80_columns_and_cut_no_figure(
+        day: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Piped (80 columns), the built-in policies' tables were cut by rich: "resea…",
+    "(+43.…". Now every line fits, nothing is cut, and each figure of the JSON is there."""
+    args = ["whatif", "--warehouse", str(day), "--quiet", "--until", "2026-01-05T06:00Z"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert main([*args, "--width", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    words = set(out.split())
+    team = [r for r in doc["answers"] if r["answer"] == "team allocated GPU-hours"]
+    assert len(team) >= 3 and len(doc["policies"]) >= 5
+    for row in team:
+        assert row["key"] in words, row["key"]
+        for policy in doc["policies"][1:]:
+            value, base = row[policy["name"]], row["baseline"]
+            assert _num(value) in words and f"({_num(value - base, 1, '+')})" in words, (
+                row["key"], policy["name"])
 
 
 def test_whatif_command_reports_bad_input_in_one_line(

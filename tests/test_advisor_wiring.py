@@ -152,6 +152,15 @@ def test_report_section(wh: Path) -> None:
     console = Console(width=150, record=True)
     print_section(section, console)
     assert "What if" in console.export_text()
+    # 80 columns (a pipe): headers and names wrap, no figure is cut ("1,05…")
+    console = Console(width=80, record=True)
+    print_section(section, console)
+    narrow = console.export_text()
+    assert "…" not in narrow and max(map(len, narrow.splitlines())) <= 80
+    words = set(narrow.split())
+    for row in section.rows:
+        for v in row[1:]:
+            assert v is None or (f"{v:,}" if isinstance(v, float) else str(v)) in words, v
 
 
 def _telemetry(node: str, gpu: int, job_id: str, minutes: int, sm: float) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import polars as pl
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -23,6 +24,7 @@ from rich.text import Text
 from gpuledger.pipeline.advisor.answers import Answers
 from gpuledger.pipeline.advisor.calibration import key_order, long_form
 from gpuledger.pipeline.advisor.policy import PolicySet
+from gpuledger.pipeline.terminal_fit import fitted, header
 
 ORDER = ("queue wait p50 (min)", "queue wait p90 (min)", "queue wait p99 (min)",
          "queue wait p90 by size (min)", "blocked GPU-hours", "allocated GPU-hours",
@@ -96,19 +98,33 @@ def print_whatif(w: WhatIf, console: Console) -> None:
     others = [a.policy for a in w.replays if a.policy != base]
     for (answer,), rows in comp.group_by("answer", maintain_order=True):
         digits = 3 if str(answer).startswith("mean frag") else 1
-        table = Table(title=Text(str(answer)), title_justify="left")
-        table.add_column(Text("key"))
-        for name in ("observed", base, "calib. error", *others):
-            table.add_column(Text(name), justify="right")
+        titles = ["key", "observed", base, "calib. error", *others]
+        body: list[list[str]] = []
         for r in rows.iter_rows(named=True):
             mark = "✓" if r["within"] else "✗"
-            cells = [_num(r["observed"], digits), _num(r["baseline"], digits),
+            cells = [str(r["key"]), _num(r["observed"], digits), _num(r["baseline"], digits),
                      "" if r["error"] is None else f"{_num(r['error'], digits, '+')} {mark}"]
             for name in others:
                 v = r[name]
                 cells.append("" if v is None else _num(v, digits) if r["baseline"] is None
                              else f"{_num(v, digits)} ({_num(v - r['baseline'], digits, '+')})")
-            table.add_row(Text(str(r["key"])), *(Text(c) for c in cells))
+            body.append(cells)
+
+        def build(widths: list[int] | None, title: str = str(answer),
+                  titles: list[str] = titles, body: list[list[str]] = body) -> Table:
+            # a narrow terminal (or a pipe: 80 columns) wraps cells at their spaces and
+            # never cuts them: rich's "(+43.…" lost the figure
+            table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD,
+                          show_edge=False, padding=(0, 1 if widths is None else 0))
+            for k, name in enumerate(titles):
+                width = None if widths is None else widths[k]
+                table.add_column(Text(header(name, width, hyphens=True)), width=width,
+                                 justify="left" if k == 0 else "right", overflow="fold")
+            for cells in body:  # data (a team named '[/]'): never read as markup
+                table.add_row(*(Text(c) for c in cells))
+            return table
+
+        table = fitted(build, titles, body, console, cells_wrap=True, hyphens=True)
         console.print(table)
 
 
@@ -201,11 +217,19 @@ def report_section(w: WhatIf) -> ReportSection:
 
 def print_section(section: ReportSection, console: Console) -> None:
     """The report section as one rich table (``gpuledger report``'s terminal style)."""
-    table = Table(title=Text(section.title), caption=Text(section.question),
-                  title_justify="left", caption_justify="left")
-    for i, name in enumerate(section.columns):
-        table.add_column(Text(name), justify="left" if i == 0 else "right")
-    for r in section.rows:
-        table.add_row(*[Text("" if v is None else (f"{v:,}" if isinstance(v, float)
-                                                   else str(v))) for v in r])
-    console.print(table)
+    body = [["" if v is None else (f"{v:,}" if isinstance(v, float) else str(v)) for v in r]
+            for r in section.rows]
+
+    def build(widths: list[int] | None) -> Table:
+        table = Table(title=Text(section.title), caption=Text(section.question),
+                      title_justify="left", caption_justify="left")
+        for i, name in enumerate(section.columns):
+            width = None if widths is None else widths[i]
+            table.add_column(Text(header(name, width, hyphens=True)), width=width,
+                             justify="left" if i == 0 else "right", overflow="fold")
+        for cells in body:
+            table.add_row(*(Text(c) for c in cells))
+        return table
+
+    console.print(fitted(build, list(section.columns), body, console, cells_wrap=True,
+                         hyphens=True))

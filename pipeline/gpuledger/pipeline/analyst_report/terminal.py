@@ -16,22 +16,7 @@ from rich.text import Text
 from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report
 from gpuledger.pipeline.analyst_report.numbers import cell
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
-
-
-def _widths(titles: list[str], rows: list[list[str]], excess: int) -> list[int]:
-    """Column widths that fit: headers wrap at spaces, cells stay whole; the column
-    with the most room gives first, until ``excess`` is taken off."""
-    hi = [max([len(t), *(len(r[k]) for r in rows)]) for k, t in enumerate(titles)]
-    lo = [max([len(w) for w in t.split()] + [len(r[k]) for r in rows])
-          for k, t in enumerate(titles)]
-    widths = list(hi)
-    while excess > 0:
-        k = max(range(len(widths)), key=lambda i: widths[i] - lo[i])
-        if widths[k] <= lo[k]:
-            break
-        widths[k] -= 1
-        excess -= 1
-    return widths
+from gpuledger.pipeline.terminal_fit import fitted
 
 
 def _shown(a: Answer) -> list[Column]:
@@ -61,12 +46,7 @@ def _table(a: Answer, top: int, console: Console) -> Table:
             table.add_row(*(Text(c) for c in r))
         return table
 
-    full = build(None)
-    unbounded = console.options.update_width(100_000)
-    excess = console.measure(full, options=unbounded).maximum - console.width
-    if excess <= 0:
-        return full
-    return build(_widths(titles, rows, excess))
+    return fitted(build, titles, rows, console)
 
 
 def print_report(report: Report, console: Console, top: int) -> None:

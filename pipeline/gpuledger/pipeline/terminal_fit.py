@@ -1,0 +1,88 @@
+"""Tables that fit the terminal without cutting a figure.
+
+rich shrinks a table wider than its console by cutting cells ("+43.…"): a figure lost.
+:func:`fitted` builds a table at its natural widths and, when that is too wide, builds it
+again with widths that fit: headers wrap at spaces (and, with ``hyphens``, after a
+hyphen or an underscore: "no-" over "preemption"), cells stay whole (or, with
+``cells_wrap``, wrap at their spaces: "50.1 (+43.6)" as two lines), and the column
+with the most room gives first. Used by ``gpuledger report`` and ``gpuledger whatif``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+_PIECE = re.compile(r"[^\s_-]*[_-]+|[^\s_-]+")
+
+
+def _pieces(text: str, hyphens: bool) -> list[str]:
+    """The words of ``text``; with ``hyphens``, words broken after their hyphens and
+    underscores (``no-preemption``, ``allocated_gpu_h``)."""
+    if not hyphens:
+        return text.split()
+    return [p for word in text.split() for p in _PIECE.findall(word)]
+
+
+def header(title: str, width: int | None, hyphens: bool = False) -> str:
+    """``title`` in lines of at most ``width`` (where its pieces allow), broken at spaces
+    and, with ``hyphens``, after hyphens; unchanged where it fits."""
+    if width is None or len(title) <= width:
+        return title
+    lines: list[str] = []
+    for word in title.split():
+        for i, piece in enumerate(_pieces(word, hyphens)):
+            glue = "" if i else " "  # a hyphen's next piece joins without a space
+            if lines and len(lines[-1]) + len(glue) + len(piece) <= width:
+                lines[-1] += glue + piece
+            else:
+                lines.append(piece)
+    return "\n".join(lines)
+
+
+def fit_widths(titles: list[str], rows: list[list[str]], excess: int,
+               cells_wrap: bool = False, hyphens: bool = False) -> list[int]:
+    """Column widths ``excess`` columns narrower than the natural ones, as far as each
+    column's narrowest (its header's longest piece; its longest word, or its longest
+    cell) allows."""
+    def longest(text: str, split: bool) -> int:
+        return max([len(p) for p in _pieces(text, hyphens and split)] or [0])
+
+    hi = [max([len(t), *(len(r[k]) for r in rows)]) for k, t in enumerate(titles)]
+    lo = [max([longest(t, True)]
+              + [max([len(w) for w in r[k].split()] or [0]) if cells_wrap else len(r[k])
+                 for r in rows])
+          for k, t in enumerate(titles)]
+    widths = list(hi)
+    while excess > 0:
+        k = max(range(len(widths)), key=lambda i: widths[i] - lo[i])
+        if widths[k] <= lo[k]:
+            break
+        widths[k] -= 1
+        excess -= 1
+    return widths
+
+
+def fitted(build: Callable[[list[int] | None], Table], titles: list[str],
+           rows: list[list[str]], console: Console, cells_wrap: bool = False,
+           hyphens: bool = False) -> Table:
+    """``build(None)`` when it fits ``console``, else ``build(widths)`` with widths from
+    :func:`fit_widths` (columns should fold, never cut, what still does not fit; headers
+    go through :func:`header`). ``build`` may lay a table out more tightly when given
+    widths (less padding): the excess is measured on that layout."""
+    unbounded = console.options.update_width(100_000)
+
+    def excess(table: Table) -> int:
+        return console.measure(table, options=unbounded).maximum - console.width
+
+    full = build(None)
+    if excess(full) <= 0:
+        return full
+    compact = build(fit_widths(titles, rows, 0))  # the natural widths, tighter
+    over = excess(compact)
+    if over <= 0:
+        return compact
+    return build(fit_widths(titles, rows, over, cells_wrap, hyphens))
