@@ -25,8 +25,8 @@ DAY = datetime(2026, 1, 5, tzinfo=UTC)
 KEYS = ["minute", "node", "gpu_index"]
 
 
-def _hour(hour: int, rng: random.Random) -> pl.DataFrame:
-    minutes = [DAY + timedelta(hours=hour, minutes=m) for m in range(60)]
+def _hour(hour: int, rng: random.Random, day: datetime = DAY) -> pl.DataFrame:
+    minutes = [day + timedelta(hours=hour, minutes=m) for m in range(60)]
     gpus = range(4)
     return pl.DataFrame({
         "minute": [m for m in minutes for _ in gpus], "node": "n1",
@@ -35,11 +35,11 @@ def _hour(hour: int, rng: random.Random) -> pl.DataFrame:
         "value": [rng.randrange(1000) / 8 for _ in minutes for _ in gpus]})
 
 
-def _fill(wh: Warehouse, tables: list[str]) -> None:
+def _fill(wh: Warehouse, tables: list[str], day: datetime = DAY) -> None:
     rng = random.Random(5)
     for table in tables:
         for h in range(24):
-            wh.write_part(table, DAY + timedelta(hours=h), _hour(h, rng), KEYS)
+            wh.write_part(table, day + timedelta(hours=h), _hour(h, rng, day), KEYS)
 
 
 def _day_bytes(root: Path, table: str) -> bytes:
@@ -55,7 +55,7 @@ def _day_bytes(root: Path, table: str) -> bytes:
 def test_a_day_sorted_in_the_child_is_the_object_sorted_in_the_processor(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same hourly parts (5,760 rows, buckets of 1,000: the spill path) compacted in a
-    child process and in the processor give the same bytes; the child is gone after."""
+    child process and in the processor give the same bytes."""
     in_child = Warehouse(tmp_path / "child", options=WarehouseOptions(
         compact_after_s=0, compact_bucket_rows=1000))
     in_place = Warehouse(tmp_path / "here", options=WarehouseOptions(
@@ -197,3 +197,72 @@ def test_a_round_cut_off_ends_its_child_at_once(tmp_path: Path) -> None:
         child = worker.pid
         raise KeyboardInterrupt
     assert child is not None and not _running(child) and worker.pid is None
+
+
+def test_the_child_serves_the_next_rounds_and_ends_when_idle_or_at_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds that follow closely (an import, a catch-up: a day a second) share one child
+    (a child's start cost an import of the openb trace 12-15 % of its CPU); it ends at
+    the first commit ``SORT_CHILD_IDLE_S`` after its round, at the end of the input, and
+    when the warehouse closes."""
+    from gpuledger.pipeline import warehouse
+
+    wh = Warehouse(tmp_path / "wh", options=WarehouseOptions(compact_after_s=0,
+                                                             compact_bucket_rows=1000))
+    days = [DAY + timedelta(days=d) for d in range(4)]
+    _fill(wh, ["gpu_minute"], days[0])
+    wh.commit(days[1], wait=True)
+    first = wh.compaction_child
+    assert first is not None and _running(first)           # kept for the next round
+    _fill(wh, ["gpu_minute"], days[1])
+    wh.commit(days[2], wait=True)
+    assert wh.compaction_child == first                    # the same child sorted day 2
+    files = published_files(tmp_path / "wh")
+    assert {k for k in files if "/gpu_minute/" in k} == {
+        f"facts/gpu_minute/date={d:%Y-%m-%d}/gpu_minute-{d:%Y-%m-%d}.parquet"
+        for d in days[:2]}
+    monkeypatch.setattr(warehouse, "SORT_CHILD_IDLE_S", 0.0)
+    wh.commit(days[2], wait=True)                          # idle long enough: it ends
+    assert wh.compaction_child is None and not _running(first)
+    _fill(wh, ["gpu_minute"], days[2])
+    wh.commit(days[3], wait=True)
+    second = wh.compaction_child
+    assert second not in (None, first)
+    wh.end_compaction()                                    # the input has ended
+    assert wh.compaction_child is None and not _running(second)  # type: ignore[arg-type]
+    _fill(wh, ["gpu_minute"], days[3])
+    wh.commit(days[3] + timedelta(days=1), wait=True)
+    third = wh.compaction_child
+    wh.close()
+    assert third is not None and not _running(third) and wh.compaction_child is None
+    assert read_table(tmp_path / "wh", "gpu_minute").height == 4 * 24 * 240
+
+
+def test_a_processor_run_ends_the_kept_child_with_its_input(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run over two days compacts the first in a child, which is kept while the input
+    goes on and ended by the flush: no child outlives the run."""
+    from events import at, frames, inventory, series
+
+    from gpuledger.pipeline.config import ProcessorConfig
+    from gpuledger.pipeline.processor import Processor
+
+    children: list[int] = []
+    sort = SortWorker.sort_into
+
+    def noting(self: SortWorker, *args: object) -> int:
+        rows = sort(self, *args)  # type: ignore[arg-type]
+        assert self.pid is not None
+        children.append(self.pid)
+        return rows
+
+    monkeypatch.setattr(SortWorker, "sort_into", noting)
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"))
+    for hour in range(27):
+        proc.process(frames([inventory("n1", at(hour * 60), gpus=1),
+                             *series("n1", 0, at(hour * 60), 60, every_s=60)]))
+        if hour == 26:
+            assert proc.warehouse.compaction_child in children  # kept while input comes
+    proc.flush()
+    assert children and proc.warehouse.compaction_child is None
+    assert not any(_running(pid) for pid in set(children))

@@ -726,6 +726,7 @@ class Processor:
                 ).select(PARTS_SCHEMA.names()))
         self._write_rejects()
         self.warehouse.publish_catalog()
+        self.warehouse.end_compaction()
         uncharged = self.counters.uncharged_allocation_ms
         if uncharged > self._uncharged_said:
             self._uncharged_said = uncharged

@@ -58,6 +58,11 @@ FLOAT_DECIMALS = 9
 CATALOG_UNITS = ("warehouse", "p000")
 """The catalog is rebuilt by the writer of these units (one writer, so that it never
 goes back to an older generation of another writer's files)."""
+SORT_CHILD_IDLE_S = 30.0
+"""Compaction's child process is kept this long after its round for the next one
+(``Warehouse.compaction_round``): an import of the openb trace compacts 149 days, and a
+child started for each cost 12-15 % of its CPU (bench/README.md, *Seventeenth
+session*)."""
 
 
 def sql_dir() -> Path:
@@ -118,7 +123,11 @@ class Warehouse:
         """Free heap back to the system after commits: without it, RSS crept up by
         ~25 MiB a simulated day (bench/memory_flat.py)."""
         self._sorter: SortWorker | None = None
-        """The child process of the compaction round under way (``compaction_round``)."""
+        """Compaction's child process (``compaction_round``): kept between rounds that
+        follow within :data:`SORT_CHILD_IDLE_S`."""
+        self._sorter_idle_at = 0.0
+        """When the last round ended (``time.monotonic``)."""
+        self._in_round = False
         self.compaction_peak_rss_kib = 0
         """The largest peak resident memory of compaction's child processes so far."""
 
@@ -337,6 +346,7 @@ class Warehouse:
         ``closed``: every minute before it is closed; days closed
         ``options.compact_after_s`` before it are compacted first."""
         compacted = 0
+        self._retire_sorter(SORT_CHILD_IDLE_S)
         if closed is not None and self.options.compact:
             horizon = closed - timedelta(seconds=self.options.compact_after_s)
             with self.compaction_round():
@@ -347,28 +357,51 @@ class Warehouse:
 
     @property
     def compaction_child(self) -> int | None:
-        """The process id of compaction's child while a round runs one; else None."""
+        """The process id of compaction's child while one runs (in a round, or kept for
+        the next); else None."""
         return None if self._sorter is None else self._sorter.pid
 
     @contextmanager
     def compaction_round(self) -> Iterator[None]:
-        """The days compacted inside are sorted in one child process (started at the
-        first sort, if any, and ended here: ``sort_worker.py``), unless
-        ``options.compact_worker`` is off."""
-        if not self.options.compact_worker or self._sorter is not None:
+        """The days compacted inside are sorted in one child process (``sort_worker.py``,
+        started at the first sort), unless ``options.compact_worker`` is off. The child
+        is kept for the next round: a catch-up or an import compacts a day every second
+        or so, and a child's start costs about 0.2 s of CPU. It ends at the first commit
+        :data:`SORT_CHILD_IDLE_S` after its round (a live processor's rounds are a day
+        apart: its memory is back within a commit of that), at the end of the input
+        (:meth:`end_compaction`) and at once when a round is cut off (a stop, Ctrl-C)."""
+        if not self.options.compact_worker or self._in_round:
             yield
             return
-        self._sorter = sorter = SortWorker()
+        sorter = self._sorter = self._sorter or SortWorker()
+        self._in_round = True
         try:
-            with sorter:  # ended at once if the round is cut off (a stop, Ctrl-C)
-                yield
-        finally:
+            yield
+        except BaseException:
             self._sorter = None
+            sorter.stop()
+            raise
+        finally:
+            self._in_round = False
+            self._sorter_idle_at = time.monotonic()
             self.compaction_peak_rss_kib = max(self.compaction_peak_rss_kib,
                                                sorter.peak_rss_kib)
             if sorter.peak_rss_kib:
                 log.info("compaction round done; its child process peaked at %.0f MiB",
                          sorter.peak_rss_kib / 1024)
+
+    def _retire_sorter(self, idle_s: float) -> None:
+        """End compaction's child when it has waited ``idle_s`` since its round."""
+        sorter = self._sorter
+        if sorter is None or self._in_round:
+            return
+        if time.monotonic() - self._sorter_idle_at >= idle_s:
+            self._sorter = None
+            sorter.close()  # waits: its memory is back when this returns
+
+    def end_compaction(self) -> None:
+        """The input has ended: compaction's kept child ends now."""
+        self._retire_sorter(0.0)
 
     def compact_unit(self, unit: str, before: datetime) -> int:
         """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in
@@ -437,7 +470,8 @@ class Warehouse:
             order = compaction.sort_order(table, sort_by)
             files = [p for p in parts if isinstance(p, Path)]
             try:
-                if self._sorter is not None and keep is None and len(files) == len(parts):
+                if (self._in_round and self._sorter is not None and keep is None
+                        and len(files) == len(parts)):
                     rows = self._sorter.sort_into(out, files, order, compaction.ROW_GROUP_ROWS,
                                                   self.options.compact_bucket_rows)
                 else:
@@ -456,6 +490,7 @@ class Warehouse:
         self._maybe_catalog(force=False)
 
     def close(self) -> None:
+        self.end_compaction()
         self.publisher.close()
 
     def _after_commit(self, units: set[str]) -> None:
