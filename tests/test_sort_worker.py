@@ -221,21 +221,33 @@ def test_the_child_serves_the_next_rounds_and_ends_when_idle_or_at_the_end(
     assert {k for k in files if "/gpu_minute/" in k} == {
         f"facts/gpu_minute/date={d:%Y-%m-%d}/gpu_minute-{d:%Y-%m-%d}.parquet"
         for d in days[:2]}
-    monkeypatch.setattr(warehouse, "SORT_CHILD_IDLE_S", 0.0)
-    wh.commit(days[2], wait=True)                          # idle long enough: it ends
-    assert wh.compaction_child is None and not _running(first)
+    os.kill(first, signal.SIGKILL)                         # killed while kept: the
+    while _running(first):                                 # next round starts another,
+        time.sleep(0.01)                                   # no day put off
     _fill(wh, ["gpu_minute"], days[2])
     wh.commit(days[3], wait=True)
+    assert wh.compaction_child not in (None, first)
+    first = wh.compaction_child
+    assert first is not None
+    monkeypatch.setattr(warehouse, "SORT_CHILD_IDLE_S", 0.0)
+    wh.commit(days[3], wait=True)                          # idle long enough: it ends
+    assert wh.compaction_child is None and not _running(first)
+    _fill(wh, ["gpu_minute"], days[3])
+    wh.commit(days[3] + timedelta(days=1), wait=True)
     second = wh.compaction_child
     assert second not in (None, first)
     wh.end_compaction()                                    # the input has ended
     assert wh.compaction_child is None and not _running(second)  # type: ignore[arg-type]
-    _fill(wh, ["gpu_minute"], days[3])
-    wh.commit(days[3] + timedelta(days=1), wait=True)
+    days.append(days[3] + timedelta(days=1))
+    _fill(wh, ["gpu_minute"], days[4])
+    wh.commit(days[4] + timedelta(days=1), wait=True)
     third = wh.compaction_child
     wh.close()
     assert third is not None and not _running(third) and wh.compaction_child is None
-    assert read_table(tmp_path / "wh", "gpu_minute").height == 4 * 24 * 240
+    files = published_files(tmp_path / "wh")
+    assert {k for k in files if "/gpu_minute/" in k} == {
+        f"facts/gpu_minute/date={d:%Y-%m-%d}/gpu_minute-{d:%Y-%m-%d}.parquet" for d in days}
+    assert read_table(tmp_path / "wh", "gpu_minute").height == 5 * 24 * 240
 
 
 def test_a_processor_run_ends_the_kept_child_with_its_input(

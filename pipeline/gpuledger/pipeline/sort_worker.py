@@ -71,6 +71,12 @@ class SortWorker:
         """The child's process id; None while none runs."""
         return None if self._child is None else self._child.pid
 
+    @property
+    def ended(self) -> bool:
+        """Whether its child has ended (killed while it waited for a sort, say); a
+        worker whose child has not started yet has not ended."""
+        return self._child is not None and self._child.poll() is not None
+
     def _start(self) -> subprocess.Popen[bytes]:
         env = {**CHILD_ENV, **os.environ}  # what the user set wins
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the caller's imports

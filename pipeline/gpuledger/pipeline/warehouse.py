@@ -373,6 +373,9 @@ class Warehouse:
         if not self.options.compact_worker or self._in_round:
             yield
             return
+        if self._sorter is not None and self._sorter.ended:  # died while it was kept
+            self._sorter.close()
+            self._sorter = None
         sorter = self._sorter = self._sorter or SortWorker()
         self._in_round = True
         try:
