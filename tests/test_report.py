@@ -258,6 +258,27 @@ def test_terminal_fits_80_columns_and_keeps_job_ids_whole(
     assert f"… and {len(top.rows) - 3}" in top_part or "… and more rows" in top_part
 
 
+def test_a_table_too_wide_for_whole_cells_wraps_words_and_never_cuts_one(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In 80 columns the what-if section (a row label of 37 characters) did not fit with
+    whole cells, and rich cut its headers mid-word ("allocate" over "d", "(GPU-h" over
+    ")"); its text cells now wrap at their spaces instead, and every header word and
+    figure is whole."""
+    from gpuledger.pipeline.advisor.wiring import whatif_section
+
+    assert main(["report", "--warehouse", str(root), "--width", "80", "--whatif"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    part = out.split("What if: the same history under other policies")[1]
+    words = set(part.split())
+    assert {"allocated", "used", "wait", "p90", "(min)", "blocked", "lost",
+            "(GPU-h)"} <= words
+    section = whatif_section(root)
+    for row in section.rows[:-1]:  # the last, the calibration error, wraps at spaces
+        assert row[0] in words, row[0]
+    assert {"calibration", "error", "(as-run", "−", "observed)"} <= words
+
+
 def test_html_tables_read_right(report: Report, html_file: Path) -> None:
     tables = _tables(html_file.read_text(encoding="utf-8"))
     by_section = {s.key: s for s in SECTIONS}

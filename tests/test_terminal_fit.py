@@ -31,6 +31,10 @@ def test_widths_give_from_the_roomiest_column_down_to_its_longest_piece() -> Non
     assert fit_widths(titles, rows, 4, hyphens=True) == [12, 12]  # it wraps after a hyphen
     assert fit_widths(titles, rows, 99, hyphens=True) == [12, 10]  # the cell stays whole
     assert fit_widths(titles, rows, 99, cells_wrap=True, hyphens=True) == [12, 6]
+    # per column: the name wraps at its hyphen-free spaces only (none), the figure does
+    assert fit_widths(titles, rows, 99, cells_wrap=[False, True], hyphens=True) == [12, 6]
+    assert fit_widths(["team", "n"], [["research lab a", "7"]], 99, cells_wrap=[True, False]
+                      ) == [8, 1]
 
 
 def test_a_table_too_wide_is_fitted_and_keeps_every_figure() -> None:

@@ -11,7 +11,7 @@ with the most room gives first. Used by ``gpuledger report`` and ``gpuledger wha
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -44,16 +44,19 @@ def header(title: str, width: int | None, hyphens: bool = False) -> str:
 
 
 def fit_widths(titles: list[str], rows: list[list[str]], excess: int,
-               cells_wrap: bool = False, hyphens: bool = False) -> list[int]:
+               cells_wrap: bool | Sequence[bool] = False, hyphens: bool = False
+               ) -> list[int]:
     """Column widths ``excess`` columns narrower than the natural ones, as far as each
-    column's narrowest (its header's longest piece; its longest word, or its longest
-    cell) allows."""
-    def longest(text: str, split: bool) -> int:
-        return max([len(p) for p in _pieces(text, hyphens and split)] or [0])
+    column's narrowest (its header's longest piece; its longest word where its cells
+    wrap, per column with a sequence, or its longest cell) allows."""
+    wraps = [cells_wrap] * len(titles) if isinstance(cells_wrap, bool) else list(cells_wrap)
+
+    def longest(text: str) -> int:
+        return max([len(p) for p in _pieces(text, hyphens)] or [0])
 
     hi = [max([len(t), *(len(r[k]) for r in rows)]) for k, t in enumerate(titles)]
-    lo = [max([longest(t, True)]
-              + [max([len(w) for w in r[k].split()] or [0]) if cells_wrap else len(r[k])
+    lo = [max([longest(t)]
+              + [max([len(w) for w in r[k].split()] or [0]) if wraps[k] else len(r[k])
                  for r in rows])
           for k, t in enumerate(titles)]
     widths = list(hi)
@@ -67,8 +70,8 @@ def fit_widths(titles: list[str], rows: list[list[str]], excess: int,
 
 
 def fitted(build: Callable[[list[int] | None], Table], titles: list[str],
-           rows: list[list[str]], console: Console, cells_wrap: bool = False,
-           hyphens: bool = False) -> Table:
+           rows: list[list[str]], console: Console,
+           cells_wrap: bool | Sequence[bool] = False, hyphens: bool = False) -> Table:
     """``build(None)`` when it fits ``console``, else ``build(widths)`` with widths from
     :func:`fit_widths` (columns should fold, never cut, what still does not fit; headers
     go through :func:`header`). ``build`` may lay a table out more tightly when given

@@ -46,7 +46,11 @@ def _table(a: Answer, top: int, console: Console) -> Table:
             table.add_row(*(Text(c) for c in r))
         return table
 
-    return fitted(build, titles, rows, console)
+    # text cells wrap at their spaces once the headers have given all they can (a
+    # what-if label of 37 characters had rich cut the headers mid-word); numbers and
+    # keys stay whole
+    return fitted(build, titles, rows, console,
+                  cells_wrap=[not (c.numeric or c.key) for c in shown])
 
 
 def print_report(report: Report, console: Console, top: int) -> None:
