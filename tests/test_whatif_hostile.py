@@ -222,7 +222,8 @@ def test_names_from_the_warehouse_are_printed_as_they_are(
     assert main(["whatif", "--warehouse", str(root), "--quiet", "--policy", "as-run",
                  "--width", "200"]) == 0
     out = capsys.readouterr().out
-    assert "│ [/] " in out and "│ q[red]x " in out
+    keys = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert "[/]" in keys and "q[red]x" in keys  # a row's key, printed as written
 
 
 def test_a_file_is_not_a_warehouse_folder(tmp_path: Path,
