@@ -202,7 +202,7 @@ def test_a_round_cut_off_ends_its_child_at_once(tmp_path: Path) -> None:
 def test_the_child_serves_the_next_rounds_and_ends_when_idle_or_at_the_end(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rounds that follow closely (an import, a catch-up: a day a second) share one child
-    (a child's start cost an import of the openb trace 12-15 % of its CPU); it ends at
+    (a child's start cost an import of the openb trace 17-23 % of its CPU); it ends at
     the first commit ``SORT_CHILD_IDLE_S`` after its round, at the end of the input, and
     when the warehouse closes."""
     from gpuledger.pipeline import warehouse

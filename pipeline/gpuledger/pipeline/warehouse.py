@@ -61,7 +61,7 @@ goes back to an older generation of another writer's files)."""
 SORT_CHILD_IDLE_S = 30.0
 """Compaction's child process is kept this long after its round for the next one
 (``Warehouse.compaction_round``): an import of the openb trace compacts 149 days, and a
-child started for each cost 12-15 % of its CPU (bench/README.md, *Seventeenth
+child started for each cost 17-23 % of its CPU (bench/README.md, *Seventeenth
 session*)."""
 
 
@@ -366,10 +366,11 @@ class Warehouse:
         """The days compacted inside are sorted in one child process (``sort_worker.py``,
         started at the first sort), unless ``options.compact_worker`` is off. The child
         is kept for the next round: a catch-up or an import compacts a day every second
-        or so, and a child's start costs about 0.2 s of CPU. It ends at the first commit
-        :data:`SORT_CHILD_IDLE_S` after its round (a live processor's rounds are a day
-        apart: its memory is back within a commit of that), at the end of the input
-        (:meth:`end_compaction`) and at once when a round is cut off (a stop, Ctrl-C)."""
+        or so, and a child's start (its imports) costs about 0.3 s of CPU. It ends at the
+        first commit :data:`SORT_CHILD_IDLE_S` after its round (a live processor's rounds
+        are a day apart: its memory is back within a commit of that), at the end of the
+        input (:meth:`end_compaction`) and at once when a round is cut off (a stop,
+        Ctrl-C)."""
         if not self.options.compact_worker or self._in_round:
             yield
             return
