@@ -257,6 +257,7 @@ def section(processor: Processor, partition: int, offsets: Offsets,
         "seq_last": {k: v for k, v in processor._seq_last.items() if k[0] == p},
         "taken": jobs.taken_by(p),
         "history": _history(processor, p, closed),
+        "started": processor.started,
     }
     if p == 0 and processor.owner:
         state["owner"] = {name: getattr(processor, name) for name in OWNER_FIELDS}
@@ -344,8 +345,17 @@ def merge_section(processor: Processor, sec: Section) -> None:
                                    for shard, rows in processor.running_parts.items()}
         processor.jobs.mark_taken(s["owner_taken"], OWNER)
         processor.jobs.preemptions_taken |= s["preemptions_taken"]
-    if processor.started is None or (sec.closed is not None and sec.closed < processor.started):
-        processor.started = sec.closed
+    # where the fleet started: the engine's start a section was taken with (a partition
+    # closed up to 01:00 may have been started at 00:00), else its closed point (a
+    # section of an earlier release)
+    known = [t for t in (s.get("started"), sec.closed) if t is not None]
+    if known and (processor.started is None or min(known) < processor.started):
+        processor.started = min(known)
+    if processor.started is not None and processor.partitioning is not None:
+        # a partition nobody has read (nothing closed) starts where the fleet started,
+        # also when it was taken before the engine knew that: it is closed from there
+        for q in processor.held:
+            processor.part_closed.setdefault(q, processor.started)
 
 
 def drop_partition(processor: Processor, partition: int) -> None:
