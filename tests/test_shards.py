@@ -67,6 +67,17 @@ def _feed(engine: Processor, batch: dict[str, pl.DataFrame], count: int,
     engine.process(own, validated=True, behind=behind)
 
 
+def _reread(engine: Processor, batches: list[dict[str, pl.DataFrame]], i: int, count: int,
+            partition: int) -> None:
+    """Batch ``i``'s telemetry of ``partition`` alone, read again after a handover; as
+    the Kafka service does, the partition's unread data (the next batch) holds the
+    watermark."""
+    tel = batches[i]["telemetry"]
+    part = tel["node"].map_elements(lambda n: partition_of(n, count), return_dtype=pl.Int64)
+    engine.process({"telemetry": tel.filter(part == partition)}, validated=True,
+                   event_time_limit=batches[i + 1]["telemetry"]["time"].min())
+
+
 def _instances(root: Path, sim: SimConfig, count: int, split: list[set[int]],
                catching_up: bool = False,
                config: ProcessorConfig | None = None) -> list[Processor]:
@@ -227,12 +238,7 @@ def test_a_partition_handed_over_mid_run_gives_the_same_facts(
     # A re-reads partition 1 from B's position: the batches B had not read yet; as the
     # Kafka service does, the partition's unread data holds the watermark
     for i in range(cut - lag_batches, cut):
-        tel = batches[i]["telemetry"]
-        part = tel["node"].map_elements(lambda n: partition_of(n, count),
-                                        return_dtype=pl.Int64)
-        unread = batches[i + 1]["telemetry"]["time"].min()
-        a.process({"telemetry": tel.filter(part == 1)}, validated=True,
-                  event_time_limit=unread)
+        _reread(a, batches, i, count, 1)
     for batch in batches[cut:]:
         _feed(a, batch, count)
     a.flush()
@@ -269,14 +275,8 @@ def test_a_partition_nobody_read_taken_over_beside_a_read_one_loses_nothing(
     for sec in ([unread, read] if unread_first else [read, unread]):
         checkpoint.merge_section(c, sec)
     assert c.held == {0, 1} and c.started == a.started
-    # partition 1 from its start; as the Kafka service does, the partition's unread data
-    # holds the watermark
-    for i, batch in enumerate(batches[:cut]):
-        tel = batch["telemetry"]
-        part = tel["node"].map_elements(lambda n: partition_of(n, count),
-                                        return_dtype=pl.Int64)
-        c.process({"telemetry": tel.filter(part == 1)}, validated=True,
-                  event_time_limit=batches[i + 1]["telemetry"]["time"].min())
+    for i in range(cut):  # partition 1 from its start
+        _reread(c, batches, i, count, 1)
     for batch in batches[cut:]:
         _feed(c, batch, count)
     c.flush()
@@ -374,11 +374,7 @@ def test_the_owner_taken_over_reads_the_parts_its_own_partitions_sent(
     for parts in topic[position:]:      # the parts topic from the section's position
         a.receive_parts(parts)
     for i in range(saved_at, cut):      # partition 0's telemetry from the section's offset
-        tel = batches[i]["telemetry"]
-        part = tel["node"].map_elements(lambda n: partition_of(n, count),
-                                        return_dtype=pl.Int64)
-        a.process({"telemetry": tel.filter(part == 0)}, validated=True,
-                  event_time_limit=batches[i + 1]["telemetry"]["time"].min())
+        _reread(a, batches, i, count, 0)
     for batch in batches[cut:]:
         _feed(a, batch, count)
     a.flush()
