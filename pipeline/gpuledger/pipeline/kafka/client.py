@@ -4,7 +4,8 @@ The service is written against the calls below: kafka-python's ``KafkaConsumer``
 ``KafkaProducer`` have them as they are (the default, ``GPULEDGER_KAFKA_CLIENT`` unset or
 ``kafka-python``); ``GPULEDGER_KAFKA_CLIENT=confluent`` gives adapters over librdkafka
 (``client_confluent.py``, the ``kafka-fast`` extra) that present the same calls with the
-same meaning. Options are passed by kafka-python's names (``group_id``,
+same meaning. A kafka-python consumer of a group has two faults of its group join mended
+(``group_join.py``). Options are passed by kafka-python's names (``group_id``,
 ``max_partition_fetch_bytes``, ...) whatever the client; the adapter translates them.
 
 Offsets are committed only when the service says so (``enable_auto_commit=False``) with
@@ -84,7 +85,11 @@ def open_consumer(settings: KafkaSettings, **options: Any) -> Consumer:
         return ConfluentConsumer(settings, **options)
     from kafka import KafkaConsumer
 
+    from gpuledger.pipeline.kafka import group_join
+
     consumer: Consumer = KafkaConsumer(**settings.client_config(), **options)
+    if options.get("group_id") is not None:
+        group_join.mend(consumer)
     return consumer
 
 
