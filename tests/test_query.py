@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,15 @@ def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFix
     assert main(["query", "--warehouse", str(warehouse), "--format", "json",
                  "SELECT 1/0 AS inf, 'nan'::DOUBLE AS nan, 2.5 AS d"]) == 0
     assert capsys.readouterr().out == '{"inf": null, "nan": null, "d": 2.5}\n'
+    # an INTERVAL is an ISO 8601 duration, a BLOB base64, a LIST or STRUCT value by value
+    # (before: "2:59:00", "b'A'", and a timestamp in a list as "2026-01-01 00:00:00")
+    assert main(["query", "--warehouse", str(warehouse), "--format", "json",
+                 "SELECT TIMESTAMP '2026-01-01 02:59' - TIMESTAMP '2026-01-01' AS wait, "
+                 "INTERVAL 1 DAY + INTERVAL 90 SECOND AS long, 'A'::BLOB AS raw, "
+                 "[TIMESTAMP '2026-01-01 00:00'] AS at, {'d': 1.5::DECIMAL(4, 2)} AS s"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "wait": "PT2H59M", "long": "P1DT1M30S", "raw": "QQ==",
+        "at": ["2026-01-01T00:00:00"], "s": {"d": 1.5}}
     assert main(["query", "--warehouse", str(warehouse), "--format", "json",
                  "SELECT 1 AS a, 2 AS a"]) == 2
     assert "column name(s) a appear more than once" in capsys.readouterr().err

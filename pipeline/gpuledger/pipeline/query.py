@@ -34,6 +34,7 @@ gets a :class:`QueryError` or the ``KeyboardInterrupt``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import io
@@ -48,7 +49,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -554,12 +555,37 @@ def _csv_text(rows: list[Any]) -> str:
 
 def _json_value(value: Any) -> Any:
     """A value as JSON holds it: a number as a number (DECIMAL too), NaN and infinities
-    (which JSON has not) as null."""
+    (which JSON has not) as null, an INTERVAL as an ISO 8601 duration (``"PT2H59M"``), a
+    BLOB as base64, a LIST or STRUCT (or MAP) value by value."""
     if isinstance(value, Decimal):
         value = float(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, timedelta):
+        return iso_duration(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {str(_plain(k)): _json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
     return _plain(value)
+
+
+def iso_duration(value: timedelta) -> str:
+    """``value`` as an ISO 8601 duration: ``P1DT2H30M``, ``PT0.5S``, ``-PT1M``, ``PT0S``."""
+    if value < timedelta(0):
+        return "-" + iso_duration(-value)
+    hours, rest = divmod(value.seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    second = f"{seconds}.{value.microseconds:06d}".rstrip("0").rstrip(".")
+    time_part = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n)
+    if second != "0":
+        time_part += f"{second}S"
+    days = f"{value.days}D" if value.days else ""
+    if not days and not time_part:
+        return "PT0S"
+    return "P" + days + (f"T{time_part}" if time_part else "")
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {ord("\n"): "\\n", ord("\t"): "\\t",
