@@ -389,7 +389,7 @@ def test_kafka_client_errors_are_logged_in_one_line() -> None:
     ERROR, though the service recovers by itself: the line says the exception instead."""
     import logging
 
-    from gpuledger.cli.main import _client_errors_in_one_line
+    from gpuledger.cli.log_setup import client_errors_in_one_line
 
     try:
         raise ConnectionResetError(104, "Connection reset by peer")
@@ -397,13 +397,68 @@ def test_kafka_client_errors_are_logged_in_one_line() -> None:
         exc_info = sys.exc_info()
     record = logging.LogRecord("kafka.conn", logging.ERROR, __file__, 1,
                                "Error receiving network data from %s", ("node 1",), exc_info)
-    assert _client_errors_in_one_line(record)
+    assert client_errors_in_one_line(record)
     text = logging.Formatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert text == ("ERROR kafka.conn: Error receiving network data from node 1 "
                     "(ConnectionResetError: [Errno 104] Connection reset by peer)")
     ours = logging.LogRecord("gpuledger.kafka.service", logging.ERROR, __file__, 1, "x",
                              None, exc_info)
-    assert _client_errors_in_one_line(ours) and ours.exc_info is exc_info
+    assert client_errors_in_one_line(ours) and ours.exc_info is exc_info
+
+
+def test_the_kafka_library_logs_warnings_unless_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kafka-python's INFO lines (184 of a service instance's 194 in a two-minute run)
+    are off by default; GPULEDGER_KAFKA_CLIENT_LOG turns them on, and a bad value is
+    refused naming the variable."""
+    import logging
+
+    from gpuledger.cli.errors import CliError
+    from gpuledger.cli.log_setup import configure
+
+    library = logging.getLogger("kafka")
+    monkeypatch.setattr(library, "level", library.level)
+    configure(logging.INFO, {})
+    assert library.level == logging.WARNING
+    configure(logging.INFO, {"GPULEDGER_KAFKA_CLIENT_LOG": "debug"})
+    assert library.level == logging.DEBUG
+    with pytest.raises(CliError, match="GPULEDGER_KAFKA_CLIENT_LOG: 'loud' is not one of"):
+        configure(logging.INFO, {"GPULEDGER_KAFKA_CLIENT_LOG": "loud"})
+
+
+def test_the_kafka_library_lines_are_held_back_while_it_connects() -> None:
+    """What the client logs while the service first connects is held back (a WARNING
+    and two ERRORs each try), and its first line is the reason the error gives."""
+    import logging
+
+    from gpuledger.pipeline.kafka.client import first_reason, held_back_client_lines
+
+    seen: list[str] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    root, library = logging.getLogger(), logging.getLogger("kafka")
+    handler, level = Seen(), library.level
+    root.addHandler(handler)
+    library.setLevel(logging.WARNING)
+    try:
+        with held_back_client_lines() as held:
+            logging.getLogger("kafka.net.manager").error("Connection failed: %s", "refused")
+            logging.getLogger("kafka.net.manager").info("Attempting bootstrap")
+            logging.getLogger("gpuledger.kafka.service").warning("ours")
+        logging.getLogger("kafka.net.manager").warning("after")
+        assert held == ["Connection failed: refused"]
+        assert first_reason(held) == "first: Connection failed: refused"
+        assert seen == ["ours", "after"]
+        library.setLevel(logging.INFO)   # asked for: printed as they come
+        with held_back_client_lines() as held:
+            logging.getLogger("kafka.net.manager").warning("shown")
+        assert held == [] and seen[-1] == "shown" and first_reason(held) == ""
+    finally:
+        root.removeHandler(handler)
+        library.setLevel(level)
 
 
 def test_group_and_instance_ids_kafka_allows_stay_allowed() -> None:

@@ -112,8 +112,14 @@ def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> No
         "gpuledger: error: topic none"), outs[0][1][-500:]
     assert "does not exist on" in outs[0][1] and "gpuledger topics create" in outs[0][1]
     for _out, err in outs[1:]:
-        assert err.strip().splitlines()[-1].startswith(
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(
             f"gpuledger: error: cannot reach Kafka at 127.0.0.1:{port} ("), err[-500:]
+        # the client's first failure is the reason; its own lines (14 of them: a WARNING
+        # and two ERRORs a try) are held back
+        assert "; first: " in last and "ECONNREFUSED" in last, last
+        assert not [line for line in err.splitlines() if " kafka." in line], err[-2000:]
+    assert f"connecting to Kafka at 127.0.0.1:{port}" in outs[1][1]
     assert not (tmp_path / "c").exists()
 
 

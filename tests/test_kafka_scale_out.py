@@ -212,7 +212,9 @@ def test_taking_partition_0_reads_the_parts_from_its_sections_place(
 def run_pair(cmd: list[str], logs: list[Path], settings: KafkaSettings,
              cwds: list[Path] | None = None, env: dict[str, str] | None = None) -> None:
     """Start two instances of ``cmd`` (logs to ``logs``, in ``cwds``), publish the
-    simulation as agents once both hold partitions, and wait for both to exit 0."""
+    simulation as agents once both hold partitions, and wait for both to exit 0. The
+    logs keep the Kafka library's INFO lines (its group joins), to show a failure."""
+    env = {**(os.environ if env is None else env), "GPULEDGER_KAFKA_CLIENT_LOG": "INFO"}
     procs = [subprocess.Popen([*cmd, "--instance-id", f"pair-{i}"], env=env,
                               cwd=cwds[i - 1] if cwds else None,
                               stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.cli.errors import CliError
+from gpuledger.cli.log_setup import configure as configure_logging
 
 
 def register(sub: Any, common: Callable[..., None]) -> None:
@@ -43,8 +44,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from gpuledger.agent.config import AgentConfigError, load_agent_config
     from gpuledger.agent.run import Agent
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO if args.verbose else logging.WARNING)
     try:
         config = load_agent_config(args.config)
     except AgentConfigError as exc:

@@ -215,8 +215,9 @@ def stop_on_signals() -> threading.Event:
 def _logging(quiet: bool) -> None:
     import logging
 
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpuledger.cli.log_setup import configure
+
+    configure(logging.WARNING if quiet else logging.INFO)
 
 
 def cmd_bridge_slurm(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import math
 import os
 import sys
@@ -30,6 +31,7 @@ from gpuledger.cli.arguments import (
     whole_count,
 )
 from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
+from gpuledger.cli.log_setup import configure as configure_logging
 from gpuledger.http_url import redacted
 
 DEFAULT_WAREHOUSE = Path("warehouse")
@@ -140,24 +142,7 @@ def _kafka_settings(args: argparse.Namespace) -> Any:
 
 
 def _logging(verbose: bool) -> None:
-    import logging
-
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_client_errors_in_one_line)
-
-
-def _client_errors_in_one_line(record: Any) -> bool:
-    """The Kafka client logs a connection lost during a broker's outage with the whole
-    traceback, at ERROR; the service recovers from it by itself (docs/kafka.md): the
-    exception is said in the line instead."""
-    if record.name.startswith("kafka") and record.exc_info and record.exc_info[1]:
-        exc = record.exc_info[1]
-        record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
-        record.args = None
-        record.exc_info = record.exc_text = None
-    return True
+    configure_logging(logging.INFO if verbose else logging.WARNING)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -223,16 +208,20 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
 @contextlib.contextmanager
 def _unreachable_said(bootstrap: str | None) -> Iterator[None]:
     """A Kafka at ``bootstrap`` that cannot be reached, met in the block, is one line
-    (``CliError``) instead of a traceback; other errors go on as they are."""
-    try:
-        yield
-    except Exception as exc:
-        from gpuledger.pipeline.kafka.service import unreachable
+    (``CliError``, with the first reason the client logged, its lines held back
+    meanwhile) instead of a traceback; other errors go on as they are."""
+    from gpuledger.pipeline.kafka.client import held_back_client_lines
 
-        error = unreachable(bootstrap, exc) if bootstrap is not None else None
-        if error is None:
-            raise
-        raise CliError(str(error)) from None
+    with held_back_client_lines() as held:
+        try:
+            yield
+        except Exception as exc:
+            from gpuledger.pipeline.kafka.service import unreachable
+
+            error = unreachable(bootstrap, exc, held) if bootstrap is not None else None
+            if error is None:
+                raise
+            raise CliError(str(error)) from None
 
 
 def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
@@ -248,6 +237,9 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
         raise CliError(f"--alert-webhook: {redacted(args.alert_webhook)!r}: {problem}")
     try:
         # the alerts topic is made at the start: Kafka must answer
+        if kafka is not None:
+            logging.getLogger("gpuledger.cli").info(
+                "connecting to Kafka at %s (to make the alerts topic)", kafka.bootstrap)
         with _unreachable_said(kafka.bootstrap if kafka is not None else None):
             ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
         url = ops.start()

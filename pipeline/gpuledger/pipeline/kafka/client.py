@@ -15,7 +15,9 @@ either client: what ``commit`` is given is what the group stores, with its metad
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuledger.pipeline.kafka.settings import KafkaSettings
@@ -105,3 +107,39 @@ def open_producer(settings: KafkaSettings, **overrides: Any) -> Producer:
 
     producer: Producer = KafkaProducer(**producer_config(settings, **overrides))
     return producer
+
+
+@contextlib.contextmanager
+def held_back_client_lines() -> Iterator[list[str]]:
+    """While clients first connect: kafka-python's own lines (at a closed port, a WARNING
+    and two ERRORs for each try, 14 lines in its 30 s) are held back, not printed, and
+    collected in the list given; the caller says in one line whether Kafka could be
+    reached (:func:`first_reason`). Printed as they come when the library's log level
+    was lowered to see them (``GPULEDGER_KAFKA_CLIENT_LOG=INFO``)."""
+    library = logging.getLogger("kafka")
+    held: list[str] = []
+    if library.getEffectiveLevel() < logging.WARNING:
+        yield held
+        return
+
+    class Holder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+            held.append(text)
+
+    holder, propagated = Holder(logging.WARNING), library.propagate
+    library.addHandler(holder)
+    library.propagate = False
+    try:
+        yield held
+    finally:
+        library.propagate = propagated
+        library.removeHandler(holder)
+
+
+def first_reason(held: list[str]) -> str:
+    """The first of the client's held-back lines (the first try's failure: refused, a
+    name not found, authentication), for an error's text; empty without one."""
+    return f"first: {held[0][:200]}" if held else ""

@@ -57,7 +57,12 @@ from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.generations import published_units
 from gpuledger.pipeline.kafka import group_claim
-from gpuledger.pipeline.kafka.client import open_consumer, open_producer
+from gpuledger.pipeline.kafka.client import (
+    first_reason,
+    held_back_client_lines,
+    open_consumer,
+    open_producer,
+)
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.wire import (
     DecodedBatch,
@@ -177,15 +182,19 @@ def _transient(exc: BaseException) -> bool:
     return type(exc).__name__ == "KafkaException"  # confluent-kafka's
 
 
-def unreachable(bootstrap: str, exc: BaseException) -> ServiceStartError | None:
+def unreachable(bootstrap: str, exc: BaseException,
+                held: list[str] | None = None) -> ServiceStartError | None:
     """The one-line error for ``exc`` when it says Kafka at ``bootstrap`` cannot be
-    reached (None when it says something else)."""
+    reached (None when it says something else), with the first of the client's lines
+    ``held`` back meanwhile (``client.held_back_client_lines``)."""
     if not _transient(exc):
         return None
     text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     text = text.removeprefix(f"{type(exc).__name__}: ")
+    reason = first_reason(held or [])
     return ServiceStartError(f"cannot reach Kafka at {bootstrap} "
-                             f"({type(exc).__name__}{': ' + text if text else ''})")
+                             f"({type(exc).__name__}{': ' + text if text else ''}"
+                             f"{'; ' + reason if reason else ''})")
 
 
 def _rejoin_error(exc: BaseException) -> bool:
@@ -238,15 +247,17 @@ class KafkaProcessorService:
         self._tp = TopicPartition
         o = self.options
         t = settings.topics
-        try:
-            self._connect(settings, o)
-        except ServiceStartError:
-            raise
-        except Exception as exc:
-            error = unreachable(settings.bootstrap, exc)
-            if error is None:
+        log.info("connecting to Kafka at %s", settings.bootstrap)
+        with held_back_client_lines() as held:
+            try:
+                self._connect(settings, o)
+            except ServiceStartError:
                 raise
-            raise error from None
+            except Exception as exc:
+                error = unreachable(settings.bootstrap, exc, held)
+                if error is None:
+                    raise
+                raise error from None
         self.global_parts = [TopicPartition(topic, p)
                              for topic in (t.jobs, t.inventory, t.attempt_parts)
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
@@ -532,6 +543,8 @@ class KafkaProcessorService:
         self.store.save_partition(self.engine, partition, self._section_offsets(partition))
         checkpoint.drop_partition(self.engine, partition)
         tele = (telemetry, partition)
+        log.info("partition %d of %s: handed over (its checkpoint saved at offset %s)",
+                 partition, telemetry, self.offsets.get(tele))
         self.offsets.pop(tele, None)
         self.partition_time.pop(tele, None)
 
