@@ -48,6 +48,11 @@ def test_demo_prints_the_summary(cluster: Path, tmp_path: Path,
         assert title in out
     assert "processed" in out and "GPU samples" in out
     assert (tmp_path / "wh" / "catalog.duckdb").exists()
+    # each wasting job names the card it held (it showed the card asked for: blank for
+    # a job that asked for any card of its pool, 259 of 289 attempts in a 2-hour demo)
+    top = out.split("== Top 10 wasting jobs")[1].split("\n\n")[0].splitlines()
+    assert "card held" in top[1] and len(top) == 2 + 1 + 10 + 1
+    assert all(re.search(r"\s[A-Z]\w*\d\S*-\d+GB\s", row) for row in top[3:-1]), top
 
 
 def test_simulate_then_ingest_with_bad_lines(cluster: Path, tmp_path: Path,

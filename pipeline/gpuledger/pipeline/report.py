@@ -33,7 +33,7 @@ SECTIONS: list[tuple[str, str]] = [
     ),
     (
         "Top 10 wasting jobs (allocated − used GPU-hours)",
-        """SELECT job_id, team, job_type, card_type, allocated_gpus AS gpus,
+        """SELECT job_id, team, job_type, held_card_type AS "card held", allocated_gpus AS gpus,
                   round(allocated_gpu_hours, 1) AS allocated, round(used_gpu_hours, 1) AS used,
                   round(waste_gpu_hours, 1) AS waste,
                   round(100 * utilisation_of_allocation, 1) AS "used/alloc %", status
