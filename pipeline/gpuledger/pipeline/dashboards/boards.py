@@ -308,7 +308,8 @@ def job() -> Board:
           .override_by_name("mem_peak_mib", [unit_of("mbytes")])
           .override_by_name("mem_held_mib", [unit_of("mbytes")]),
           "Attempts", [sql(
-              f"""SELECT attempt, status, team, "user", queue, pool, card_type, allocated_gpus,
+              f"""SELECT attempt, status, team, "user", queue, pool, card_type AS card_asked,
+                  held_card_type AS card_held, allocated_gpus,
                   submitted_at, started_at, ended_at, end_event, queue_wait_s,
                   allocated_gpu_hours, used_gpu_hours, utilisation_of_allocation,
                   mem_peak_mib, mem_held_mib, memory_oversized, lost_gpu_hours
