@@ -652,9 +652,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "from is refused without it)")
     p.set_defaults(func=cmd_ingest)
 
-    p = sub.add_parser("import", help="import scheduler history (openb trace)",
+    p = sub.add_parser("import", help="import scheduler history (Slurm sacct, pod lists, "
+                       "the openb trace)",
                        description="Import scheduler history into the warehouse through the "
-                       "same processor. Formats: openb (Alibaba GPU cluster trace, ATC '23).")
+                       "same processor. Formats: slurm-sacct (Slurm accounting, `sacct "
+                       "--parsable2`), pods (a CSV pod list of any scheduler, with a column "
+                       "mapping), openb (the Alibaba GPU cluster trace, ATC '23). "
+                       "docs/import.md has each.")
     fmt = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     q = fmt.add_parser("openb", help="the Alibaba openb trace (node list + pod list CSV)",
                        description="Import the openb trace: nodes become inventory, GPU pods "
