@@ -141,3 +141,22 @@ def test_mapping_keys_beside_mapping_are_an_error(tmp_path: Path) -> None:
     # other sections (a bridge's own settings) may share the file
     path.write_text("mapping: {teams: {default: ml}}\nkubernetes: {kueue: false}\n")
     assert load_mapping(path).team() == "ml"
+
+
+def test_a_family_name_read_as_one_model_is_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """"a100" is read as A100-SXM4-80GB by the built-in table, and that model's memory
+    follows: said once, as a warning naming how to say otherwise. Not said for a name
+    of one model, nor when the mapping names the card."""
+    m = Mapping()
+    with caplog.at_level("WARNING", logger="gpuledger.mapping"):
+        assert m.card_type("A100") == m.card_type("a100") == "A100-SXM4-80GB"
+        assert m.card_type("l40s") == "L40S-48GB"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "'A100' read as A100-SXM4-80GB (81,920 MiB)" in said[0]
+    assert "card_types.names: {a100: ...}" in said[0]
+    caplog.clear()
+    named = parse_mapping({"card_types": {"names": {"a100": "A100-PCIE-40GB"}}})
+    with caplog.at_level("WARNING", logger="gpuledger.mapping"):
+        assert named.card_type("a100") == "A100-PCIE-40GB"
+    assert not caplog.records

@@ -19,6 +19,7 @@ Pure Python (PyYAML only): the bridges are as lean as the node agent.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import math
 from collections.abc import Mapping as AbstractMapping
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ DEFAULT_CARD_MEMORY_MIB: dict[str, float] = {
     "L40S-48GB": 46_068.0,
     "A10-24GB": 23_028.0,
 }
+GUESSED_CARD_NAMES: dict[str, str] = {
+    "a100": "A100s come with 40 or 80 GB, SXM4 or PCIe",
+    "h100": "H100s come as SXM5 80 GB, PCIe 80 GB or NVL 94 GB",
+}
+"""Family names the built-in table reads as one model: said once (a warning) when used,
+since the card's memory follows from it."""
 MAPPING_KEYS = ("teams", "pools", "queues", "priorities", "job_types", "card_types",
                 "preemptible")
 QUEUE_SOURCES = ("partition", "qos", "partition/qos")
@@ -109,6 +116,7 @@ class Mapping:
         default_factory=lambda: dict(DEFAULT_CARD_MEMORY_MIB))
     preemptible_qos: tuple[str, ...] = ()
     preemptible_label: str | None = None
+    _guesses_said: set[str] = field(default_factory=set, compare=False, repr=False)
 
     # -- jobs ------------------------------------------------------------------------
 
@@ -183,7 +191,20 @@ class Mapping:
         """Card type of a GRES type / product label (case-insensitive), else as is."""
         if not name:
             return None
-        return self.card_types.get(name, self.card_types.get(name.lower(), name))
+        if name in self.card_types:
+            return self.card_types[name]
+        key = name.lower()
+        card = self.card_types.get(key, name)
+        if (key in GUESSED_CARD_NAMES and card == DEFAULT_CARD_TYPES[key]
+                and key not in self._guesses_said):
+            self._guesses_said.add(key)
+            memory = self.card_memory(card)
+            logging.getLogger("gpuledger.mapping").warning(
+                "card type %r read as %s%s by the built-in table, but %s: if yours are "
+                "another model, name it in the mapping (card_types.names: {%s: ...}, "
+                "docs/mapping.md)", name, card,
+                f" ({memory:,.0f} MiB)" if memory else "", GUESSED_CARD_NAMES[key], key)
+        return card
 
     def card_memory(self, card_type: str | None) -> float | None:
         """Memory per GPU of a card type, MiB (null when unknown)."""
