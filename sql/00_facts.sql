@@ -28,3 +28,7 @@ CREATE OR REPLACE VIEW recommendations AS SELECT r.*, d.pattern AS diagnosis, d.
 CREATE OR REPLACE VIEW running_attempts AS SELECT * FROM read_parquet({files:running_attempts}, hive_partitioning = false) AS r WHERE NOT EXISTS (SELECT 1 FROM job_attempts AS e WHERE e.job_id = r.job_id AND e.attempt = r.attempt);
 CREATE OR REPLACE VIEW candidates AS SELECT * FROM read_parquet({files:candidates}, hive_partitioning = false);
 CREATE OR REPLACE VIEW rejects AS SELECT * FROM read_parquet({files:rejects}, hive_partitioning = false);
+-- Telemetry that came after its minute had closed (docs/metrics.md, "Late ..."): kept as
+-- it came, not merged into the closed facts. Its columns come from the code (rows:),
+-- as warehouses written before this view have no schema file for it.
+CREATE OR REPLACE VIEW late_telemetry AS SELECT * FROM {rows:late_telemetry};

@@ -431,6 +431,35 @@ def test_the_kafka_library_logs_warnings_unless_asked(
         configure(logging.INFO, {"GPULEDGER_KAFKA_CLIENT_LOG": "loud"})
 
 
+def test_a_short_step_of_the_kafka_network_loop_is_not_said() -> None:
+    """kafka-python warns of a network-loop step over 0.1 s; the service's rebalance
+    callback (a checkpoint loaded) is one at every handover: said from 5 s on."""
+    import logging
+
+    from gpuledger.cli.log_setup import short_steps_unsaid
+
+    def step(seconds: float) -> logging.LogRecord:
+        text = (f"Task <kafka.net.selector.Task object at 0x7f> ran for {seconds:.3f}s "
+                "(>0.100s threshold). It is blocking the event loop -- likely a tight sync "
+                "loop inside a coroutine. Other pollers will time out.")
+        return logging.LogRecord("kafka.net.selector", logging.WARNING, __file__, 1, text,
+                                 None, None)
+
+    library = logging.getLogger("kafka")
+    level = library.level
+    try:
+        library.setLevel(logging.WARNING)
+        assert not short_steps_unsaid(step(0.522))
+        assert short_steps_unsaid(step(7.5))
+        other = logging.LogRecord("kafka.net.selector", logging.WARNING, __file__, 1,
+                                  "Task %s left RUNNING after step", ("t",), None)
+        assert short_steps_unsaid(other)
+        library.setLevel(logging.INFO)   # the library's lines asked for: all of them
+        assert short_steps_unsaid(step(0.522))
+    finally:
+        library.setLevel(level)
+
+
 def test_the_kafka_library_lines_are_held_back_while_it_connects() -> None:
     """What the client logs while the service first connects is held back (a WARNING
     and two ERRORs each try), and its first line is the reason the error gives."""

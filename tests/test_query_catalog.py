@@ -15,7 +15,7 @@ from events import alloc, at, frames, inventory, job, series
 from gpuledger.pipeline import query, warehouse
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
-from gpuledger.pipeline.tables import TABLE_SCHEMAS
+from gpuledger.pipeline.tables import TABLE_SCHEMAS, UNSCHEMATISED_TABLES
 from gpuledger.pipeline.warehouse import (
     CATALOG,
     Warehouse,
@@ -88,6 +88,8 @@ def test_every_fact_view_has_its_tables_columns_each_once(
             continue
         columns = query.run(root, f"SELECT * FROM {table} LIMIT 0")[0]
         assert columns == [*schema.names(), *VIEW_ADDS.get(table, [])], table
+    for table, schema in UNSCHEMATISED_TABLES.items():   # no files of theirs here
+        assert query.run(root, f"SELECT * FROM {table} LIMIT 0")[0] == schema.names()
 
 
 def test_a_stale_unmarked_or_broken_catalog_is_not_used(

@@ -8,6 +8,8 @@ import polars as pl
 from conftest import Facts
 from events import alloc, at, inventory, job, series
 
+from gpuledger.pipeline import query
+
 
 def _base() -> list[dict[str, object]]:
     recs: list[dict[str, object]] = [inventory("n1", at(0), gpus=2),
@@ -57,6 +59,13 @@ def test_late_telemetry_is_kept_and_counted_not_merged(process: Callable[..., Fa
     kept = facts.table("late_telemetry")
     assert kept.height == len(late)
     assert kept["sm_active"].to_list() == [0.9] * len(late)
+    # and analysts read them through the catalog (there was no view: docs/metrics.md
+    # named a table no query could reach)
+    _cols, rows = query.run(facts.root, "SELECT count(*), min(sm_active), max(sm_active), "
+                            "min(minute) FROM late_telemetry")
+    assert rows == [(len(late), 0.9, 0.9, at(0))]
+    _cols, rows = query.run(ref.root, "SELECT count(*) FROM late_telemetry")
+    assert rows == [(0,)]
 
 
 def test_late_job_event_updates_job_facts(process: Callable[..., Facts]) -> None:

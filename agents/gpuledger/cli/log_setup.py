@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,9 @@ def configure(level: int, environ: Mapping[str, str] | None = None) -> None:
     for handler in logging.getLogger().handlers:
         if client_errors_in_one_line not in handler.filters:
             handler.addFilter(client_errors_in_one_line)
+    selector = logging.getLogger("kafka.net.selector")
+    if short_steps_unsaid not in selector.filters:
+        selector.addFilter(short_steps_unsaid)
 
 
 def client_errors_in_one_line(record: Any) -> bool:
@@ -42,3 +46,20 @@ def client_errors_in_one_line(record: Any) -> bool:
         record.args = None
         record.exc_info = record.exc_text = None
     return True
+
+
+_STEP = re.compile(r"^Task .* ran for ([0-9.]+)s \(>")
+SLOW_STEP_S = 5.0
+"""A step of the Kafka library's network loop this long is said; a shorter one is not."""
+
+
+def short_steps_unsaid(record: Any) -> bool:
+    """kafka-python warns of any step of its network loop over 0.1 s ("likely a tight
+    sync loop inside a coroutine"): the service's rebalance callback, which loads a
+    partition's checkpoint, is such a step at every handover (0.5 s seen). Under
+    ``SLOW_STEP_S`` (half the default session timeout) the warning is dropped, unless the
+    library's lines were asked for (``GPULEDGER_KAFKA_CLIENT_LOG`` INFO or DEBUG)."""
+    match = _STEP.match(str(record.msg))
+    if match is None or logging.getLogger("kafka").getEffectiveLevel() < logging.WARNING:
+        return True
+    return float(match.group(1)) >= SLOW_STEP_S

@@ -74,7 +74,7 @@ from gpuledger.pipeline.facts.telemetry_minutes import SampleKeys, prepare, sequ
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.state.inventory import InventoryBook
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER, JobBook
-from gpuledger.pipeline.tables import SORT_KEYS, TABLE_SCHEMAS
+from gpuledger.pipeline.tables import LATE_TELEMETRY, SORT_KEYS, TABLE_SCHEMAS
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -1467,7 +1467,7 @@ class Processor:
     def _write_late(self) -> None:
         for (hour, part), parts in sorted(self.late_parts.items()):
             frame = pl.concat(parts, how="vertical_relaxed").with_columns(
-                pl.col("minute").dt.date().alias("date"))
+                pl.col("minute").dt.date().alias("date")).select(LATE_TELEMETRY.names())
             self.warehouse.write_part("late_telemetry", hour, frame,
                                       SORT_KEYS["late_telemetry"], merge=True,
                                       suffix=self.suffix(part))

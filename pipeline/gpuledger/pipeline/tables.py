@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from gpuledger.pipeline.advisor.diagnosis import JOB_DIAGNOSIS
-from gpuledger.pipeline.columns import TIME_DTYPE
+from gpuledger.pipeline.columns import TIME_DTYPE, schema_of
 from gpuledger.pipeline.facts.recommendations import REC_SCHEMA
 from gpuledger.pipeline.facts.rollup import DIMENSIONS, MEASURES
 from gpuledger.pipeline.facts.telemetry_minutes import READING_DTYPE
@@ -115,6 +115,19 @@ TABLE_SCHEMAS: dict[str, pl.Schema] = {
     "candidates": REC_SCHEMA,
     "rejects": REJECTS,
 }
+
+LATE_TELEMETRY = pl.Schema(_cols({
+    "time": T, "node": S, "agent": S, "seq": N,
+    **{k: v for k, v in schema_of("telemetry").items()
+       if k not in ("v", "type", "time", "node", "agent", "seq")},
+    "minute": T, "unhealthy_sample": B, "date": D}))
+"""Telemetry that came after its minute closed: the samples as they came, with their
+minute and day."""
+
+UNSCHEMATISED_TABLES: dict[str, pl.Schema] = {"late_telemetry": LATE_TELEMETRY}
+"""Tables whose view takes its columns from the code, not from a schema file: a table
+added after warehouses had been written without its schema file (the catalog's
+``{rows:TABLE}``), so that readers of those warehouses have the view too."""
 
 SORT_KEYS: dict[str, list[str]] = {
     "gpu_minute": ["node", "gpu_index", "minute"],  # a GPU's minutes together: 9 % smaller

@@ -20,6 +20,7 @@ step without the others, on a local disk and on an object store alike.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -708,9 +709,39 @@ def file_list(store: Store, snapshot: Snapshot, table: str) -> str:
     return "[" + ", ".join("'" + u.replace("'", "''") + "'" for u in urls) + "]"
 
 
+def rows_relation(store: Store, snapshot: Snapshot, table: str) -> str:
+    """The SQL relation of ``table``'s rows, a table of ``UNSCHEMATISED_TABLES``: its
+    columns typed from the code (no schema file), then its published files, if any."""
+    empty = _typed_empty_select(table)
+    objects = snapshot.table(table)
+    if not objects:
+        return f"({empty})"
+    urls = ", ".join("'" + store.url_of(p).replace("'", "''") + "'" for p in objects)
+    return (f"({empty} UNION ALL BY NAME SELECT * FROM read_parquet([{urls}], "
+            "hive_partitioning = false))")
+
+
+@functools.cache
+def _typed_empty_select(table: str) -> str:
+    """``SELECT`` of no rows with the columns of ``table`` (of ``UNSCHEMATISED_TABLES``),
+    typed as DuckDB reads them from the Parquet files Polars writes (15 ms: once)."""
+    from gpuledger.pipeline.tables import UNSCHEMATISED_TABLES
+
+    schema = UNSCHEMATISED_TABLES[table]
+    con = duckdb.connect()
+    try:
+        relation = con.from_arrow(pl.DataFrame(schema=schema).to_arrow())
+        columns = ", ".join(f"CAST(NULL AS {t}) AS \"{c}\""
+                            for c, t in zip(relation.columns, relation.types, strict=True))
+    finally:
+        con.close()
+    return f"SELECT {columns} WHERE false"
+
+
 def catalog_statements(store: Store, snapshot: Snapshot) -> list[str]:
     """The catalog's SQL: ``{files:<table>}`` becomes the list of the table's files in
-    ``snapshot``, ``{facts}`` the facts folder's URL."""
+    ``snapshot``, ``{rows:<table>}`` the relation of a table without a schema file
+    (:func:`rows_relation`), ``{facts}`` the facts folder's URL."""
     out: list[str] = []
     facts = store.url_of(FACTS).replace("'", "''")
     tables: dict[str, str] = {}
@@ -720,9 +751,12 @@ def catalog_statements(store: Store, snapshot: Snapshot) -> list[str]:
             tables[name] = file_list(store, snapshot, name)
         return tables[name]
 
+    def rows(name: str) -> str:
+        return rows_relation(store, snapshot, name)
+
     for path in sorted(sql_dir().glob("*.sql")):
         text = path.read_text().replace("{facts}", facts)
-        out.append(_fill(text, files))
+        out.append(_fill(_fill(text, files), rows, "{rows:"))
     return out
 
 
@@ -781,8 +815,8 @@ def views_mark(con: duckdb.DuckDBPyConnection) -> str | None:
     return str(row[0]) if row else None
 
 
-def _fill(text: str, files: Any) -> str:
-    parts = text.split("{files:")
+def _fill(text: str, files: Any, mark: str = "{files:") -> str:
+    parts = text.split(mark)
     out = [parts[0]]
     for part in parts[1:]:
         name, _, rest = part.partition("}")
