@@ -82,3 +82,24 @@ def test_outage_and_restart_lose_nothing(tmp_path: Path) -> None:
             assert mine == sorted(mine)
     finally:
         broker.stop()
+
+
+def test_a_failed_delivery_names_its_error_once(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """kafka-python's errors put their own name in their text: the warning said
+    "KafkaTimeoutError: KafkaTimeoutError: Unable to bootstrap ..." at every retry."""
+    from kafka.errors import KafkaTimeoutError
+
+    def unreachable() -> Any:
+        raise KafkaTimeoutError("Unable to bootstrap from ['127.0.0.1:1']")
+
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 20, segment_bytes=1 << 16)
+    _append(spool, range(3))
+    sender = Sender(spool, unreachable, send_timeout_s=1.0)
+    with caplog.at_level("WARNING", logger="gpuledger.agent.sender"):
+        assert sender.drain() == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "delivery failed (KafkaTimeoutError: Unable to bootstrap from ['127.0.0.1:1']); "
+        "3 messages kept in the spool"]
+    assert spool.backlog == 3
+    sender.close()

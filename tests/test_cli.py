@@ -460,6 +460,44 @@ def test_a_short_step_of_the_kafka_network_loop_is_not_said() -> None:
         library.setLevel(level)
 
 
+def test_the_kafka_library_lines_that_repeat_are_said_once_a_minute() -> None:
+    """A broker away makes kafka-python say the same lines at each retry (319 in a node
+    agent's first minute of an outage): alike lines (numbers aside) once per 60 s, the
+    next one counting those not said; other lines, and ours, all."""
+    import logging
+
+    from gpuledger.cli.log_setup import ClientRepeats
+
+    now = [0.0]
+    repeats = ClientRepeats(clock=lambda: now[0])
+
+    def line(name: str, text: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, text, args, None)
+
+    library = logging.getLogger("kafka")
+    level = library.level
+    try:
+        library.setLevel(logging.WARNING)
+        said = []
+        for i in range(130):          # a retry every half second for 65 s
+            now[0] = i * 0.5
+            for record in (line("kafka.net.manager", "waiting %.2f secs", 0.1 + i / 100),
+                           line("gpuledger.agent.sender", "delivery failed")):
+                if repeats.filter(record):
+                    said.append((now[0], record.name, record.getMessage()))
+        ours = [s for s in said if s[1].startswith("gpuledger")]
+        theirs = [s for s in said if s[1].startswith("kafka")]
+        assert len(ours) == 130
+        assert theirs == [(0.0, "kafka.net.manager", "waiting 0.10 secs"),
+                          (60.0, "kafka.net.manager",
+                           "waiting 1.30 secs (and 119 more like it in the last 60 s)")]
+        assert repeats.filter(line("kafka.net.manager", "something else"))
+        library.setLevel(logging.DEBUG)   # the library's lines asked for: all of them
+        assert repeats.filter(line("kafka.net.manager", "waiting %.2f secs", 9.0))
+    finally:
+        library.setLevel(level)
+
+
 def test_the_kafka_library_lines_are_held_back_while_it_connects() -> None:
     """What the client logs while the service first connects is held back (a WARNING
     and two ERRORs each try), and its first line is the reason the error gives."""

@@ -65,8 +65,10 @@ class Sender:
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
-        log.warning("delivery failed (%s: %s); %d messages kept in the spool",
-                    type(exc).__name__, exc, self.spool.backlog)
+        name, text = type(exc).__name__, str(exc)
+        text = text.removeprefix(f"{name}: ")   # kafka-python's errors name themselves
+        log.warning("delivery failed (%s%s); %d messages kept in the spool",
+                    name, f": {text}" if text else "", self.spool.backlog)
         producer, self._producer = self._producer, None
         if producer is not None:
             try:

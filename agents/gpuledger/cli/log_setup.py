@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,8 +30,10 @@ def configure(level: int, environ: Mapping[str, str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(client)
     for handler in logging.getLogger().handlers:
-        if client_errors_in_one_line not in handler.filters:
-            handler.addFilter(client_errors_in_one_line)
+        for line_filter in (client_errors_in_one_line, ClientRepeats()):
+            if not any(type(f) is type(line_filter) or f is line_filter
+                       for f in handler.filters):
+                handler.addFilter(line_filter)
     selector = logging.getLogger("kafka.net.selector")
     if short_steps_unsaid not in selector.filters:
         selector.addFilter(short_steps_unsaid)
@@ -63,3 +66,38 @@ def short_steps_unsaid(record: Any) -> bool:
     if match is None or logging.getLogger("kafka").getEffectiveLevel() < logging.WARNING:
         return True
     return float(match.group(1)) >= SLOW_STEP_S
+
+
+REPEAT_S = 60.0
+"""A line of the Kafka library said again within this long is counted, not printed."""
+_NUMBERS = re.compile(r"0x[0-9a-f]+|[0-9][0-9.]*")
+
+
+class ClientRepeats(logging.Filter):
+    """The Kafka library's lines that repeat (each retry of a broker away: five lines a
+    second, 319 in a node agent's first minute of an outage) are printed once per
+    ``REPEAT_S``, the next one saying how many were not. Lines are alike when they
+    differ only in their numbers (backoffs, addresses); the library's lines asked for
+    (``GPULEDGER_KAFKA_CLIENT_LOG`` INFO or DEBUG) are all printed."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.said: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("kafka") \
+                or logging.getLogger("kafka").getEffectiveLevel() < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, _NUMBERS.sub("#", record.getMessage()))
+        now = self.clock()
+        last, unsaid = self.said.get(key, (float("-inf"), 0))
+        if now - last < REPEAT_S:
+            self.said[key] = (last, unsaid + 1)
+            return False
+        self.said[key] = (now, 0)
+        if unsaid:
+            record.msg = (f"{record.getMessage()} (and {unsaid} more like it in the last "
+                          f"{now - last:.0f} s)")
+            record.args = None
+        return True
