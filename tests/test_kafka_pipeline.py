@@ -296,6 +296,9 @@ def test_sigterm_checkpoints_and_a_restart_finishes_the_job(
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out.decode()[-2000:]
+    # the log says it stopped, with what it held (it ended at "then stopping")
+    assert "stopped: partial hours written and checkpointed (partitions [0, 1, 2, 3]" \
+        in out.decode(), out.decode()[-2000:]
     names = sorted(p.name for p in (root / "state" / "polite").iterdir())
     assert [n for n in names if n.startswith("partition-")] == [
         f"partition-p{p:03d}.checkpoint" for p in range(4)]

@@ -625,6 +625,8 @@ class KafkaProcessorService:
         self.engine.write_partial()
         self._send_parts()
         self._checkpoint()
+        log.info("stopped: partial hours written and checkpointed (partitions %s, %d "
+                 "telemetry message(s) read here)", sorted(self.held), self.stats.messages)
 
     def _step(self) -> bool:
         """One turn of the loop; True once a batch run is done."""
