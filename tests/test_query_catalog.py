@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import polars as pl
 import pytest
 from events import alloc, at, frames, inventory, job, series
 
@@ -150,3 +151,21 @@ def test_a_run_shorter_than_the_catalog_interval_builds_the_catalog_once(
     proc.flush()
     assert len(built) == 1
     assert query.run(tmp_path / "wh", JOBS)[1] == [("a", pytest.approx(5 / 60))]
+
+
+def test_a_view_typed_from_the_code_has_the_types_duckdb_reads_from_its_files(
+        tmp_path: Path) -> None:
+    """``{rows:TABLE}`` types the columns of a table without a schema file from the
+    code: the types DuckDB gives the Parquet file Polars writes with that schema, so the
+    typed empty SELECT and the files' rows are one relation."""
+    for table, schema in UNSCHEMATISED_TABLES.items():
+        path = tmp_path / f"{table}.parquet"
+        pl.DataFrame(schema=schema).write_parquet(path)
+        con = duckdb.connect()
+        try:
+            read = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
+            typed = con.execute(
+                f"DESCRIBE {warehouse._typed_empty_select(table)}").fetchall()
+        finally:
+            con.close()
+        assert [(r[0], r[1]) for r in typed] == [(r[0], r[1]) for r in read], table
