@@ -233,3 +233,11 @@ def test_a_window_outside_the_data_says_so(day: Path) -> None:
         load_history(day, hi + timedelta(days=1000))
     with pytest.raises(HistoryError, match=r"--until .* is before the data starts"):
         load_history(day, None, lo - timedelta(days=1))
+
+
+def test_a_difference_rounded_to_zero_shows_no_minus_sign() -> None:
+    """A calibration error of −0.01 min rounded to one decimal was shown as "-0.0 ✓"
+    beside "+0.0": a zero has no sign."""
+    assert _num(-0.01, 1, "+") == "+0.0" and _num(-0.04) == "0.0"
+    assert _num(-0.06, 1, "+") == "-0.1" and _num(0.04, 1, "+") == "+0.0"
+    assert _num(-0.0001, 3) == "0.000" and _num(None) == ""

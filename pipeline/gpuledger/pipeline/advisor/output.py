@@ -71,7 +71,8 @@ def _num(v: Any, digits: int = 1, sign: str = "") -> str:
     ``sign="+"`` shows the sign of a positive value too."""
     if v is None:
         return ""
-    return format(sql_round(float(v), digits), f"{sign},.{digits}f")
+    rounded = sql_round(float(v), digits) + 0.0   # + 0.0: a -0.0 is shown as 0.0
+    return format(rounded, f"{sign},.{digits}f")
 
 
 def print_whatif(w: WhatIf, console: Console) -> None:
