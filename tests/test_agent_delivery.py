@@ -37,7 +37,9 @@ def _append(spool: Spool, seqs: range) -> None:
 
 
 @pytest.mark.slow
-def test_outage_and_restart_lose_nothing(tmp_path: Path) -> None:
+def test_outage_and_restart_lose_nothing(tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="gpuledger.agent.sender")
     broker = start_broker(tmp_path / "kafka")
     try:
         broker.create_topic(TOPIC, partitions=4)
@@ -68,6 +70,12 @@ def test_outage_and_restart_lose_nothing(tmp_path: Path) -> None:
             sender.drain()
         assert spool.backlog == 0
         sender.close()
+        # the outage said at its start (and the restart's), once a minute after, and its
+        # end: not at every retry (a try a second here)
+        said = [r.getMessage() for r in caplog.records
+                if r.name == "gpuledger.agent.sender"]
+        assert 3 <= len(said) <= 5, said
+        assert said[-1].startswith("delivering again after "), said
 
         consumer = KafkaConsumer(TOPIC, bootstrap_servers=broker.bootstrap,
                                  auto_offset_reset="earliest", consumer_timeout_ms=5000)
@@ -84,22 +92,31 @@ def test_outage_and_restart_lose_nothing(tmp_path: Path) -> None:
         broker.stop()
 
 
-def test_a_failed_delivery_names_its_error_once(tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """kafka-python's errors put their own name in their text: the warning said
-    "KafkaTimeoutError: KafkaTimeoutError: Unable to bootstrap ..." at every retry."""
+def test_an_outage_is_said_once_a_minute_with_its_error_named_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A delivery failing at every retry (every 5 s) was a warning each time, 720 an
+    hour a node, naming kafka-python's error twice ("KafkaTimeoutError:
+    KafkaTimeoutError: Unable to bootstrap ..."): now the first failure, then a reminder
+    a minute, each naming the error once."""
     from kafka.errors import KafkaTimeoutError
 
     def unreachable() -> Any:
         raise KafkaTimeoutError("Unable to bootstrap from ['127.0.0.1:1']")
 
+    now = [0.0]
     spool = Spool(tmp_path / "spool", max_bytes=1 << 20, segment_bytes=1 << 16)
     _append(spool, range(3))
-    sender = Sender(spool, unreachable, send_timeout_s=1.0)
+    sender = Sender(spool, unreachable, send_timeout_s=1.0, clock=lambda: now[0])
     with caplog.at_level("WARNING", logger="gpuledger.agent.sender"):
-        assert sender.drain() == 0
+        for i in range(25):           # a try every 5 s for two minutes
+            now[0] = 5.0 * i
+            assert sender.drain() == 0
     assert [r.getMessage() for r in caplog.records] == [
         "delivery failed (KafkaTimeoutError: Unable to bootstrap from ['127.0.0.1:1']); "
-        "3 messages kept in the spool"]
-    assert spool.backlog == 3
+        "3 messages kept in the spool, retrying (said again each minute while it fails)",
+        "delivery still failing after 60 s (13 tries; the last: KafkaTimeoutError: Unable "
+        "to bootstrap from ['127.0.0.1:1']); 3 messages kept in the spool",
+        "delivery still failing after 2.0 min (25 tries; the last: KafkaTimeoutError: "
+        "Unable to bootstrap from ['127.0.0.1:1']); 3 messages kept in the spool"]
+    assert spool.backlog == 3 and sender.errors == 25
     sender.close()

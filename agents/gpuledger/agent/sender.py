@@ -19,11 +19,20 @@ from gpuledger.agent.spool import Spool
 log = logging.getLogger("gpuledger.agent.sender")
 
 
+REMIND_S = 60.0
+"""While deliveries fail (a retry every few seconds), a warning says so this often."""
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 class Sender:
     """Moves spooled messages to Kafka."""
 
     def __init__(self, spool: Spool, producer_factory: Callable[[], Any],
-                 batch: int = 2_000, send_timeout_s: float = 10.0) -> None:
+                 batch: int = 2_000, send_timeout_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.spool = spool
         self._factory = producer_factory
         self._producer: Any = None
@@ -32,6 +41,11 @@ class Sender:
         self.sent = 0
         self.last_success: float | None = None
         self.errors = 0
+        self._clock = clock
+        self._failing_since: float | None = None
+        """When the deliveries started failing (None while they succeed)."""
+        self._said_at = 0.0
+        self._failed_tries = 0
 
     def _client(self) -> Any:
         if self._producer is None:
@@ -59,6 +73,11 @@ class Sender:
             self.spool.ack(pending[delivered - 1].number)
             self.sent += delivered
             self.last_success = time.time()
+            if self._failing_since is not None:
+                log.warning("delivering again after %s (%d tries failed); %d messages "
+                            "left in the spool", _span(self._clock() - self._failing_since),
+                            self._failed_tries, self.spool.backlog)
+                self._failing_since = None
         if delivered < len(pending):
             self._failed(RuntimeError(f"{len(pending) - delivered} messages not confirmed"))
         return delivered
@@ -67,8 +86,21 @@ class Sender:
         self.errors += 1
         name, text = type(exc).__name__, str(exc)
         text = text.removeprefix(f"{name}: ")   # kafka-python's errors name themselves
-        log.warning("delivery failed (%s%s); %d messages kept in the spool",
-                    name, f": {text}" if text else "", self.spool.backlog)
+        why = f"{name}: {text}" if text else name
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since, self._said_at, self._failed_tries = now, now, 1
+            log.warning("delivery failed (%s); %d messages kept in the spool, retrying "
+                        "(said again each minute while it fails)", why, self.spool.backlog)
+        else:
+            self._failed_tries += 1
+            said = now - self._said_at >= REMIND_S
+            if said:
+                self._said_at = now
+            log.log(logging.WARNING if said else logging.DEBUG,
+                    "delivery still failing after %s (%d tries; the last: %s); %d messages "
+                    "kept in the spool", _span(now - self._failing_since),
+                    self._failed_tries, why, self.spool.backlog)
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
