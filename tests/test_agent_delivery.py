@@ -75,7 +75,7 @@ def test_outage_and_restart_lose_nothing(tmp_path: Path,
         said = [r.getMessage() for r in caplog.records
                 if r.name == "gpuledger.agent.sender"]
         assert 3 <= len(said) <= 5, said
-        assert said[-1].startswith("delivering again after "), said
+        assert said[-1].startswith("delivery works again after "), said
 
         consumer = KafkaConsumer(TOPIC, bootstrap_servers=broker.bootstrap,
                                  auto_offset_reset="earliest", consumer_timeout_ms=5000)

@@ -15,16 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuledger.agent.spool import Spool
+from gpuledger.outage_log import OutageLog, error_text
 
 log = logging.getLogger("gpuledger.agent.sender")
-
-
-REMIND_S = 60.0
-"""While deliveries fail (a retry every few seconds), a warning says so this often."""
-
-
-def _span(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 class Sender:
@@ -41,11 +34,7 @@ class Sender:
         self.sent = 0
         self.last_success: float | None = None
         self.errors = 0
-        self._clock = clock
-        self._failing_since: float | None = None
-        """When the deliveries started failing (None while they succeed)."""
-        self._said_at = 0.0
-        self._failed_tries = 0
+        self.outage = OutageLog(log, "delivery", clock)
 
     def _client(self) -> Any:
         if self._producer is None:
@@ -73,34 +62,14 @@ class Sender:
             self.spool.ack(pending[delivered - 1].number)
             self.sent += delivered
             self.last_success = time.time()
-            if self._failing_since is not None:
-                log.warning("delivering again after %s (%d tries failed); %d messages "
-                            "left in the spool", _span(self._clock() - self._failing_since),
-                            self._failed_tries, self.spool.backlog)
-                self._failing_since = None
+            self.outage.worked(f"{self.spool.backlog} messages left in the spool")
         if delivered < len(pending):
             self._failed(RuntimeError(f"{len(pending) - delivered} messages not confirmed"))
         return delivered
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
-        name, text = type(exc).__name__, str(exc)
-        text = text.removeprefix(f"{name}: ")   # kafka-python's errors name themselves
-        why = f"{name}: {text}" if text else name
-        now = self._clock()
-        if self._failing_since is None:
-            self._failing_since, self._said_at, self._failed_tries = now, now, 1
-            log.warning("delivery failed (%s); %d messages kept in the spool, retrying "
-                        "(said again each minute while it fails)", why, self.spool.backlog)
-        else:
-            self._failed_tries += 1
-            said = now - self._said_at >= REMIND_S
-            if said:
-                self._said_at = now
-            log.log(logging.WARNING if said else logging.DEBUG,
-                    "delivery still failing after %s (%d tries; the last: %s); %d messages "
-                    "kept in the spool", _span(now - self._failing_since),
-                    self._failed_tries, why, self.spool.backlog)
+        self.outage.failed(error_text(exc), f"{self.spool.backlog} messages kept in the spool")
         producer, self._producer = self._producer, None
         if producer is not None:
             try:

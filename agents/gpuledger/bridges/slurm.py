@@ -33,6 +33,7 @@ from gpuledger.bridges.slurm_parse import (
     parse_squeue_json,
 )
 from gpuledger.bridges.state import StateError, load_state, save_state
+from gpuledger.outage_log import OutageLog
 
 log = logging.getLogger("gpuledger.bridges.slurm")
 
@@ -138,6 +139,7 @@ class SlurmBridge:
         self.state_path = state_path
         self.inventory_every = max(1, inventory_every)
         self.totals = BridgeTotals()
+        self.outage = OutageLog(log, "poll of Slurm")
         self._refused_said: set[str] = set()
         """Jobs left out whose warning was logged (once while they stay unreadable)."""
         doc = load_state(state_path)
@@ -159,8 +161,9 @@ class SlurmBridge:
                      if (self.totals.polls - 1) % self.inventory_every == 0 else None)
         except SlurmCommandError as exc:
             self.totals.failed_polls += 1
-            log.warning("poll failed, nothing changed: %s", exc)
+            self.outage.failed(str(exc), "nothing changed")
             return None
+        self.outage.worked("jobs and nodes read again")
         for job_id, reason in sorted(self.source.refused.items()):
             if job_id in self._refused_said:
                 continue
