@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import types
 import uuid
 from pathlib import Path
 from typing import Any
@@ -353,3 +355,33 @@ def test_sasl_and_credentials_never_logged(kafka: Broker, tmp_path: Path,
     assert refused.returncode == 2
     assert f"GPULEDGER_KAFKA_SASL_PASSWORD_FILE: {tmp_path / 'nope'}: no such file" \
         in refused.stderr
+
+
+def test_the_progress_line_gives_the_current_rate_and_quietens_when_idle(
+        kafka: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress line's rate was the lifetime average (an idle service's "(94/s)"
+    fell slowly), and an idle service said the same line every 10 s: now the rate is of
+    the messages since the last line, and nothing changing is said every sixth interval."""
+    from gpuledger.pipeline.kafka import service as service_module
+
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    service = KafkaProcessorService(settings, ProcessorConfig(), tmp_path / "wh",
+                                    ServiceOptions(group_id="progress", log_interval_s=10.0))
+    clock = [1000.0]
+    # the service module's clock only (the client's threads keep the real one)
+    monkeypatch.setattr(service_module, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=time.time, sleep=time.sleep))
+    try:
+        service._last_log = clock[0]
+        with caplog.at_level("INFO", logger="gpuledger.kafka.service"):
+            service.stats.messages = 500
+            for step in range(1, 14):          # 500 messages in the first 10 s, then none
+                clock[0] = 1000.0 + 10.0 * step
+                service._log_progress()
+        lines = [r.getMessage() for r in caplog.records if "messages=" in r.getMessage()]
+        assert [re.search(r"messages=(\d+) \((\d+)/s\)", line).groups()  # type: ignore[union-attr]
+                for line in lines] == [("500", "50"), ("500", "0"), ("500", "0")]
+    finally:
+        service.close()

@@ -214,6 +214,8 @@ GLOBALS_IDLE_S = 24 * 3600.0
 GROUP_CHECK_TIMEOUT_S = 30.0
 """How long reading the group's committed offsets may take (kafka-python waits forever
 for an unreachable coordinator without a timeout)."""
+IDLE_LOG_EVERY = 6
+"""While nothing changes, the progress line comes every this many log intervals."""
 STOP_GRACE_S = 60.0
 """How long a stop asked by a signal may take before the process ends without its last
 checkpoint (a broker that is down holds a request for ``request_timeout_ms``)."""
@@ -339,6 +341,8 @@ class KafkaProcessorService:
         """Set when telemetry was read after the end offsets were fetched."""
         self._last_checkpoint = time.monotonic()
         self._last_log = time.monotonic()
+        self._last_logged: tuple[int, datetime | None, list[int]] | None = None
+        """What the last progress line said: messages read, closed until, partitions."""
         self._samples_per_message: float | None = None
         """Of the last telemetry poll: how many messages the next one may take."""
         self.telemetry.subscribe([t.telemetry], listener=_rebalance_listener(self))
@@ -1005,23 +1009,33 @@ class KafkaProcessorService:
                         type(exc).__name__, exc)
 
     def _log_progress(self) -> None:
-        if time.monotonic() - self._last_log < self.options.log_interval_s:
+        """The progress line, every ``log_interval_s``; while nothing changes (no message
+        read, nothing closed, the same partitions) every ``IDLE_LOG_EVERY`` intervals.
+        The rate is of the messages read since the last line."""
+        now = time.monotonic()
+        since = now - self._last_log
+        if since < self.options.log_interval_s:
             return
-        self._last_log = time.monotonic()
+        held = sorted(self.engine.held)
+        seen = (self.stats.messages, self.engine.closed_until, held)
+        if seen == self._last_logged \
+                and since < IDLE_LOG_EVERY * self.options.log_interval_s:
+            return
+        read = self.stats.messages - (self._last_logged[0] if self._last_logged else 0)
+        self._last_log, self._last_logged = now, seen
         lag = 0
         telemetry = self.settings.topics.telemetry
         for p in self.engine.held:
             high = self._ends.get((telemetry, p))
             if high is not None:
                 lag += max(high - self.offsets.get((telemetry, p), 0), 0)
-        elapsed = time.monotonic() - self.stats.started
         c = self.counters()
         log.info("partitions=%s messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s "
                  "dead_letters=%d late=%d rss_mib=%.0f memory_released_mib=%.0f",
-                 sorted(self.engine.held), self.stats.messages,
-                 self.stats.messages / max(elapsed, 1e-9), c.records_in["telemetry"], lag,
-                 self.engine.closed_until, self.stats.dead_letters, c.late_telemetry,
-                 (rss_bytes() or 0) / 2**20, self.engine.warehouse.release_memory.released / 2**20)
+                 held, self.stats.messages, read / max(since, 1e-9),
+                 c.records_in["telemetry"], lag, self.engine.closed_until,
+                 self.stats.dead_letters, c.late_telemetry, (rss_bytes() or 0) / 2**20,
+                 self.engine.warehouse.release_memory.released / 2**20)
 
 
 def _rebalance_listener(service: KafkaProcessorService) -> Any:
