@@ -35,6 +35,13 @@ def test_help_explains_every_command(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["ingest", "--help"])
     assert "file:line" in capsys.readouterr().out.replace("(file:line: reason)", "file:line")
+    # import names every format it has, at the top level and in its own help (both
+    # said "openb" alone)
+    with pytest.raises(SystemExit):
+        main(["import", "--help"])
+    own = " ".join(capsys.readouterr().out.split())
+    assert all(f in own for f in ("Formats: slurm-sacct", "pods (", "openb ("))
+    assert "Slurm sacct, pod lists, the openb trace" in " ".join(out.split())
 
 
 def test_demo_prints_the_summary(cluster: Path, tmp_path: Path,
