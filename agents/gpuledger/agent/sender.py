@@ -35,6 +35,8 @@ class Sender:
         self.last_success: float | None = None
         self.errors = 0
         self.outage = OutageLog(log, "delivery", clock)
+        self._retired: list[Any] = []
+        """Producers given up on after a failed delivery, not closed yet."""
 
     def _client(self) -> Any:
         if self._producer is None:
@@ -43,6 +45,8 @@ class Sender:
 
     def drain(self) -> int:
         """Send one batch; returns how many messages were delivered and acknowledged."""
+        if self._retired:
+            self._close_retired(0)
         pending = self.spool.pending(self.batch)
         if not pending:
             return 0
@@ -72,15 +76,28 @@ class Sender:
         self.outage.failed(error_text(exc), f"{self.spool.backlog} messages kept in the spool")
         producer, self._producer = self._producer, None
         if producer is not None:
+            self._retired.append(producer)
+            self._close_retired(0)
+
+    def _close_retired(self, timeout_s: float) -> None:
+        """Close the producers given up on. One still holding records cannot close
+        (kafka-python flushes first, and the flush fails) until they expire, after the
+        delivery timeout: it is kept and tried again at each drain. Left to the garbage
+        collector, its close failed there and printed a traceback."""
+        for producer in list(self._retired):
             try:
-                producer.close(timeout=0)
+                producer.close(timeout=timeout_s)
             except Exception:
-                log.debug("closing the producer failed", exc_info=True)
+                log.debug("closing a producer given up on failed; tried again later",
+                          exc_info=True)
+            else:
+                self._retired.remove(producer)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Close the producer, waiting at most ``timeout_s`` (default ``send_timeout_s``)
         for what it still holds."""
+        timeout = self.send_timeout_s if timeout_s is None else timeout_s
         if self._producer is not None:
-            self._producer.close(timeout=self.send_timeout_s if timeout_s is None
-                                 else timeout_s)
+            self._producer.close(timeout=timeout)
             self._producer = None
+        self._close_retired(timeout)
