@@ -104,8 +104,14 @@ def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> No
     demo = [sys.executable, "-m", "gpuledger.cli.main", "demo", "--kafka",
             f"127.0.0.1:{port}", "--hours", "0.1", "--warehouse", str(tmp_path / "c"),
             "--quiet"]                  # a traceback too, from making the topics
+    # making the topics, alone and before a feed: "cannot create topics on …" after the
+    # library's 14 lines (the feed's), now as the others
+    topics = [sys.executable, "-m", "gpuledger.cli.main", "topics", "create", "--kafka",
+              f"127.0.0.1:{port}"]
+    feed = [sys.executable, "-m", "gpuledger.cli.main", "feed", "--kafka",
+            f"127.0.0.1:{port}", "--hours", "0.1", "--quiet"]
     runs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for c in (missing, gone, demo)]   # side by side: the unreachable take 30 s
+            for c in (missing, gone, demo, topics, feed)]   # side by side: 30 s each
     outs = [r.communicate(timeout=120) for r in runs]
     for r, (_out, err) in zip(runs, outs, strict=True):
         assert r.returncode == 2, err[-2000:]

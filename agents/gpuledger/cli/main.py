@@ -8,14 +8,13 @@ it is missing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from gpuledger.cli.arguments import (
     whole_count,
 )
 from gpuledger.cli.errors import CliError, check_input_files, need_pipeline
+from gpuledger.cli.kafka_errors import topics_created, unreachable_said
 from gpuledger.cli.log_setup import configure as configure_logging
 from gpuledger.http_url import redacted
 
@@ -174,7 +174,7 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
             from gpuledger.pipeline.kafka.demo import run_kafka_demo
 
             settings = _kafka_settings(args)
-            with _unreachable_said(settings.bootstrap):
+            with unreachable_said(settings.bootstrap):
                 result = run_kafka_demo(sim, config, args.warehouse, settings, update)
         else:
             from gpuledger.pipeline.demo import run_demo
@@ -205,25 +205,6 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _unreachable_said(bootstrap: str | None) -> Iterator[None]:
-    """A Kafka at ``bootstrap`` that cannot be reached, met in the block, is one line
-    (``CliError``, with the first reason the client logged, its lines held back
-    meanwhile) instead of a traceback; other errors go on as they are."""
-    from gpuledger.pipeline.kafka.client import held_back_client_lines
-
-    with held_back_client_lines() as held:
-        try:
-            yield
-        except Exception as exc:
-            from gpuledger.pipeline.kafka.service import unreachable
-
-            error = unreachable(bootstrap, exc, held) if bootstrap is not None else None
-            if error is None:
-                raise
-            raise CliError(str(error)) from None
-
-
 def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
     """The exporter and alert engine the options ask for (gpuledger.pipeline.ops), or None."""
     if not (args.metrics_address or args.alert_webhook or kafka is not None):
@@ -240,7 +221,7 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
         if kafka is not None:
             logging.getLogger("gpuledger.cli").info(
                 "connecting to Kafka at %s (to make the alerts topic)", kafka.bootstrap)
-        with _unreachable_said(kafka.bootstrap if kafka is not None else None):
+        with unreachable_said(kafka.bootstrap if kafka is not None else None):
             ops = OpsSurface(config, args.metrics_address, args.alert_webhook, kafka)
         url = ops.start()
     except (AddressError, OSError) as exc:
@@ -381,13 +362,8 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     _need_pipeline()
-    from gpuledger.pipeline.kafka.topics import create_topics
-
     settings = _kafka_settings(args)
-    try:
-        result = create_topics(settings, args.telemetry_partitions, args.replication)
-    except Exception as exc:
-        raise CliError(f"cannot create topics on {settings.bootstrap}: {exc}") from None
+    result = topics_created(settings, args.telemetry_partitions, args.replication)
     for topic, what in result.items():
         print(f"{topic}: {what}")
     return 0

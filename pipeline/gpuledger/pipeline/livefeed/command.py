@@ -12,6 +12,8 @@ from typing import Any
 
 from gpuledger.cli.arguments import SIMULATED_HOURS_MAX, positive, whole_count
 from gpuledger.cli.errors import CliError
+from gpuledger.cli.kafka_errors import topics_created
+from gpuledger.cli.log_setup import configure as configure_logging
 
 log = logging.getLogger("gpuledger.feed")
 
@@ -20,7 +22,6 @@ def cmd_feed(args: argparse.Namespace) -> int:
     try:
         from gpuledger.pipeline.kafka.producer import KafkaSink
         from gpuledger.pipeline.kafka.settings import KafkaSettingsError, load_settings
-        from gpuledger.pipeline.kafka.topics import create_topics
         from gpuledger.pipeline.simulate import SimConfig, load_cluster
     except ImportError:
         raise CliError(
@@ -29,8 +30,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.livefeed.episodes import Minute, episodes
     from gpuledger.pipeline.livefeed.pacing import feed
 
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.WARNING if args.quiet else logging.INFO)
     import os
 
     environ = dict(os.environ)
@@ -49,10 +49,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
         except ValueError as exc:  # ClusterSpecError: the file and the reason
             raise CliError(f"--cluster: {exc}") from None
     sim = SimConfig(**kw)
-    try:
-        create_topics(settings)
-    except Exception as exc:
-        raise CliError(f"cannot create topics on {settings.bootstrap}: {exc}") from None
+    topics_created(settings)
     stopping = [False]
 
     def on_term(_signum: int, _frame: Any) -> None:
