@@ -29,11 +29,11 @@ def configure(level: int, environ: Mapping[str, str] | None = None) -> None:
                        f"{', '.join(LEVELS)}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(client)
-    for handler in logging.getLogger().handlers:
-        for line_filter in (client_errors_in_one_line, ClientRepeats()):
-            if not any(type(f) is type(line_filter) or f is line_filter
-                       for f in handler.filters):
-                handler.addFilter(line_filter)
+    for handler in logging.getLogger().handlers:   # each once, whatever the calls
+        if client_errors_in_one_line not in handler.filters:
+            handler.addFilter(client_errors_in_one_line)
+        if not any(isinstance(f, ClientRepeats) for f in handler.filters):
+            handler.addFilter(ClientRepeats())
     selector = logging.getLogger("kafka.net.selector")
     if short_steps_unsaid not in selector.filters:
         selector.addFilter(short_steps_unsaid)
