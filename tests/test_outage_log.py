@@ -43,3 +43,15 @@ def test_an_error_is_named_once() -> None:
     assert error_text(KafkaTimeoutError()) == "KafkaTimeoutError: Unable to bootstrap"
     assert error_text(TimeoutError()) == "TimeoutError"
     assert span(59.6) == "60 s" and span(192) == "3.2 min"
+
+
+def test_one_failed_try_is_said_in_the_singular(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    outage = OutageLog(logging.getLogger("gpuledger.test"), "reaching Kafka",
+                       clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="gpuledger.test"):
+        outage.failed("KafkaConnectionError: 111 ECONNREFUSED", "back to the checkpoint")
+        now[0] = 10.0
+        outage.worked("on from the last checkpoint")
+    assert caplog.records[-1].getMessage() == (
+        "reaching Kafka works again after 10 s (1 try failed); on from the last checkpoint")

@@ -46,16 +46,20 @@ class OutageLog:
         if said:
             self._said_at = now
         self.log.log(logging.WARNING if said else logging.DEBUG,
-                     "%s still failing after %s (%d tries; the last: %s); %s", self.what,
-                     span(now - self.since), self.tries, why, state)
+                     "%s still failing after %s (%s; the last: %s); %s", self.what,
+                     span(now - self.since), _tries(self.tries), why, state)
 
     def worked(self, state: str) -> None:
         """A try worked: said when tries had failed before it."""
         if self.since is None:
             return
-        self.log.warning("%s works again after %s (%d tries failed); %s", self.what,
-                         span(self.clock() - self.since), self.tries, state)
+        self.log.warning("%s works again after %s (%s failed); %s", self.what,
+                         span(self.clock() - self.since), _tries(self.tries), state)
         self.since = None
+
+
+def _tries(n: int) -> str:
+    return f"{n} try" if n == 1 else f"{n} tries"
 
 
 def error_text(exc: BaseException) -> str:

@@ -51,6 +51,7 @@ from typing import Any
 import polars as pl
 from polars.exceptions import PanicException
 
+from gpuledger.outage_log import OutageLog, error_text
 from gpuledger.pipeline import checkpoint
 from gpuledger.pipeline.arrow_ipc import read_frame
 from gpuledger.pipeline.config import ProcessorConfig
@@ -606,6 +607,7 @@ class KafkaProcessorService:
         self._flushed = False
         backoff = 1.0
         reload = False  # the state is not the last checkpoint's yet (Kafka went away)
+        outage = OutageLog(log, "reaching Kafka")
         while not self.stop.is_set():
             try:
                 if reload:
@@ -614,12 +616,13 @@ class KafkaProcessorService:
                 if self._step():
                     return
                 backoff = 1.0
+                outage.worked("on from the last checkpoint")
             except Exception as exc:
                 if not _transient(exc):
                     raise
                 self.stats.recoveries += 1
-                log.warning("Kafka unavailable (%s: %s): back to the last checkpoint in "
-                            "%.0f s, then on", type(exc).__name__, str(exc)[:200], backoff)
+                outage.failed(error_text(exc)[:200], "back to the last checkpoint, and on "
+                              "from there once Kafka answers")
                 reload = True
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
