@@ -705,9 +705,12 @@ def _objects(store: Store, sizes: dict[str, int]) -> Any:
 
 def file_list(store: Store, snapshot: Snapshot, table: str) -> str:
     """The SQL list of ``table``'s published files, its schema file first."""
-    urls = [store.url_of(f"{FACTS}/{table}/{SCHEMA_FILE}")]
-    urls += [store.url_of(p) for p in snapshot.table(table)]
-    return "[" + ", ".join("'" + u.replace("'", "''") + "'" for u in urls) + "]"
+    return _sql_list(store, [f"{FACTS}/{table}/{SCHEMA_FILE}", *snapshot.table(table)])
+
+
+def _sql_list(store: Store, paths: list[str]) -> str:
+    """The SQL list of the URLs of ``paths``, each a quoted string."""
+    return "[" + ", ".join("'" + store.url_of(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
 def rows_relation(store: Store, snapshot: Snapshot, table: str) -> str:
@@ -717,9 +720,8 @@ def rows_relation(store: Store, snapshot: Snapshot, table: str) -> str:
     objects = snapshot.table(table)
     if not objects:
         return f"({empty})"
-    urls = ", ".join("'" + store.url_of(p).replace("'", "''") + "'" for p in objects)
-    return (f"({empty} UNION ALL BY NAME SELECT * FROM read_parquet([{urls}], "
-            "hive_partitioning = false))")
+    return (f"({empty} UNION ALL BY NAME SELECT * FROM read_parquet("
+            f"{_sql_list(store, objects)}, hive_partitioning = false))")
 
 
 @functools.cache
@@ -767,12 +769,10 @@ def catalog_statements(store: Store, snapshot: Snapshot) -> list[str]:
             tables[name] = file_list(store, snapshot, name)
         return tables[name]
 
-    def rows(name: str) -> str:
-        return rows_relation(store, snapshot, name)
-
     for path in sorted(sql_dir().glob("*.sql")):
         text = path.read_text().replace("{facts}", facts)
-        out.append(_fill(_fill(text, files), rows, "{rows:"))
+        out.append(_fill(_fill(text, files), functools.partial(rows_relation, store, snapshot),
+                         "{rows:"))
     return out
 
 
