@@ -62,9 +62,12 @@ def _tries(n: int) -> str:
     return f"{n} try" if n == 1 else f"{n} tries"
 
 
-def error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException, first_line_chars: int | None = None) -> str:
     """``Name: text`` of ``exc``, the name once (kafka-python's errors put their own name
-    in their text)."""
+    in their text); with ``first_line_chars``, of the text's first line that many
+    characters at most."""
     name, text = type(exc).__name__, str(exc).strip()
+    if first_line_chars is not None and text:
+        text = text.splitlines()[0][:first_line_chars]
     text = text.removeprefix(f"{name}: ")
     return f"{name}: {text}" if text else name

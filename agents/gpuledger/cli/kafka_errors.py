@@ -15,20 +15,18 @@ if TYPE_CHECKING:
 @contextlib.contextmanager
 def unreachable_said(bootstrap: str | None) -> Iterator[None]:
     """A Kafka at ``bootstrap`` that cannot be reached, met in the block, is one line
-    (``CliError``, with the first reason the client logged, its lines held back
-    meanwhile) instead of a traceback; other errors go on as they are."""
-    from gpuledger.pipeline.kafka.client import held_back_client_lines
+    (``CliError``: ``service.kafka_reached``'s) instead of a traceback; other errors go
+    on as they are."""
+    if bootstrap is None:
+        yield
+        return
+    from gpuledger.pipeline.kafka.service import ServiceStartError, kafka_reached
 
-    with held_back_client_lines() as held:
-        try:
+    try:
+        with kafka_reached(bootstrap):
             yield
-        except Exception as exc:
-            from gpuledger.pipeline.kafka.service import unreachable
-
-            error = unreachable(bootstrap, exc, held) if bootstrap is not None else None
-            if error is None:
-                raise
-            raise CliError(str(error)) from None
+    except ServiceStartError as exc:
+        raise CliError(str(exc)) from None
 
 
 def topics_created(settings: KafkaSettings, telemetry_partitions: int = 12,

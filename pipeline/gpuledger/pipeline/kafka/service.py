@@ -42,7 +42,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -190,12 +190,27 @@ def unreachable(bootstrap: str, exc: BaseException,
     ``held`` back meanwhile (``client.held_back_client_lines``)."""
     if not _transient(exc):
         return None
-    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-    text = text.removeprefix(f"{type(exc).__name__}: ")
     reason = first_reason(held or [])
-    return ServiceStartError(f"cannot reach Kafka at {bootstrap} "
-                             f"({type(exc).__name__}{': ' + text if text else ''}"
+    return ServiceStartError(f"cannot reach Kafka at {bootstrap} ({error_text(exc, 200)}"
                              f"{'; ' + reason if reason else ''})")
+
+
+@contextlib.contextmanager
+def kafka_reached(bootstrap: str) -> Iterator[None]:
+    """A Kafka at ``bootstrap`` that cannot be reached, met in the block, is one
+    :class:`ServiceStartError` line, with the first reason the client logged (its lines
+    held back meanwhile: ``client.held_back_client_lines``); other errors go on as they
+    are."""
+    with held_back_client_lines() as held:
+        try:
+            yield
+        except ServiceStartError:
+            raise
+        except Exception as exc:
+            error = unreachable(bootstrap, exc, held)
+            if error is None:
+                raise
+            raise error from None
 
 
 def _rejoin_error(exc: BaseException) -> bool:
@@ -251,16 +266,8 @@ class KafkaProcessorService:
         o = self.options
         t = settings.topics
         log.info("connecting to Kafka at %s", settings.bootstrap)
-        with held_back_client_lines() as held:
-            try:
-                self._connect(settings, o)
-            except ServiceStartError:
-                raise
-            except Exception as exc:
-                error = unreachable(settings.bootstrap, exc, held)
-                if error is None:
-                    raise
-                raise error from None
+        with kafka_reached(settings.bootstrap):
+            self._connect(settings, o)
         self.global_parts = [TopicPartition(topic, p)
                              for topic in (t.jobs, t.inventory, t.attempt_parts)
                              for p in sorted(self.globals.partitions_for_topic(topic) or [])]
