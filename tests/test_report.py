@@ -258,6 +258,19 @@ def test_terminal_fits_80_columns_and_keeps_job_ids_whole(
     assert f"… and {len(top.rows) - 3}" in top_part or "… and more rows" in top_part
 
 
+def test_a_section_with_no_rows_says_so_in_one_line(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A window after the data: each windowed section is its title and one line (the
+    line sat in an empty table's first column, one word a line: 'no rows / in this /
+    window')."""
+    assert main(["report", "--warehouse", str(root), "--width", "80",
+                 "--since", "2030-01-01"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    empty = [lines[k - 1] for k, line in enumerate(lines) if line == "  no rows in this window"]
+    assert empty == [s.title for s in SECTIONS if s.key != "borrowing"]
+    assert not {"in this", "window", "no rows"} & {line.strip() for line in lines}
+
+
 def test_a_table_too_wide_for_whole_cells_wraps_words_and_never_cuts_one(
         root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """In 80 columns the what-if section (a row label of 37 characters) did not fit with

@@ -17,6 +17,9 @@ from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, fill
 MAX_ROWS = 100
 """The most rows a long table reads (the first ``top`` shown, the rest folded)."""
 
+NO_ROWS = "no rows in this window"
+"""What a section with no rows shows in place of its table (terminal and HTML)."""
+
 
 @dataclass(frozen=True)
 class Window:

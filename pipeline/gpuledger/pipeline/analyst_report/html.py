@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from typing import Any
 
-from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report, Window
+from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, NO_ROWS, Answer, Report, Window
 from gpuledger.pipeline.analyst_report.numbers import cell, when
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 
@@ -127,7 +127,7 @@ def _table(a: Answer, top: int) -> str:
     thead = f"<thead><tr>{head}</tr></thead>"
     if not a.rows:
         return (f'<table>{thead}<tbody><tr><td colspan="{len(columns)}" class="blank">'
-                "no rows in this window</td></tr></tbody></table>")
+                f"{NO_ROWS}</td></tr></tbody></table>")
     text = f"<table>{thead}<tbody>{_rows_html(a, a.rows[:top])}</tbody></table>"
     rest = a.rows[top:]
     if rest:

@@ -8,12 +8,12 @@ other cells wrap instead when the terminal is narrower still.
 from __future__ import annotations
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report
+from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, NO_ROWS, Answer, Report
 from gpuledger.pipeline.analyst_report.numbers import cell
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 from gpuledger.pipeline.terminal_fit import fitted
@@ -25,14 +25,16 @@ def _shown(a: Answer) -> list[Column]:
             if c.terminal and not (c.sparse and not any(a.column(c.name)))]
 
 
-def _table(a: Answer, top: int, console: Console) -> Table:
+def _table(a: Answer, top: int, console: Console) -> RenderableType:
     section = a.section
+    if not a.rows:
+        # the title and one line: an empty table's headers said nothing, and the line in
+        # its first column wrapped to a word per line ('no rows / in this / window')
+        return Group(Text(section.title, style="bold"), Text(f"  {NO_ROWS}", style="dim"))
     shown = _shown(a)
     index = [a.columns.index(c.name) for c in shown]
     rows = [[cell(r[i], c, dict(zip(a.columns, r, strict=True)))
              for i, c in zip(index, shown, strict=True)] for r in a.rows[:top]]
-    if not rows:
-        rows = [["no rows in this window"] + [""] * (len(shown) - 1)]
     titles = [c.title for c in shown]
 
     def build(widths: list[int] | None) -> Table:
