@@ -348,15 +348,15 @@ class HostileApiServer(_LoopbackServer):
             self.json(h, {"metadata": {"resourceVersion": "5"}, "items": items})
 
     @staticmethod
-    def body(h: BaseHTTPRequestHandler, body: bytes) -> None:
-        h.send_response(200)
+    def body(h: BaseHTTPRequestHandler, body: bytes, status: int = 200) -> None:
+        h.send_response(status)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)
 
-    def json(self, h: BaseHTTPRequestHandler, doc: Any) -> None:
-        self.body(h, json.dumps(doc).encode())
+    def json(self, h: BaseHTTPRequestHandler, doc: Any, status: int = 200) -> None:
+        self.body(h, json.dumps(doc).encode(), status)
 
     def trickle(self, h: BaseHTTPRequestHandler, body: bytes, every_s: float) -> None:
         """The body one byte per ``every_s`` (every read gets a byte in time)."""

@@ -22,6 +22,7 @@ import pytest
 from events import held_per_minute
 from k8s_api_server import HOSTILE_NODE, FakeApiServer, HostileApiServer
 
+from gpuledger.bridges.kubernetes import bridge as bridge_module
 from gpuledger.bridges.kubernetes.api import ApiClient, MalformedResponse
 from gpuledger.bridges.kubernetes.bridge import Bridge, WatcherDied
 from gpuledger.bridges.kubernetes.config import BridgeConfig, connection, parse_config
@@ -447,6 +448,53 @@ def test_malformed_watch_events_are_counted_and_the_watch_goes_on(tmp_path: Path
     bridge = _cordoned_through(answer, tmp_path)
     assert bridge.stats.malformed == {"nodes": 3}
     assert bridge.versions["nodes"] == "6"
+
+
+def test_an_api_server_away_is_said_at_its_start_each_minute_and_at_its_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Five failed watches of nodes in a row (503), 25 s apart on the outage clock: one
+    warning when they start, one a minute later, one when the watch is open again
+    (before, a warning at every retry: two a minute per resource at the 30 s backoff).
+    The retries still happen, and the change after the outage comes out."""
+    monkeypatch.setattr(bridge_module, "RETRY_FIRST_S", 0.01)
+    failures = 5
+
+    def answer(server: HostileApiServer, h: Any, path: str, watch: bool, n: int) -> bool:
+        if path != NODES or not watch or n > failures:
+            return False
+        if n < failures:
+            server.json(h, {"kind": "Status", "message": "etcd unavailable"}, 503)
+        else:
+            server.stream(h, [json.dumps({"type": "MODIFIED",
+                                          "object": _cordoned("6")}).encode() + b"\n"])
+        return True
+
+    ticks = iter(range(25, 10_000, 25))
+    out = tmp_path / "out.jsonl"
+    caplog.set_level("DEBUG", logger="gpuledger.bridges.kubernetes")
+    with HostileApiServer(answer) as server:
+        config = _hostile_config(server.url, tmp_path / "state")
+        bridge = Bridge(config, ApiClient(connection(config)), FileSink(out))
+        bridge.outage_clock = lambda: float(next(ticks))
+        running = _Running(bridge)
+        cordoned = running.wait(lambda: len(_inventory(out)) >= 2, 10)
+        bridge.stop()
+        running.thread.join(5)
+        tries = server.count(NODES, True)
+    assert running.error is None and cordoned
+    assert tries >= failures + 1
+    said = [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and r.getMessage().startswith("nodes")]
+    assert len(said) == 3, said
+    assert said[0].startswith("nodes: watch failed (ApiError: ") and "etcd unavailable" in said[0]
+    assert "resuming from resourceVersion 5" in said[0]
+    assert said[1].startswith("nodes: watch still failing after 75 s (4 tries;")
+    assert said[2] == ("nodes: watch works again after 2.1 min (5 tries failed); watching "
+                       "from resourceVersion 5")
+    quiet = [r for r in caplog.records if r.levelname == "DEBUG"
+             and r.getMessage().startswith("nodes: watch still failing")]
+    assert len(quiet) == 3
 
 
 def test_a_relist_cut_short_is_retried(tmp_path: Path) -> None:

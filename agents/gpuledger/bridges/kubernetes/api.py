@@ -26,7 +26,7 @@ import http.client
 import json
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -323,18 +323,22 @@ class ApiClient:
             seen.add(token)
 
     def watch(self, path: str, resource_version: str, timeout_s: float = 300.0,
-              read_timeout_s: float = 90.0, label_selector: str | None = None
+              read_timeout_s: float = 90.0, label_selector: str | None = None,
+              opened: Callable[[], None] | None = None,
               ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Watch events after ``resource_version`` until the server ends the stream.
 
         A read that waits longer than ``read_timeout_s`` ends the stream too (the caller
-        resumes); bookmarks keep a quiet watch alive.
+        resumes); bookmarks keep a quiet watch alive. ``opened`` is called once the API
+        has answered 200 (a quiet watch may send no event for minutes).
         """
         params = {"watch": 1, "resourceVersion": resource_version,
                   "allowWatchBookmarks": "true", "timeoutSeconds": int(timeout_s),
                   "labelSelector": label_selector}
         conn, resp = self._request(path, params, read_timeout_s)
         try:
+            if opened is not None:
+                opened()
             while True:
                 try:
                     line = resp.readline()

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from gpuledger.bridges.kubernetes.api import (
@@ -43,6 +44,7 @@ from gpuledger.bridges.kubernetes.config import BridgeConfig
 from gpuledger.bridges.kubernetes.translate import Record, Translator
 from gpuledger.bridges.output import Sink
 from gpuledger.bridges.state import load_state, save_state
+from gpuledger.outage_log import OutageLog, error_text
 
 log = logging.getLogger("gpuledger.bridges.kubernetes")
 
@@ -53,6 +55,10 @@ PATHS = {
 }
 STATE_VERSION = 1
 BATCH = 1000  # watch events translated per hand-over (one state write per batch)
+RETRY_FIRST_S = 0.5
+"""The wait before a failed list or watch is tried again; it doubles at each failure in a
+row, up to :data:`RETRY_MAX_S`."""
+RETRY_MAX_S = 30.0
 
 
 class WatcherDied(OSError):
@@ -94,6 +100,8 @@ class Bridge:
         self.stats = Stats()
         self.resources = [r for r in PATHS if r != "workloads" or config.options.kueue]
         self._stop = threading.Event()
+        self.outage_clock: Callable[[], float] = time.monotonic
+        """The clock of the watches' outage lines (``outage_log``)."""
         self._last_save = 0.0
         self._last_tick = 0.0
         outbox = saved.get("outbox")
@@ -215,16 +223,22 @@ class Bridge:
 
     def _watch(self, resource: str, inbox: queue.Queue[tuple[Any, ...]]) -> None:
         version: str | None = self.versions.get(resource)
-        backoff = 0.5
+        backoff = RETRY_FIRST_S
+        # an API server away is said at its start, once a minute and at its end (a
+        # warning per retry was two a minute per resource at the 30 s backoff)
+        outage = OutageLog(log, f"{resource}: watch", self.outage_clock)
         while not self._stop.is_set():
             try:
                 if version is None:
                     items, version = self.client.list(PATHS[resource],
                                                       self._selector(resource))
+                    outage.worked(f"listed {len(items):,} at resourceVersion {version}")
                     inbox.put(("list", resource, items, version))
                 for kind, obj in self.client.watch(
                         PATHS[resource], version, self.config.watch_timeout_s,
-                        self.config.read_timeout_s, self._selector(resource)):
+                        self.config.read_timeout_s, self._selector(resource),
+                        opened=partial(outage.worked,
+                                       f"watching from resourceVersion {version}")):
                     seen = (obj.get("metadata") or {}).get("resourceVersion")
                     inbox.put(("event", resource, kind, obj))
                     if seen:
@@ -232,7 +246,7 @@ class Bridge:
                     if self._stop.is_set():
                         return
                 self.stats.bump(self.stats.resumes, resource)
-                backoff = 0.5
+                backoff = RETRY_FIRST_S
             except Stopped:
                 return
             except Gone:
@@ -243,11 +257,14 @@ class Bridge:
                 if self._stop.is_set():
                     return
                 if isinstance(exc, MalformedResponse):
+                    # what the API sent, not an outage: each one said and counted
                     self.stats.bump(self.stats.malformed, resource)
-                log.warning("%s: watch failed (%s); retrying from resourceVersion %s in "
-                            "%.1f s", resource, exc, version, backoff)
+                    log.warning("%s: watch failed (%s); retrying from resourceVersion %s "
+                                "in %.1f s", resource, exc, version, backoff)
+                else:
+                    outage.failed(error_text(exc), f"resuming from resourceVersion {version}")
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, RETRY_MAX_S)
             except Exception as exc:  # handed to run(), which stops
                 inbox.put(("died", resource, exc))
                 return
