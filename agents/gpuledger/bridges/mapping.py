@@ -116,7 +116,8 @@ class Mapping:
         default_factory=lambda: dict(DEFAULT_CARD_MEMORY_MIB))
     preemptible_qos: tuple[str, ...] = ()
     preemptible_label: str | None = None
-    _guesses_said: set[str] = field(default_factory=set, compare=False, repr=False)
+    _guesses_said: set[str] = field(default_factory=set, init=False, compare=False,
+                                    repr=False)
 
     # -- jobs ------------------------------------------------------------------------
 

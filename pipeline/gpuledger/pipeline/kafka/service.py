@@ -628,7 +628,7 @@ class KafkaProcessorService:
                 if not _transient(exc):
                     raise
                 self.stats.recoveries += 1
-                outage.failed(error_text(exc)[:200], "back to the last checkpoint, and on "
+                outage.failed(error_text(exc, 200), "back to the last checkpoint, and on "
                               "from there once Kafka answers")
                 reload = True
                 self.stop.wait(backoff)
