@@ -70,7 +70,10 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
            [root / "h0", root / "h1", root / "h2"])
     assert _ingest(root / "pa", root / "pieces").continued_from is None
     assert _ingest(root / "pb", root / "pieces").continued_from is not None
-    assert _states(root / "pieces") == ["until-2026-01-05T02-00-00Z",
+    # each piece's newest event falls inside its last minute: a state closed there too
+    assert _states(root / "pieces") == ["until-2026-01-05T01-59-00Z",
+                                        "until-2026-01-05T02-00-00Z",
+                                        "until-2026-01-05T02-59-00Z",
                                         "until-2026-01-05T03-00-00Z"]
     assert_same_facts(root / "pieces", root / "whole", SPARSE)
     return root
@@ -166,10 +169,11 @@ def test_a_damaged_saved_state_refuses_the_input_unless_afresh(
 
 def test_a_piece_with_no_state_to_go_on_from_is_refused(history: Path,
                                                         tmp_path: Path) -> None:
-    """pa's state gone (pruned; a piece starting inside a minute pa closed is the same
-    case): pb would be processed on its own. Refused; the whole history still goes."""
+    """pa's states gone (pruned): pb would be processed on its own. Refused; the whole
+    history still goes."""
     wh = _copy(history, tmp_path)
     shutil.rmtree(wh / INGEST_STATE / "until-2026-01-05T02-00-00Z")
+    shutil.rmtree(wh / INGEST_STATE / "until-2026-01-05T01-59-00Z")
     with pytest.raises(IngestRefused, match="inside the history already ingested"):
         _ingest(history / "pb", wh)
     assert _ingest(history / "events", wh).continued_from is None   # the whole: fine
@@ -195,7 +199,7 @@ def test_a_piece_processed_afresh_makes_the_later_states_stale(
     wh = tmp_path / "wh"
     _ingest(history / "h1", wh)
     _ingest(history / "h0", wh)
-    assert _states(wh) == ["until-2026-01-05T01-00-00Z"]
+    assert _states(wh) == ["until-2026-01-05T00-59-00Z", "until-2026-01-05T01-00-00Z"]
     _ingest(history / "h2", tmp_path / "scratch")   # (a warehouse of its own: no warning)
     caplog.clear()
     _ingest(history / "h2", wh)
@@ -213,29 +217,35 @@ def test_the_state_of_an_earlier_release_is_taken_over(history: Path,
     wh = tmp_path / "wh"
     _ingest(history / "pa", wh)
     state = wh / INGEST_STATE
+    # an earlier release kept one state: the one closed at pa's end
+    shutil.rmtree(state / "until-2026-01-05T01-59-00Z")
     (saved,) = (p for p in state.iterdir() if p.name.startswith("until-"))
     for f in saved.iterdir():
         f.rename(state / f.name)
     saved.rmdir()
     assert _at_cut(_ingest(history / "pb", wh))
-    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T02-59-00Z",
+                           "until-2026-01-05T03-00-00Z"]
     assert_same_facts(wh, history / "whole", SPARSE)
 
 
 def test_the_saved_states_are_bounded(history: Path, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """With room for two states, an hour-by-hour ingest keeps the two most recently
-    written (the one closed furthest among them), and still writes the whole's facts;
+    """With room for two runs' states, an hour-by-hour ingest keeps those of the two most
+    recently written (the one closed furthest among them), each run's pair (its state
+    inside its last minute and at its end) together, and still writes the whole's facts;
     a re-run of the last hour continues from the state before it."""
     monkeypatch.setattr(ingest_module, "KEEP_STATES", 2)
     wh = tmp_path / "wh"
+    two_runs = ["until-2026-01-05T01-59-00Z", "until-2026-01-05T02-00-00Z",
+                "until-2026-01-05T02-59-00Z", "until-2026-01-05T03-00-00Z"]
     for piece in ("h0", "h1", "h2"):
         _ingest(history / piece, wh)
-        assert len(_states(wh)) <= 2
-    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+        assert len(_states(wh)) <= 4
+    assert _states(wh) == two_runs
     assert_same_facts(wh, history / "whole", SPARSE)
     assert _at_cut(_ingest(history / "h2", wh))
-    assert _states(wh) == ["until-2026-01-05T02-00-00Z", "until-2026-01-05T03-00-00Z"]
+    assert _states(wh) == two_runs
     assert_same_facts(wh, history / "whole", SPARSE)
 
 

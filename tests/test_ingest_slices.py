@@ -4,17 +4,26 @@ samples, between ten minutes and an hour (each batch costs a close pass)."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fact_views import assert_same_facts
+from fact_views import VIEWS, assert_same_facts, views
+from polars.testing import assert_frame_equal
 from test_simulate import SMALL
 
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
-from gpuledger.pipeline.ingest import ingest, telemetry_slice
+from gpuledger.pipeline.ingest import (
+    INGEST_STATE,
+    IngestRefused,
+    IngestResult,
+    ingest,
+    telemetry_slice,
+)
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
 from gpuledger.pipeline.warehouse import Warehouse
@@ -95,6 +104,76 @@ def test_an_ingest_in_two_pieces_writes_the_facts_of_one(tmp_path: Path, cut: st
     assert second.continued_from is not None
     assert second.continued_from.isoformat().startswith(cut[:16])
     assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
+
+
+@pytest.mark.parametrize(("cut", "goes_on_from"), [
+    ("2026-01-05T01:37:25", "2026-01-05T01:37"),   # a file cut inside a minute
+    ("2026-01-05T02:00:00", "2026-01-05T02:00"),   # on a whole minute, as before
+])
+def test_a_piece_cut_inside_a_minute_goes_on_with_the_facts_of_one(
+        tmp_path: Path, cut: str, goes_on_from: str) -> None:
+    """10 s samples, the files cut at 01:37:25 (by size, by ``split -l``): the first
+    piece's end closes 01:37 too, and saves a state closed at 01:37 beside the one at
+    01:38; the second piece, starting inside that minute, goes on from 01:37 with no
+    late sample, and every view equals one ingest of the whole. (It was refused: no
+    state closed at or before its first event.) Cut on a whole minute, the second piece
+    goes on from the state closed there."""
+    sim = SimConfig(hours=3, seed=5, sample_interval_s=10, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "whole",
+           ProcessorConfig())
+    _split(tmp_path / "events", cut, tmp_path / "one", tmp_path / "two")
+    first = ingest(sorted((tmp_path / "one").glob("*.jsonl")), tmp_path / "pieces",
+                   ProcessorConfig())
+    assert first.open_from is not None and first.closed_to is not None
+    assert first.closed_to - first.open_from == timedelta(minutes=1)
+    second = ingest(sorted((tmp_path / "two").glob("*.jsonl")), tmp_path / "pieces",
+                    ProcessorConfig())
+    assert second.continued_from is not None
+    assert second.continued_from.isoformat()[:16] == goes_on_from
+    assert second.counters.late_telemetry == 0 and second.rejects.is_empty()
+    assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
+
+
+def test_three_pieces_the_last_starting_inside_the_middle_one_s_last_minute(
+        tmp_path: Path) -> None:
+    """Pieces cut at 00:40:00 and 01:37:25. The third starts inside the second's last
+    minute: it goes on from the state the second saved there, with the facts of one
+    ingest. It went on silently from the first piece's state (the only one closed before
+    it), dropping the second's events from 00:40 on: 20 minutes with no telemetry, job
+    events out of order, GPUs overcommitted. With that state gone (a piece ingested by an
+    earlier release has none), the third is refused, nothing written, and names the
+    piece it would skip."""
+    sim = SimConfig(hours=3, seed=5, sample_interval_s=10, cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "whole",
+           ProcessorConfig())
+    _split(tmp_path / "events", "2026-01-05T00:40:00", tmp_path / "p1", tmp_path / "rest")
+    _split(tmp_path / "rest", "2026-01-05T01:37:25", tmp_path / "p2", tmp_path / "p3")
+
+    def piece(name: str, warehouse: str) -> IngestResult:
+        return ingest(sorted((tmp_path / name).glob("*.jsonl")), tmp_path / warehouse,
+                      ProcessorConfig())
+
+    for name in ("p1", "p2"):
+        piece(name, "pieces")
+    shutil.copytree(tmp_path / "pieces", tmp_path / "no-inside-state")
+    third = piece("p3", "pieces")
+    assert third.continued_from is not None
+    assert third.continued_from.isoformat()[:16] == "2026-01-05T01:37"
+    assert third.counters.late_telemetry == 0 and sum(third.counters.rejected.values()) == 0
+    assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
+
+    shutil.rmtree(tmp_path / "no-inside-state" / INGEST_STATE / "until-2026-01-05T01-37-00Z")
+    before = views(tmp_path / "no-inside-state")
+    with pytest.raises(IngestRefused, match=re.escape(
+            "the input starts at 2026-01-05 01:37:30 UTC, inside a piece ingested from "
+            "2026-01-05 00:40:00 UTC, and the state it would go on from closes at "
+            "2026-01-05 00:40 UTC")):
+        piece("p3", "no-inside-state")
+    after = views(tmp_path / "no-inside-state")
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
 
 
 def test_an_input_reaching_back_before_the_last_ingest_is_processed_afresh(

@@ -308,6 +308,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     closed = result.closed_to
     if closed is not None:
         print(f"closed up to {closed:%Y-%m-%d %H:%M} UTC: the next piece goes on from there"
+              + (f", or from {result.open_from:%H:%M} if it starts inside the last minute"
+                 if result.open_from is not None else "")
               + ("" if closed.minute == 0 else
                  f" (the hour from {closed:%H}:00 is not whole yet: the next piece "
                  "rewrites it whole)"), file=sys.stderr)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -66,9 +67,11 @@ INGEST_STATE = "state/ingest"
 per closed point, ``until-<time>/`` (``state_folder``), the state a run left when it had
 closed every minute before that time."""
 KEEP_STATES = 8
-"""Saved states kept (the most recently written, and always the one closed furthest):
-a re-run of a piece continues from the state its predecessor left, not only from the
-last run's; disk use stays that of KEEP_STATES states."""
+"""Runs' saved states kept (the most recently written, and always the one closed
+furthest): a re-run of a piece continues from the state its predecessor left, not only
+from the last run's. A run ending inside a minute leaves two states, a minute apart
+(:func:`save_inside_last_minute`): they count as one here, so disk use stays that of
+at most twice KEEP_STATES states."""
 _STATE_PREFIX = "until-"
 _STATE_FORMATS = ("%Y-%m-%dT%H-%M-%SZ", "%Y-%m-%dT%H-%M-%S.%fZ")
 _LEGACY = ("global-ingest.checkpoint", "partition-p000.checkpoint")
@@ -91,16 +94,35 @@ class IngestResult:
     closed_to: datetime | None = None
     """Every minute before this is closed (the next piece goes on from here); the minute
     of the newest event stays open when that event falls on its start."""
+    open_from: datetime | None = None
+    """The start of the last minute, when the newest event fell inside it: a state closed
+    there was saved too, for a next piece that starts inside that minute
+    (:func:`save_inside_last_minute`)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """An ingest run, as each state it saves records it (``RUN_FILE``)."""
+
+    id: str
+    start: datetime
+    """Its input's first event."""
 
 
 @dataclass(frozen=True)
 class SavedState:
     """One saved ingest state: its folder under INGEST_STATE, its closed point (from the
-    folder's name) and when it was last written."""
+    folder's name), when it was last written and the run that saved it (None: not
+    recorded, a state of an earlier release)."""
 
     folder: str
     closed: datetime
     written: float
+    run: Run | None = None
+
+
+RUN_FILE = "run.json"
+"""In each state's folder: the run that saved it, ``{"run": id, "from": first event}``."""
 
 
 def state_folder(closed: datetime) -> str:
@@ -135,9 +157,21 @@ def saved_states(root: Store) -> list[SavedState]:
         folder, _sep, _ = entry.path.partition("/")
         if _closed_of(folder) is not None:
             written[folder] = max(written.get(folder, 0.0), entry.mtime)
-    states = [SavedState(f, c, w) for f, w in written.items()
+    states = [SavedState(f, c, w, _run_of(root, f)) for f, w in written.items()
               if (c := _closed_of(f)) is not None]
     return sorted(states, key=lambda s: s.closed, reverse=True)
+
+
+def _run_of(root: Store, folder: str) -> Run | None:
+    """The run recorded in a state's folder (None: none, or not readable)."""
+    try:
+        data = root.read(f"{folder}/{RUN_FILE}")
+        if data is None:
+            return None
+        doc = json.loads(data)
+        return Run(str(doc["run"]), datetime.fromisoformat(doc["from"]).astimezone(UTC))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
 
 
 class IngestRefused(CliError):
@@ -209,10 +243,12 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     On its own is right for input that starts where the ingested history starts (the
     whole history again, or its first piece: the same files write the same facts). For
     input that starts inside the ingested history with no state to continue from (the one
-    before it was pruned, or it starts inside a minute an earlier piece closed), or whose
-    state cannot be read (damaged, another release's), it would replace the facts of its
-    hours with its own alone: :class:`IngestRefused`, unless ``afresh``. An older state is
-    never taken instead: it would close the minutes between without their events."""
+    before it was pruned), or whose state cannot be read (damaged, another release's), it
+    would replace the facts of its hours with its own alone: :class:`IngestRefused`,
+    unless ``afresh``. An older state is never taken instead: it would close the minutes
+    between without their events; so an input that starts inside a piece ingested after
+    the state that fits it (a run recorded as starting at or after that state's point,
+    before this input) is refused too."""
     if afresh:
         return None
     where = INGEST_STATE
@@ -237,10 +273,21 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
                     f"the input starts at {first:%Y-%m-%d %H:%M:%S} UTC, inside the history "
                     f"already ingested ({origin:%Y-%m-%d %H:%M} to "
                     f"{states[0].closed:%Y-%m-%d %H:%M} UTC), and no saved state closes at "
-                    "or before that (the one before it was pruned: 8 are kept; or it "
-                    f"starts inside a minute an earlier piece closed): {ON_ITS_OWN}. Ingest "
-                    "from an earlier piece on, or the whole history; --afresh does it anyway")
+                    f"or before that (the one before it was pruned: those of {KEEP_STATES} runs "
+                    f"are kept): {ON_ITS_OWN}. Ingest from an earlier piece on, or the whole "
+                    "history; --afresh does it anyway")
             return None
+        skipped = sorted(s.run.start for s in states if s.run is not None
+                         and fitting[0].closed <= s.run.start < first)
+        if skipped:
+            raise IngestRefused(
+                f"the input starts at {first:%Y-%m-%d %H:%M:%S} UTC, inside a piece "
+                f"ingested from {skipped[0]:%Y-%m-%d %H:%M:%S} UTC, and the state it would "
+                f"go on from closes at {fitting[0].closed:%Y-%m-%d %H:%M} UTC, before that "
+                "piece: going on from it would drop that piece's events up to this input's "
+                "start. Ingest that piece again first (its run then saves a state inside "
+                "its last minute, for a piece starting there), or the history from an "
+                "earlier piece on; --afresh processes the input on its own anyway")
         where = f"{INGEST_STATE}/{fitting[0].folder}"
         state = CheckpointStore(root.child(fitting[0].folder), "ingest")
         sections = {p: state.read_partition(p) for p in sorted(processor.held)}
@@ -309,11 +356,12 @@ def _delete_state(root: Store, folder: str, which: str) -> None:
         root.fs.delete_dir(root.full(folder))
 
 
-def save_state(processor: Processor, root: Store, keep: int) -> None:
+def save_state(processor: Processor, root: Store, keep: int | None, run: Run) -> None:
     """Save ``processor``'s state in the folder of its closed point (replacing a state
-    saved there before: the same point, reached again), then let all but ``keep`` saved
-    states go: the most recently written stay, and always the one closed furthest (the
-    next piece of the history continues from it)."""
+    saved there before: the same point, reached again), with the ``run`` that saved it,
+    then (``keep`` given) let all but the states of ``keep`` runs go: the most recently
+    written stay, and always the one closed furthest (the next piece of the history
+    continues from it)."""
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     if not closed:  # nothing was closed: nothing to continue from
         processor.warehouse.sync()
@@ -321,21 +369,60 @@ def save_state(processor: Processor, root: Store, keep: int) -> None:
     folder = state_folder(max(closed))
     CheckpointStore(root.child(folder), "ingest").save(
         processor, {}, {p: {} for p in processor.held})
+    root.write(f"{folder}/{RUN_FILE}", json.dumps(
+        {"run": run.id, "from": run.start.astimezone(UTC).isoformat()}).encode())
     for name in _LEGACY:  # an earlier release's state that could not be read
         root.delete(name)
-    states = saved_states(root)
-    if len(states) <= keep:
+    if keep is None:
         return
-    furthest = states[0].folder
-    recent = sorted(states, key=lambda s: (s.written, s.closed), reverse=True)
-    kept = {folder, furthest}
-    for s in recent:
+    pairs = _pairs(saved_states(root))
+    if len(pairs) <= keep:
+        return
+    recent = sorted(pairs, key=lambda p: (max(s.written for s in p), p[0].closed),
+                    reverse=True)
+    kept = {pairs[0][0].folder} | {p[0].folder for p in pairs
+                                   if folder in {s.folder for s in p}}
+    for pair in recent:
         if len(kept) >= keep:
             break
-        kept.add(s.folder)
+        kept.add(pair[0].folder)
+    for pair in pairs:
+        if pair[0].folder not in kept:
+            for state in pair:
+                _delete_state(root, state.folder, "an old")
+
+
+def _pairs(states: list[SavedState]) -> list[tuple[SavedState, ...]]:
+    """``states`` (closed furthest first) grouped by the run that saved them (a run
+    ending inside a minute saves two, :func:`save_inside_last_minute`); a state with no
+    run recorded is a group of its own. Furthest first."""
+    groups: dict[str, list[SavedState]] = {}
     for s in states:
-        if s.folder not in kept:
-            _delete_state(root, s.folder, "an old")
+        groups.setdefault(s.folder if s.run is None else s.run.id, []).append(s)
+    return [tuple(g) for g in groups.values()]
+
+
+def save_inside_last_minute(processor: Processor, root: Store, run: Run) -> datetime | None:
+    """An input whose newest event falls inside a minute: its flush closes that minute
+    too (the facts reach the input's end). Before it does, save a state closed at the
+    minute's start, holding what the minute has so far: a next piece that starts inside
+    that minute (a file cut mid-minute: by size, by ``split -l``) goes on from it with
+    the facts of one ingest; before, it was refused. A piece starting at the next minute
+    or later goes on from the state the run saves at its end, as before. Returns the
+    point the state closes at (None: none saved, the newest event starts its minute and
+    the flush leaves that minute open)."""
+    newest, closed = processor.newest_time(), processor.closed_until
+    if newest is None or closed is None:
+        return None
+    start = newest.replace(second=0, microsecond=0)
+    if start == newest or closed > start:
+        return None
+    if closed < start:
+        processor.close_until(start)
+    # the run's states are counted once both are saved (a re-run's first one, beside the
+    # state of its earlier run at its end, would count as a run of its own)
+    save_state(processor, root, None, run)
+    return start
 
 
 def import_history(
@@ -363,12 +450,16 @@ def feed_in_time_order(
     frames: dict[RecordType, pl.DataFrame],
     on_progress: Callable[[float], None] | None = None,
     until: datetime | None = None,
+    before_flush: Callable[[], None] | None = None,
 ) -> None:
     """Feed validated frames to ``processor`` in event-time slices, then flush (every
-    minute before ``until`` when given, else up to the newest event)."""
+    minute before ``until`` when given, else up to the newest event); ``before_flush``
+    runs once every slice is in, before the flush."""
     ordered = {k: f.sort("time", maintain_order=True) for k, f in frames.items()
                if not f.is_empty()}
     if not ordered:
+        if before_flush is not None:
+            before_flush()
         processor.flush(until)
         return
     first: datetime = min(f["time"][0] for f in ordered.values())
@@ -391,6 +482,8 @@ def feed_in_time_order(
         start = end
         if on_progress is not None:
             on_progress(min((start - first).total_seconds() / total, 1.0))
+    if before_flush is not None:
+        before_flush()
     processor.flush(until)
 
 
@@ -493,15 +586,22 @@ def ingest(
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height
-    feed_in_time_order(processor, frames, on_progress)
+    run = Run(uuid.uuid4().hex, first)
+    open_from: datetime | None = None
+
+    def before_flush() -> None:
+        nonlocal open_from
+        open_from = save_inside_last_minute(processor, states, run)
+
+    feed_in_time_order(processor, frames, on_progress, before_flush=before_flush)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     stale = read_origin(states, "stale_from")
     if continued is None and closed and _forget_later(states, max(closed)):
         stale = max(closed)
     elif continued is not None and continued == stale:
         stale = None   # the history after it is being ingested again
-    save_state(processor, states, KEEP_STATES)
+    save_state(processor, states, KEEP_STATES, run)
     _keep_origin(states, first, stale)
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued,
-                        closed_to=max(closed) if closed else None)
+                        closed_to=max(closed) if closed else None, open_from=open_from)

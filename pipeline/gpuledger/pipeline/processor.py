@@ -691,13 +691,17 @@ class Processor:
         self._write_snapshots()
         self.warehouse.publish_catalog()
 
+    def newest_time(self) -> datetime | None:
+        """The time of the newest event taken (telemetry, job or inventory)."""
+        return max((t for t in (self.max_telemetry_time, self.max_other_time) if t),
+                   default=None)
+
     def flush(self, until: datetime | None = None) -> None:
         """End of input: close every minute up to ``until`` (default: the newest event,
         rounded up to a whole minute), write everything."""
         end = until
         if end is None:
-            newest = max((t for t in (self.max_telemetry_time, self.max_other_time) if t),
-                         default=None)
+            newest = self.newest_time()
             if newest is not None:
                 end = _floor_minute(newest)
                 if end < newest:
