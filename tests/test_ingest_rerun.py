@@ -232,9 +232,9 @@ def test_the_state_of_an_earlier_release_is_taken_over(history: Path,
 def test_the_saved_states_are_bounded(history: Path, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for two runs' states, an hour-by-hour ingest keeps those of the two most
-    recently written (the one closed furthest among them), each run's pair (its state
-    inside its last minute and at its end) together, and still writes the whole's facts;
-    a re-run of the last hour continues from the state before it."""
+    recently written (the one closed furthest among them; each with its state inside its
+    last minute, h0's gone), and still writes the whole's facts; a re-run of the last
+    hour continues from the state before it."""
     monkeypatch.setattr(ingest_module, "KEEP_STATES", 2)
     wh = tmp_path / "wh"
     two_runs = ["until-2026-01-05T01-59-00Z", "until-2026-01-05T02-00-00Z",
@@ -247,6 +247,18 @@ def test_the_saved_states_are_bounded(history: Path, tmp_path: Path,
     assert _at_cut(_ingest(history / "h2", wh))
     assert _states(wh) == two_runs
     assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_a_state_inside_a_last_minute_is_kept_for_the_two_runs_closed_furthest(
+        history: Path, tmp_path: Path) -> None:
+    """h0, h1, h2: each run saves a state inside its last minute; h0's goes once two runs
+    closed further (it holds the open hour's facts), its state at its end stays."""
+    wh = tmp_path / "wh"
+    for piece in ("h0", "h1", "h2"):
+        _ingest(history / piece, wh)
+    assert _states(wh) == ["until-2026-01-05T01-00-00Z", "until-2026-01-05T01-59-00Z",
+                           "until-2026-01-05T02-00-00Z", "until-2026-01-05T02-59-00Z",
+                           "until-2026-01-05T03-00-00Z"]
 
 
 def test_the_whole_history_again_after_its_pieces_gives_the_whole(

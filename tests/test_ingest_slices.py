@@ -163,6 +163,9 @@ def test_three_pieces_the_last_starting_inside_the_middle_one_s_last_minute(
     assert third.continued_from.isoformat()[:16] == "2026-01-05T01:37"
     assert third.counters.late_telemetry == 0 and sum(third.counters.rejected.values()) == 0
     assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
+    again = piece("p3", "pieces")     # the last piece run again: the same state, facts
+    assert again.continued_from == third.continued_from
+    assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
 
     shutil.rmtree(tmp_path / "no-inside-state" / INGEST_STATE / "until-2026-01-05T01-37-00Z")
     before = views(tmp_path / "no-inside-state")

@@ -69,9 +69,11 @@ closed every minute before that time."""
 KEEP_STATES = 8
 """Runs' saved states kept (the most recently written, and always the one closed
 furthest): a re-run of a piece continues from the state its predecessor left, not only
-from the last run's. A run ending inside a minute leaves two states, a minute apart
-(:func:`save_inside_last_minute`): they count as one here, so disk use stays that of
-at most twice KEEP_STATES states."""
+from the last run's. A run ending inside a minute saves a second state inside its last
+minute (:func:`save_inside_last_minute`), kept for the INSIDE_KEPT runs closed furthest:
+disk use stays that of KEEP_STATES + INSIDE_KEPT states."""
+INSIDE_KEPT = 2
+"""The runs, closed furthest, whose state inside their last minute is kept."""
 _STATE_PREFIX = "until-"
 _STATE_FORMATS = ("%Y-%m-%dT%H-%M-%SZ", "%Y-%m-%dT%H-%M-%S.%fZ")
 _LEGACY = ("global-ingest.checkpoint", "partition-p000.checkpoint")
@@ -376,6 +378,15 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run) ->
     if keep is None:
         return
     pairs = _pairs(saved_states(root))
+    # a state inside a run's last minute serves the piece that starts there: kept for the
+    # two runs closed furthest (the next piece, or the last one again), not for older
+    # ones (it holds the open hour's facts: 13 MB against 0.4 MB at an hour's end for
+    # 576 GPUs); re-running an older piece that starts inside the last minute of the one
+    # before it is refused, naming that piece
+    for pair in pairs[INSIDE_KEPT:]:
+        for inside in pair[1:]:
+            _delete_state(root, inside.folder, "an old")
+    pairs = [*pairs[:INSIDE_KEPT], *[pair[:1] for pair in pairs[INSIDE_KEPT:]]]
     if len(pairs) <= keep:
         return
     recent = sorted(pairs, key=lambda p: (max(s.written for s in p), p[0].closed),
