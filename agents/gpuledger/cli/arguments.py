@@ -135,3 +135,13 @@ def iso_time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(
             f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def add_replace(parser: argparse.ArgumentParser) -> None:
+    """An importer's ``--replace``: replace facts it did not write (ingest.import_history)."""
+    parser.add_argument(
+        "--replace", action="store_true",
+        help="import even where the warehouse already holds facts in the hours the input "
+        "covers that an import of the same events did not write (an ingest, the Kafka "
+        "service, another file): they are replaced by this input's alone. Without it such "
+        "an import is refused and changes nothing")

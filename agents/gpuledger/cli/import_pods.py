@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import whole_count
+from gpuledger.cli.arguments import add_replace, whole_count
 from gpuledger.cli.errors import CliError, check_input_files
 
 FILE_KEYS = ("columns", "mapping")
@@ -68,7 +68,7 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing pods", not args.quiet)
     try:
-        rejected = import_history(processor, imported.frames, update)
+        rejected = import_history(processor, imported.frames, update, replace=args.replace)
     finally:
         stop()
     print(f"pods: {imported.rows:,} rows, {imported.imported:,} imported into "
@@ -115,4 +115,5 @@ examples:
     q.add_argument("--show-bad", type=whole_count("--show-bad"), default=20, metavar="N",
                    help="print at most N bad rows (default 20)")
     common(q)
+    add_replace(q)
     q.set_defaults(func=cmd_import_pods)

@@ -10,7 +10,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import whole_count
+from gpuledger.cli.arguments import add_replace, whole_count
 from gpuledger.cli.errors import CliError, check_input_files
 
 
@@ -47,7 +47,7 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing sacct", not args.quiet)
     try:
-        rejected = import_history(processor, imported.frames, update)
+        rejected = import_history(processor, imported.frames, update, replace=args.replace)
     finally:
         stop()
     r = imported
@@ -92,4 +92,5 @@ def register(fmt: Any, common: Any) -> None:
     q.add_argument("--show-bad", type=whole_count("--show-bad"), default=20, metavar="N",
                    help="print at most N bad lines (default 20)")
     common(q)
+    add_replace(q)
     q.set_defaults(func=cmd_import_slurm_sacct)

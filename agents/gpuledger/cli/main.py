@@ -22,6 +22,7 @@ from typing import Any
 from gpuledger.cli.arguments import (
     INT32_MAX,
     SIMULATED_HOURS_MAX,
+    add_replace,
     file_name_part,
     non_negative,
     positive,
@@ -351,7 +352,8 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
         processor.begin_at(imported.window_start)
     update, stop = _progress("importing openb", not args.quiet)
     try:
-        rejected = import_history(processor, imported.frames, update, imported.window_end)
+        rejected = import_history(processor, imported.frames, update, imported.window_end,
+                                  replace=args.replace)
     finally:
         stop()
     print(f"openb: {imported.pods_total:,} pods ({imported.pods_cpu_only:,} CPU-only skipped), "
@@ -652,6 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--start", type=_start_time, default=None,
                    help="wall-clock time of the trace's second 0 (default 2026-01-01T00:00Z)")
     common(q)
+    add_replace(q)
     q.set_defaults(func=cmd_import_openb)
     for name in IMPORT_MODULES:
         importlib.import_module(name).register(fmt, common)

@@ -14,8 +14,11 @@ it is fed (about 150 bytes per telemetry sample): split very long histories by d
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import logging
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.decode import decode_jsonl_files, encode_jsonl
+from gpuledger.pipeline.generations import read_snapshot
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
@@ -436,15 +440,34 @@ def save_inside_last_minute(processor: Processor, root: Store, run: Run) -> date
     return start
 
 
+IMPORTS = "state/imports.json"
+"""The imports a warehouse took: ``{"imports": [{"digest", "from", "to"}]}`` (the digest
+of their validated events and window; the span of hours they wrote)."""
+IMPORTS_KEPT = 1000
+"""The imports recorded (the newest)."""
+_PART_TIME = re.compile(r"-(\d{4}-\d{2}-\d{2})(?:T(\d{2}))?(?:-p\d+)?\.")
+"""A part's time in its object's name: the hour, or the day (compacted)."""
+
+
+class ImportRefused(CliError):
+    """A run on its own that would replace facts it did not write (one line)."""
+
+
 def import_history(
     processor: Processor,
     frames: dict[str, pl.DataFrame],
     on_progress: Callable[[float], None] | None = None,
     until: datetime | None = None,
+    replace: bool = False,
 ) -> int:
     """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
     the rest in event-time order and flush up to ``until`` (a window's end; default the
-    newest event). The number of rejected records."""
+    newest event). The number of rejected records.
+
+    An import is processed on its own: the facts of the hours it covers become its own.
+    Where the warehouse already holds facts in those hours that an import of the same
+    events did not write (an ingest, the Kafka service, another file), that would replace
+    them: :class:`ImportRefused`, unless ``replace``."""
     good: dict[RecordType, pl.DataFrame] = {}
     rejected = 0
     for kind, frame in frames.items():
@@ -452,8 +475,94 @@ def import_history(
         processor.add_rejects(bad)
         rejected += bad.height
         good[kind] = ok  # type: ignore[index]
+    span = _import_span(processor, good, until)
+    digest = _events_digest(good, processor.started, until)
+    if span is not None:
+        if not replace:
+            _refuse_replacing(processor.warehouse.store, span, digest)
+        # recorded before it writes: a run killed part way is run again without --replace
+        _record_import(processor.warehouse.store, span, digest)
     feed_in_time_order(processor, good, on_progress, until)
     return rejected
+
+
+def _import_span(processor: Processor, frames: dict[RecordType, pl.DataFrame],
+                 until: datetime | None) -> tuple[datetime, datetime] | None:
+    """The hours an import's run writes: from the hour of its first minute (its window's
+    start, else its first event) to its end (``until``, else its newest event); None
+    without events."""
+    times: list[datetime] = [t for f in frames.values() if not f.is_empty()
+                             for t in f.select(pl.col("time").min(), pl.col("time").max()
+                                               .alias("newest")).row(0)]
+    if not times:
+        return None
+    start = processor.started if processor.started is not None else min(times)
+    end = until if until is not None else max(times)
+    return start.replace(minute=0, second=0, microsecond=0), end
+
+
+def _events_digest(frames: dict[RecordType, pl.DataFrame], start: datetime | None,
+                   until: datetime | None) -> str:
+    """What names an import's input: its validated events (Arrow IPC bytes) and window."""
+    digest = hashlib.sha256(f"{start} {until}".encode())
+    for kind in sorted(frames):
+        sink = io.BytesIO()
+        frames[kind].write_ipc(sink, compression="uncompressed")
+        digest.update(kind.encode() + sink.getvalue())
+    return digest.hexdigest()
+
+
+def _imports(store: Store) -> list[dict[str, str]]:
+    try:
+        data = store.read(IMPORTS)
+        doc = json.loads(data) if data else {}
+        entries = doc.get("imports", []) if isinstance(doc, dict) else []
+        return [e for e in entries if isinstance(e, dict)]
+    except (OSError, ValueError, RecursionError):
+        return []
+
+
+def _fact_hours(store: Store, span: tuple[datetime, datetime]) -> list[datetime]:
+    """The hours (days, once compacted) in ``span`` that published ``gpu_hourly`` or
+    ``job_attempts`` files cover."""
+    snapshot = read_snapshot(store)
+    found: set[datetime] = set()
+    for table in ("gpu_hourly", "job_attempts"):
+        for obj in snapshot.table(table):
+            match = _PART_TIME.search(obj.rsplit("/", 1)[-1])
+            if match is None:
+                continue
+            day = datetime.strptime(match[1], "%Y-%m-%d").replace(tzinfo=UTC)
+            at, length = ((day + timedelta(hours=int(match[2])), timedelta(hours=1))
+                          if match[2] else (day, timedelta(days=1)))
+            if at < span[1] and at + length > span[0]:
+                found.add(max(at, span[0]))
+    return sorted(found)
+
+
+def _refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str | None,
+                      writer: str = "an import of these events did not write (an ingest, "
+                      "the Kafka service, another file)", doing: str = "importing",
+                      option: str = "--replace") -> None:
+    """Refuse a run on its own over ``span`` where the warehouse holds facts that
+    ``writer`` describes (none, or an import of the events of ``digest``, wrote)."""
+    hours = _fact_hours(store, span)
+    if not hours or (digest is not None
+                     and any(e.get("digest") == digest for e in _imports(store))):
+        return
+    raise ImportRefused(
+        f"the warehouse already holds facts in the hours this input covers "
+        f"({span[0]:%Y-%m-%d %H:%M} to {span[1]:%Y-%m-%d %H:%M} UTC; from "
+        f"{hours[0]:%Y-%m-%d %H:%M} UTC on) that {writer}: {doing} would replace them "
+        "with this input's alone. Use a warehouse of its own (--warehouse), one input "
+        f"covering the whole history, or pass {option} to replace them")
+
+
+def _record_import(store: Store, span: tuple[datetime, datetime], digest: str) -> None:
+    entries = [e for e in _imports(store) if e.get("digest") != digest]
+    entries.append({"digest": digest, "from": span[0].astimezone(UTC).isoformat(),
+                    "to": span[1].astimezone(UTC).isoformat()})
+    store.write(IMPORTS, json.dumps({"imports": entries[-IMPORTS_KEPT:]}).encode())
 
 
 def feed_in_time_order(
@@ -594,6 +703,18 @@ def ingest(
     states = ingest_states(processor)
     first = min(times)
     continued = continue_previous(processor, states, first, afresh)
+    never_ingested = read_origin(states) is None
+    if continued is None and not afresh and never_ingested:
+        # nothing was ingested here before: facts in these hours came from elsewhere
+        newest = max(f.select(pl.col("time").max()).item() for f in frames.values()
+                     if not f.is_empty())
+        _refuse_replacing(processor.warehouse.store,
+                          (first.replace(minute=0, second=0, microsecond=0), newest), None,
+                          "no ingest wrote (an import, the Kafka service, the demo)",
+                          "ingesting", "--afresh")
+    if never_ingested:
+        # said before anything is written: a run killed part way is run again as it was
+        _keep_origin(states, first, None)
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height

@@ -1,0 +1,106 @@
+"""An import, or a first ingest, processes its input on its own: the facts of the hours it
+covers become its own. Where a warehouse already holds facts in those hours that it did
+not write, that replaced them silently: a three-line sacct file imported into a
+warehouse holding an ingested telemetry history took half of that history's GPU-minutes
+with it (69,120 rows to 34,806), exit status 0. Such a run is now refused in one line and
+changes nothing; ``--replace`` (imports) and ``--afresh`` (ingest) do it anyway; the same
+import run again, or run again after it was killed, goes."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from fact_views import VIEWS, views
+from polars.testing import assert_frame_equal
+from test_import_slurm_sacct import HEADER, ROWS
+from test_simulate import SMALL
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline import query
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.ingest import IMPORTS, ingest
+from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
+
+REFUSED = "the warehouse already holds facts in the hours this input covers"
+
+
+@pytest.fixture(scope="module")
+def telemetry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ingested hours of telemetry over the sacct file's hours (10:00 to 12:00)."""
+    root = tmp_path_factory.mktemp("telemetry")
+    sim = SimConfig(hours=2, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL),
+                    start=datetime(2026, 1, 5, 10, tzinfo=UTC))
+    write_jsonl(simulate(sim), root / "events")
+    ingest(sorted((root / "events").glob("*.jsonl")), root / "wh", ProcessorConfig())
+    return root
+
+
+@pytest.fixture(scope="module")
+def sacct(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sacct") / "sacct.txt"
+    path.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    return path
+
+
+def _samples(wh: Path) -> int:
+    return int(query.run(wh, "SELECT sum(telemetry_samples) FROM gpu_minute")[1][0][0])
+
+
+def _import(sacct: Path, wh: Path, *extra: str) -> int:
+    return main(["import", "slurm-sacct", str(sacct), "--warehouse", str(wh), "--quiet",
+                 *extra])
+
+
+def test_an_import_over_ingested_hours_is_refused_and_changes_nothing(
+        telemetry: Path, sacct: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    wh = tmp_path / "wh"
+    shutil.copytree(telemetry / "wh", wh)
+    before = views(wh)
+    assert _samples(wh) > 0
+    assert _import(sacct, wh) == 2
+    err = capsys.readouterr().err
+    assert REFUSED in err and "pass --replace to replace them" in err
+    assert err.count("\n") == 1
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    assert not (wh / IMPORTS).exists()
+    # --replace: the hours become the import's (scheduler-only: no telemetry)
+    assert _import(sacct, wh, "--replace") == 0
+    assert _samples(wh) < sum(before["gpu_minute"]["telemetry_samples"].fill_null(0))
+
+
+def test_the_same_import_again_goes_and_another_file_over_its_hours_does_not(
+        sacct: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wh = tmp_path / "wh"
+    assert _import(sacct, wh) == 0
+    once = views(wh)
+    assert _import(sacct, wh) == 0        # a re-run (or a run after a killed one)
+    again = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(again[name], once[name])
+    other = tmp_path / "other.txt"
+    other.write_text(HEADER + "\n" + ROWS[0] + "\n")   # one job of the same hours
+    capsys.readouterr()
+    assert _import(other, wh) == 2
+    assert REFUSED in capsys.readouterr().err
+
+
+def test_a_first_ingest_over_imported_hours_is_refused_unless_afresh(
+        telemetry: Path, sacct: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    wh = tmp_path / "wh"
+    assert _import(sacct, wh) == 0
+    attempts = views(wh)["job_attempts"].height
+    files = [str(p) for p in sorted((telemetry / "events").glob("*.jsonl"))]
+    capsys.readouterr()
+    assert main(["ingest", *files, "--warehouse", str(wh), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert REFUSED in err and "no ingest wrote" in err and "--afresh" in err
+    assert views(wh)["job_attempts"].height == attempts
+    assert main(["ingest", *files, "--warehouse", str(wh), "--quiet", "--afresh"]) == 0
+    assert _samples(wh) > 0
