@@ -4,7 +4,8 @@ not write, that replaced them silently: a three-line sacct file imported into a
 warehouse holding an ingested telemetry history took half of that history's GPU-minutes
 with it (69,120 rows to 34,806), exit status 0. Such a run is now refused in one line and
 changes nothing; ``--replace`` (imports) and ``--afresh`` (ingest) do it anyway; the same
-import run again, or run again after it was killed, goes."""
+import run again, or run again after it was killed, goes. The demo, whose facts are
+simulated, writes only into an empty warehouse or one a demo wrote."""
 
 from __future__ import annotations
 
@@ -104,3 +105,24 @@ def test_a_first_ingest_over_imported_hours_is_refused_unless_afresh(
     assert views(wh)["job_attempts"].height == attempts
     assert main(["ingest", *files, "--warehouse", str(wh), "--quiet", "--afresh"]) == 0
     assert _samples(wh) > 0
+
+
+def test_the_demo_writes_only_where_a_demo_wrote_or_nothing_is(
+        telemetry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's simulated facts went into a warehouse of ingested history beside it
+    (another day), exit status 0. Refused now, nothing written; a demo again into its
+    own warehouse goes."""
+    wh = tmp_path / "wh"
+    shutil.copytree(telemetry / "wh", wh)
+    before = views(wh)
+    assert main(["demo", "--hours", "0.25", "--warehouse", str(wh), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "holds facts the demo did not write" in err and err.count("\n") == 1
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    own = tmp_path / "demo"
+    for seed in ("7", "8"):
+        assert main(["demo", "--hours", "0.25", "--seed", seed, "--warehouse", str(own),
+                     "--quiet"]) == 0
+    capsys.readouterr()

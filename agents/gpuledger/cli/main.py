@@ -155,6 +155,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if (args.metrics_address or args.alert_webhook) and args.kafka:
         raise CliError("--metrics-address and --alert-webhook work with the embedded bus; "
                        "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
+    from gpuledger.pipeline.demo import check_for_demo
+
+    check_for_demo(args.warehouse)
     ops = _ops(args, config)
     try:
         return _demo_run(args, sim, config, ops)
@@ -537,7 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="simulate a cluster day and build a warehouse from it",
                        description="Simulate a cluster (default: 24 h of the built-in "
                        "cluster), stream it through the processor on the embedded bus into "
-                       "a Parquet/DuckDB warehouse, and print the summary tables.")
+                       "a Parquet/DuckDB warehouse, and print the summary tables. The "
+                       "warehouse must be empty or a demo's: one holding other facts "
+                       "(ingested, imported) is refused, so simulated jobs never mix with "
+                       "real ones.")
     sim_args(p)
     common(p)
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,

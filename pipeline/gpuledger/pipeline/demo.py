@@ -2,17 +2,57 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuledger.cli.errors import CliError
 from gpuledger.pipeline.bus import EmbeddedBus, marking_last
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
+from gpuledger.pipeline.generations import read_snapshot
 from gpuledger.pipeline.ingest import LONGEST_SLICE, SLICE_SAMPLES
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
+from gpuledger.pipeline.store import Store, open_store
 from gpuledger.pipeline.warehouse import Warehouse
+
+DEMO_MARK = "state/demo.json"
+"""In a warehouse a demo wrote (at its start): the next demo may write there too."""
+
+
+class DemoRefused(CliError):
+    """A warehouse the demo must not write its simulated facts into (one line)."""
+
+
+def check_for_demo(location: str | Path) -> None:
+    """The demo writes simulated jobs and GPUs: into an empty warehouse, or one a demo
+    wrote. A warehouse holding other facts (ingested, imported, the Kafka service's) is
+    refused, in one line, before anything is written: the simulated facts went in beside
+    them (another day) or replaced them (the same day), with exit status 0. Reads only
+    (a location that does not exist yet is empty)."""
+    try:
+        store = open_store(location, create=False)
+        if store.exists(DEMO_MARK):
+            return
+        snapshot = read_snapshot(store)
+    except FileNotFoundError:
+        return
+    tables = sorted(t for t, files in snapshot.files.items() if files)
+    if tables:
+        raise DemoRefused(
+            f"{store.url}: holds facts the demo did not write ({', '.join(tables[:3])}"
+            f"{', …' if len(tables) > 3 else ''}): the demo writes a simulated cluster's "
+            "facts, which would go in beside them or replace them. Give it a warehouse "
+            "of its own (--warehouse demo-warehouse); a demo of an earlier release left no "
+            f"mark ({DEMO_MARK}): delete that warehouse to run the demo into it again")
+
+
+def mark_demo(store: Store) -> None:
+    """Mark ``store`` as a demo's, before the demo writes facts into it (a demo stopped
+    part way is run again there)."""
+    store.write(DEMO_MARK, json.dumps({"demo": True}).encode())
 
 
 @dataclass
@@ -35,6 +75,7 @@ def run_demo(
     ``on_processor`` sees the processor before any input (to attach fact listeners)."""
     bus = EmbeddedBus()
     processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
+    mark_demo(processor.warehouse.store)
     if on_processor is not None:
         on_processor(processor)
     total_minutes = sim.hours * 60

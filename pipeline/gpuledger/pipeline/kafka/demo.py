@@ -6,12 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuledger.pipeline.config import ProcessorConfig
-from gpuledger.pipeline.demo import DemoResult
+from gpuledger.pipeline.demo import DemoResult, mark_demo
 from gpuledger.pipeline.kafka.producer import KafkaSink
 from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
 from gpuledger.pipeline.kafka.settings import KafkaSettings
 from gpuledger.pipeline.kafka.topics import create_topics
 from gpuledger.pipeline.simulate import SimConfig, simulate
+from gpuledger.pipeline.store import open_store
 
 
 def run_kafka_demo(
@@ -31,6 +32,7 @@ def run_kafka_demo(
                 on_progress(0.5 * min(done / total, 1.0))
     finally:
         sink.close()
+    mark_demo(open_store(warehouse))
     service = KafkaProcessorService(settings, config, warehouse,
                                     ServiceOptions(group_id=group_id, exit_when_idle_s=3.0))
     try:
