@@ -86,20 +86,28 @@ def _split(events: Path, at_iso: str, before: Path, after: Path) -> None:
             (folder / path.name).write_text("".join(f"{line}\n" for line in part))
 
 
+def _ingest(tmp_path: Path, folder: str, warehouse: str) -> IngestResult:
+    return ingest(sorted((tmp_path / folder).glob("*.jsonl")), tmp_path / warehouse,
+                  ProcessorConfig())
+
+
+def _whole(tmp_path: Path, interval_s: int) -> None:
+    """Three simulated hours of the small cluster in ``events``, ingested into ``whole``."""
+    sim = SimConfig(hours=3, seed=5, sample_interval_s=interval_s,
+                    cluster=parse_cluster(SMALL))
+    write_jsonl(simulate(sim), tmp_path / "events")
+    _ingest(tmp_path, "events", "whole")
+
+
 @pytest.mark.parametrize("cut", ["2026-01-05T02:00:00", "2026-01-05T01:37:00"])
 def test_an_ingest_in_two_pieces_writes_the_facts_of_one(tmp_path: Path, cut: str) -> None:
     """Yesterday's file, then today's: jobs the first piece left running are finished by
     the second (one attempt each, charged from start to end), and every view equals one
     ingest of the whole. The second piece says where it went on from."""
-    sim = SimConfig(hours=3, seed=5, sample_interval_s=60, cluster=parse_cluster(SMALL))
-    write_jsonl(simulate(sim), tmp_path / "events")
-    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "whole",
-           ProcessorConfig())
+    _whole(tmp_path, 60)
     _split(tmp_path / "events", cut, tmp_path / "one", tmp_path / "two")
-    first = ingest(sorted((tmp_path / "one").glob("*.jsonl")), tmp_path / "pieces",
-                   ProcessorConfig())
-    second = ingest(sorted((tmp_path / "two").glob("*.jsonl")), tmp_path / "pieces",
-                    ProcessorConfig())
+    first = _ingest(tmp_path, "one", "pieces")
+    second = _ingest(tmp_path, "two", "pieces")
     assert first.continued_from is None
     assert second.continued_from is not None
     assert second.continued_from.isoformat().startswith(cut[:16])
@@ -118,17 +126,12 @@ def test_a_piece_cut_inside_a_minute_goes_on_with_the_facts_of_one(
     late sample, and every view equals one ingest of the whole. (It was refused: no
     state closed at or before its first event.) Cut on a whole minute, the second piece
     goes on from the state closed there."""
-    sim = SimConfig(hours=3, seed=5, sample_interval_s=10, cluster=parse_cluster(SMALL))
-    write_jsonl(simulate(sim), tmp_path / "events")
-    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "whole",
-           ProcessorConfig())
+    _whole(tmp_path, 10)
     _split(tmp_path / "events", cut, tmp_path / "one", tmp_path / "two")
-    first = ingest(sorted((tmp_path / "one").glob("*.jsonl")), tmp_path / "pieces",
-                   ProcessorConfig())
+    first = _ingest(tmp_path, "one", "pieces")
     assert first.open_from is not None and first.closed_to is not None
     assert first.closed_to - first.open_from == timedelta(minutes=1)
-    second = ingest(sorted((tmp_path / "two").glob("*.jsonl")), tmp_path / "pieces",
-                    ProcessorConfig())
+    second = _ingest(tmp_path, "two", "pieces")
     assert second.continued_from is not None
     assert second.continued_from.isoformat()[:16] == goes_on_from
     assert second.counters.late_telemetry == 0 and second.rejects.is_empty()
@@ -144,26 +147,18 @@ def test_three_pieces_the_last_starting_inside_the_middle_one_s_last_minute(
     events out of order, GPUs overcommitted. With that state gone (a piece ingested by an
     earlier release has none), the third is refused, nothing written, and names the
     piece it would skip."""
-    sim = SimConfig(hours=3, seed=5, sample_interval_s=10, cluster=parse_cluster(SMALL))
-    write_jsonl(simulate(sim), tmp_path / "events")
-    ingest(sorted((tmp_path / "events").glob("*.jsonl")), tmp_path / "whole",
-           ProcessorConfig())
+    _whole(tmp_path, 10)
     _split(tmp_path / "events", "2026-01-05T00:40:00", tmp_path / "p1", tmp_path / "rest")
     _split(tmp_path / "rest", "2026-01-05T01:37:25", tmp_path / "p2", tmp_path / "p3")
-
-    def piece(name: str, warehouse: str) -> IngestResult:
-        return ingest(sorted((tmp_path / name).glob("*.jsonl")), tmp_path / warehouse,
-                      ProcessorConfig())
-
     for name in ("p1", "p2"):
-        piece(name, "pieces")
+        _ingest(tmp_path, name, "pieces")
     shutil.copytree(tmp_path / "pieces", tmp_path / "no-inside-state")
-    third = piece("p3", "pieces")
+    third = _ingest(tmp_path, "p3", "pieces")
     assert third.continued_from is not None
     assert third.continued_from.isoformat()[:16] == "2026-01-05T01:37"
     assert third.counters.late_telemetry == 0 and sum(third.counters.rejected.values()) == 0
     assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
-    again = piece("p3", "pieces")     # the last piece run again: the same state, facts
+    again = _ingest(tmp_path, "p3", "pieces")     # the last piece run again: the same state, facts
     assert again.continued_from == third.continued_from
     assert_same_facts(tmp_path / "pieces", tmp_path / "whole", SPARSE)
 
@@ -173,7 +168,7 @@ def test_three_pieces_the_last_starting_inside_the_middle_one_s_last_minute(
             "the input starts at 2026-01-05 01:37:30 UTC, inside a piece ingested from "
             "2026-01-05 00:40:00 UTC, and the state it would go on from closes at "
             "2026-01-05 00:40 UTC")):
-        piece("p3", "no-inside-state")
+        _ingest(tmp_path, "p3", "no-inside-state")
     after = views(tmp_path / "no-inside-state")
     for name in VIEWS:
         assert_frame_equal(after[name], before[name])

@@ -1302,8 +1302,7 @@ class Processor:
         it gone."""
         # to the newest event read, not the closed point: an end at exactly the minute
         # this run closed to is the next piece's event, which this run never saw
-        newest = max((t for t in (self.max_telemetry_time, self.max_other_time)
-                      if t is not None), default=None)
+        newest = self.newest_time()
         if self._run_from is None or newest is None or newest <= self._run_from \
                 or not self._earlier or self.keep_earlier_rows:
             return
