@@ -234,3 +234,22 @@ def test_a_close_step_takes_a_short_tail_with_it(tmp_path: Path) -> None:
     assert proc.counters.close_passes == 1
     proc.close_until(start + timedelta(minutes=63 + 75))   # 75 minutes: an hour, then 15
     assert proc.counters.close_passes == 3
+
+
+def test_a_piece_inside_one_minute_keeps_the_state_it_went_on_from(tmp_path: Path) -> None:
+    """A 40-second piece (01:00:00 to 01:00:40) goes on from the state closed at 01:00:
+    its state inside its last minute would be that same point, and would overwrite the
+    state of the piece before it; none is saved. A next piece starting inside that
+    minute is then refused, naming the short piece, rather than going on without it."""
+    _whole(tmp_path, 10)
+    _split(tmp_path / "events", "2026-01-05T01:00:00", tmp_path / "a", tmp_path / "rest")
+    _split(tmp_path / "rest", "2026-01-05T01:00:40", tmp_path / "b", tmp_path / "c")
+    _ingest(tmp_path, "a", "pieces")
+    short = _ingest(tmp_path, "b", "pieces")
+    assert short.continued_from is not None and short.open_from is None
+    with pytest.raises(IngestRefused, match="inside a piece ingested from 2026-01-05 "
+                                            "01:00:00 UTC"):
+        _ingest(tmp_path, "c", "pieces")
+    again = _ingest(tmp_path, "b", "pieces")      # the short piece again: the same state
+    assert again.continued_from == short.continued_from
+    assert again.counters.duplicate_samples == 0

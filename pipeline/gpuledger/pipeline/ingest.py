@@ -417,7 +417,8 @@ def _pairs(states: list[SavedState]) -> list[tuple[SavedState, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
-def save_inside_last_minute(processor: Processor, root: Store, run: Run) -> datetime | None:
+def save_inside_last_minute(processor: Processor, root: Store, run: Run,
+                            continued: datetime | None = None) -> datetime | None:
     """An input whose newest event falls inside a minute: its flush closes that minute
     too (the facts reach the input's end). Before it does, save a state closed at the
     minute's start, holding what the minute has so far: a next piece that starts inside
@@ -425,12 +426,13 @@ def save_inside_last_minute(processor: Processor, root: Store, run: Run) -> date
     the facts of one ingest; before, it was refused. A piece starting at the next minute
     or later goes on from the state the run saves at its end, as before. Returns the
     point the state closes at (None: none saved, the newest event starts its minute and
-    the flush leaves that minute open)."""
+    the flush leaves that minute open, or the run went on from a state closed there,
+    ``continued``, which it must not overwrite)."""
     newest, closed = processor.newest_time(), processor.closed_until
     if newest is None or closed is None:
         return None
     start = newest.replace(second=0, microsecond=0)
-    if start == newest or closed > start:
+    if start == newest or closed > start or (continued is not None and start <= continued):
         return None
     if closed < start:
         processor.close_until(start)
@@ -723,7 +725,7 @@ def ingest(
 
     def before_flush() -> None:
         nonlocal open_from
-        open_from = save_inside_last_minute(processor, states, run)
+        open_from = save_inside_last_minute(processor, states, run, continued)
 
     feed_in_time_order(processor, frames, on_progress, before_flush=before_flush)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
