@@ -46,7 +46,20 @@ _HOURLY = re.compile(r"^facts/([a-z_]+)/date=(\d{4}-\d{2}-\d{2})/[a-z_]+-\d{4}-\
                      r"(-p\d{3})?\.parquet$")
 
 
-_STAMP = re.compile(r"-(\d{4}-\d{2}-\d{2}T\d{2})(?:-p\d{3})?\.parquet$")
+_STAMP = re.compile(r"-(\d{4}-\d{2}-\d{2})(?:T(\d{2}))?(?:-p\d{3})?\.parquet$")
+
+
+def part_span(logical: str) -> tuple[datetime, datetime] | None:
+    """The time a part's logical name covers: its hour (``…-2026-01-05T03.parquet``) or
+    its day (a compacted day, a day-partitioned table); None for other files."""
+    match = _STAMP.search(logical)
+    if match is None:
+        return None
+    start = datetime.strptime(match.group(1), "%Y-%m-%d").replace(tzinfo=UTC)
+    if match.group(2) is None:
+        return start, start + timedelta(days=1)
+    start += timedelta(hours=int(match.group(2)))
+    return start, start + timedelta(hours=1)
 
 
 def sort_order(table: str, sort_by: list[str] | None) -> list[str]:
@@ -72,12 +85,10 @@ def newest_hour(manifests: Iterable[Manifest]) -> datetime | None:
     newest: datetime | None = None
     for manifest in manifests:
         for logical in manifest.files:
-            match = _STAMP.search(logical)
-            if match is None:
+            span = part_span(logical)
+            if span is None or span[1] - span[0] != timedelta(hours=1):
                 continue
-            end = datetime.strptime(match.group(1), "%Y-%m-%dT%H").replace(
-                tzinfo=UTC) + timedelta(hours=1)
-            newest = end if newest is None or end > newest else newest
+            newest = span[1] if newest is None or span[1] > newest else newest
     return newest
 
 
