@@ -171,7 +171,7 @@ def test_end_events_and_skips(sacct_file: Path, warehouse: Path) -> None:
     _, rows = query.run(warehouse, "SELECT job_id, attempt FROM preemptions ORDER BY job_id")
     assert [tuple(r) for r in rows] == [("102", 0), ("108", 0)]
     assert {j for j, _ in ends} == {r["JobIDRaw"] for r in _lines(sacct_file)}
-    imported = load_sacct(sacct_file)
+    imported = load_sacct([sacct_file])
     ids = [row.split("|", 1)[0] for row in ROWS]
     assert imported.steps_skipped == sum("." in i for i in ids) == 3
     assert imported.pending_arrays_skipped == sum("[" in i for i in ids) == 1
@@ -209,7 +209,7 @@ def test_bad_files_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtur
     no_state = tmp_path / "a.txt"
     no_state.write_text("JobID|Submit|Start|End|AllocTRES\n1|x|y|z|gres/gpu=1\n")
     with pytest.raises(SacctError, match=r"missing column.*State"):
-        load_sacct(no_state)
+        load_sacct([no_state])
     bad_time = tmp_path / "b.txt"
     bad_time.write_text(HEADER + "\n" + ROWS[0].replace(f"{T}10:00:00", "yesterday", 1) + "\n")
     assert main(["import", "slurm-sacct", str(bad_time), "--warehouse",

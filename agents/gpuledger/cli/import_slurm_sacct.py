@@ -1,4 +1,4 @@
-"""``gpuledger import slurm-sacct FILE``: Slurm accounting history into the warehouse.
+"""``gpuledger import slurm-sacct FILE...``: Slurm accounting history into the warehouse.
 
 Lean at import time: the pipeline (Polars, DuckDB) is loaded only when the command runs.
 """
@@ -30,11 +30,16 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.bridges.mapping import MappingError, load_mapping
     from gpuledger.pipeline.importers.slurm_sacct import SacctError, load_sacct
-    from gpuledger.pipeline.ingest import import_history
+    from gpuledger.pipeline.ingest import file_digest, import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
-    check_input_files(args.file, args.nodes)
+    named = [f.resolve() for f in args.file]
+    twice = next((f for f, r in zip(args.file, named, strict=True) if named.count(r) > 1),
+                 None)
+    if twice is not None:
+        raise CliError(f"{twice} is named twice: name each export once")
+    check_input_files(*args.file, args.nodes)
     try:
         mapping = load_mapping(args.mapping)
     except MappingError as exc:
@@ -47,25 +52,29 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing sacct", not args.quiet)
     try:
-        rejected = import_history(processor, imported.frames, update, replace=args.replace)
+        rejected = import_history(processor, imported.frames, update, replace=args.replace,
+                                  sources=[file_digest(f) for f in args.file])
     finally:
         stop()
     r = imported
-    print(f"slurm-sacct: {r.lines:,} lines: {r.jobs:,} GPU jobs ({r.attempts:,} attempts) "
+    print("slurm-sacct: " + (f"{r.files:,} files, " if r.files > 1 else "")
+          + f"{r.lines:,} lines: {r.jobs:,} GPU jobs ({r.attempts:,} attempts) "
           f"imported into {args.warehouse}/; skipped {r.steps_skipped:,} step lines, "
           f"{r.cpu_only_skipped:,} CPU-only jobs, {r.pending_arrays_skipped:,} pending array "
           "ranges"
           + (f", {r.duplicates_dropped:,} repeated identical line(s) dropped"
              if r.duplicates_dropped else "")
           + (f", {len(r.bad_lines):,} bad line(s)" if r.bad_lines else "")
+          + (f"; {r.attempts_merged:,} attempt(s) in more than one line (the line that "
+             "knows most taken)" if r.attempts_merged else "")
           + f"; GPU indices chosen by the importer for {r.placed_by_importer:,} attempts"
           + (f"; {len(r.unplaced):,} started without a node list (e.g. "
              f"{', '.join(r.unplaced[:5])})" if r.unplaced else "")
           + (f"; inventory inferred for {len(r.nodes_inferred):,} nodes (pass --nodes)"
              if r.nodes_inferred else "")
           + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
-    for line, reason in r.bad_lines[:args.show_bad]:
-        print(f"{args.file}:{line}: {reason}")
+    for where, reason in r.bad_lines[:args.show_bad]:
+        print(f"{where}: {reason}")
     if len(r.bad_lines) > args.show_bad:
         print(f"... and {len(r.bad_lines) - args.show_bad:,} more bad lines")
     return 0
@@ -78,8 +87,14 @@ def register(fmt: Any, common: Any) -> None:
         "(columns in docs/import.md): steps skipped, array tasks as jobs, one attempt per "
         "line with requeues and preemptions, running jobs left running. GPU indices come "
         "from a GresIDX column when present, else the importer places inside each job's "
-        "node list.")
-    q.add_argument("file", type=Path, help="sacct -P output (header line first)")
+        "node list. Several exports (daily, monthly) are read as one history; to add "
+        "today's export to a warehouse an import of earlier ones wrote, import them all "
+        "again: the hours those earlier files alone wrote are replaced without --replace.")
+    q.add_argument("file", type=Path, nargs="+",
+                   help="sacct -P output (header line first); several files (daily or "
+                   "monthly exports, whose windows may overlap) are one history: an "
+                   "attempt printed in more than one is taken from the line that knows "
+                   "most (its end over none)")
     q.add_argument("--nodes", type=Path, default=None, metavar="FILE",
                    help="`scontrol -o show node -d` output for the inventory (default: "
                    "inferred from the jobs' node lists)")

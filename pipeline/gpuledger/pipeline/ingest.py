@@ -443,8 +443,10 @@ def save_inside_last_minute(processor: Processor, root: Store, run: Run,
 
 
 IMPORTS = "state/imports.json"
-"""The imports a warehouse took: ``{"imports": [{"digest", "from", "to"}]}`` (the digest
-of their validated events and window; the span of hours they wrote)."""
+"""The imports whose facts a warehouse holds: ``{"imports": [{"digest", "from", "to",
+"sources"}]}`` (the digest of their validated events and window; the span of hours they
+wrote; the digests of their input files, where the importer names them). A run that
+writes over an import's hours (another import, an ingest) takes its entry out."""
 IMPORTS_KEPT = 1000
 """The imports recorded (the newest)."""
 
@@ -459,6 +461,7 @@ def import_history(
     on_progress: Callable[[float], None] | None = None,
     until: datetime | None = None,
     replace: bool = False,
+    sources: Sequence[str] = (),
 ) -> int:
     """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
     the rest in event-time order and flush up to ``until`` (a window's end; default the
@@ -467,7 +470,9 @@ def import_history(
     An import is processed on its own: the facts of the hours it covers become its own.
     Where the warehouse already holds facts in those hours that an import of the same
     events did not write (an ingest, the Kafka service, another file), that would replace
-    them: :class:`ImportRefused`, unless ``replace``."""
+    them: :class:`ImportRefused`, unless ``replace``. ``sources`` (digests of the input
+    files, :func:`file_digest`): hours written by an import of some of these files alone
+    (yesterday's exports, imported again with today's) are not refused."""
     good: dict[RecordType, pl.DataFrame] = {}
     rejected = 0
     for kind, frame in frames.items():
@@ -479,9 +484,9 @@ def import_history(
     digest = _events_digest(good, processor.started, until)
     if span is not None:
         if not replace:
-            _refuse_replacing(processor.warehouse.store, span, digest)
+            _refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
         # recorded before it writes: a run killed part way is run again without --replace
-        _record_import(processor.warehouse.store, span, digest)
+        _record_import(processor.warehouse.store, span, digest, sources)
     feed_in_time_order(processor, good, on_progress, until)
     return rejected
 
@@ -537,7 +542,16 @@ def _events_digest(frames: dict[RecordType, pl.DataFrame], start: datetime | Non
     return digest.hexdigest()
 
 
-def _imports(store: Store) -> list[dict[str, str]]:
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (read in pieces)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _imports(store: Store) -> list[dict[str, Any]]:
     try:
         data = store.read(IMPORTS)
         doc = json.loads(data) if data else {}
@@ -561,15 +575,35 @@ def _fact_hours(store: Store, span: tuple[datetime, datetime]) -> list[datetime]
     return sorted(found)
 
 
+def _span_of(entry: dict[str, Any]) -> tuple[datetime, datetime] | None:
+    try:
+        return (datetime.fromisoformat(entry["from"]), datetime.fromisoformat(entry["to"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _written_by_part_of(entries: list[dict[str, Any]], hours: list[datetime],
+                        sources: Sequence[str]) -> bool:
+    """Whether each of ``hours`` lies in the span of an import whose input files are all
+    among ``sources``."""
+    ours = set(sources)
+    spans = [span for e in entries
+             if isinstance(e.get("sources"), list) and e["sources"]
+             and set(e["sources"]) <= ours and (span := _span_of(e)) is not None]
+    return bool(ours) and all(any(a <= h <= b for a, b in spans) for h in hours)
+
+
 def _refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str | None,
                       writer: str = "an import of these events did not write (an ingest, "
                       "the Kafka service, another file)", doing: str = "importing",
-                      option: str = "--replace") -> None:
+                      option: str = "--replace", sources: Sequence[str] = ()) -> None:
     """Refuse a run on its own over ``span`` where the warehouse holds facts that
-    ``writer`` describes (none, or an import of the events of ``digest``, wrote)."""
+    ``writer`` describes (none, an import of the events of ``digest``, or imports of some
+    of the files of ``sources`` alone, wrote)."""
     hours = _fact_hours(store, span)
-    if not hours or (digest is not None
-                     and any(e.get("digest") == digest for e in _imports(store))):
+    entries = _imports(store)
+    if not hours or (digest is not None and any(e.get("digest") == digest for e in entries)
+                     ) or _written_by_part_of(entries, hours, sources):
         return
     raise ImportRefused(
         f"the warehouse already holds facts in the hours this input covers "
@@ -579,11 +613,24 @@ def _refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str
         f"covering the whole history, or pass {option} to replace them")
 
 
-def _record_import(store: Store, span: tuple[datetime, datetime], digest: str) -> None:
-    entries = [e for e in _imports(store) if e.get("digest") != digest]
+def _record_import(store: Store, span: tuple[datetime, datetime], digest: str,
+                   sources: Sequence[str] = ()) -> None:
+    entries = _forget_imports(store, span, write=False)
     entries.append({"digest": digest, "from": span[0].astimezone(UTC).isoformat(),
-                    "to": span[1].astimezone(UTC).isoformat()})
+                    "to": span[1].astimezone(UTC).isoformat(), "sources": list(sources)})
     store.write(IMPORTS, json.dumps({"imports": entries[-IMPORTS_KEPT:]}).encode())
+
+
+def _forget_imports(store: Store, span: tuple[datetime, datetime], write: bool = True
+                    ) -> list[dict[str, Any]]:
+    """Take out the imports whose hours ``span`` overlaps (a run writing them makes
+    their facts its own): a re-run of such an import is refused again. The rest."""
+    entries = _imports(store)
+    kept = [e for e in entries if (s := _span_of(e)) is not None
+            and not (s[0] <= span[1] and span[0] <= s[1])]
+    if write and len(kept) < len(entries):
+        store.write(IMPORTS, json.dumps({"imports": kept}).encode())
+    return kept
 
 
 def feed_in_time_order(
@@ -732,6 +779,8 @@ def ingest(
     if never_ingested:
         # said before anything is written: a run killed part way is run again as it was
         _keep_origin(states, first, None)
+    # the facts of imports in these hours become this ingest's
+    _forget_imports(processor.warehouse.store, (_floor_hour(first), newest))
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height

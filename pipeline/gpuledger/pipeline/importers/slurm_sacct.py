@@ -19,6 +19,11 @@ Rules:
   (``123_4``) are jobs of their own, with ``JobIDRaw`` as the id when present;
   not-yet-started array ranges (``123_[5-9]``) are skipped and counted; jobs with no
   GPU in ``AllocTRES`` (or ``ReqTRES`` when nothing is allocated) are skipped;
+* several files (daily or monthly exports) are one history: lines of one attempt (the
+  same job id and Submit), in one file or several (a job running at the end of one
+  export's window is in the next one too), are one attempt: the line that knows most is
+  taken (an End over none, a Start over none, else the last one given), the others are
+  counted (``attempts_merged``);
 * the lines of one job (``--duplicates`` prints one per attempt) in Submit order: the
   first gives ``submitted`` at its Submit, with the job's attributes through the
   mapping (``docs/mapping.md``); each attempt with a Start gives ``started`` at Start;
@@ -54,6 +59,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
@@ -101,6 +107,7 @@ class SacctImport:
     """The events of an import and what was left out."""
 
     frames: dict[str, pl.DataFrame]
+    files: int = 1
     lines: int = 0
     steps_skipped: int = 0
     cpu_only_skipped: int = 0
@@ -109,10 +116,13 @@ class SacctImport:
     attempts: int = 0
     placed_by_importer: int = 0
     duplicates_dropped: int = 0
+    attempts_merged: int = 0
+    """Attempts printed in more than one line (exports whose windows overlap): the line
+    that knows most taken."""
     unplaced: list[str] = field(default_factory=list)
     nodes_inferred: list[str] = field(default_factory=list)
-    bad_lines: list[tuple[int, str]] = field(default_factory=list)
-    """(line, reason) of each line left out (the rest is imported)."""
+    bad_lines: list[tuple[str, str]] = field(default_factory=list)
+    """(``file:line``, reason) of each line left out (the rest is imported)."""
 
 
 @dataclass
@@ -201,17 +211,46 @@ def _check_line(line: _Line) -> None:
         raise _BadLine("End is before Submit")
 
 
-def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
-    """Parse the file into job lines (steps, CPU-only jobs, pending arrays left out).
+def read_sacct(paths: Sequence[Path], tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
+    """Parse the files into job lines (steps, CPU-only jobs, pending arrays left out),
+    one per attempt (:func:`_one_line_per_attempt`).
 
-    The file is refused whole (:class:`SacctError`, ``file:line: reason``) at its first
-    unreadable line: not UTF-8, a field over the CSV reader's limit, too few fields, a
-    bad time, a GPU count, index list or node list no cluster has. A line that reads but
-    says something impossible (an unknown state, times out of order, a local time the
-    zone skips, a GPU count that is not a whole number or too large for its nodes, a
-    malformed node list) is left out and listed in ``bad_lines``; a line identical to
-    an earlier one is dropped and counted."""
-    result = SacctImport({})
+    The import is refused whole (:class:`SacctError`, ``file:line: reason``) at the first
+    unreadable line of any file: not UTF-8, a field over the CSV reader's limit, too few
+    fields, a bad time, a GPU count, index list or node list no cluster has. A line that
+    reads but says something impossible (an unknown state, times out of order, a local
+    time the zone skips, a GPU count that is not a whole number or too large for its
+    nodes, a malformed node list) is left out and listed in ``bad_lines``; a line
+    identical to an earlier one is dropped and counted."""
+    result = SacctImport({}, files=len(paths))
+    lines: list[_Line] = []
+    seen: set[tuple[str, ...]] = set()
+    for path in paths:
+        lines += _read_file(path, tz, result, seen)
+    return _one_line_per_attempt(lines, result), result
+
+
+def _one_line_per_attempt(lines: list[_Line], result: SacctImport) -> list[_Line]:
+    """One line per attempt (job id and Submit), in the order read: of the lines of one
+    attempt, the one with an End over those without, then one with a Start, then the
+    last one read (a later export, or a record corrected since)."""
+    best: dict[tuple[str, datetime], int] = {}
+    for i, line in enumerate(lines):
+        key = (line.job_id, line.submit)
+        j = best.get(key)
+        if j is None:
+            best[key] = i
+            continue
+        result.attempts_merged += 1
+        other = lines[j]
+        if (line.end is not None, line.start is not None) >= \
+                (other.end is not None, other.start is not None):
+            best[key] = i
+    return [lines[i] for i in sorted(best.values())]
+
+
+def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[tuple[str, ...]]
+               ) -> list[_Line]:
     rows = csv_rows(path, SacctError, delimiter="|")
     first = next(rows, None)
     if first is None:
@@ -225,15 +264,15 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
                          f"(got {'|'.join(header)}); export with sacct --parsable2 "
                          "--format ... (docs/import.md)")
     lines: list[_Line] = []
-    seen: set[tuple[str, ...]] = set()
     for number, values in rows:
         if not values or values == [""]:
             continue
         result.lines += 1
-        if tuple(values) in seen:
+        key = (*header, "", *values)   # the same values under another header differ
+        if key in seen:
             result.duplicates_dropped += 1
             continue
-        seen.add(tuple(values))
+        seen.add(key)
         where = f"{path}:{number}"
         if len(values) < len(header):
             raise SacctError(f"{where}: {len(values)} fields, the header has "
@@ -279,10 +318,10 @@ def read_sacct(path: Path, tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
         except SlurmParseError as exc:
             raise SacctError(f"{where}: {exc}") from None
         except _BadLine as exc:
-            result.bad_lines.append((number, str(exc)))
+            result.bad_lines.append((where, str(exc)))
             continue
         lines.append(line)
-    return lines, result
+    return lines
 
 
 def _int(text: str | None) -> int | None:
@@ -301,11 +340,12 @@ def _slurm_job(line: _Line) -> SlurmJob:
                     gpu_type=line.gpu_type)
 
 
-def load_sacct(path: Path, mapping: Mapping | None = None, nodes_file: Path | None = None,
-               tz: tzinfo = UTC) -> SacctImport:
-    """Read a ``sacct -P`` export and turn it into inventory and job event frames."""
+def load_sacct(paths: Sequence[Path], mapping: Mapping | None = None,
+               nodes_file: Path | None = None, tz: tzinfo = UTC) -> SacctImport:
+    """Read ``sacct -P`` exports (one history) and turn them into inventory and job event
+    frames."""
     mapping = mapping or Mapping()
-    lines, result = read_sacct(path, tz)
+    lines, result = read_sacct(paths, tz)
     by_job: dict[str, list[_Line]] = defaultdict(list)
     for line in lines:
         by_job[line.job_id].append(line)

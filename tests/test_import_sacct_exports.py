@@ -1,0 +1,212 @@
+"""``gpuledger import slurm-sacct`` over several exports: daily (or monthly) ``sacct``
+files read as one history.
+
+The exports are cut from the one-file fixture of ``test_import_slurm_sacct.py`` the way
+``sacct --starttime/--endtime`` prints them: a job that is still running or pending at
+the cut is in the earlier export as ``RUNNING``/``PENDING`` (End ``Unknown``) and in the
+later one as it ended. Imported together, the exports must give the facts of the whole
+history, view by view.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from fact_views import VIEWS, views
+from polars.testing import assert_frame_equal
+from test_import_slurm_sacct import HEADER, ROWS
+
+from gpuledger.cli.main import main
+from gpuledger.pipeline.importers.slurm_sacct import load_sacct
+
+CUT = "2026-01-05T10:30:00"
+
+
+def _field(line: str, name: str) -> str:
+    return line.split("|")[HEADER.split("|").index(name)]
+
+
+def _with(line: str, **values: str) -> str:
+    fields = line.split("|")
+    for name, value in values.items():
+        fields[HEADER.split("|").index(name)] = value
+    return "|".join(fields)
+
+
+def _as_of(line: str, cut: str) -> str | None:
+    """The line as an export ending at ``cut`` prints it (None: submitted later)."""
+    submit, start, end = (_field(line, c) for c in ("Submit", "Start", "End"))
+    if submit and submit >= cut:
+        return None
+    if end != "Unknown" and end <= cut:
+        return line
+    if start != "Unknown" and start < cut:
+        return _with(line, End="Unknown", State="RUNNING")
+    return _with(line, Start="Unknown", End="Unknown", State="PENDING", AllocTRES="",
+                 NodeList="None assigned")
+
+
+def _after(line: str, cut: str) -> bool:
+    """Whether an export from ``cut`` on prints the line (its job was not over)."""
+    end = _field(line, "End")
+    return end == "Unknown" or end > cut
+
+
+def _exports(tmp_path: Path) -> tuple[Path, Path, Path]:
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    first = tmp_path / "day-1.txt"
+    first.write_text(HEADER + "\n" + "\n".join(
+        out for line in ROWS if (out := _as_of(line, CUT)) is not None) + "\n")
+    # the later export names its columns in another order (a different --format)
+    names = HEADER.split("|")
+    order = names[::-1]
+    second = tmp_path / "day-2.txt"
+    second.write_text("|".join(order) + "\n" + "\n".join(
+        "|".join(dict(zip(names, line.split("|"), strict=True))[c] for c in order)
+        for line in ROWS if _after(line, CUT)) + "\n")
+    return whole, first, second
+
+
+def _same(root: Path, expected: dict[str, object]) -> None:
+    got = views(root)
+    for name in VIEWS:
+        assert_frame_equal(got[name], expected[name])  # type: ignore[arg-type]
+
+
+def _import(root: Path, capsys: pytest.CaptureFixture[str], *files: Path,
+            extra: tuple[str, ...] = ()) -> str:
+    assert main(["import", "slurm-sacct", *map(str, files), "--warehouse", str(root),
+                 "--quiet", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_two_daily_exports_give_the_facts_of_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    whole, first, second = _exports(tmp_path)
+    # the cut really splits the history: jobs running across it, jobs only in one export
+    one, two = first.read_text(), second.read_text()
+    assert "|RUNNING|" in one and "|PENDING|" in one and "|COMPLETED|" in one
+    assert "|train-a|" in one and "|train-a|" in two
+    assert "oops" in one and "oops" not in two       # cancelled before the cut
+    _import(tmp_path / "whole", capsys, whole)
+    expected = views(tmp_path / "whole")
+    assert expected["job_attempts"].height == 11 and expected["gpu_minute"].height > 0
+    out = _import(tmp_path / "both", capsys, first, second)
+    assert out.startswith("slurm-sacct: 2 files, "), out
+    # 100, 101's second attempt, 102, 103, 104, 106, 107, 200_1 and 200_2 are in both
+    # (103 and 104 as they were, the others as they ended)
+    assert "9 attempt(s) in more than one line (the line that knows most taken)" in out, out
+    _same(tmp_path / "both", expected)
+    # the order of the files does not matter
+    _import(tmp_path / "reversed", capsys, second, first)
+    _same(tmp_path / "reversed", expected)
+
+
+def test_exports_joined_by_hand_into_one_file_are_read_the_same(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``cat day-1.txt day-2.txt`` (one header kept): an attempt printed twice is one
+    attempt, not a requeue at its own Submit."""
+    whole, first, _second = _exports(tmp_path)
+    joined = tmp_path / "joined.txt"
+    later = [line for line in ROWS if _after(line, CUT)]
+    joined.write_text(first.read_text() + "\n".join(later) + "\n")
+    _import(tmp_path / "whole", capsys, whole)
+    _import(tmp_path / "joined", capsys, joined)
+    _same(tmp_path / "joined", views(tmp_path / "whole"))
+
+
+def test_the_line_that_knows_most_is_taken_whatever_the_order() -> None:
+    """Per attempt (job id and Submit): an End over none, a Start over none, else the
+    last one given."""
+    def probe(state: str, start: str, end: str, nodes: str = "gpu-1") -> str:
+        return (f"9|9|x|a|u|gpu|n|1|2026-01-05T10:00:00|{start}|{end}|{state}|0:0|"
+                f"gres/gpu=1|gres/gpu=1|{nodes}|")
+    pending = probe("PENDING", "Unknown", "Unknown", "None assigned")
+    running = probe("RUNNING", "2026-01-05T10:05:00", "Unknown")
+    done = probe("COMPLETED", "2026-01-05T10:05:00", "2026-01-05T10:25:00")
+    for lines in ([pending, running, done], [done, running, pending],
+                  [running, done, pending]):
+        events = _events(lines)
+        assert events == [("submitted", "10:00:00"), ("started", "10:05:00"),
+                          ("finished", "10:25:00")], lines
+    assert _events([pending, running]) == [("submitted", "10:00:00"),
+                                           ("started", "10:05:00")]
+    # both ended, differently (a record corrected in the database): the last given
+    late = probe("FAILED", "2026-01-05T10:05:00", "2026-01-05T10:26:00")
+    assert _events([done, late])[-1] == ("failed", "10:26:00")
+    assert _events([late, done])[-1] == ("finished", "10:25:00")
+
+
+def _events(lines: list[str]) -> list[tuple[str, str]]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "s.txt"
+        path.write_text(HEADER + "\n" + "\n".join(lines) + "\n")
+        job = load_sacct([path]).frames["job"]
+    return [(e, t.strftime("%H:%M:%S"))
+            for e, t in zip(job["event"].to_list(), job["time"].to_list(), strict=True)
+            if isinstance(t, datetime)]
+
+
+def test_bad_lines_and_errors_name_their_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.txt"
+    good.write_text(HEADER + "\n" + ROWS[0] + "\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_text(HEADER + "\n" + _with(ROWS[0], JobID="1", JobIDRaw="1",
+                                         State="BOGUS") + "\n")
+    out = _import(tmp_path / "wh", capsys, good, bad)
+    assert f"{bad}:2: State 'BOGUS' is not a job state" in out, out
+    assert f"{good}:2" not in out
+    # a file that cannot be read stops the whole import before anything is written
+    broken = tmp_path / "broken.txt"
+    broken.write_text("JobID|State\n1|COMPLETED\n")
+    assert main(["import", "slurm-sacct", str(good), str(broken), "--warehouse",
+                 str(tmp_path / "wh2"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken}: missing column(s) Submit, Start, End" in err, err
+    assert not (tmp_path / "wh2").exists()
+    # the same file named twice is one input
+    assert main(["import", "slurm-sacct", str(good), str(good), "--warehouse",
+                 str(tmp_path / "wh3"), "--quiet"]) == 2
+    assert f"{good} is named twice" in capsys.readouterr().err
+
+
+def test_todays_export_goes_in_with_the_earlier_ones_without_replace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Yesterday's export was imported; today all exports are imported again: the hours
+    yesterday's file alone wrote are replaced without ``--replace``, and the warehouse
+    holds the facts of the whole history. A file that was not part of that import is
+    still refused."""
+    whole, first, second = _exports(tmp_path)
+    _import(tmp_path / "whole", capsys, whole)
+    wh = tmp_path / "wh"
+    _import(wh, capsys, first)
+    _import(wh, capsys, first, second)
+    _same(wh, views(tmp_path / "whole"))
+    # the same again (a cron job run twice) goes too
+    _import(wh, capsys, first, second)
+    _same(wh, views(tmp_path / "whole"))
+    # the later export alone is not the history the warehouse holds: refused
+    assert main(["import", "slurm-sacct", str(second), "--warehouse", str(wh),
+                 "--quiet"]) == 2
+    assert "already holds facts" in capsys.readouterr().err
+    _same(wh, views(tmp_path / "whole"))
+
+
+def test_an_import_replaced_since_is_refused_when_run_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Import A, then B over A's hours with ``--replace``: A's facts are gone, so A run
+    again would replace B's. It went silently before (A was recorded); refused now."""
+    whole, first, _second = _exports(tmp_path)
+    wh = tmp_path / "wh"
+    _import(wh, capsys, first)
+    _import(wh, capsys, whole, extra=("--replace",))
+    held = views(wh)
+    assert main(["import", "slurm-sacct", str(first), "--warehouse", str(wh),
+                 "--quiet"]) == 2
+    assert "already holds facts" in capsys.readouterr().err
+    _same(wh, held)
