@@ -79,6 +79,15 @@ def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFix
     assert main(["query", "--warehouse", str(warehouse),
                  "SELECT 'bob' || chr(10) || 'x' AS u, 1 AS n"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == "bob\\nx  1"
+    # floats in the table: past 1e15 no digits the double does not hold (before:
+    # 123,456,789,012,345,667,584.0), a tiny value not as 0.000, inf and nan as such
+    assert main(["query", "--warehouse", str(warehouse),
+                 "SELECT 1.2345678901234567e20::DOUBLE AS big, -1e17::DOUBLE AS neg, "
+                 "1e-20::DOUBLE AS tiny, 0.0::DOUBLE AS zero, 1234.56::DOUBLE AS k, "
+                 "(0.1 + 0.2)::DOUBLE AS s, 'inf'::DOUBLE AS i, 'nan'::DOUBLE AS n"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split() == [
+        "1.23456789012346e+20", "-1e+17", "1e-20", "0.000", "1,234.6", "0.300", "inf",
+        "nan"]
     assert main(["query", "--warehouse", str(warehouse), "DELETE FROM gpu_minute"]) == 2
     assert "only read-only" in capsys.readouterr().err
     assert main(["query", "--warehouse", str(warehouse / "nope"), "SELECT 1"]) == 2

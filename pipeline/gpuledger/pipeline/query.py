@@ -593,11 +593,22 @@ _CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {ord("\n"): "\\n", ord("\t"):
 """Control characters as escapes in a table cell (a newline in a value broke its row)."""
 
 
+TABLE_FLOAT_MAX = 1e15
+"""Floats from here up print in 15 significant digits with an exponent in a table: past
+2**53 a double's own digits run out, and its exact binary value printed whole showed
+digits no one measured (1.2345678901234567e20 as ``123,456,789,012,345,667,584.0``)."""
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.1f}"
+        size = abs(value)
+        if not math.isfinite(value) or size >= TABLE_FLOAT_MAX:
+            return f"{value:.15g}"
+        if 0 < size < 0.0005:  # would print as 0.000: a small value is not nothing
+            return f"{value:.3g}"
+        return f"{value:,.3f}" if size < 1000 else f"{value:,.1f}"
     return str(_plain(value)).translate(_CONTROL)
 
 
