@@ -34,12 +34,13 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
-    named = [f.resolve() for f in args.file]
-    twice = next((f for f, r in zip(args.file, named, strict=True) if named.count(r) > 1),
-                 None)
-    if twice is not None:
-        raise CliError(f"{twice} is named twice: name each export once")
     check_input_files(*args.file, args.nodes)
+    seen: dict[Path, Path] = {}
+    for name in args.file:
+        first = seen.setdefault(name.resolve(), name)
+        if first is not name:
+            same = "is named twice" if first == name else f"and {name} are the same file"
+            raise CliError(f"{first} {same}: name each export once")
     try:
         mapping = load_mapping(args.mapping)
     except MappingError as exc:
