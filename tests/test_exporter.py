@@ -179,6 +179,18 @@ def test_pending_blocked_and_health(tmp_path: Path) -> None:
     assert one(s, "gpuledger_node_telemetry_age_seconds", node="n1") == 0
     assert one(s, "gpuledger_node_healthy", node="n2") == 1
     assert all(v == 1 for v in pick(s, "gpuledger_exporter_collect_success").values())
+    # a's end arrives after its minutes closed: the closed minutes charged it 2 GPUs
+    # from 10:01 to the closed point (docs/metrics.md, 'Late job events')
+    assert one(s, "gpuledger_late_job_allocation_gpu_seconds_total",
+               error="charged_after_end") == 0
+    proc.process(frames([job("finished", "a", at(1))]))
+    s = samples(exporter)
+    closed = proc.closed_until
+    assert closed is not None
+    assert one(s, "gpuledger_late_job_allocation_gpu_seconds_total",
+               error="charged_after_end") == 2 * (closed - at(1)).total_seconds() > 0
+    assert one(s, "gpuledger_late_job_allocation_gpu_seconds_total",
+               error="uncharged_before_start") == 0
 
 
 def test_label_cardinality_bounded_under_the_demo_workload(tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import polars as pl
+import pytest
 from conftest import Facts
 from events import alloc, at, inventory, job, series
 
@@ -75,6 +77,39 @@ def test_late_job_event_updates_job_facts(process: Callable[..., Facts]) -> None
     att = facts.table("job_attempts")
     assert att["ended_at"].to_list() == [at(10)]
     assert facts.processor.counters.late_job_events == 1
+
+
+def _allocated_ms(facts: Facts) -> float:
+    """Allocated GPU-milliseconds in the minute facts (alloc_fraction is capped at 1)."""
+    gm = facts.table("gpu_minute")
+    return float(gm.select(pl.col("alloc_fraction").clip(upper_bound=1.0).sum()).item()) \
+        * 60_000
+
+
+def test_late_job_events_say_how_far_closed_facts_are_off(
+        process: Callable[..., Facts], caplog: pytest.LogCaptureFixture) -> None:
+    """A job's end (or start) that arrives after its minute closed leaves the closed
+    minutes charged as the book stood (closed facts are not rewritten). Before, nothing
+    said so: job ``j`` ended at 10:10 and was charged 17 minutes, exit status 0. The
+    counters now hold the error each way, to the millisecond of what the facts hold."""
+    recs = _base()
+    end = job("finished", "j", at(10))
+    late_start = [job("submitted", "k", at(3)),
+                  job("started", "k", at(4, 30), allocation=alloc("n1", 1))]
+    on_time = process(batches=[[*recs, end, *late_start]], name="ontime")
+    with caplog.at_level(logging.WARNING, logger="gpuledger"):
+        late = process(batches=[recs, [end, *late_start]], name="late")
+    c = late.processor.counters
+    # the first batch's samples run to 10:19:50; 120 s of lateness: closed up to 10:17
+    assert c.late_job_max_ms == (17 - 3) * 60_000      # k's submission, at 10:03
+    assert c.late_overcharged_ms == (17 - 10) * 60_000       # j: 10:10 to 10:17
+    assert c.late_undercharged_ms == (17 - 4.5) * 60_000     # k: 10:04:30 to 10:17
+    # exactly what the facts got wrong
+    assert _allocated_ms(late) - _allocated_ms(on_time) == pytest.approx(
+        c.late_overcharged_ms - c.late_undercharged_ms)
+    assert on_time.processor.counters.late_overcharged_ms == 0
+    said = [r.getMessage() for r in caplog.records if "charged to attempts after" in r.msg]
+    assert len(said) == 1 and "windows.allowed_lateness_s" in said[0], said
 
 
 def test_watermark_closes_minutes_only_after_lateness(process: Callable[..., Facts]) -> None:

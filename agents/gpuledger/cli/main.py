@@ -320,7 +320,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     c = result.counters
     if c.late_telemetry or c.late_job_events:
         print(f"late: {c.late_telemetry:,} telemetry samples (kept in late_telemetry), "
-              f"{c.late_job_events:,} job events", file=sys.stderr)
+              f"{c.late_job_events:,} job events"
+              + (f" ({c.late_overcharged_ms / 3_600_000:,.2f} GPU-hours charged after "
+                 f"attempts ended, {c.late_undercharged_ms / 3_600_000:,.2f} not charged "
+                 "before they started)"
+                 if c.late_overcharged_ms or c.late_undercharged_ms else ""),
+              file=sys.stderr)
     shown = rej.head(args.show_rejects)
     for source, line, reason in shown.select("source", "line", "reason").iter_rows():
         print(f"{source}:{line}: {reason}", file=sys.stderr)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 GLOBAL = {"late_job_events", "late_inventory", "duplicate_job_events",
-          "out_of_order_job_events", "minutes_closed"}
+          "out_of_order_job_events", "minutes_closed", "late_overcharged_ms",
+          "late_undercharged_ms", "late_job_max_ms"}
 """Counters every shard counts alike: shards combine by their maximum, not their sum."""
 GLOBAL_KEYS = {"records_in": {"job", "inventory"}, "rejected": {"job", "inventory"}}
 
@@ -38,6 +39,14 @@ class Counters:
     uncharged_allocation_ms: int = 0
     """Allocated GPU-time (ms) on GPUs no inventory knew at the time (an unknown node, a
     GPU index beyond its count, a GPU that left the inventory): not charged, no capacity."""
+    late_overcharged_ms: int = 0
+    """Allocated GPU-time (ms) charged to attempts after they ended: the end arrived after
+    its minutes had closed (closed facts are not rewritten)."""
+    late_undercharged_ms: int = 0
+    """Allocated GPU-time (ms) not charged before attempts started: the start arrived
+    after its minutes had closed."""
+    late_job_max_ms: int = 0
+    """How far behind the closed point the latest-arriving job event was (ms)."""
     misrouted_telemetry: int = 0
     """Samples for a node of another shard's partition (dropped; see shard.py)."""
     minutes_closed: int = 0

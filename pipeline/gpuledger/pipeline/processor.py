@@ -54,7 +54,7 @@ from gpuledger.pipeline.columns import TIME_DTYPE, conform
 from gpuledger.pipeline.compaction import PART_TIME
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
-from gpuledger.pipeline.facts import job_usage, recommendations, rollup
+from gpuledger.pipeline.facts import job_usage, late_allocation, recommendations, rollup
 from gpuledger.pipeline.facts import telemetry_minutes as telemetry
 from gpuledger.pipeline.facts.cluster import cluster_facts, starts_window
 from gpuledger.pipeline.facts.gpu_minutes import (
@@ -184,6 +184,7 @@ class Processor:
         self.counters = Counters()
         self._overcommit_said = False
         self._uncharged_said = 0
+        self._late_said = (0, 0)
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
@@ -399,9 +400,23 @@ class Processor:
             self.inventory.apply(inv)
         if "job" in frames:
             jobs = frames["job"]
+            charged: pl.DataFrame | None = None
             if closed is not None:
-                self.counters.late_job_events += jobs.filter(pl.col("time") < closed).height
+                late = jobs.filter(pl.col("time") < closed)
+                self.counters.late_job_events += late.height
+                if not late.is_empty() and self.started is not None:
+                    span = (ms(self.started), ms(closed))
+                    charged = late_allocation.charged_ms(self.jobs.allocations(), *span)
+                    first: datetime = late["time"].min()  # type: ignore[assignment]
+                    self.counters.late_job_max_ms = max(
+                        self.counters.late_job_max_ms,
+                        int((closed - first).total_seconds() * 1000))
             refused = self.jobs.apply(jobs)
+            if charged is not None:  # closed minutes are not rewritten: say how far off
+                over, under = late_allocation.late_error(
+                    charged, late_allocation.charged_ms(self.jobs.allocations(), *span))
+                self.counters.late_overcharged_ms += over
+                self.counters.late_undercharged_ms += under
             self.counters.duplicate_job_events = self.jobs.counters.duplicates
             self.counters.out_of_order_job_events = self.jobs.counters.out_of_order
             if not refused.is_empty():
@@ -737,6 +752,17 @@ class Processor:
             log.warning("%.1f allocated GPU-second(s) were on GPUs no inventory knew at the "
                         "time (an unknown node or GPU index, a GPU gone from the inventory): "
                         "not charged (docs/metrics.md, 'Rejected')", uncharged / 1000)
+        c = self.counters
+        wrong = (c.late_overcharged_ms, c.late_undercharged_ms)
+        if wrong != self._late_said and any(wrong):
+            self._late_said = wrong
+            log.warning("%.1f GPU-hour(s) were charged to attempts after they ended and %.1f "
+                        "not charged before they started: their job events arrived after "
+                        "their minutes had closed (up to %s late), and closed facts are not "
+                        "rewritten (docs/metrics.md, 'Late job events'). If the scheduler "
+                        "feed lags this much, raise windows.allowed_lateness_s",
+                        wrong[0] / 3_600_000, wrong[1] / 3_600_000,
+                        timedelta(seconds=c.late_job_max_ms // 1000))
         over = self.counters.overcommitted_gpu_minutes
         if over and not self._overcommit_said:
             self._overcommit_said = True

@@ -56,6 +56,12 @@ class HealthCollector:
                       "Allocated GPU-time (GPU-seconds) on GPUs no inventory knew at the time "
                       "(an unknown node or GPU index): not charged.",
                       c.uncharged_allocation_ms / 1000)
+        yield counter("gpuledger_late_job_allocation_gpu_seconds",
+                      "Allocated GPU-time (GPU-seconds) closed minutes got wrong because job "
+                      "events arrived after they closed: charged after attempts ended, or "
+                      "not charged before they started.",
+                      {"charged_after_end": c.late_overcharged_ms / 1000,
+                       "uncharged_before_start": c.late_undercharged_ms / 1000}, "error")
         yield counter("gpuledger_closed_windows", "One-minute windows closed.", c.minutes_closed)
         yield counter("gpuledger_close_passes", "Passes that closed one or more minutes.",
                       c.close_passes)
