@@ -300,6 +300,25 @@ def test_a_cpu_only_file_rejects_nothing(tmp_path: Path,
     assert _sql(root, "SELECT count(*) FROM rejects").rows() == [(0,)]
 
 
+def test_a_day_of_many_jobs_ending_imports(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2,520 8-GPU jobs ending in one day (20,160 GPU allocations closed in one step): the
+    import stopped with a Polars ShapeError traceback (a literal compared with a column
+    that a join made of one value gives the wrong length from about 20,000 rows)."""
+    lines = []
+    for n in range(2520):
+        node, slot = divmod(n, 12)        # 210 nodes, 12 two-hour jobs each in the day
+        start = f"{slot * 2:02d}:00:00"
+        end = f"{slot * 2 + 1:02d}:59:00"
+        lines.append(_probe(str(5000 + n), start, start, end, tres="gres/gpu=8",
+                            nodes=f"gpu-{node:03d}"))
+    root, out = _import(tmp_path, capsys, *lines)
+    assert "2,520 GPU jobs (2,520 attempts)" in out, out
+    got = _sql(root, "SELECT count(*), round(sum(allocated_gpu_hours), 6) FROM attempts")
+    assert got.rows() == [(2520, pytest.approx(2520 * 8 * 119 / 60))]
+    assert _sql(root, "SELECT count(*) FROM job_gpu").rows() == [(2520 * 8,)]
+
+
 @pytest.mark.parametrize("with_nodes", [False, True])
 def test_a_time_before_2000_rejects_its_event_only(
         with_nodes: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

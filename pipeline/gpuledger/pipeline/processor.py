@@ -1095,7 +1095,10 @@ class Processor:
         allocs = self.jobs.allocations().join(attempts.select(*keys, "partition"), on=keys)
         if allocs.is_empty():
             return pl.DataFrame(schema=ACC_SCHEMA)
-        allocs = allocs.filter(self.partition_expr(allocs) == pl.col("partition"))
+        # the column first: Polars 2.1 gives ``lit == col`` the wrong length where the
+        # column came from a join as one value (a frame of ~20,000 rows or more, several
+        # threads), and the filter failed: a day of 2,500 8-GPU jobs imported from sacct
+        allocs = allocs.filter(pl.col("partition") == self.partition_expr(allocs))
         missing = allocs.join(acc.select(*keys, "node", "gpu_index"),
                               on=[*keys, "node", "gpu_index"], how="anti")
         if missing.is_empty():

@@ -1,0 +1,196 @@
+"""Slurm accounting history at scale: one ``sacct`` export against daily exports.
+
+Writes the ``sacct --parsable2`` history of a synthetic cluster (``--gpus`` GPUs on
+8-GPU nodes, ``--days`` days, jobs of 1–8 GPUs on one node or 16 on two, lognormal
+durations, about ``--load`` of the GPUs held, requeues), once whole and once cut into
+daily exports the way ``sacct --starttime/--endtime`` prints them (a job running or
+pending at a day's end in that day's export as RUNNING/PENDING, End ``Unknown``, and in
+the next as it ended). Then imports each with ``gpuledger import slurm-sacct`` in a child
+process (wall, CPU with its children, peak RSS from ``os.wait4``) and checks that both
+warehouses hold the same facts (row counts and sums of every view below). Usage:
+
+    python bench/sacct_import.py [--gpus 1024] [--days 7] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+HEADER = ("JobID|JobIDRaw|JobName|Account|User|Partition|QOS|Priority|Submit|Start|End|"
+          "State|ExitCode|AllocTRES|ReqTRES|NodeList")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CHECKS = {
+    "gpu_hourly": "sum(allocated_gpu_hours)",
+    "gpu_daily": "sum(allocated_gpu_hours)",
+    "attempts": "sum(allocated_gpu_hours)",
+    "attempts WHERE status = 'ended'": "sum(queue_wait_s)",
+    "job_gpu": "sum(allocated_gpu_hours)",
+    "frag_minute": "sum(free_gpus)",
+    "pending_minute": "count(*)",
+}
+"""Views compared (rows, and a sum) between the two imports."""
+
+
+def _t(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def history(gpus: int, days: int, load: float, seed: int) -> list[dict[str, object]]:
+    """Attempts of a cluster of 8-GPU nodes, in submit order: each job goes to the node(s)
+    whose GPUs free up first (first come, first served), so about ``load`` of the GPUs
+    are held once the cluster has filled."""
+    rng = random.Random(seed)
+    nodes = max(gpus // 8, 2)
+    free = np.zeros((nodes, 8))        # per node, when each GPU frees up (s), ascending
+    end_s = days * 86400.0
+    sizes = [1, 1, 1, 2, 2, 4, 8, 16]
+    mean_run_s = math.exp(8.6 + 1.2 ** 2 / 2)          # the lognormal's mean, about 3 h
+    gap_s = mean_run_s * (sum(sizes) / len(sizes)) / (nodes * 8 * load)
+    out: list[dict[str, object]] = []
+    t, job = 0.0, 1000
+    while True:
+        t += rng.expovariate(1 / gap_s)
+        if t >= end_s:
+            return out
+        job += 1
+        size = rng.choice(sizes)
+        per = min(size, 8)
+        ready = free[:, per - 1]        # when `per` GPUs of each node are free
+        hosts = sorted(np.argsort(ready, kind="stable")[:2 if size == 16 else 1].tolist())
+        start = max(t, *(float(ready[h]) for h in hosts))
+        run = min(rng.lognormvariate(8.6, 1.2), 4 * 86400.0)
+        requeue = rng.random() < 0.03
+        attempts = [(t, start, start + (run / 3 if requeue else run),
+                     "REQUEUED" if requeue else
+                     rng.choice(["COMPLETED"] * 8 + ["FAILED", "CANCELLED"]))]
+        if requeue:
+            again = attempts[0][2] + 30
+            attempts.append((again, again + 60, again + 60 + run, "COMPLETED"))
+        stop = attempts[-1][2]
+        for h in hosts:
+            free[h, :per] = stop
+            free[h].sort()
+        names = ",".join(f"gpu-{h:04d}" for h in hosts)
+        for sub, st, en, state in attempts:
+            out.append({"job": str(job), "submit": T0 + timedelta(seconds=round(sub)),
+                        "start": T0 + timedelta(seconds=round(st)),
+                        "end": T0 + timedelta(seconds=round(en)), "state": state,
+                        "gpus": size, "nodes": names, "account": f"team{job % 7}",
+                        "user": f"u{job % 31}"})
+
+
+def line(a: dict[str, object], cut: datetime | None) -> str:
+    """The attempt's line as an export ending at ``cut`` prints it (None: as it ended)."""
+    submit, start, end = a["submit"], a["start"], a["end"]
+    assert isinstance(submit, datetime) and isinstance(start, datetime)
+    assert isinstance(end, datetime)
+    state, s_text, e_text = str(a["state"]), _t(start), _t(end)
+    tres, nodes = f"cpu=8,gres/gpu={a['gpus']},node=1", str(a["nodes"])
+    if cut is not None and end > cut:
+        e_text = "Unknown"
+        if start < cut:
+            state = "RUNNING"
+        else:
+            state, s_text, tres, nodes = "PENDING", "Unknown", "", "None assigned"
+    return (f"{a['job']}|{a['job']}|j|{a['account']}|{a['user']}|gpu|normal|50|"
+            f"{_t(submit)}|{s_text}|{e_text}|{state}|0:0|{tres}|gres/gpu={a['gpus']}|{nodes}")
+
+
+def write_exports(attempts: list[dict[str, object]], days: int, folder: Path
+                  ) -> tuple[Path, list[Path]]:
+    """One export of the whole history and one per day, all as of the history's end."""
+    whole = folder / "whole.txt"
+    last = T0 + timedelta(days=days)
+    with whole.open("w") as f:
+        f.write(HEADER + "\n")
+        f.writelines(line(a, last if a["end"] > last else None) + "\n"  # type: ignore[operator]
+                     for a in attempts if a["submit"] < last)  # type: ignore[operator]
+    daily: list[Path] = []
+    for d in range(days):
+        lo, hi = T0 + timedelta(days=d), T0 + timedelta(days=d + 1)
+        path = folder / f"sacct-{lo:%Y-%m-%d}.txt"
+        with path.open("w") as f:
+            f.write(HEADER + "\n")
+            # sacct prints a record whose [submit, end) meets the window
+            f.writelines(line(a, hi if a["end"] > hi else None) + "\n"  # type: ignore[operator]
+                         for a in attempts
+                         if a["submit"] < hi and a["end"] > lo)  # type: ignore[operator]
+        daily.append(path)
+    return whole, daily
+
+
+def run_import(files: list[Path], wh: Path) -> dict[str, object]:
+    """``gpuledger import slurm-sacct FILES`` in a child: wall, CPU (with its children),
+    peak RSS, and its summary line."""
+    cmd = [sys.executable, "-m", "gpuledger.cli.main", "import", "slurm-sacct",
+           *map(str, files), "--warehouse", str(wh), "--quiet"]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        child = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        if os.waitstatus_to_exitcode(status):
+            sys.exit(f"sacct_import: the import failed: "
+                     f"{err.read().decode(errors='replace')[-2000:]}")
+        summary = out.read().decode().strip()
+    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024), "summary": summary[:400]}
+
+
+def facts(wh: Path) -> dict[str, object]:
+    from gpuledger.pipeline import query
+
+    got: dict[str, object] = {}
+    for view, measure in CHECKS.items():
+        _cols, rows = query.run(wh, f"SELECT count(*), round({measure}, 3) FROM {view}")
+        got[view] = list(rows[0])
+    return got
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=1024)
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--load", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="sacct-bench-"))
+    try:
+        attempts = history(args.gpus, args.days, args.load, args.seed)
+        whole, daily = write_exports(attempts, args.days, folder)
+        lines = sum(1 for _ in whole.open()) - 1
+        daily_lines = sum(sum(1 for _ in p.open()) - 1 for p in daily)
+        result: dict[str, object] = {
+            "gpus": args.gpus, "days": args.days, "attempt_lines": lines,
+            "daily_export_lines": daily_lines,
+            "gpu_minutes": args.gpus * args.days * 1440}
+        for name, files in (("whole", [whole]), ("daily", daily)):
+            run = run_import(files, folder / name)
+            run["facts"] = facts(folder / name)
+            result[name] = run
+        result["same_facts"] = result["whole"]["facts"] == result["daily"]["facts"]  # type: ignore[index]
+        print(json.dumps(result, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
