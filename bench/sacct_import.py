@@ -6,10 +6,13 @@ durations, about ``--load`` of the GPUs held, requeues), once whole and once cut
 daily exports the way ``sacct --starttime/--endtime`` prints them (a job running or
 pending at a day's end in that day's export as RUNNING/PENDING, End ``Unknown``, and in
 the next as it ended). Then imports each with ``gpuledger import slurm-sacct`` in a child
-process (wall, CPU with its children, peak RSS from ``os.wait4``) and checks that both
-warehouses hold the same facts (row counts and sums of every view below). Usage:
+process (wall, CPU with its children, peak RSS from ``os.wait4``) and checks that every
+warehouse holds the same facts (row counts and sums of the views in ``CHECKS``). With
+``--tree LABEL=PATH`` each import runs with that checkout's code, the trees one after
+the other for each export, side by side. Usage:
 
-    python bench/sacct_import.py [--gpus 1024] [--days 7] [--json PATH]
+    python bench/sacct_import.py [--gpus 1024] [--days 7] [--exports both|whole|daily]
+        [--tree old=/tmp/old --tree new=.] [--json PATH]
 """
 
 from __future__ import annotations
@@ -132,14 +135,17 @@ def write_exports(attempts: list[dict[str, object]], days: int, folder: Path
     return whole, daily
 
 
-def run_import(files: list[Path], wh: Path) -> dict[str, object]:
-    """``gpuledger import slurm-sacct FILES`` in a child: wall, CPU (with its children),
-    peak RSS, and its summary line."""
+def run_import(files: list[Path], wh: Path, tree: Path | None = None) -> dict[str, object]:
+    """``gpuledger import slurm-sacct FILES`` in a child (the code of ``tree`` when given):
+    wall, CPU (with its children), peak RSS, and its summary line."""
     cmd = [sys.executable, "-m", "gpuledger.cli.main", "import", "slurm-sacct",
            *map(str, files), "--warehouse", str(wh), "--quiet"]
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree / "pipeline"), str(tree / "agents")])
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        child = subprocess.Popen(cmd, stdout=out, stderr=err)
+        child = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
         out.seek(0)
@@ -168,8 +174,16 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--load", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--exports", choices=["both", "whole", "daily"], default="both",
+                        help="import the one export, the daily ones, or both (and compare)")
+    parser.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
+                        help="run each import with this checkout's code (repeatable: the "
+                        "trees alternate, side by side); default: this one")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    trees: list[tuple[str, Path | None]] = [
+        (t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree
+    ] or [("this", None)]
     folder = Path(tempfile.mkdtemp(prefix="sacct-bench-"))
     try:
         attempts = history(args.gpus, args.days, args.load, args.seed)
@@ -180,11 +194,18 @@ def main() -> None:
             "gpus": args.gpus, "days": args.days, "attempt_lines": lines,
             "daily_export_lines": daily_lines,
             "gpu_minutes": args.gpus * args.days * 1440}
+        seen: list[object] = []
         for name, files in (("whole", [whole]), ("daily", daily)):
-            run = run_import(files, folder / name)
-            run["facts"] = facts(folder / name)
-            result[name] = run
-        result["same_facts"] = result["whole"]["facts"] == result["daily"]["facts"]  # type: ignore[index]
+            if args.exports not in ("both", name):
+                continue
+            for label, tree in trees:
+                key = name if tree is None else f"{name} ({label})"
+                run = run_import(files, folder / key, tree)
+                run["facts"] = facts(folder / key)
+                seen.append(run["facts"])
+                result[key] = run
+                shutil.rmtree(folder / key, ignore_errors=True)
+        result["same_facts"] = all(f == seen[0] for f in seen)
         print(json.dumps(result, indent=2))
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
