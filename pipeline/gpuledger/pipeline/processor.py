@@ -756,7 +756,7 @@ class Processor:
         wrong = (c.late_overcharged_ms, c.late_undercharged_ms)
         if wrong != self._late_said and any(wrong):
             self._late_said = wrong
-            log.warning("%.1f GPU-hour(s) were charged to attempts after they ended and %.1f "
+            log.warning("%.2f GPU-hour(s) were charged to attempts after they ended and %.2f "
                         "not charged before they started: their job events arrived after "
                         "their minutes had closed (up to %s late), and closed facts are not "
                         "rewritten (docs/metrics.md, 'Late job events'). If the scheduler "

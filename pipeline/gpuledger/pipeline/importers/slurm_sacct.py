@@ -270,13 +270,14 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes]
                          f"(got {'|'.join(header)}); export with sacct --parsable2 "
                          "--format ... (docs/import.md)")
     lines: list[_Line] = []
+    named = repr(header)
     for number, values in rows:
         if not values or values == [""]:
             continue
         result.lines += 1
-        # the same values under another header differ; 16 bytes a line, not its text
-        key = hashlib.blake2b("\x1f".join([*header, "\x1e", *values]).encode(),
-                              digest_size=16).digest()
+        # the same values under another header differ (reprs: unambiguous, whatever the
+        # values hold); 16 bytes a line, not its text
+        key = hashlib.blake2b((named + repr(values)).encode(), digest_size=16).digest()
         if key in seen:
             result.duplicates_dropped += 1
             continue
