@@ -210,3 +210,13 @@ def test_an_import_replaced_since_is_refused_when_run_again(
                  "--quiet"]) == 2
     assert "already holds facts" in capsys.readouterr().err
     _same(wh, held)
+
+
+def test_reading_says_how_far_it_is(tmp_path: Path) -> None:
+    """Reading several exports reports the share of their bytes read, rising to 1."""
+    _whole, first, second = _exports(tmp_path)
+    seen: list[float] = []
+    load_sacct([first, second], on_progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == 1.0
+    share = first.stat().st_size / (first.stat().st_size + second.stat().st_size)
+    assert share in seen          # after the first file

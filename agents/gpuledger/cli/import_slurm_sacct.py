@@ -45,10 +45,13 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         mapping = load_mapping(args.mapping)
     except MappingError as exc:
         raise CliError(f"mapping: {exc}") from None
+    read, done = _progress("reading sacct", not args.quiet)
     try:
-        imported = load_sacct(args.file, mapping, args.nodes, args.tz or UTC)
+        imported = load_sacct(args.file, mapping, args.nodes, args.tz or UTC, read)
     except SacctError as exc:
         raise CliError(str(exc)) from None
+    finally:
+        done()
     config = _proc_config(args)
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing sacct", not args.quiet)

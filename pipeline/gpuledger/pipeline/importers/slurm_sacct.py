@@ -60,7 +60,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
@@ -217,7 +217,13 @@ def _check_line(line: _Line) -> None:
         raise _BadLine("End is before Submit")
 
 
-def read_sacct(paths: Sequence[Path], tz: tzinfo = UTC) -> tuple[list[_Line], SacctImport]:
+PROGRESS_LINES = 10_000
+"""Lines read between two calls of the reading progress callback."""
+
+
+def read_sacct(paths: Sequence[Path], tz: tzinfo = UTC,
+               on_progress: Callable[[float], None] | None = None
+               ) -> tuple[list[_Line], SacctImport]:
     """Parse the files into job lines (steps, CPU-only jobs, pending arrays left out),
     one per attempt (:func:`_one_line_per_attempt`).
 
@@ -227,12 +233,22 @@ def read_sacct(paths: Sequence[Path], tz: tzinfo = UTC) -> tuple[list[_Line], Sa
     reads but says something impossible (an unknown state, times out of order, a local
     time the zone skips, a GPU count that is not a whole number or too large for its
     nodes, a malformed node list) is left out and listed in ``bad_lines``; a line
-    identical to an earlier one is dropped and counted."""
+    identical to an earlier one is dropped and counted. ``on_progress`` gets the share of
+    the files' bytes read (about: counted from the fields)."""
     result = SacctImport({}, files=len(paths))
     lines: list[_Line] = []
     seen: set[bytes] = set()
+    total = max(sum(p.stat().st_size for p in paths), 1)
+    done = 0
+
+    def read(chars: int) -> None:
+        if on_progress is not None:
+            on_progress(min((done + chars) / total, 1.0))
+
     for path in paths:
-        lines += _read_file(path, tz, result, seen)
+        lines += _read_file(path, tz, result, seen, read)
+        done += path.stat().st_size
+        read(0)
     return _one_line_per_attempt(lines, result), result
 
 
@@ -255,8 +271,8 @@ def _one_line_per_attempt(lines: list[_Line], result: SacctImport) -> list[_Line
     return [lines[i] for i in sorted(best.values())]
 
 
-def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes]
-               ) -> list[_Line]:
+def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
+               read: Callable[[int], None]) -> list[_Line]:
     rows = csv_rows(path, SacctError, delimiter="|")
     first = next(rows, None)
     if first is None:
@@ -271,10 +287,14 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes]
                          "--format ... (docs/import.md)")
     lines: list[_Line] = []
     named = repr(header)
+    chars = 0
     for number, values in rows:
         if not values or values == [""]:
             continue
         result.lines += 1
+        chars += sum(map(len, values)) + len(values)
+        if number % PROGRESS_LINES == 0:
+            read(chars)
         # the same values under another header differ (reprs: unambiguous, whatever the
         # values hold); 16 bytes a line, not its text
         key = hashlib.blake2b((named + repr(values)).encode(), digest_size=16).digest()
@@ -351,11 +371,12 @@ def _slurm_job(line: _Line) -> SlurmJob:
 
 
 def load_sacct(paths: Sequence[Path], mapping: Mapping | None = None,
-               nodes_file: Path | None = None, tz: tzinfo = UTC) -> SacctImport:
+               nodes_file: Path | None = None, tz: tzinfo = UTC,
+               on_progress: Callable[[float], None] | None = None) -> SacctImport:
     """Read ``sacct -P`` exports (one history) and turn them into inventory and job event
-    frames."""
+    frames (``on_progress``: the share of the files read)."""
     mapping = mapping or Mapping()
-    lines, result = read_sacct(paths, tz)
+    lines, result = read_sacct(paths, tz, on_progress)
     by_job: dict[str, list[_Line]] = defaultdict(list)
     for line in lines:
         by_job[line.job_id].append(line)
