@@ -27,24 +27,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from cli_child import run_cli
 
 HERE = Path(__file__).resolve().parents[1]
 
 
 def _child(tree: Path, args: list[str]) -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "pipeline"), str(tree / "agents"),
-                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "gpuledger.cli.main", *args], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
-    return {"exit": os.waitstatus_to_exitcode(status),
-            "wall_s": round(time.perf_counter() - start, 2),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_mib": round(usage.ru_maxrss / 1024)}
+    run = run_cli(args, tree)
+    return {"exit": run.exit, "wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
+            "peak_rss_mib": round(run.peak_rss_mib)}
 
 
 def _split(events: Path, cuts: list[str], out: Path) -> list[Path]:

@@ -18,11 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cli_child import run_cli
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -36,31 +37,19 @@ def _trace() -> Path:
 
 
 def _run(tree: Path, trace: Path, window: list[str]) -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "pipeline"), str(tree / "agents"),
-                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out = Path(tempfile.mkdtemp(prefix="openb-bench-"))
     try:
-        cmd = [sys.executable, "-m", "gpuledger.cli.main", "import", "openb",
-               "--nodes", str(trace / "openb_node_list_gpu_node.csv"),
-               "--pods", str(trace / "openb_pod_list_default.csv"),
-               "--warehouse", str(out / "wh"), "--quiet", *window]
-        start = time.perf_counter()
-        child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE)
-        assert child.stderr is not None
-        err = child.stderr.read()
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        if child.returncode:
-            sys.exit(f"openb_import: the import failed ({child.returncode}): "
-                     f"{err.decode(errors='replace')[-2000:]}")
+        run = run_cli(["import", "openb",
+                       "--nodes", str(trace / "openb_node_list_gpu_node.csv"),
+                       "--pods", str(trace / "openb_pod_list_default.csv"),
+                       "--warehouse", str(out / "wh"), "--quiet", *window], tree)
+        if run.exit:
+            sys.exit(f"openb_import: the import failed ({run.exit}): {run.stderr[-2000:]}")
         size = sum(f.stat().st_size for f in (out / "wh").rglob("*") if f.is_file())
-        return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-                "user_s": round(usage.ru_utime, 2), "sys_s": round(usage.ru_stime, 2),
-                "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-                "written_mib": round(usage.ru_oublock * 512 / 2**20, 1),
+        return {"wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
+                "user_s": round(run.user_s, 2), "sys_s": round(run.sys_s, 2),
+                "peak_rss_mib": round(run.peak_rss_mib, 1),
+                "written_mib": round(run.written_mib, 1),
                 "warehouse_mib": round(size / 2**20, 1)}
     finally:
         shutil.rmtree(out, ignore_errors=True)

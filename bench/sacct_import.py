@@ -20,17 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+from cli_child import run_cli
 
 HEADER = ("JobID|JobIDRaw|JobName|Account|User|Partition|QOS|Priority|Submit|Start|End|"
           "State|ExitCode|AllocTRES|ReqTRES|NodeList")
@@ -138,24 +136,12 @@ def write_exports(attempts: list[dict[str, object]], days: int, folder: Path
 def run_import(files: list[Path], wh: Path, tree: Path | None = None) -> dict[str, object]:
     """``gpuledger import slurm-sacct FILES`` in a child (the code of ``tree`` when given):
     wall, CPU (with its children), peak RSS, and its summary line."""
-    cmd = [sys.executable, "-m", "gpuledger.cli.main", "import", "slurm-sacct",
-           *map(str, files), "--warehouse", str(wh), "--quiet"]
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree / "pipeline"), str(tree / "agents")])
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        if os.waitstatus_to_exitcode(status):
-            sys.exit(f"sacct_import: the import failed: "
-                     f"{err.read().decode(errors='replace')[-2000:]}")
-        summary = out.read().decode().strip()
-    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_mib": round(usage.ru_maxrss / 1024), "summary": summary[:400]}
+    run = run_cli(["import", "slurm-sacct", *map(str, files), "--warehouse", str(wh),
+                   "--quiet"], tree)
+    if run.exit:
+        sys.exit(f"sacct_import: the import failed: {run.stderr[-2000:]}")
+    return {"wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
+            "peak_rss_mib": round(run.peak_rss_mib), "summary": run.stdout.strip()[:400]}
 
 
 def facts(wh: Path) -> dict[str, object]:
