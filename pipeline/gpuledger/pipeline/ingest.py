@@ -543,12 +543,9 @@ def _events_digest(frames: dict[RecordType, pl.DataFrame], start: datetime | Non
 
 
 def file_digest(path: Path) -> str:
-    """The SHA-256 of a file's bytes (read in pieces)."""
-    digest = hashlib.sha256()
+    """The SHA-256 of a file's bytes (``hashlib.file_digest``: read in pieces)."""
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _imports(store: Store) -> list[dict[str, Any]]:
@@ -615,22 +612,27 @@ def _refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str
 
 def _record_import(store: Store, span: tuple[datetime, datetime], digest: str,
                    sources: Sequence[str] = ()) -> None:
-    entries = _forget_imports(store, span, write=False)
+    """Record an import over ``span``, in place of those it writes over."""
+    entries = _outside(_imports(store), span)
     entries.append({"digest": digest, "from": span[0].astimezone(UTC).isoformat(),
                     "to": span[1].astimezone(UTC).isoformat(), "sources": list(sources)})
     store.write(IMPORTS, json.dumps({"imports": entries[-IMPORTS_KEPT:]}).encode())
 
 
-def _forget_imports(store: Store, span: tuple[datetime, datetime], write: bool = True
-                    ) -> list[dict[str, Any]]:
+def _forget_imports(store: Store, span: tuple[datetime, datetime]) -> None:
     """Take out the imports whose hours ``span`` overlaps (a run writing them makes
-    their facts its own): a re-run of such an import is refused again. The rest."""
+    their facts its own): a re-run of such an import is refused again."""
     entries = _imports(store)
-    kept = [e for e in entries if (s := _span_of(e)) is not None
-            and not (s[0] <= span[1] and span[0] <= s[1])]
-    if write and len(kept) < len(entries):
+    kept = _outside(entries, span)
+    if len(kept) < len(entries):
         store.write(IMPORTS, json.dumps({"imports": kept}).encode())
-    return kept
+
+
+def _outside(entries: list[dict[str, Any]], span: tuple[datetime, datetime]
+             ) -> list[dict[str, Any]]:
+    """The recorded imports whose hours ``span`` does not overlap."""
+    return [e for e in entries if (s := _span_of(e)) is not None
+            and not (s[0] <= span[1] and span[0] <= s[1])]
 
 
 def feed_in_time_order(
