@@ -545,7 +545,8 @@ class _JobColumns:
         self.times: list[datetime] = []
         self.events: list[str] = []
         self.job_ids: list[str] = []
-        self.fields: dict[str, list[Any]] = {}
+        self.fields: list[dict[str, Any]] = []
+        """Each event's fields: a job's attributes are one dict its events share."""
         self.alloc: dict[str, list[Any]] = {"row": [], "node": [], "gpu_index": [],
                                             "fraction": []}
 
@@ -555,14 +556,7 @@ class _JobColumns:
         self.times.append(when)
         self.events.append(event)
         self.job_ids.append(job_id)
-        for name, value in fields.items():
-            column = self.fields.get(name)
-            if column is None:
-                column = self.fields[name] = [None] * row
-            column.append(value)
-        for column in self.fields.values():
-            if len(column) == row:
-                column.append(None)
+        self.fields.append(fields)
         for node, index, fraction in slots or ():
             self.alloc["row"].append(row)
             self.alloc["node"].append(node)
@@ -578,8 +572,10 @@ class _JobColumns:
                    pl.Series("event", self.events, dtype=pl.String),
                    pl.Series("job_id", self.job_ids, dtype=pl.String)]
         self.times, self.events, self.job_ids = [], [], []
-        for name in [n for n in self.fields if n in schema]:
-            columns.append(pl.Series(name, self.fields.pop(name), dtype=schema[name]))
+        names = dict.fromkeys(name for fields in self.fields for name in fields)
+        columns += [pl.Series(name, [f.get(name) for f in self.fields], dtype=schema[name])
+                    for name in names if name in schema]
+        self.fields = []
         frame = pl.DataFrame(columns).with_row_index("_row")
         del columns
         if self.alloc["row"]:
