@@ -400,23 +400,7 @@ class Processor:
             self.inventory.apply(inv)
         if "job" in frames:
             jobs = frames["job"]
-            charged: pl.DataFrame | None = None
-            if closed is not None:
-                late = jobs.filter(pl.col("time") < closed)
-                self.counters.late_job_events += late.height
-                if not late.is_empty() and self.started is not None:
-                    span = (ms(self.started), ms(closed))
-                    charged = late_allocation.charged_ms(self.jobs.allocations(), *span)
-                    first: datetime = late["time"].min()  # type: ignore[assignment]
-                    self.counters.late_job_max_ms = max(
-                        self.counters.late_job_max_ms,
-                        int((closed - first).total_seconds() * 1000))
-            refused = self.jobs.apply(jobs)
-            if charged is not None:  # closed minutes are not rewritten: say how far off
-                over, under = late_allocation.late_error(
-                    charged, late_allocation.charged_ms(self.jobs.allocations(), *span))
-                self.counters.late_overcharged_ms += over
-                self.counters.late_undercharged_ms += under
+            refused = self._apply_jobs(jobs, closed)
             self.counters.duplicate_job_events = self.jobs.counters.duplicates
             self.counters.out_of_order_job_events = self.jobs.counters.out_of_order
             if not refused.is_empty():
@@ -424,6 +408,26 @@ class Processor:
             self._bump_other(jobs)
         if "telemetry" in frames:
             self._ingest_telemetry(frames["telemetry"], newest)
+
+    def _apply_jobs(self, jobs: pl.DataFrame, closed: datetime | None) -> pl.DataFrame:
+        """Apply job events to the book (the refused ones back). Events before ``closed``
+        are late: counted, and since closed minutes are not rewritten, so is the
+        allocated time those minutes got wrong each way (``facts/late_allocation.py``)."""
+        late = jobs.filter(pl.col("time") < closed) if closed is not None else jobs.clear()
+        self.counters.late_job_events += late.height
+        if late.is_empty() or closed is None or self.started is None:
+            return self.jobs.apply(jobs)
+        span = (ms(self.started), ms(closed))
+        before = late_allocation.charged_ms(self.jobs.allocations(), *span)
+        refused = self.jobs.apply(jobs)
+        over, under = late_allocation.late_error(
+            before, late_allocation.charged_ms(self.jobs.allocations(), *span))
+        c = self.counters
+        c.late_overcharged_ms += over
+        c.late_undercharged_ms += under
+        first: datetime = late["time"].min()  # type: ignore[assignment]
+        c.late_job_max_ms = max(c.late_job_max_ms, int((closed - first).total_seconds() * 1000))
+        return refused
 
     def _first_minute(self, frames: list[pl.DataFrame]) -> datetime:
         """Where the processor starts: the first minute of its first events, leaving out
