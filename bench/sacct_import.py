@@ -5,14 +5,19 @@ Writes the ``sacct --parsable2`` history of a synthetic cluster (``--gpus`` GPUs
 durations, about ``--load`` of the GPUs held, requeues), once whole and once cut into
 daily exports the way ``sacct --starttime/--endtime`` prints them (a job running or
 pending at a day's end in that day's export as RUNNING/PENDING, End ``Unknown``, and in
-the next as it ended). Then imports each with ``gpuledger import slurm-sacct`` in a child
-process (wall, CPU with its children, peak RSS from ``os.wait4``) and checks that every
-warehouse holds the same facts (row counts and sums of the views in ``CHECKS``). With
-``--tree LABEL=PATH`` each import runs with that checkout's code, the trees one after
-the other for each export, side by side. Usage:
+the next as it ended). Then imports them with ``gpuledger import slurm-sacct`` (the
+nodes from an ``scontrol`` file, ``--nodes``) in a child process (wall, CPU with its
+children, peak RSS from ``os.wait4``): the one export (``whole``), the daily ones
+together (``daily``), and the daily ones one by one into one warehouse, each going on
+from the history the one before left (``each``: the daily cron; each import's figures,
+the first and the last), and checks that every warehouse holds the same facts (row
+counts and sums of the views in ``CHECKS``). With ``--tree LABEL=PATH`` each import runs
+with that checkout's code, the trees one after the other for each export, side by side.
+Usage:
 
-    python bench/sacct_import.py [--gpus 1024] [--days 7] [--exports both|whole|daily]
-        [--tree old=/tmp/old --tree new=.] [--json PATH]
+    python bench/sacct_import.py [--gpus 1024] [--days 7]
+        [--exports both|whole|daily|each|all] [--tree old=/tmp/old --tree new=.]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import sys
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from cli_child import run_cli
@@ -133,11 +139,20 @@ def write_exports(attempts: list[dict[str, object]], days: int, folder: Path
     return whole, daily
 
 
-def run_import(files: list[Path], wh: Path, tree: Path | None = None) -> dict[str, object]:
+def write_nodes(gpus: int, folder: Path) -> Path:
+    """The cluster's nodes as ``scontrol -o show node -d`` prints them."""
+    path = folder / "nodes.txt"
+    path.write_text("".join(f"NodeName=gpu-{h:04d} Gres=gpu:8 State=IDLE Partitions=gpu\n"
+                            for h in range(max(gpus // 8, 2))))
+    return path
+
+
+def run_import(files: list[Path], wh: Path, nodes: Path, tree: Path | None = None
+               ) -> dict[str, Any]:
     """``gpuledger import slurm-sacct FILES`` in a child (the code of ``tree`` when given):
     wall, CPU (with its children), peak RSS, and its summary line."""
     run = run_cli(["import", "slurm-sacct", *map(str, files), "--warehouse", str(wh),
-                   "--quiet"], tree)
+                   "--nodes", str(nodes), "--quiet"], tree)
     if run.exit:
         sys.exit(f"sacct_import: the import failed: {run.stderr[-2000:]}")
     return {"wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
@@ -160,8 +175,10 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--load", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--exports", choices=["both", "whole", "daily"], default="both",
-                        help="import the one export, the daily ones, or both (and compare)")
+    parser.add_argument("--exports", choices=["both", "whole", "daily", "each", "all"],
+                        default="both",
+                        help="import the one export, the daily ones together, the daily ones "
+                        "one by one, both of the first two, or all three (and compare)")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                         help="run each import with this checkout's code (repeatable: the "
                         "trees alternate, side by side); default: this one")
@@ -180,13 +197,23 @@ def main() -> None:
             "gpus": args.gpus, "days": args.days, "attempt_lines": lines,
             "daily_export_lines": daily_lines,
             "gpu_minutes": args.gpus * args.days * 1440}
+        nodes = write_nodes(args.gpus, folder)
         seen: list[object] = []
-        for name, files in (("whole", [whole]), ("daily", daily)):
-            if args.exports not in ("both", name):
+        for name, files in (("whole", [whole]), ("daily", daily), ("each", daily)):
+            if args.exports not in (name, "all") and not (
+                    args.exports == "both" and name != "each"):
                 continue
             for label, tree in trees:
                 key = name if tree is None else f"{name} ({label})"
-                run = run_import(files, folder / key, tree)
+                if name == "each":   # one import a day, each going on from the last
+                    runs = [run_import([f], folder / key, nodes, tree) for f in files]
+                    run = {"imports": len(runs),
+                           "wall_s": round(sum(r["wall_s"] for r in runs), 2),
+                           "cpu_s": round(sum(r["cpu_s"] for r in runs), 2),
+                           "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+                           "first": runs[0], "last": runs[-1]}
+                else:
+                    run = run_import(files, folder / key, nodes, tree)
                 run["facts"] = facts(folder / key)
                 seen.append(run["facts"])
                 result[key] = run

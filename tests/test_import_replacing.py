@@ -88,7 +88,20 @@ def test_the_same_import_again_goes_and_another_file_over_its_hours_does_not(
     other.write_text(HEADER + "\n" + ROWS[0] + "\n")   # one job of the same hours
     capsys.readouterr()
     assert _import(other, wh) == 2
-    assert REFUSED in capsys.readouterr().err
+    # (it would go on from the history the first import left, which holds that job
+    # already: nothing after it)
+    assert "these exports hold nothing after" in capsys.readouterr().err
+    changed = _with_job(ROWS[0], "999")
+    other.write_text(HEADER + "\n" + changed + "\n")   # a job the history does not hold
+    assert _import(other, wh) == 2
+    err = capsys.readouterr().err
+    assert "1 job(s) in these exports have events before 2026-01-05 11:21 UTC" in err, err
+    for name in VIEWS:
+        assert_frame_equal(views(wh)[name], once[name])
+
+
+def _with_job(line: str, job_id: str) -> str:
+    return "|".join([job_id, job_id, *line.split("|")[2:]])
 
 
 def test_a_first_ingest_over_imported_hours_is_refused_unless_afresh(

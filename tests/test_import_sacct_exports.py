@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import tempfile
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
+import polars as pl
 import pytest
 from fact_views import VIEWS, views
 from polars.testing import assert_frame_equal
@@ -55,19 +57,19 @@ def _after(line: str, cut: str) -> bool:
     return end == "Unknown" or end > cut
 
 
-def _exports(tmp_path: Path) -> tuple[Path, Path, Path]:
+def _exports(tmp_path: Path, cut: str = CUT) -> tuple[Path, Path, Path]:
     whole = tmp_path / "whole.txt"
     whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
     first = tmp_path / "day-1.txt"
     first.write_text(HEADER + "\n" + "\n".join(
-        out for line in ROWS if (out := _as_of(line, CUT)) is not None) + "\n")
+        out for line in ROWS if (out := _as_of(line, cut)) is not None) + "\n")
     # the later export names its columns in another order (a different --format)
     names = HEADER.split("|")
     order = names[::-1]
     second = tmp_path / "day-2.txt"
     second.write_text("|".join(order) + "\n" + "\n".join(
         "|".join(dict(zip(names, line.split("|"), strict=True))[c] for c in order)
-        for line in ROWS if _after(line, CUT)) + "\n")
+        for line in ROWS if _after(line, cut)) + "\n")
     return whole, first, second
 
 
@@ -200,7 +202,9 @@ def test_todays_export_goes_in_with_the_earlier_ones_without_replace(
 def test_an_import_replaced_since_is_refused_when_run_again(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Import A, then B over A's hours with ``--replace``: A's facts are gone, so A run
-    again would replace B's. It went silently before (A was recorded); refused now."""
+    again would replace B's. It went silently before (A was recorded); refused now:
+    A does not go on from B's history (job 108 was cancelled at 10:30 as A tells it,
+    requeued as B does)."""
     whole, first, _second = _exports(tmp_path)
     wh = tmp_path / "wh"
     _import(wh, capsys, first)
@@ -208,7 +212,8 @@ def test_an_import_replaced_since_is_refused_when_run_again(
     held = views(wh)
     assert main(["import", "slurm-sacct", str(first), "--warehouse", str(wh),
                  "--quiet"]) == 2
-    assert "already holds facts" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "before 2026-01-05 11:21 UTC, where the warehouse's Slurm history ends" in err, err
     _same(wh, held)
 
 
@@ -220,3 +225,114 @@ def test_reading_says_how_far_it_is(tmp_path: Path) -> None:
     assert seen == sorted(seen) and seen[-1] == 1.0
     share = first.stat().st_size / (first.stat().st_size + second.stat().st_size)
     assert share in seen          # after the first file
+
+
+NODES = "".join(f"NodeName=gpu-{i} Gres=gpu:h100:8 State=IDLE Partitions=gpu\n"
+                for i in range(1, 7))
+
+
+def _same_but_waiting_cards(root: Path, expected: dict[str, pl.DataFrame]) -> None:
+    """Every view equal but ``pending_minute``, whose waiting jobs and GPUs per minute
+    are equal and whose card types differ only for jobs the later exports typed."""
+    got = views(root)
+    for name in VIEWS:
+        if name != "pending_minute":
+            assert_frame_equal(got[name], expected[name])
+    keys = ["minute", "queue", "pool", "team"]
+
+    def waiting(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.group_by(keys).agg(pl.col("pending_jobs", "pending_gpus").sum()
+                                         ).sort(keys)
+
+    assert_frame_equal(waiting(got["pending_minute"]), waiting(expected["pending_minute"]))
+    differ = got["pending_minute"].join(expected["pending_minute"], how="anti",
+                                        on=got["pending_minute"].columns, nulls_equal=True)
+    # 103 (pending 10:05-10:15 across the 10:12 cut) and 107 (10:09-10:41, both cuts)
+    assert set(differ["team"]) == {"platform", "nlp"}, differ
+
+
+def _daily(tmp_path: Path, cuts: list[str]) -> list[Path]:
+    """The exports of the windows between ``cuts`` (open at both ends), as sacct prints
+    each: a job over before the window's start is not in it."""
+    bounds = ["", *cuts, "9999"]
+    files = []
+    for k, (since, until) in enumerate(pairwise(bounds)):
+        path = tmp_path / f"export-{k}.txt"
+        path.write_text(HEADER + "\n" + "\n".join(
+            out for line in ROWS
+            if (not since or _after(line, since)) and (out := _as_of(line, until)) is not None)
+            + "\n")
+        files.append(path)
+    return files
+
+
+def test_todays_export_alone_goes_on_from_the_history(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The daily cron: each export imported alone, the day after the one before, goes on
+    from where the warehouse's history ended and gives the facts of the one export.
+    Cut at 10:12 and 10:35: jobs 100 and 102 hold GPUs 0-2 of gpu-1 across the first
+    cut, and 200_1 and 200_2 start there after it (on GPUs 3 and 4, as in the one
+    export: a placement that forgot the running attempts would give them 0 and 1, held
+    twice); 103, 106 and 107 run or wait across the second. Before, the second export
+    was refused.
+
+    One difference, on purpose: a job pending at a cut waits, in ``pending_minute``,
+    with the card type its line then requested (``ReqTRES`` ``gres/gpu=8``: any card,
+    null), where the one export gives its whole wait the card it got later (its last
+    line's typed ``AllocTRES``). The jobs and GPUs waiting per minute are the same."""
+    files = _daily(tmp_path, ["2026-01-05T10:12:00", "2026-01-05T10:35:00"])
+    assert "|RUNNING|" in files[0].read_text() and "|RUNNING|" in files[1].read_text()
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES)
+    extra = ("--nodes", str(nodes))
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    expected = views(tmp_path / "whole")
+    assert expected["gpu_minute"].filter(pl.col("alloc_fraction") > 1).is_empty()
+    wh = tmp_path / "wh"
+    out = _import(wh, capsys, files[0], extra=extra)
+    assert "went on from" not in out
+    out = _import(wh, capsys, files[1], extra=extra)
+    assert ("went on from the Slurm history in " in out
+            and "which ended at 2026-01-05 10:10 UTC" in out), out
+    out = _import(wh, capsys, files[2], extra=extra)
+    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    _same_but_waiting_cards(wh, expected)
+    # the last export again (the cron run twice): it goes on from the same point again
+    out = _import(wh, capsys, files[2], extra=extra)
+    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    _same_but_waiting_cards(wh, expected)
+    # every export together, as before: on its own, the same facts
+    out = _import(wh, capsys, *files, extra=extra)
+    assert "went on from" not in out
+    _same(wh, expected)
+    # and the next export would go on from there
+    assert main(["import", "slurm-sacct", str(files[0]), "--warehouse", str(wh),
+                 "--quiet", *extra]) == 2
+    assert "already holds facts" in capsys.readouterr().err
+    _same(wh, expected)
+
+
+def test_an_export_alone_without_nodes_keeps_the_attempts_exact(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without ``--nodes`` the inventory is inferred from each export: a node first seen
+    in a later one (gpu-4 and gpu-5, job 107 after the cut) counts from where that
+    export goes on, not from the history's start. The attempts, their GPUs and
+    preemptions are those of the one export all the same."""
+    files = _daily(tmp_path, ["2026-01-05T10:35:00"])
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    _import(tmp_path / "whole", capsys, whole)
+    wh = tmp_path / "wh"
+    _import(wh, capsys, files[0])
+    _import(wh, capsys, files[1])
+    names = ["job_attempts", "job_gpu", "preemptions"]
+    got, want = views(wh, names), views(tmp_path / "whole", names)
+    for name in names:
+        assert_frame_equal(got[name], want[name])
+    daily = [views(root, ["gpu_daily"])["gpu_daily"].select(
+        pl.col("gpu_hours", "allocated_gpu_hours").sum()).row(0)
+        for root in (wh, tmp_path / "whole")]
+    assert daily[0][1] == pytest.approx(daily[1][1])    # allocated: the same
+    assert daily[0][0] < daily[1][0]                    # capacity: less before the cut

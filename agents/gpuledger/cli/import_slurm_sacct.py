@@ -29,8 +29,9 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
 
     _need_pipeline()
     from gpuledger.bridges.mapping import MappingError, load_mapping
-    from gpuledger.pipeline.importers.slurm_sacct import SacctError, load_sacct
-    from gpuledger.pipeline.ingest import file_digest, import_history
+    from gpuledger.pipeline.continued_import import import_exports
+    from gpuledger.pipeline.importers.slurm_sacct import SacctError, read_exports
+    from gpuledger.pipeline.ingest import file_digest
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
@@ -47,7 +48,7 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         raise CliError(f"mapping: {exc}") from None
     read, done = _progress("reading sacct", not args.quiet)
     try:
-        imported = load_sacct(args.file, mapping, args.nodes, args.tz or UTC, read)
+        exports = read_exports(args.file, args.nodes, args.tz or UTC, read)
     except SacctError as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -56,8 +57,9 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     update, stop = _progress("importing sacct", not args.quiet)
     try:
-        rejected = import_history(processor, imported.frames, update, replace=args.replace,
-                                  sources=[file_digest(f) for f in args.file])
+        imported, rejected = import_exports(
+            processor, [file_digest(f) for f in args.file],
+            lambda history: exports.events(mapping, history), update, replace=args.replace)
     finally:
         stop()
     r = imported
@@ -77,6 +79,10 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f"; inventory inferred for {len(r.nodes_inferred):,} nodes (pass --nodes)"
              if r.nodes_inferred else "")
           + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
+    if r.went_on_from is not None:
+        print(f"went on from the Slurm history in {args.warehouse}/, which ended at "
+              f"{r.went_on_from:%Y-%m-%d %H:%M} UTC: {r.events_before:,} event(s) of its "
+              "jobs before then taken from it")
     for where, reason in r.bad_lines[:args.show_bad]:
         print(f"{where}: {reason}")
     if len(r.bad_lines) > args.show_bad:
@@ -91,9 +97,11 @@ def register(fmt: Any, common: Any) -> None:
         "(columns in docs/import.md): steps skipped, array tasks as jobs, one attempt per "
         "line with requeues and preemptions, running jobs left running. GPU indices come "
         "from a GresIDX column when present, else the importer places inside each job's "
-        "node list. Several exports (daily, monthly) are read as one history; to add "
-        "today's export to a warehouse an import of earlier ones wrote, import them all "
-        "again: the hours those earlier files alone wrote are replaced without --replace.")
+        "node list. Several exports (daily, monthly) are read as one history. Today's "
+        "export alone goes on from where the warehouse's Slurm history ends (each import "
+        "saves its state there): jobs running at the cut go on with their GPUs. Importing "
+        "every export again replaces the hours the earlier imports wrote, without "
+        "--replace (docs/import.md).")
     q.add_argument("file", type=Path, nargs="+",
                    help="sacct -P output (header line first); several files (daily or "
                    "monthly exports, whose windows may overlap) are one history: an "

@@ -124,6 +124,31 @@ class SacctImport:
     nodes_inferred: list[str] = field(default_factory=list)
     bad_lines: list[tuple[str, str]] = field(default_factory=list)
     """(``file:line``, reason) of each line left out (the rest is imported)."""
+    went_on_from: datetime | None = None
+    """Where the warehouse's history ended, when the import went on from it
+    (:class:`History`)."""
+    events_before: int = 0
+    """Going on from a history: events it took already (the export's window overlapping
+    the one before), left out."""
+    unknown_before: list[str] = field(default_factory=list)
+    """Going on from a history: jobs with events before where it ended that it did not
+    take (not in the earlier exports, or told otherwise there): the import is refused."""
+
+
+@dataclass(frozen=True)
+class History:
+    """What the warehouse's Slurm history holds where an import of a later export goes on
+    from it (``continued_import.py``): its jobs, the GPUs its running attempts hold, its
+    inventory."""
+
+    closed: datetime
+    """Every minute before this is closed: events before it are the history's."""
+    seen: dict[str, set[tuple[str, datetime]]]
+    """Job id → the (event, time) of each of its events the job book took."""
+    running: dict[str, tuple[datetime, list[tuple[str, int, float]]]]
+    """Job id → (start, GPUs held) of each running attempt."""
+    inventory: pl.DataFrame
+    """Each node's newest inventory record (``state/inventory.py`` columns, no time)."""
 
 
 KEPT = ("JobName", "Account", "User", "Partition", "QOS", "Priority", "ExitCode", "State")
@@ -361,22 +386,63 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def _slurm_job(line: _Line) -> SlurmJob:
-    row = line.row
+def _slurm_job(attempts: list[_Line]) -> SlurmJob:
+    """The job as its last line has it, with the card type of the last line that names
+    one (a job pending again after a requeue has no typed ``AllocTRES``)."""
+    line, row = attempts[-1], attempts[-1].row
+    gpu_type = next((a.gpu_type for a in reversed(attempts) if a.gpu_type), None)
     return SlurmJob(job_id=line.job_id, state=line.state, name=row.get("JobName", ""),
                     user=row.get("User") or None, account=row.get("Account") or None,
                     partition=row.get("Partition") or None, qos=row.get("QOS") or None,
-                    priority=_int(row.get("Priority")), gpus=line.gpus,
-                    gpu_type=line.gpu_type)
+                    priority=_int(row.get("Priority")), gpus=line.gpus, gpu_type=gpu_type)
 
 
 def load_sacct(paths: Sequence[Path], mapping: Mapping | None = None,
                nodes_file: Path | None = None, tz: tzinfo = UTC,
-               on_progress: Callable[[float], None] | None = None) -> SacctImport:
+               on_progress: Callable[[float], None] | None = None,
+               history: History | None = None) -> SacctImport:
     """Read ``sacct -P`` exports (one history) and turn them into inventory and job event
-    frames (``on_progress``: the share of the files read)."""
-    mapping = mapping or Mapping()
+    frames (``on_progress``: the share of the files read). ``history``: what the
+    warehouse holds where this import goes on from it (:func:`_after_history`)."""
+    return read_exports(paths, nodes_file, tz, on_progress).events(mapping, history)
+
+
+def read_exports(paths: Sequence[Path], nodes_file: Path | None = None, tz: tzinfo = UTC,
+                 on_progress: Callable[[float], None] | None = None) -> Exports:
+    """Read the exports and the ``--nodes`` file (:class:`SacctError` at the first
+    unreadable line, before anything is written)."""
     lines, result = read_sacct(paths, tz, on_progress)
+    known: list[SlurmNode] = []
+    if nodes_file is not None:
+        try:
+            known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
+            Placer({n.name: n.gpus for n in known if n.gpus > 0})
+        except UnicodeDecodeError:
+            raise SacctError(f"{nodes_file}: not UTF-8 text") from None
+        except ValueError as exc:  # SlurmParseError, or a node with more GPUs than any
+            raise SacctError(f"{nodes_file}: {exc}") from None
+    return Exports(lines, result, known)
+
+
+@dataclass
+class Exports:
+    """Exports read: their attempts' lines, what was left out, the ``--nodes`` file's
+    nodes."""
+
+    lines: list[_Line]
+    result: SacctImport
+    nodes: list[SlurmNode]
+
+    def events(self, mapping: Mapping | None = None, history: History | None = None
+               ) -> SacctImport:
+        """The inventory and job event frames (going on from ``history`` when given;
+        once: the lines and counts are the result's)."""
+        return _events(self.lines, self.result, mapping or Mapping(), self.nodes, history)
+
+
+def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
+            known: list[SlurmNode], history: History | None) -> SacctImport:
+    result.went_on_from = history.closed if history is not None else None
     by_job: dict[str, list[_Line]] = defaultdict(list)
     for line in lines:
         by_job[line.job_id].append(line)
@@ -387,18 +453,57 @@ def load_sacct(paths: Sequence[Path], mapping: Mapping | None = None,
     runs: list[tuple[datetime, datetime | None, str, _Line]] = []  # attempts that ran
     for job_id, attempts in by_job.items():
         attempts.sort(key=lambda a: a.submit)
-        attrs = job_attributes(mapping, _slurm_job(attempts[-1]))
-        events.append((attempts[0].submit, 0, job_id, "submitted", attrs))
+        attrs = job_attributes(mapping, _slurm_job(attempts))
+        job_events = [(attempts[0].submit, 0, job_id, "submitted", attrs)]
+        job_runs = []
         for k, a in enumerate(attempts):
             result.attempts += 1
             following = attempts[k + 1] if k + 1 < len(attempts) else None
             if a.start is not None and a.start >= a.submit and a.state != "PENDING" \
                     and not (a.state == "CANCELLED" and a.end is not None
                              and a.end <= a.start):
-                runs.append((a.start, _attempt_end(a, following), job_id, a))
-                events.append((a.start, 2, job_id, "started", attrs))
-            events.extend(_ends(job_id, a, following))
-    return _assemble(result, events, runs, mapping, nodes_file)
+                job_runs.append((a.start, _attempt_end(a, following), job_id, a))
+                job_events.append((a.start, 2, job_id, "started", attrs))
+            job_events.extend(_ends(job_id, a, following))
+        if history is not None:
+            job_events, job_runs = _after_history(history, job_id, job_events, job_runs,
+                                                  result)
+        events += job_events
+        runs += job_runs
+    return _assemble(result, events, runs, mapping, known, history)
+
+
+def _after_history(history: History, job_id: str,
+                   events: list[tuple[datetime, int, str, str, dict[str, Any]]],
+                   runs: list[tuple[datetime, datetime | None, str, _Line]],
+                   result: SacctImport
+                   ) -> tuple[list[tuple[datetime, int, str, str, dict[str, Any]]],
+                              list[tuple[datetime, datetime | None, str, _Line]]]:
+    """A job's events and runs going on from ``history``: the events it took already
+    (and a known job's submission) are left out, counted; the attempt it holds running
+    keeps the GPUs it was given there, and those of its attempts that ended are not
+    placed again. A job with events before ``history.closed`` that it did not take (not
+    in the earlier exports, or told otherwise there) is named in ``unknown_before``."""
+    seen = history.seen.get(job_id)
+    if seen is None:
+        kept = events
+    else:
+        kept = [e for e in events if (e[3], e[0]) not in seen and e[3] != "submitted"]
+        result.events_before += len(events) - len(kept)
+    if any(e[0] < history.closed for e in kept):
+        result.unknown_before.append(job_id)
+    if seen is None:
+        return kept, runs
+    held = history.running.get(job_id)
+    kept_runs = []
+    for start, end, _job, a in runs:
+        if ("started", start) not in seen:
+            kept_runs.append((start, end, _job, a))
+        elif held is not None and start == held[0]:
+            # the GPUs the history gave it (its start is the history's: not sent again)
+            a.indices = [(node, index) for node, index, _f in held[1]]
+            kept_runs.append((start, end, _job, a))
+    return kept, kept_runs
 
 
 def _attempt_end(a: _Line, following: _Line | None) -> datetime | None:
@@ -447,18 +552,22 @@ def _ends(job_id: str, a: _Line, following: _Line | None
 def _assemble(result: SacctImport,
               events: list[tuple[datetime, int, str, str, dict[str, Any]]],
               runs: list[tuple[datetime, datetime | None, str, _Line]], mapping: Mapping,
-              nodes_file: Path | None) -> SacctImport:
-    known: list[SlurmNode] = []
-    if nodes_file is not None:
-        try:
-            known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
-            placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
-        except UnicodeDecodeError:
-            raise SacctError(f"{nodes_file}: not UTF-8 text") from None
-        except ValueError as exc:  # SlurmParseError, or a node with more GPUs than any
-            raise SacctError(f"{nodes_file}: {exc}") from None
-    else:
-        placer = Placer()
+              known: list[SlurmNode], history: History | None = None) -> SacctImport:
+    placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
+    allocation: dict[int, list[tuple[str, int, float]]] = {}
+    held: dict[str, int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+    if history is not None:
+        # attempts the history holds running that no line here goes on with keep their
+        # GPUs (those with a line are placed where the history had them, at their start)
+        going_on = {job_id for start, _e, job_id, _a in runs
+                    if ("started", start) in history.seen.get(job_id, ())}
+        for job_id, (_start, slots) in history.running.items():
+            if job_id not in going_on:
+                placer.take(slots)
+                for node, _idx, _f in slots:
+                    held[node] += 1
+                    peak[node] = max(peak[node], held[node])
     # place the attempts in time order, releases first at the same instant
     timeline: list[tuple[datetime, int, int]] = []
     for i, (start, end, _job, _a) in enumerate(runs):
@@ -466,9 +575,6 @@ def _assemble(result: SacctImport,
         if end is not None:
             timeline.append((end, 0, i))
     timeline.sort()
-    allocation: dict[int, list[tuple[str, int, float]]] = {}
-    held: dict[str, int] = defaultdict(int)
-    peak: dict[str, int] = defaultdict(int)
     for _t, kind, i in timeline:
         _start, _end, job_id, a = runs[i]
         if kind == 0:
@@ -509,6 +615,12 @@ def _assemble(result: SacctImport,
     # the inventory holds from the first event validation accepts: a time before 2000
     # (rejected, counted) must not take every node's record with it
     first = min((t for t in jobs.times if t >= MIN_TIME), default=datetime.now(UTC))
+    if history is not None:  # the history's inventory holds until there
+        first = max(first, history.closed)
+        for node, gpus in zip(history.inventory["node"], history.inventory["gpu_count"],
+                              strict=True):
+            if node in peak and gpus is not None:
+                peak[node] = max(peak[node], gpus)
     inventory = [{"time": first, **node_record(mapping, n)} for n in known if n.gpus > 0]
     listed = {n.name for n in known}
     seen_nodes: dict[str, tuple[int, str | None, str | None]] = {}
@@ -529,11 +641,28 @@ def _assemble(result: SacctImport,
     for record in inventory:
         record["labels"] = json.dumps(record.get("labels") or {}, separators=(",", ":"))
     # an empty list still needs its columns: a frame without any would be one null row
-    inv = pl.DataFrame(inventory or {"time": [], "node": []},
-                       infer_schema_length=None).with_columns(
-        pl.lit(1).alias("v"), pl.lit("inventory").alias("type"))
-    result.frames = {"inventory": conform(inv, "inventory"), "job": jobs.frame()}
+    inv = conform(pl.DataFrame(inventory or {"time": [], "node": []},
+                               infer_schema_length=None).with_columns(
+        pl.lit(1).alias("v"), pl.lit("inventory").alias("type")), "inventory")
+    if history is not None:  # a node as the history has it already is not sent again
+        inv = _changed(inv, history.inventory)
+        sent = set(inv["node"])
+        result.nodes_inferred = [n for n in result.nodes_inferred if n in sent]
+    result.frames = {"inventory": inv, "job": jobs.frame()}
     return result
+
+
+def _changed(inventory: pl.DataFrame, newest: pl.DataFrame) -> pl.DataFrame:
+    """The records of ``inventory`` that differ from their node's ``newest`` record."""
+    same = [c for c in newest.columns if c != "unhealthy_gpus"]
+
+    def listed(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.with_columns(pl.col("unhealthy_gpus").cast(pl.List(pl.String))
+                                  .list.join(",").fill_null("").alias("_unhealthy"))
+
+    return listed(inventory).join(listed(newest).select(*same, "_unhealthy"),
+                                  on=[*same, "_unhealthy"], how="anti",
+                                  nulls_equal=True).drop("_unhealthy")
 
 
 class _JobColumns:

@@ -1,0 +1,203 @@
+"""Scheduler history imported export by export: today's ``sacct`` export alone goes on
+from where the warehouse's history ends.
+
+Sites export ``sacct`` by day (a cron). Importing every export again each day costs the
+whole history each day; importing today's alone was refused, since its jobs running at
+the cut reach back into hours the earlier imports wrote. So each ``import slurm-sacct``
+saves the engine's state where its input ended (``SACCT_STATES``, one folder per closed
+point, as ``gpuledger ingest`` keeps its states), with the digests of every file the
+history up to there was read from (``SOURCES_FILE``). An import of files none of which
+that history holds goes on from the state: the job book, the GPUs each running attempt
+holds and the inventory come from it, the export's events before its point are the
+history's (``importers/slurm_sacct.py``, ``_after_history``), and the facts from there on
+are written as one import of the whole history would write them (``--nodes`` given; an
+inferred inventory grows where a later export first shows a node).
+
+Which state an import goes on from (:func:`plan`): the one closed furthest whose history
+holds none of the files given. That is the newest for a new export, and the one before
+it for the same export imported again (a re-run; the states of ``KEEP_STATES`` runs are
+kept). Files of the history given again with new ones (every export, yesterday's and
+today's) are imported on their own, as before, and replace the history's facts.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import polars as pl
+
+from gpuledger.pipeline.importers.slurm_sacct import History, SacctImport
+from gpuledger.pipeline.ingest import (
+    KEEP_STATES,
+    ImportRefused,
+    Run,
+    SavedState,
+    _delete_state,
+    _events_digest,
+    _floor_hour,
+    _record_import,
+    _refuse_replacing,
+    continue_previous,
+    feed_in_time_order,
+    import_history,
+    save_state,
+    saved_states,
+)
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.state.inventory import INVENTORY_STATE_SCHEMA
+from gpuledger.pipeline.store import Store
+from gpuledger.pipeline.validate import MIN_TIME, validate
+
+SACCT_STATES = "state/import-slurm-sacct"
+"""Where ``import slurm-sacct`` keeps the engine's state at the end of each import."""
+SOURCES_FILE = "sources.json"
+"""In each state's folder: ``{"sources": [...], "from": ...}``, the SHA-256 of every file
+the history up to the state was read from, and the hour its facts start."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where an import goes on from: a saved state and the history it holds (None: the
+    import is processed on its own)."""
+
+    state: SavedState | None = None
+    sources: frozenset[str] = frozenset()
+    """The files the history up to the state was read from."""
+    start: datetime | None = None
+    """The hour the history's facts start."""
+
+
+def _sources_of(root: Store, state: SavedState) -> tuple[frozenset[str], datetime] | None:
+    try:
+        doc = json.loads(root.read(f"{state.folder}/{SOURCES_FILE}") or b"null")
+        return frozenset(str(s) for s in doc["sources"]), datetime.fromisoformat(doc["from"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def plan(root: Store, sources: Sequence[str]) -> Plan:
+    """The state an import of the files ``sources`` goes on from: the one closed
+    furthest whose history holds none of them. Refused (:class:`ImportRefused`) when the
+    history goes on past that state with files not given: going on would replace their
+    facts with these files' alone."""
+    given = set(sources)
+    later: set[str] = set()
+    for state in saved_states(root):
+        known = _sources_of(root, state)
+        if known is None:
+            continue
+        held, start = known
+        if held & given:
+            later |= held
+            continue
+        if not held:
+            break
+        missing = later - held - given
+        if missing:
+            raise ImportRefused(
+                f"the warehouse's Slurm history goes on past {state.closed:%Y-%m-%d %H:%M} "
+                f"UTC with {len(missing)} export(s) not given here (imported after the "
+                "others these files follow): going on from there would replace their "
+                "facts. Give those exports too, or import every export together")
+        return Plan(state, held, start)
+    return Plan()
+
+
+def history_of(processor: Processor, closed: datetime) -> History:
+    """What ``processor`` (a saved state taken in) holds for an import going on."""
+    jobs = processor.jobs.jobs
+    newest = processor.inventory.records.sort("time").group_by("node", maintain_order=True) \
+        .agg(pl.all().last()).select([c for c in INVENTORY_STATE_SCHEMA.names() if c != "time"])
+    return History(
+        closed=closed,
+        seen={job_id: set(job.seen) for job_id, job in jobs.items()},
+        running={job_id: (job.started_at, [(a["node"], a["gpu_index"], a["fraction"])
+                                           for a in job.allocation])
+                 for job_id, job in jobs.items()
+                 if job.status == "running" and job.started_at is not None},
+        inventory=newest)
+
+
+def _forget_states(root: Store) -> None:
+    for state in saved_states(root):
+        _delete_state(root, state.folder, "a replaced")
+
+
+def _save(processor: Processor, root: Store, run: Run, sources: set[str] | frozenset[str],
+          start: datetime) -> None:
+    save_state(processor, root, KEEP_STATES, run)
+    closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
+    if closed:
+        folder = next(s.folder for s in saved_states(root) if s.closed == max(closed))
+        root.write(f"{folder}/{SOURCES_FILE}", json.dumps(
+            {"sources": sorted(sources),
+             "from": start.astimezone(UTC).isoformat()}).encode())
+
+
+def import_exports(
+    processor: Processor,
+    sources: Sequence[str],
+    load: Callable[[History | None], SacctImport],
+    on_progress: Callable[[float], None] | None = None,
+    replace: bool = False,
+) -> tuple[SacctImport, int]:
+    """Import the exports whose digests are ``sources`` (``load`` reads them, given the
+    history they go on from) into ``processor``'s warehouse: going on from the history
+    there (:func:`plan`), or on their own (``replace``, no history, or files of the
+    history given again). Returns what was imported and the number of events
+    rejected."""
+    root = processor.warehouse.store.child(SACCT_STATES)
+    chosen = Plan() if replace else plan(root, sources)
+    if chosen.state is None:
+        imported = load(None)
+        rejected = import_history(processor, imported.frames, on_progress, replace=replace,
+                                  sources=sources)
+        times = [t for f in imported.frames.values()
+                 if isinstance(t := f["time"].filter(f["time"] >= MIN_TIME).min(), datetime)]
+        if times:
+            _forget_states(root)  # they went on from a history this one replaces
+            first = min(times)
+            _save(processor, root, Run(uuid.uuid4().hex, first), set(sources),
+                  _floor_hour(first))
+        return imported, rejected
+    closed = continue_previous(processor, root, chosen.state.closed)
+    assert closed is not None and chosen.start is not None
+    imported = load(history_of(processor, closed))
+    good = {}
+    rejected = 0
+    for kind, frame in imported.frames.items():
+        ok, bad = validate(frame, kind, limits=processor.config.limits)  # type: ignore[arg-type]
+        processor.add_rejects(bad)
+        rejected += bad.height
+        good[kind] = ok
+    if imported.unknown_before:
+        named = ", ".join(imported.unknown_before[:5])
+        raise ImportRefused(
+            f"{len(imported.unknown_before):,} job(s) in these exports have events before "
+            f"{closed:%Y-%m-%d %H:%M} UTC, where the warehouse's Slurm history ends, that "
+            f"it does not hold (e.g. {named}): these exports do not go on from it (another "
+            "cluster's, a gap between exports, a record changed since). Import every "
+            "export together, or pass --replace to replace the history with these files' "
+            "alone")
+    newest = max((t for f in good.values() if isinstance(t := f["time"].max(), datetime)),
+                 default=None)
+    if newest is None or newest < closed:
+        raise ImportRefused(
+            f"these exports hold nothing after {closed:%Y-%m-%d %H:%M} UTC, where the "
+            "warehouse's Slurm history ends: they are part of it already, or earlier "
+            "than it. To change that history, import every export together (--replace "
+            "replaces it with these files' alone)")
+    both = chosen.sources | set(sources)
+    after = _floor_hour(closed) + timedelta(hours=1)  # the hour of ``closed`` is its own
+    if not replace and newest > after:
+        _refuse_replacing(processor.warehouse.store, (after, newest), None,
+                          sources=sorted(both))
+    _record_import(processor.warehouse.store, (chosen.start, newest),
+                   _events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
+    feed_in_time_order(processor, good, on_progress)  # type: ignore[arg-type]
+    _save(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start)
+    return imported, rejected
