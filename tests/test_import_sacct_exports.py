@@ -336,3 +336,22 @@ def test_an_export_alone_without_nodes_keeps_the_attempts_exact(
         for root in (wh, tmp_path / "whole")]
     assert daily[0][1] == pytest.approx(daily[1][1])    # allocated: the same
     assert daily[0][0] < daily[1][0]                    # capacity: less before the cut
+
+
+def test_a_damaged_state_stops_the_next_export_with_its_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The state the next export would go on from cannot be read: refused with the
+    state's name and what to do, nothing changed."""
+    files = _daily(tmp_path, ["2026-01-05T10:35:00"])
+    wh = tmp_path / "wh"
+    _import(wh, capsys, files[0])
+    held = views(wh)
+    (state,) = (wh / "state" / "import-slurm-sacct").iterdir()
+    (state / "partition-p000.checkpoint").write_bytes(b"garbage")
+    assert main(["import", "slurm-sacct", str(files[1]), "--warehouse", str(wh),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuledger: error: state/import-slurm-sacct/{state.name}: the "
+                          "saved state this input continues from cannot be read"), err
+    assert err.rstrip().endswith("Import every export together, or pass --replace"), err
+    _same(wh, held)

@@ -164,7 +164,9 @@ def import_exports(
             _save(processor, root, Run(uuid.uuid4().hex, first), set(sources),
                   _floor_hour(first))
         return imported, rejected
-    closed = continue_previous(processor, root, chosen.state.closed)
+    closed = continue_previous(
+        processor, root, chosen.state.closed, folder=SACCT_STATES,
+        remedy="Import every export together, or pass --replace")
     assert closed is not None and chosen.start is not None
     imported = load(history_of(processor, closed))
     good = {}

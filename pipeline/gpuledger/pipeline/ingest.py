@@ -239,7 +239,9 @@ def _adopt_legacy(root: Store) -> None:
 
 
 def continue_previous(processor: Processor, root: Store, first: datetime,
-                      afresh: bool = False) -> datetime | None:
+                      afresh: bool = False, folder: str = INGEST_STATE,
+                      remedy: str = "Ingest the whole history again, or pass --afresh"
+                      ) -> datetime | None:
     """Take a saved ingest state (its job and inventory books, open hours, usage so far)
     into ``processor``: the one closed furthest among those closed at or before the new
     input's first event, so that its jobs go on (a job started then, finished now) — also
@@ -254,10 +256,11 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     unless ``afresh``. An older state is never taken instead: it would close the minutes
     between without their events; so an input that starts inside a piece ingested after
     the state that fits it (a run recorded as starting at or after that state's point,
-    before this input) is refused too."""
+    before this input) is refused too. ``folder`` (``root``'s name) and ``remedy`` are
+    for the message of a state that cannot be read."""
     if afresh:
         return None
-    where = INGEST_STATE
+    where = folder
     try:
         _adopt_legacy(root)
     except PickledCheckpoint as exc:  # readable when asked: kept
@@ -294,7 +297,7 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
                 "start. Ingest that piece again first (its run then saves a state inside "
                 "its last minute, for a piece starting there), or the history from an "
                 "earlier piece on; --afresh processes the input on its own anyway")
-        where = f"{INGEST_STATE}/{fitting[0].folder}"
+        where = f"{folder}/{fitting[0].folder}"
         state = CheckpointStore(root.child(fitting[0].folder), "ingest")
         sections = {p: state.read_partition(p) for p in sorted(processor.held)}
         closed = [s.closed for s in sections.values()
@@ -311,8 +314,7 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     except Exception as exc:  # another release's state, or a damaged file
         raise IngestRefused(
             f"{where}: the saved state this input continues from cannot be read "
-            f"({_why(exc)}); {ON_ITS_OWN}. Ingest the whole history again, or pass "
-            "--afresh") from None
+            f"({_why(exc)}); {ON_ITS_OWN}. {remedy}") from None
     for sec in sections.values():
         assert sec is not None
         merge_section(processor, sec)
