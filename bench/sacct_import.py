@@ -211,7 +211,9 @@ def main() -> None:
                            "wall_s": round(sum(r["wall_s"] for r in runs), 2),
                            "cpu_s": round(sum(r["cpu_s"] for r in runs), 2),
                            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
-                           "first": runs[0], "last": runs[-1]}
+                           "first": runs[0], "last": runs[-1],
+                           "cpu_s_each": [r["cpu_s"] for r in runs],
+                           "peak_rss_mib_each": [r["peak_rss_mib"] for r in runs]}
                 else:
                     run = run_import(files, folder / key, nodes, tree)
                 run["facts"] = facts(folder / key)

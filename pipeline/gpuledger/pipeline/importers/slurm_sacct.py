@@ -24,6 +24,12 @@ Rules:
   export's window is in the next one too), are one attempt: the line that knows most is
   taken (an End over none, a Start over none, else the last one given), the others are
   counted (``attempts_merged``);
+* going on from the warehouse's history (a later export imported alone, :class:`History`,
+  ``continued_import.py``): the events its job book took already, and a known job's
+  submission, are left out (``events_before``); an attempt it holds running keeps its
+  GPUs; a job with events before its end that it did not take is named
+  (``unknown_before``: the import is refused); the inventory starts at its end, and a
+  node is sent only where it changed;
 * the lines of one job (``--duplicates`` prints one per attempt) in Submit order: the
   first gives ``submitted`` at its Submit, with the job's attributes through the
   mapping (``docs/mapping.md``); each attempt with a Start gives ``started`` at Start;
