@@ -231,9 +231,11 @@ NODES = "".join(f"NodeName=gpu-{i} Gres=gpu:h100:8 State=IDLE Partitions=gpu\n"
                 for i in range(1, 7))
 
 
-def _same_but_waiting_cards(root: Path, expected: dict[str, pl.DataFrame]) -> None:
+def _same_but_waiting_cards(root: Path, expected: dict[str, pl.DataFrame],
+                            teams: set[str]) -> None:
     """Every view equal but ``pending_minute``, whose waiting jobs and GPUs per minute
-    are equal and whose card types differ only for jobs the later exports typed."""
+    are equal and whose card types differ only for the jobs of ``teams`` pending at a
+    cut, typed by a later export."""
     got = views(root)
     for name in VIEWS:
         if name != "pending_minute":
@@ -247,8 +249,7 @@ def _same_but_waiting_cards(root: Path, expected: dict[str, pl.DataFrame]) -> No
     assert_frame_equal(waiting(got["pending_minute"]), waiting(expected["pending_minute"]))
     differ = got["pending_minute"].join(expected["pending_minute"], how="anti",
                                         on=got["pending_minute"].columns, nulls_equal=True)
-    # 103 (pending 10:05-10:15 across the 10:12 cut) and 107 (10:09-10:41, both cuts)
-    assert set(differ["team"]) == {"platform", "nlp"}, differ
+    assert set(differ["team"]) == teams, differ
 
 
 def _daily(tmp_path: Path, cuts: list[str]) -> list[Path]:
@@ -298,11 +299,12 @@ def test_todays_export_alone_goes_on_from_the_history(
             and "which ended at 2026-01-05 10:10 UTC" in out), out
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
-    _same_but_waiting_cards(wh, expected)
+    # 103 (pending 10:05-10:15 across the 10:12 cut) and 107 (10:09-10:41, both cuts)
+    _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
     # the last export again (the cron run twice): it goes on from the same point again
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
-    _same_but_waiting_cards(wh, expected)
+    _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
     # every export together, as before: on its own, the same facts
     out = _import(wh, capsys, *files, extra=extra)
     assert "went on from" not in out
@@ -355,3 +357,31 @@ def test_a_damaged_state_stops_the_next_export_with_its_reason(
                           "saved state this input continues from cannot be read"), err
     assert err.rstrip().endswith("Import every export together, or pass --replace"), err
     _same(wh, held)
+
+
+def test_an_export_overlapping_the_history_goes_on_from_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cron that exports from further back than the last cut (for safety): the jobs the
+    history holds are taken from it, those over before its end that its book no longer
+    remembers (here a minute after the history it keeps, ``windows.ended_job_memory_s``
+    past ``handover_retention_s``) are counted and left out, and the facts are those of
+    the one export."""
+    files = _daily(tmp_path, ["2026-01-05T10:35:00"])
+    overlapping = tmp_path / "from-10-20.txt"
+    overlapping.write_text(HEADER + "\n" + "\n".join(
+        line for line in ROWS if _after(line, "2026-01-05T10:20:00")) + "\n")
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES)
+    config = tmp_path / "config.yaml"
+    config.write_text("windows:\n  ended_job_memory_s: 60\n  handover_retention_s: 60\n")
+    extra = ("--nodes", str(nodes), "--config", str(config))
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    wh = tmp_path / "wh"
+    _import(wh, capsys, files[0], extra=extra)
+    out = _import(wh, capsys, overlapping, extra=extra)
+    # 102 (preempted 10:31:10, not requeued): over before 10:32, forgotten at 10:34
+    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    assert "1 job(s) over before then that it no longer remembers" in out, out
+    _same_but_waiting_cards(wh, views(tmp_path / "whole"), {"nlp"})   # 107

@@ -82,7 +82,10 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     if r.went_on_from is not None:
         print(f"went on from the Slurm history in {args.warehouse}/, which ended at "
               f"{r.went_on_from:%Y-%m-%d %H:%M} UTC: {r.events_before:,} event(s) of its "
-              "jobs before then taken from it")
+              "jobs before then taken from it"
+              + (f" ({r.jobs_before:,} job(s) over before then that it no longer "
+                 "remembers, taken as its own: exports that overlap)"
+                 if r.jobs_before else ""))
     for where, reason in r.bad_lines[:args.show_bad]:
         print(f"{where}: {reason}")
     if len(r.bad_lines) > args.show_bad:

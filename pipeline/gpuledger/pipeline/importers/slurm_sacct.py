@@ -136,6 +136,9 @@ class SacctImport:
     events_before: int = 0
     """Going on from a history: events it took already (the export's window overlapping
     the one before), left out."""
+    jobs_before: int = 0
+    """Going on from a history: jobs over before where it ended that its job book does
+    not remember (exports that overlap by more than it keeps ended jobs): left out."""
     unknown_before: list[str] = field(default_factory=list)
     """Going on from a history: jobs with events before where it ended that it did not
     take (not in the earlier exports, or told otherwise there): the import is refused."""
@@ -488,10 +491,19 @@ def _after_history(history: History, job_id: str,
     """A job's events and runs going on from ``history``: the events it took already
     (and a known job's submission) are left out, counted; the attempt it holds running
     keeps the GPUs it was given there, and those of its attempts that ended are not
-    placed again. A job with events before ``history.closed`` that it did not take (not
-    in the earlier exports, or told otherwise there) is named in ``unknown_before``."""
+    placed again. A job it does not know that was over before ``history.closed`` is left
+    out, counted (``jobs_before``: the book forgets ended jobs, so it cannot be told
+    from one of the history's). A job with events before ``history.closed`` that it did
+    not take (not in the earlier exports, or told otherwise there) is named in
+    ``unknown_before``."""
     seen = history.seen.get(job_id)
     if seen is None:
+        if all(e[0] < history.closed for e in events):
+            # over before the history's end: a job its book no longer remembers (it
+            # forgets ended jobs after windows.ended_job_memory_s): exports that overlap
+            result.events_before += len(events)
+            result.jobs_before += 1
+            return [], []
         kept = events
     else:
         kept = [e for e in events if (e[3], e[0]) not in seen and e[3] != "submitted"]
