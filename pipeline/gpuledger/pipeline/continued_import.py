@@ -109,7 +109,7 @@ def plan(root: Store, sources: Sequence[str]) -> Plan:
 
 def history_of(processor: Processor, closed: datetime) -> History:
     """What ``processor`` (a saved state taken in) holds for an import going on."""
-    jobs = processor.jobs.jobs
+    jobs, w = processor.jobs.jobs, processor.config.windows
     newest = processor.inventory.records.sort("time").group_by("node", maintain_order=True) \
         .agg(pl.all().last()).select([c for c in INVENTORY_STATE_SCHEMA.names() if c != "time"])
     return History(
@@ -119,6 +119,8 @@ def history_of(processor: Processor, closed: datetime) -> History:
                                            for a in job.allocation])
                  for job_id, job in jobs.items()
                  if job.status == "running" and job.started_at is not None},
+        forgets_before=closed - timedelta(seconds=w.handover_retention_s
+                                          + w.ended_job_memory_s),
         inventory=newest)
 
 

@@ -156,6 +156,9 @@ class History:
     """Job id → the (event, time) of each of its events the job book took."""
     running: dict[str, tuple[datetime, list[tuple[str, int, float]]]]
     """Job id → (start, GPUs held) of each running attempt."""
+    forgets_before: datetime
+    """A job that ended before this is no longer in ``seen`` (the book forgets ended
+    jobs ``windows.ended_job_memory_s`` after the history it keeps)."""
     inventory: pl.DataFrame
     """Each node's newest inventory record (``state/inventory.py`` columns, no time)."""
 
@@ -491,16 +494,15 @@ def _after_history(history: History, job_id: str,
     """A job's events and runs going on from ``history``: the events it took already
     (and a known job's submission) are left out, counted; the attempt it holds running
     keeps the GPUs it was given there, and those of its attempts that ended are not
-    placed again. A job it does not know that was over before ``history.closed`` is left
-    out, counted (``jobs_before``: the book forgets ended jobs, so it cannot be told
-    from one of the history's). A job with events before ``history.closed`` that it did
-    not take (not in the earlier exports, or told otherwise there) is named in
-    ``unknown_before``."""
+    placed again. A job it does not know that was over before ``history.forgets_before``
+    is left out, counted (``jobs_before``: the book forgets ended jobs, so it cannot be
+    told from one of the history's). Any other job with events before
+    ``history.closed`` that it did not take (not in the earlier exports, or told
+    otherwise there) is named in ``unknown_before``."""
     seen = history.seen.get(job_id)
     if seen is None:
-        if all(e[0] < history.closed for e in events):
-            # over before the history's end: a job its book no longer remembers (it
-            # forgets ended jobs after windows.ended_job_memory_s): exports that overlap
+        if all(e[0] < history.forgets_before for e in events):
+            # over before the history's book forgets ended jobs: exports that overlap
             result.events_before += len(events)
             result.jobs_before += 1
             return [], []
