@@ -305,6 +305,16 @@ def test_todays_export_alone_goes_on_from_the_history(
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
     _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
+    # the middle export alone again would drop the last one's facts: refused
+    assert main(["import", "slurm-sacct", str(files[1]), "--warehouse", str(wh),
+                 "--quiet", *extra]) == 2
+    err = capsys.readouterr().err
+    assert ("would go on from the warehouse's Slurm history at 2026-01-05 10:10 UTC, but "
+            "it goes on past there with 1 export(s) not given here") in err, err
+    # with the last one it goes: both go on from the first
+    out = _import(wh, capsys, files[1], files[2], extra=extra)
+    assert "which ended at 2026-01-05 10:10 UTC" in out, out
+    _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
     # every export together, as before: on its own, the same facts
     out = _import(wh, capsys, *files, extra=extra)
     assert "went on from" not in out

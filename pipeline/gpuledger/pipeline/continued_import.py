@@ -99,10 +99,11 @@ def plan(root: Store, sources: Sequence[str]) -> Plan:
         missing = later - held - given
         if missing:
             raise ImportRefused(
-                f"the warehouse's Slurm history goes on past {state.closed:%Y-%m-%d %H:%M} "
-                f"UTC with {len(missing)} export(s) not given here (imported after the "
-                "others these files follow): going on from there would replace their "
-                "facts. Give those exports too, or import every export together")
+                f"these files would go on from the warehouse's Slurm history at "
+                f"{state.closed:%Y-%m-%d %H:%M} UTC, but it goes on past there with "
+                f"{len(missing)} export(s) not given here: their facts would be replaced "
+                "by these files' alone. Give those exports too, or import every export "
+                "together")
         return Plan(state, held, start)
     return Plan()
 
