@@ -15,8 +15,8 @@ inferred inventory grows where a later export first shows a node).
 
 Which state an import goes on from (:func:`plan`): the one closed furthest whose history
 holds none of the files given. That is the newest for a new export, and the one before
-it for the same export imported again (a re-run; the states of ``KEEP_STATES`` runs are
-kept). Files of the history given again with new ones (every export, yesterday's and
+it for the same export imported again (a re-run; the states of ``STATES_KEPT`` imports
+are kept). Files of the history given again with new ones (every export, yesterday's and
 today's) are imported on their own, as before, and replace the history's facts.
 """
 
@@ -32,7 +32,6 @@ import polars as pl
 
 from gpuledger.pipeline.importers.slurm_sacct import History, SacctImport
 from gpuledger.pipeline.ingest import (
-    KEEP_STATES,
     ImportRefused,
     Run,
     SavedState,
@@ -54,6 +53,11 @@ from gpuledger.pipeline.validate import MIN_TIME, validate
 
 SACCT_STATES = "state/import-slurm-sacct"
 """Where ``import slurm-sacct`` keeps the engine's state at the end of each import."""
+STATES_KEPT = 3
+"""The states of this many imports are kept: the newest (today's export goes on from
+it), and those before it, for an export imported again (the cron run twice) and one
+given again with the next. A state holds the job book and the open hour: about 12 MB
+for a 10,240-GPU cluster."""
 SOURCES_FILE = "sources.json"
 """In each state's folder: ``{"sources": [...], "from": ...}``, the SHA-256 of every file
 the history up to the state was read from, and the hour its facts start."""
@@ -132,7 +136,7 @@ def _forget_states(root: Store) -> None:
 
 def _save(processor: Processor, root: Store, run: Run, sources: set[str] | frozenset[str],
           start: datetime) -> None:
-    save_state(processor, root, KEEP_STATES, run)
+    save_state(processor, root, STATES_KEPT, run)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     if closed:
         folder = next(s.folder for s in saved_states(root) if s.closed == max(closed))
