@@ -87,10 +87,10 @@ def test_the_same_import_again_goes_and_another_file_over_its_hours_does_not(
     other = tmp_path / "other.txt"
     other.write_text(HEADER + "\n" + ROWS[0] + "\n")   # one job of the same hours
     capsys.readouterr()
-    assert _import(other, wh) == 2
-    # (it would go on from the history the first import left, which holds that job
-    # already: nothing after it)
-    assert "these exports hold nothing after" in capsys.readouterr().err
+    # it goes on from the history the first import left, which holds that job already:
+    # nothing to write
+    assert _import(other, wh) == 0
+    assert "it is unchanged" in capsys.readouterr().out
     changed = _with_job(ROWS[0], "999")
     other.write_text(HEADER + "\n" + changed + "\n")   # a job the history does not hold
     assert _import(other, wh) == 2

@@ -395,3 +395,28 @@ def test_an_export_overlapping_the_history_goes_on_from_it(
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
     assert "1 job(s) over before then that it no longer remembers" in out, out
     _same_but_waiting_cards(wh, views(tmp_path / "whole"), {"nlp"})   # 107
+
+
+def test_a_quiet_day_changes_nothing_and_the_next_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An export in which nothing happened (10:35-10:36: jobs still running or waiting,
+    as the history has them) writes nothing and says so, exit 0 (a cron must not fail on
+    a quiet day); the next export goes on from the history as before."""
+    files = _daily(tmp_path, ["2026-01-05T10:35:00", "2026-01-05T10:36:00"])
+    assert "|RUNNING|" in files[1].read_text()
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES)
+    extra = ("--nodes", str(nodes))
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    wh = tmp_path / "wh"
+    _import(wh, capsys, files[0], extra=extra)
+    held = views(wh)
+    out = _import(wh, capsys, files[1], extra=extra)
+    assert ("did not hold already: it is unchanged (its facts reach 2026-01-05 10:34 UTC"
+            in out), out
+    _same(wh, held)
+    out = _import(wh, capsys, files[2], extra=extra)
+    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    _same_but_waiting_cards(wh, views(tmp_path / "whole"), {"nlp"})   # 107

@@ -79,7 +79,12 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f"; inventory inferred for {len(r.nodes_inferred):,} nodes (pass --nodes)"
              if r.nodes_inferred else "")
           + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
-    if r.went_on_from is not None:
+    if r.unchanged:
+        print(f"nothing in these exports that the Slurm history in {args.warehouse}/ did "
+              f"not hold already: it is unchanged (its facts reach "
+              f"{r.went_on_from:%Y-%m-%d %H:%M} UTC; the next event closes the time "
+              "after)")
+    elif r.went_on_from is not None:
         print(f"went on from the Slurm history in {args.warehouse}/, which ended at "
               f"{r.went_on_from:%Y-%m-%d %H:%M} UTC: {r.events_before:,} event(s) of its "
               "jobs before then taken from it"

@@ -194,12 +194,9 @@ def import_exports(
             "alone")
     newest = max((t for f in good.values() if isinstance(t := f["time"].max(), datetime)),
                  default=None)
-    if newest is None or newest < closed:
-        raise ImportRefused(
-            f"these exports hold nothing after {closed:%Y-%m-%d %H:%M} UTC, where the "
-            "warehouse's Slurm history ends: they are part of it already, or earlier "
-            "than it. To change that history, import every export together (--replace "
-            "replaces it with these files' alone)")
+    if newest is None:  # all of it is the history's already (a quiet day, a re-run)
+        imported.unchanged = True
+        return imported, rejected
     both = chosen.sources | set(sources)
     after = _floor_hour(closed) + timedelta(hours=1)  # the hour of ``closed`` is its own
     if not replace and newest > after:

@@ -136,6 +136,9 @@ class SacctImport:
     events_before: int = 0
     """Going on from a history: events it took already (the export's window overlapping
     the one before), left out."""
+    unchanged: bool = False
+    """Going on from a history: the exports held nothing it did not take already (a day
+    with no job event, the same export again): nothing was written."""
     jobs_before: int = 0
     """Going on from a history: jobs over before where it ended that its job book does
     not remember (exports that overlap by more than it keeps ended jobs): left out."""
