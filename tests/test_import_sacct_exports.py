@@ -11,7 +11,7 @@ history, view by view.
 from __future__ import annotations
 
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 
@@ -420,3 +420,35 @@ def test_a_quiet_day_changes_nothing_and_the_next_goes_on(
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
     _same_but_waiting_cards(wh, views(tmp_path / "whole"), {"nlp"})   # 107
+
+
+def test_until_closes_a_days_facts_to_the_exports_end(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--until`` (the exports' ``--endtime``): each import's facts reach it, not only
+    its newest event (10:33:20 in the first export: the facts stopped at 10:34), a quiet
+    export's too, and the next export goes on from there; the end result is the one
+    export's facts. A time after now, or before where the history ends, is refused."""
+    files = _daily(tmp_path, ["2026-01-05T10:35:00", "2026-01-05T10:36:00"])
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES)
+    extra = ("--nodes", str(nodes))
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    expected = views(tmp_path / "whole")
+    wh = tmp_path / "wh"
+    _import(wh, capsys, files[0], extra=(*extra, "--until", "2026-01-05T10:35:00"))
+    last = views(wh, ["gpu_minute"])["gpu_minute"]["minute"].max()
+    assert last == datetime(2026, 1, 5, 10, 34, tzinfo=UTC)     # the minute before 10:35
+    out = _import(wh, capsys, files[1], extra=(*extra, "--until", "2026-01-05T10:36:00"))
+    assert "which ended at 2026-01-05 10:35 UTC" in out and "unchanged" not in out, out
+    assert main(["import", "slurm-sacct", str(files[2]), "--warehouse", str(wh), "--quiet",
+                 *extra, "--until", "2026-01-05T10:30:00"]) == 2
+    assert "--until 2026-01-05 10:30 UTC is before 2026-01-05 10:36 UTC" in \
+        capsys.readouterr().err
+    assert main(["import", "slurm-sacct", str(files[2]), "--warehouse", str(wh), "--quiet",
+                 *extra, "--until", "2999-01-01T00:00:00"]) == 2
+    assert "after now" in capsys.readouterr().err
+    out = _import(wh, capsys, files[2], extra=extra)
+    assert "which ended at 2026-01-05 10:36 UTC" in out, out
+    _same_but_waiting_cards(wh, expected, {"nlp"})   # 107

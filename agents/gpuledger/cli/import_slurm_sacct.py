@@ -6,7 +6,7 @@ Lean at import time: the pipeline (Polars, DuckDB) is loaded only when the comma
 from __future__ import annotations
 
 import argparse
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,29 @@ def _timezone(text: str) -> Any:
     except (ZoneInfoNotFoundError, ValueError):
         raise argparse.ArgumentTypeError(f"--tz: unknown time zone {text!r} "
                                          "(e.g. UTC, Europe/Berlin)") from None
+
+
+def _until(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--until: {text!r} is not a time (expected "
+                                         "2026-01-06T00:00:00, as sacct's --endtime)") from None
+
+
+def _until_utc(args: argparse.Namespace) -> datetime | None:
+    """``--until`` in UTC (read in ``--tz`` without an offset), down to its minute; not
+    after now."""
+    if args.until is None:
+        return None
+    until: datetime = args.until
+    if until.tzinfo is None:
+        until = until.replace(tzinfo=args.tz or UTC)
+    until = until.astimezone(UTC).replace(second=0, microsecond=0)
+    if until > datetime.now(UTC):
+        raise CliError(f"--until {args.until.isoformat()}: after now (the export's "
+                       "--endtime, a time that has passed)")
+    return until
 
 
 def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
@@ -46,6 +69,7 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         mapping = load_mapping(args.mapping)
     except MappingError as exc:
         raise CliError(f"mapping: {exc}") from None
+    until = _until_utc(args)
     read, done = _progress("reading sacct", not args.quiet)
     try:
         exports = read_exports(args.file, args.nodes, args.tz or UTC, read)
@@ -59,7 +83,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     try:
         imported, rejected = import_exports(
             processor, [file_digest(f) for f in args.file],
-            lambda history: exports.events(mapping, history), update, replace=args.replace)
+            lambda history: exports.events(mapping, history), update, replace=args.replace,
+            until=until)
     finally:
         stop()
     r = imported
@@ -124,6 +149,11 @@ def register(fmt: Any, common: Any) -> None:
     q.add_argument("--tz", type=_timezone, default=None, metavar="ZONE",
                    help="time zone of times without an offset (default UTC; sacct prints "
                    "local time, so export with TZ=UTC or pass the cluster's zone)")
+    q.add_argument("--until", type=_until, default=None, metavar="TIME",
+                   help="the exports' end (sacct's --endtime, read in --tz without an "
+                   "offset, down to its minute): the facts are closed up to it, so a day's "
+                   "import holds the whole day, and the next export goes on from there "
+                   "(default: the newest event read)")
     q.add_argument("--show-bad", type=whole_count("--show-bad"), default=20, metavar="N",
                    help="print at most N bad lines (default 20)")
     common(q)

@@ -151,18 +151,20 @@ def import_exports(
     load: Callable[[History | None], SacctImport],
     on_progress: Callable[[float], None] | None = None,
     replace: bool = False,
+    until: datetime | None = None,
 ) -> tuple[SacctImport, int]:
     """Import the exports whose digests are ``sources`` (``load`` reads them, given the
     history they go on from) into ``processor``'s warehouse: going on from the history
     there (:func:`plan`), or on their own (``replace``, no history, or files of the
-    history given again). Returns what was imported and the number of events
+    history given again); the facts closed up to ``until`` (the exports' end) when
+    given, else to the newest event. Returns what was imported and the number of events
     rejected."""
     root = processor.warehouse.store.child(SACCT_STATES)
     chosen = Plan() if replace else plan(root, sources)
     if chosen.state is None:
         imported = load(None)
-        rejected = import_history(processor, imported.frames, on_progress, replace=replace,
-                                  sources=sources)
+        rejected = import_history(processor, imported.frames, on_progress, until=until,
+                                  replace=replace, sources=sources)
         times = [t for f in imported.frames.values()
                  if isinstance(t := f["time"].filter(f["time"] >= MIN_TIME).min(), datetime)]
         if times:
@@ -175,6 +177,10 @@ def import_exports(
         processor, root, chosen.state.closed, folder=SACCT_STATES,
         remedy="Import every export together, or pass --replace")
     assert closed is not None and chosen.start is not None
+    if until is not None and until < closed:
+        raise ImportRefused(
+            f"--until {until:%Y-%m-%d %H:%M} UTC is before {closed:%Y-%m-%d %H:%M} UTC, "
+            "where the warehouse's Slurm history these exports go on from ends")
     imported = load(history_of(processor, closed))
     good = {}
     rejected = 0
@@ -194,6 +200,8 @@ def import_exports(
             "alone")
     newest = max((t for f in good.values() if isinstance(t := f["time"].max(), datetime)),
                  default=None)
+    if until is not None and until > closed:
+        newest = until if newest is None else max(newest, until)
     if newest is None:  # all of it is the history's already (a quiet day, a re-run)
         imported.unchanged = True
         return imported, rejected
@@ -204,6 +212,6 @@ def import_exports(
                           sources=sorted(both))
     _record_import(processor.warehouse.store, (chosen.start, newest),
                    _events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
-    feed_in_time_order(processor, good, on_progress)  # type: ignore[arg-type]
+    feed_in_time_order(processor, good, on_progress, until)  # type: ignore[arg-type]
     _save(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start)
     return imported, rejected
