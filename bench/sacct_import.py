@@ -9,10 +9,11 @@ the next as it ended). Then imports them with ``gpuledger import slurm-sacct`` (
 nodes from an ``scontrol`` file, ``--nodes``) in a child process (wall, CPU with its
 children, peak RSS from ``os.wait4``): the one export (``whole``), the daily ones
 together (``daily``), and the daily ones one by one into one warehouse, each going on
-from the history the one before left (``each``: the daily cron; each import's figures,
-the first and the last), and checks that every warehouse holds the same facts (row
-counts and sums of the views in ``CHECKS``). With ``--tree LABEL=PATH`` each import runs
-with that checkout's code, the trees one after the other for each export, side by side.
+from the history the one before left and closed to its day's end (``each``: the daily
+cron, ``--until`` midnight; each import's figures), and checks that every warehouse
+holds the same facts (row counts and sums of the views in ``CHECKS``). With ``--tree
+LABEL=PATH`` each import runs with that checkout's code, the trees one after the other
+for each export, side by side.
 Usage:
 
     python bench/sacct_import.py [--gpus 1024] [--days 7]
@@ -147,12 +148,14 @@ def write_nodes(gpus: int, folder: Path) -> Path:
     return path
 
 
-def run_import(files: list[Path], wh: Path, nodes: Path, tree: Path | None = None
-               ) -> dict[str, Any]:
-    """``gpuledger import slurm-sacct FILES`` in a child (the code of ``tree`` when given):
-    wall, CPU (with its children), peak RSS, and its summary line."""
+def run_import(files: list[Path], wh: Path, nodes: Path, tree: Path | None = None,
+               until: datetime | None = None) -> dict[str, Any]:
+    """``gpuledger import slurm-sacct FILES`` in a child (the code of ``tree`` when given;
+    ``--until`` when given): wall, CPU (with its children), peak RSS, and its summary
+    line."""
     run = run_cli(["import", "slurm-sacct", *map(str, files), "--warehouse", str(wh),
-                   "--nodes", str(nodes), "--quiet"], tree)
+                   "--nodes", str(nodes), "--quiet",
+                   *(["--until", until.isoformat()] if until else [])], tree)
     if run.exit:
         sys.exit(f"sacct_import: the import failed: {run.stderr[-2000:]}")
     return {"wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
@@ -206,7 +209,10 @@ def main() -> None:
             for label, tree in trees:
                 key = name if tree is None else f"{name} ({label})"
                 if name == "each":   # one import a day, each going on from the last
-                    runs = [run_import([f], folder / key, nodes, tree) for f in files]
+                    # as a cron would: each day's facts closed to its midnight
+                    runs = [run_import([f], folder / key, nodes, tree,
+                                       T0 + timedelta(days=d + 1))
+                            for d, f in enumerate(files)]
                     run = {"imports": len(runs),
                            "wall_s": round(sum(r["wall_s"] for r in runs), 2),
                            "cpu_s": round(sum(r["cpu_s"] for r in runs), 2),

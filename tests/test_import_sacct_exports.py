@@ -252,6 +252,19 @@ def _same_but_waiting_cards(root: Path, expected: dict[str, pl.DataFrame],
     assert set(differ["team"]) == teams, differ
 
 
+def _whole_with_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                      *more: str) -> tuple[tuple[str, ...], dict[str, pl.DataFrame]]:
+    """The options that give the nodes (``NODES``, and ``more``), and the views of the one
+    export imported with them."""
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES)
+    extra = ("--nodes", str(nodes), *more)
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    return extra, views(tmp_path / "whole")
+
+
 def _daily(tmp_path: Path, cuts: list[str]) -> list[Path]:
     """The exports of the windows between ``cuts`` (open at both ends), as sacct prints
     each: a job over before the window's start is not in it."""
@@ -283,13 +296,7 @@ def test_todays_export_alone_goes_on_from_the_history(
     line's typed ``AllocTRES``). The jobs and GPUs waiting per minute are the same."""
     files = _daily(tmp_path, ["2026-01-05T10:12:00", "2026-01-05T10:35:00"])
     assert "|RUNNING|" in files[0].read_text() and "|RUNNING|" in files[1].read_text()
-    nodes = tmp_path / "nodes.txt"
-    nodes.write_text(NODES)
-    extra = ("--nodes", str(nodes))
-    whole = tmp_path / "whole.txt"
-    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
-    _import(tmp_path / "whole", capsys, whole, extra=extra)
-    expected = views(tmp_path / "whole")
+    extra, expected = _whole_with_nodes(tmp_path, capsys)
     assert expected["gpu_minute"].filter(pl.col("alloc_fraction") > 1).is_empty()
     wh = tmp_path / "wh"
     out = _import(wh, capsys, files[0], extra=extra)
@@ -380,21 +387,16 @@ def test_an_export_overlapping_the_history_goes_on_from_it(
     overlapping = tmp_path / "from-10-20.txt"
     overlapping.write_text(HEADER + "\n" + "\n".join(
         line for line in ROWS if _after(line, "2026-01-05T10:20:00")) + "\n")
-    nodes = tmp_path / "nodes.txt"
-    nodes.write_text(NODES)
     config = tmp_path / "config.yaml"
     config.write_text("windows:\n  ended_job_memory_s: 60\n  handover_retention_s: 60\n")
-    extra = ("--nodes", str(nodes), "--config", str(config))
-    whole = tmp_path / "whole.txt"
-    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
-    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    extra, expected = _whole_with_nodes(tmp_path, capsys, "--config", str(config))
     wh = tmp_path / "wh"
     _import(wh, capsys, files[0], extra=extra)
     out = _import(wh, capsys, overlapping, extra=extra)
     # 102 (preempted 10:31:10, not requeued): over before 10:32, forgotten at 10:34
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
     assert "1 job(s) over before then that it no longer remembers" in out, out
-    _same_but_waiting_cards(wh, views(tmp_path / "whole"), {"nlp"})   # 107
+    _same_but_waiting_cards(wh, expected, {"nlp"})   # 107
 
 
 def test_a_quiet_day_changes_nothing_and_the_next_goes_on(
@@ -404,12 +406,7 @@ def test_a_quiet_day_changes_nothing_and_the_next_goes_on(
     a quiet day); the next export goes on from the history as before."""
     files = _daily(tmp_path, ["2026-01-05T10:35:00", "2026-01-05T10:36:00"])
     assert "|RUNNING|" in files[1].read_text()
-    nodes = tmp_path / "nodes.txt"
-    nodes.write_text(NODES)
-    extra = ("--nodes", str(nodes))
-    whole = tmp_path / "whole.txt"
-    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
-    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    extra, expected = _whole_with_nodes(tmp_path, capsys)
     wh = tmp_path / "wh"
     _import(wh, capsys, files[0], extra=extra)
     held = views(wh)
@@ -419,7 +416,7 @@ def test_a_quiet_day_changes_nothing_and_the_next_goes_on(
     _same(wh, held)
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:34 UTC" in out, out
-    _same_but_waiting_cards(wh, views(tmp_path / "whole"), {"nlp"})   # 107
+    _same_but_waiting_cards(wh, expected, {"nlp"})   # 107
 
 
 def test_until_closes_a_days_facts_to_the_exports_end(
@@ -429,13 +426,7 @@ def test_until_closes_a_days_facts_to_the_exports_end(
     export's too, and the next export goes on from there; the end result is the one
     export's facts. A time after now, or before where the history ends, is refused."""
     files = _daily(tmp_path, ["2026-01-05T10:35:00", "2026-01-05T10:36:00"])
-    nodes = tmp_path / "nodes.txt"
-    nodes.write_text(NODES)
-    extra = ("--nodes", str(nodes))
-    whole = tmp_path / "whole.txt"
-    whole.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
-    _import(tmp_path / "whole", capsys, whole, extra=extra)
-    expected = views(tmp_path / "whole")
+    extra, expected = _whole_with_nodes(tmp_path, capsys)
     wh = tmp_path / "wh"
     _import(wh, capsys, files[0], extra=(*extra, "--until", "2026-01-05T10:35:00"))
     last = views(wh, ["gpu_minute"])["gpu_minute"]["minute"].max()
