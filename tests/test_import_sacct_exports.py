@@ -79,7 +79,7 @@ def _same(root: Path, expected: dict[str, object]) -> None:
         assert_frame_equal(got[name], expected[name])  # type: ignore[arg-type]
 
 
-def _import(root: Path, capsys: pytest.CaptureFixture[str], *files: Path,
+def _import(root: Path | str, capsys: pytest.CaptureFixture[str], *files: Path,
             extra: tuple[str, ...] = ()) -> str:
     assert main(["import", "slurm-sacct", *map(str, files), "--warehouse", str(root),
                  "--quiet", *extra]) == 0
@@ -231,7 +231,7 @@ NODES = "".join(f"NodeName=gpu-{i} Gres=gpu:h100:8 State=IDLE Partitions=gpu\n"
                 for i in range(1, 7))
 
 
-def _same_but_waiting_cards(root: Path, expected: dict[str, pl.DataFrame],
+def _same_but_waiting_cards(root: Path | str, expected: dict[str, pl.DataFrame],
                             teams: set[str]) -> None:
     """Every view equal but ``pending_minute``, whose waiting jobs and GPUs per minute
     are equal and whose card types differ only for the jobs of ``teams`` pending at a
@@ -443,3 +443,17 @@ def test_until_closes_a_days_facts_to_the_exports_end(
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:36 UTC" in out, out
     _same_but_waiting_cards(wh, expected, {"nlp"})   # 107
+
+
+def test_the_daily_chain_on_a_bucket(s3_env: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The warehouse in an S3 bucket (a real S3 server): the states are kept there, and
+    three exports imported one by one give the one export's facts, as in a folder."""
+    files = _daily(tmp_path, ["2026-01-05T10:12:00", "2026-01-05T10:35:00"])
+    extra, expected = _whole_with_nodes(tmp_path, capsys)
+    url = s3_env + "/wh"
+    outs = [_import(url, capsys, f, extra=extra) for f in files]
+    assert "went on from" not in outs[0]
+    assert "which ended at 2026-01-05 10:10 UTC" in outs[1], outs[1]
+    assert "which ended at 2026-01-05 10:34 UTC" in outs[2], outs[2]
+    _same_but_waiting_cards(url, expected, {"platform", "nlp"})
