@@ -440,6 +440,13 @@ def test_until_closes_a_days_facts_to_the_exports_end(
     assert main(["import", "slurm-sacct", str(files[2]), "--warehouse", str(wh), "--quiet",
                  *extra, "--until", "2999-01-01T00:00:00"]) == 2
     assert "after now" in capsys.readouterr().err
+    # an --until before the export's end: its later events wait in the job book
+    early = tmp_path / "early"
+    out = _import(early, capsys, files[0], extra=(*extra, "--until", "2026-01-05T10:20:00"))
+    assert "event(s) at or after --until 2026-01-05 10:20 UTC: taken into the job" in out
+    for f, until in ((files[1], "2026-01-05T10:36:00"), (files[2], None)):
+        _import(early, capsys, f, extra=(*extra, *(["--until", until] if until else [])))
+    _same_but_waiting_cards(early, expected, {"nlp"})   # 107
     out = _import(wh, capsys, files[2], extra=extra)
     assert "which ended at 2026-01-05 10:36 UTC" in out, out
     _same_but_waiting_cards(wh, expected, {"nlp"})   # 107
