@@ -10,8 +10,9 @@ history, view by view.
 
 from __future__ import annotations
 
+import random
 import tempfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 
@@ -305,12 +306,12 @@ def test_todays_export_alone_goes_on_from_the_history(
     assert ("went on from the Slurm history in " in out
             and "which ended at 2026-01-05 10:10 UTC" in out), out
     out = _import(wh, capsys, files[2], extra=extra)
-    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    assert "which ended at 2026-01-05 10:33 UTC" in out, out
     # 103 (pending 10:05-10:15 across the 10:12 cut) and 107 (10:09-10:41, both cuts)
     _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
     # the last export again (the cron run twice): it goes on from the same point again
     out = _import(wh, capsys, files[2], extra=extra)
-    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    assert "which ended at 2026-01-05 10:33 UTC" in out, out
     _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
     # the middle export alone again would drop the last one's facts: refused
     assert main(["import", "slurm-sacct", str(files[1]), "--warehouse", str(wh),
@@ -380,21 +381,21 @@ def test_an_export_overlapping_the_history_goes_on_from_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A cron that exports from further back than the last cut (for safety): the jobs the
     history holds are taken from it, those over before its end that its book no longer
-    remembers (here a minute after the history it keeps, ``windows.ended_job_memory_s``
-    past ``handover_retention_s``) are counted and left out, and the facts are those of
-    the one export."""
+    remembers (here a minute before the history's end: ``windows.ended_job_memory_s``
+    past ``handover_retention_s``, 30 s each) are counted and left out, and the facts
+    are those of the one export."""
     files = _daily(tmp_path, ["2026-01-05T10:35:00"])
     overlapping = tmp_path / "from-10-20.txt"
     overlapping.write_text(HEADER + "\n" + "\n".join(
         line for line in ROWS if _after(line, "2026-01-05T10:20:00")) + "\n")
     config = tmp_path / "config.yaml"
-    config.write_text("windows:\n  ended_job_memory_s: 60\n  handover_retention_s: 60\n")
+    config.write_text("windows:\n  ended_job_memory_s: 30\n  handover_retention_s: 30\n")
     extra, expected = _whole_with_nodes(tmp_path, capsys, "--config", str(config))
     wh = tmp_path / "wh"
     _import(wh, capsys, files[0], extra=extra)
     out = _import(wh, capsys, overlapping, extra=extra)
-    # 102 (preempted 10:31:10, not requeued): over before 10:32, forgotten at 10:34
-    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    # 102 (preempted 10:31:10, not requeued): over before 10:32, forgotten at 10:33
+    assert "which ended at 2026-01-05 10:33 UTC" in out, out
     assert "1 job(s) over before then that it no longer remembers" in out, out
     _same_but_waiting_cards(wh, expected, {"nlp"})   # 107
 
@@ -411,18 +412,18 @@ def test_a_quiet_day_changes_nothing_and_the_next_goes_on(
     _import(wh, capsys, files[0], extra=extra)
     held = views(wh)
     out = _import(wh, capsys, files[1], extra=extra)
-    assert ("did not hold already: it is unchanged (its facts reach 2026-01-05 10:34 UTC"
-            in out), out
+    assert ("did not hold already: it is unchanged (the next export goes on from "
+            "2026-01-05 10:33 UTC)" in out), out
     _same(wh, held)
     out = _import(wh, capsys, files[2], extra=extra)
-    assert "which ended at 2026-01-05 10:34 UTC" in out, out
+    assert "which ended at 2026-01-05 10:33 UTC" in out, out
     _same_but_waiting_cards(wh, expected, {"nlp"})   # 107
 
 
 def test_until_closes_a_days_facts_to_the_exports_end(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--until`` (the exports' ``--endtime``): each import's facts reach it, not only
-    its newest event (10:33:20 in the first export: the facts stopped at 10:34), a quiet
+    its newest event (10:33:20 in the first export: the history ended at 10:33), a quiet
     export's too, and the next export goes on from there; the end result is the one
     export's facts. A time after now, or before where the history ends, is refused."""
     files = _daily(tmp_path, ["2026-01-05T10:35:00", "2026-01-05T10:36:00"])
@@ -462,5 +463,96 @@ def test_the_daily_chain_on_a_bucket(s3_env: str, tmp_path: Path,
     outs = [_import(url, capsys, f, extra=extra) for f in files]
     assert "went on from" not in outs[0]
     assert "which ended at 2026-01-05 10:10 UTC" in outs[1], outs[1]
-    assert "which ended at 2026-01-05 10:34 UTC" in outs[2], outs[2]
+    assert "which ended at 2026-01-05 10:33 UTC" in outs[2], outs[2]
     _same_but_waiting_cards(url, expected, {"platform", "nlp"})
+
+
+def _random_history(seed: int) -> list[dict[str, object]]:
+    """Six hours of a 64-GPU cluster (8 nodes of 8): jobs of 1-8 GPUs on the node whose
+    GPUs free up first, some requeued once, some still running or pending at the end;
+    times to the second, so that cuts fall inside minutes."""
+    rng = random.Random(seed)
+    t0 = datetime(2026, 1, 5, 8, tzinfo=UTC)
+    free = [[0.0] * 8 for _ in range(8)]
+    out: list[dict[str, object]] = []
+    t = 0.0
+    for job in range(100, 100 + 60):
+        t += rng.expovariate(1 / 300)
+        size = rng.choice([1, 1, 2, 4, 8])
+        node = min(range(8), key=lambda n: sorted(free[n])[size - 1])
+        start = max(t, sorted(free[node])[size - 1])
+        run = rng.uniform(120, 5400)
+        requeue = rng.random() < 0.15
+        attempts = [(t, start, start + (run / 3 if requeue else run),
+                     "REQUEUED" if requeue else rng.choice(["COMPLETED", "FAILED"]))]
+        if requeue:
+            again = attempts[0][2] + 20
+            attempts.append((again, again + 45, again + 45 + run, "COMPLETED"))
+        order = sorted(range(8), key=lambda i: free[node][i])
+        for i in order[:size]:
+            free[node][i] = attempts[-1][2]
+        for sub, st, en, state in attempts:
+            out.append({"job": str(job), "submit": t0 + timedelta(seconds=round(sub)),
+                        "start": t0 + timedelta(seconds=round(st)),
+                        "end": t0 + timedelta(seconds=round(en)), "state": state,
+                        "gpus": size, "node": f"gpu-{node + 1}"})
+    return out
+
+
+def _line(a: dict[str, object], cut: datetime) -> str | None:
+    """The attempt as an export ending at ``cut`` prints it (None: submitted later)."""
+    submit, start, end = a["submit"], a["start"], a["end"]
+    assert isinstance(submit, datetime) and isinstance(start, datetime)
+    assert isinstance(end, datetime)
+    if submit >= cut:
+        return None
+    state, s_text, e_text = str(a["state"]), f"{start:%Y-%m-%dT%H:%M:%S}", \
+        f"{end:%Y-%m-%dT%H:%M:%S}"
+    tres, nodes = f"gres/gpu={a['gpus']}", str(a["node"])
+    if end > cut:
+        e_text = "Unknown"
+        if start < cut:
+            state = "RUNNING"
+        else:
+            state, s_text, tres, nodes = "PENDING", "Unknown", "", "None assigned"
+    return (f"{a['job']}|{a['job']}|j|acct|u|gpu|normal|50|{submit:%Y-%m-%dT%H:%M:%S}|"
+            f"{s_text}|{e_text}|{state}|0:0|{tres}|gres/gpu={a['gpus']}|{nodes}|")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 10, 26])
+def test_random_histories_cut_anywhere_give_the_facts_of_one_export(
+        seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Random histories (requeues, jobs running and waiting at the end) cut at three
+    random seconds into exports as ``sacct --starttime/--endtime`` prints them, imported
+    one by one, each going on from the last: every view equals the one export's
+    (untyped GPUs: no card type learnt later). Seeds 10 and 26 cut a minute between a
+    job's last event in one export and its end in the next (10:27:06, and the end at
+    10:27:38): a history closed to the minute after its newest event refused that end;
+    it now ends inside the minute its newest event falls in."""
+    rng = random.Random(seed)
+    attempts = _random_history(seed)
+    t0 = datetime(2026, 1, 5, 8, tzinfo=UTC)
+    end = max(a["submit"] for a in attempts) + timedelta(minutes=1)  # type: ignore[type-var]
+    span = int((end - t0).total_seconds())  # type: ignore[operator]
+    cuts = sorted(t0 + timedelta(seconds=rng.randrange(1800, span - 60)) for _ in range(3))
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES.replace("Gres=gpu:h100:8", "Gres=gpu:8")
+                     + "NodeName=gpu-7 Gres=gpu:8 State=IDLE Partitions=gpu\n"
+                     "NodeName=gpu-8 Gres=gpu:8 State=IDLE Partitions=gpu\n")
+    extra = ("--nodes", str(nodes))
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(
+        x for a in attempts if (x := _line(a, end)) is not None) + "\n")
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    wh = tmp_path / "wh"
+    bounds = [None, *cuts, end]
+    for k, (since, until) in enumerate(pairwise(bounds)):
+        path = tmp_path / f"export-{k}.txt"
+        path.write_text(HEADER + "\n" + "\n".join(
+            x for a in attempts
+            if (since is None or a["end"] > since)  # type: ignore[operator]
+            and (x := _line(a, until)) is not None) + "\n")  # type: ignore[arg-type]
+        out = _import(wh, capsys, path, extra=extra)
+        # (an export in which nothing happened changes nothing)
+        assert (k == 0) == ("went on from" not in out and "unchanged" not in out), out
+    _same(wh, views(tmp_path / "whole"))

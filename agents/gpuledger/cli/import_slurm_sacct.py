@@ -106,9 +106,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
     if r.unchanged:
         print(f"nothing in these exports that the Slurm history in {args.warehouse}/ did "
-              f"not hold already: it is unchanged (its facts reach "
-              f"{r.went_on_from:%Y-%m-%d %H:%M} UTC; the next event closes the time "
-              "after)")
+              f"not hold already: it is unchanged (the next export goes on from "
+              f"{r.went_on_from:%Y-%m-%d %H:%M} UTC)")
     elif r.went_on_from is not None:
         print(f"went on from the Slurm history in {args.warehouse}/, which ended at "
               f"{r.went_on_from:%Y-%m-%d %H:%M} UTC: {r.events_before:,} event(s) of its "

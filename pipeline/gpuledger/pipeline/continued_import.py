@@ -134,15 +134,51 @@ def _forget_states(root: Store) -> None:
         _delete_state(root, state.folder, "a replaced")
 
 
-def _save(processor: Processor, root: Store, run: Run, sources: set[str] | frozenset[str],
-          start: datetime) -> None:
-    save_state(processor, root, STATES_KEPT, run)
-    closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
-    if closed:
-        folder = next(s.folder for s in saved_states(root) if s.closed == max(closed))
-        root.write(f"{folder}/{SOURCES_FILE}", json.dumps(
-            {"sources": sorted(sources),
-             "from": start.astimezone(UTC).isoformat()}).encode())
+class _StateSaver:
+    """Saves the state the next export goes on from, where this input's knowledge ends,
+    with the files its history holds. That is the minute its newest event falls inside,
+    before the flush closes that minute: an export cut at 10:27:06 whose newest event is
+    10:27:00 says nothing of 10:27:38, when a job of the next export ended (going on from
+    10:28 refused it). Ingest saves such a state too (``save_inside_last_minute``); here
+    it is the only one. With ``until`` (the exports' end) the state is where the flush
+    closes. ``replaces``: the input is processed on its own; the states of the history it
+    replaces go first."""
+
+    def __init__(self, processor: Processor, root: Store, run: Run,
+                 sources: set[str] | frozenset[str],
+                 start: datetime, until: datetime | None, replaces: bool) -> None:
+        self.processor, self.root, self.run = processor, root, run
+        self.sources, self.start, self.until, self.replaces = sources, start, until, replaces
+        self.saved = False
+
+    def before_flush(self) -> None:
+        processor = self.processor
+        newest, closed = processor.newest_time(), processor.closed_until
+        if self.until is not None or newest is None or closed is None:
+            return
+        minute = newest.replace(second=0, microsecond=0)
+        if minute == newest or closed > minute:
+            return  # the flush leaves the newest event's minute open: saved after it
+        if closed < minute:
+            processor.close_until(minute)
+        self._save()
+
+    def after_flush(self) -> None:
+        if not self.saved:
+            self._save()
+
+    def _save(self) -> None:
+        if self.replaces:
+            _forget_states(self.root)
+        save_state(self.processor, self.root, STATES_KEPT, self.run)
+        p = self.processor
+        closed = [p.part_closed[k] for k in p.held if k in p.part_closed]
+        if closed:
+            folder = next(s.folder for s in saved_states(self.root) if s.closed == max(closed))
+            self.root.write(f"{folder}/{SOURCES_FILE}", json.dumps(
+                {"sources": sorted(self.sources),
+                 "from": self.start.astimezone(UTC).isoformat()}).encode())
+        self.saved = True
 
 
 def import_exports(
@@ -163,15 +199,17 @@ def import_exports(
     chosen = Plan() if replace else plan(root, sources)
     if chosen.state is None:
         imported = load(None)
-        rejected = import_history(processor, imported.frames, on_progress, until=until,
-                                  replace=replace, sources=sources)
         times = [t for f in imported.frames.values()
                  if isinstance(t := f["time"].filter(f["time"] >= MIN_TIME).min(), datetime)]
-        if times:
-            _forget_states(root)  # they went on from a history this one replaces
-            first = min(times)
-            _save(processor, root, Run(uuid.uuid4().hex, first), set(sources),
-                  _floor_hour(first))
+        first = min(times, default=None)
+        saver = None if first is None else _StateSaver(
+            processor, root, Run(uuid.uuid4().hex, first), set(sources), _floor_hour(first),
+            until, replaces=True)
+        rejected = import_history(processor, imported.frames, on_progress, until=until,
+                                  replace=replace, sources=sources,
+                                  before_flush=saver.before_flush if saver else None)
+        if saver is not None:
+            saver.after_flush()
         return imported, rejected
     closed = continue_previous(
         processor, root, chosen.state.closed, folder=SACCT_STATES,
@@ -212,6 +250,9 @@ def import_exports(
                           sources=sorted(both))
     _record_import(processor.warehouse.store, (chosen.start, newest),
                    _events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
-    feed_in_time_order(processor, good, on_progress, until)  # type: ignore[arg-type]
-    _save(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start)
+    saver = _StateSaver(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start,
+                        until, replaces=False)
+    feed_in_time_order(processor, good, on_progress, until,  # type: ignore[arg-type]
+                       saver.before_flush)
+    saver.after_flush()
     return imported, rejected

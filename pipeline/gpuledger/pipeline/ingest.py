@@ -464,10 +464,12 @@ def import_history(
     until: datetime | None = None,
     replace: bool = False,
     sources: Sequence[str] = (),
+    before_flush: Callable[[], None] | None = None,
 ) -> int:
     """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
     the rest in event-time order and flush up to ``until`` (a window's end; default the
-    newest event). The number of rejected records.
+    newest event; ``before_flush`` as in :func:`feed_in_time_order`). The number of
+    rejected records.
 
     An import is processed on its own: the facts of the hours it covers become its own.
     Where the warehouse already holds facts in those hours that an import of the same
@@ -489,7 +491,7 @@ def import_history(
             _refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
         # recorded before it writes: a run killed part way is run again without --replace
         _record_import(processor.warehouse.store, span, digest, sources)
-    feed_in_time_order(processor, good, on_progress, until)
+    feed_in_time_order(processor, good, on_progress, until, before_flush)
     return rejected
 
 
