@@ -4,9 +4,10 @@ from where the warehouse's history ends.
 Sites export ``sacct`` by day (a cron). Importing every export again each day costs the
 whole history each day; importing today's alone was refused, since its jobs running at
 the cut reach back into hours the earlier imports wrote. So each ``import slurm-sacct``
-saves the engine's state where its input ended (``SACCT_STATES``, one folder per closed
-point, as ``gpuledger ingest`` keeps its states), with the digests of every file the
-history up to there was read from (``SOURCES_FILE``). An import of files none of which
+saves the engine's state where its input's knowledge ends (:class:`_StateSaver`;
+``SACCT_STATES``, one folder per closed point, as ``gpuledger ingest`` keeps its
+states), with the digests of every file the history up to there was read from
+(``SOURCES_FILE``). An import of files none of which
 that history holds goes on from the state: the job book, the GPUs each running attempt
 holds and the inventory come from it, the export's events before its point are the
 history's (``importers/slurm_sacct.py``, ``_after_history``), and the facts from there on
@@ -52,7 +53,7 @@ from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.validate import MIN_TIME, validate
 
 SACCT_STATES = "state/import-slurm-sacct"
-"""Where ``import slurm-sacct`` keeps the engine's state at the end of each import."""
+"""Where ``import slurm-sacct`` keeps the engine's state after each import."""
 STATES_KEPT = 3
 """The states of this many imports are kept: the newest (today's export goes on from
 it), and those before it, for an export imported again (the cron run twice) and one
