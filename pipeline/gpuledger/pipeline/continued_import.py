@@ -36,14 +36,14 @@ from gpuledger.pipeline.ingest import (
     ImportRefused,
     Run,
     SavedState,
-    _delete_state,
-    _events_digest,
-    _floor_hour,
-    _record_import,
-    _refuse_replacing,
     continue_previous,
+    delete_state,
+    events_digest,
     feed_in_time_order,
+    floor_hour,
     import_history,
+    record_import,
+    refuse_replacing,
     save_state,
     saved_states,
 )
@@ -132,7 +132,7 @@ def history_of(processor: Processor, closed: datetime) -> History:
 
 def _forget_states(root: Store) -> None:
     for state in saved_states(root):
-        _delete_state(root, state.folder, "a replaced")
+        delete_state(root, state.folder, "a replaced")
 
 
 class _StateSaver:
@@ -204,7 +204,7 @@ def import_exports(
                  if isinstance(t := f["time"].filter(f["time"] >= MIN_TIME).min(), datetime)]
         first = min(times, default=None)
         saver = None if first is None else _StateSaver(
-            processor, root, Run(uuid.uuid4().hex, first), set(sources), _floor_hour(first),
+            processor, root, Run(uuid.uuid4().hex, first), set(sources), floor_hour(first),
             until, replaces=True)
         rejected = import_history(processor, imported.frames, on_progress, until=until,
                                   replace=replace, sources=sources,
@@ -245,12 +245,12 @@ def import_exports(
         imported.unchanged = True
         return imported, rejected
     both = chosen.sources | set(sources)
-    after = _floor_hour(closed) + timedelta(hours=1)  # the hour of ``closed`` is its own
+    after = floor_hour(closed) + timedelta(hours=1)  # the hour of ``closed`` is its own
     if not replace and newest > after:
-        _refuse_replacing(processor.warehouse.store, (after, newest), None,
+        refuse_replacing(processor.warehouse.store, (after, newest), None,
                           sources=sorted(both))
-    _record_import(processor.warehouse.store, (chosen.start, newest),
-                   _events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
+    record_import(processor.warehouse.store, (chosen.start, newest),
+                   events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
     saver = _StateSaver(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start,
                         until, replaces=False)
     feed_in_time_order(processor, good, on_progress, until,  # type: ignore[arg-type]

@@ -347,11 +347,11 @@ def _forget_later(root: Store, after: datetime) -> bool:
     there makes them stale (they went on from a history without it). True if any was."""
     later = [s for s in saved_states(root) if s.closed > after]
     for s in later:
-        _delete_state(root, s.folder, "a stale")
+        delete_state(root, s.folder, "a stale")
     return bool(later)
 
 
-def _delete_state(root: Store, folder: str, which: str) -> None:
+def delete_state(root: Store, folder: str, which: str) -> None:
     """Delete a saved state's files, then its folder (a warning if they stay)."""
     try:
         for entry in root.list(folder):
@@ -391,7 +391,7 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run) ->
     # before it is refused, naming that piece
     for pair in pairs[INSIDE_KEPT:]:
         for inside in pair[1:]:
-            _delete_state(root, inside.folder, "an old")
+            delete_state(root, inside.folder, "an old")
     pairs = [*pairs[:INSIDE_KEPT], *[pair[:1] for pair in pairs[INSIDE_KEPT:]]]
     if len(pairs) <= keep:
         return
@@ -406,7 +406,7 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run) ->
     for pair in pairs:
         if pair[0].folder not in kept:
             for state in pair:
-                _delete_state(root, state.folder, "an old")
+                delete_state(root, state.folder, "an old")
 
 
 def _pairs(states: list[SavedState]) -> list[tuple[SavedState, ...]]:
@@ -485,12 +485,12 @@ def import_history(
         rejected += bad.height
         good[kind] = ok  # type: ignore[index]
     span = _import_span(processor, good, until)
-    digest = _events_digest(good, processor.started, until)
+    digest = events_digest(good, processor.started, until)
     if span is not None:
         if not replace:
-            _refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
+            refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
         # recorded before it writes: a run killed part way is run again without --replace
-        _record_import(processor.warehouse.store, span, digest, sources)
+        record_import(processor.warehouse.store, span, digest, sources)
     feed_in_time_order(processor, good, on_progress, until, before_flush)
     return rejected
 
@@ -512,10 +512,10 @@ def _import_span(processor: Processor, frames: dict[RecordType, pl.DataFrame],
     if events is None:
         return None
     start = processor.started if processor.started is not None else events[0]
-    return _floor_hour(start), until if until is not None else events[1]
+    return floor_hour(start), until if until is not None else events[1]
 
 
-def _floor_hour(t: datetime) -> datetime:
+def floor_hour(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
 
 
@@ -533,7 +533,7 @@ class _Sha256Sink:
         pass
 
 
-def _events_digest(frames: dict[RecordType, pl.DataFrame], start: datetime | None,
+def events_digest(frames: dict[RecordType, pl.DataFrame], start: datetime | None,
                    until: datetime | None) -> str:
     """What names an import's input: its validated events (Arrow IPC bytes, hashed as
     they are written, not held) and window."""
@@ -594,7 +594,7 @@ def _written_by_part_of(entries: list[dict[str, Any]], hours: list[datetime],
     return bool(ours) and all(any(a <= h <= b for a, b in spans) for h in hours)
 
 
-def _refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str | None,
+def refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str | None,
                       writer: str = "an import of these events did not write (an ingest, "
                       "the Kafka service, another file)", doing: str = "importing",
                       option: str = "--replace", sources: Sequence[str] = ()) -> None:
@@ -614,7 +614,7 @@ def _refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str
         f"covering the whole history, or pass {option} to replace them")
 
 
-def _record_import(store: Store, span: tuple[datetime, datetime], digest: str,
+def record_import(store: Store, span: tuple[datetime, datetime], digest: str,
                    sources: Sequence[str] = ()) -> None:
     """Record an import over ``span``, in place of those it writes over."""
     entries = _outside(_imports(store), span)
@@ -779,14 +779,14 @@ def ingest(
     never_ingested = read_origin(states) is None
     if continued is None and not afresh and never_ingested:
         # nothing was ingested here before: facts in these hours came from elsewhere
-        _refuse_replacing(processor.warehouse.store, (_floor_hour(first), newest), None,
+        refuse_replacing(processor.warehouse.store, (floor_hour(first), newest), None,
                           "no ingest wrote (an import, the Kafka service, the demo)",
                           "ingesting", "--afresh")
     if never_ingested:
         # said before anything is written: a run killed part way is run again as it was
         _keep_origin(states, first, None)
     # the facts of imports in these hours become this ingest's
-    _forget_imports(processor.warehouse.store, (_floor_hour(first), newest))
+    _forget_imports(processor.warehouse.store, (floor_hour(first), newest))
     processor.add_rejects(all_rejects)
     for kind, frame in frames.items():
         processor.counters.records_in[kind] += frame.height
