@@ -246,11 +246,11 @@ def import_exports(
         return imported, rejected
     both = chosen.sources | set(sources)
     after = floor_hour(closed) + timedelta(hours=1)  # the hour of ``closed`` is its own
-    if not replace and newest > after:
+    if newest > after:
         refuse_replacing(processor.warehouse.store, (after, newest), None,
-                          sources=sorted(both))
+                         sources=sorted(both))
     record_import(processor.warehouse.store, (chosen.start, newest),
-                   events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
+                  events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
     saver = _StateSaver(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start,
                         until, replaces=False)
     feed_in_time_order(processor, good, on_progress, until,  # type: ignore[arg-type]

@@ -534,7 +534,7 @@ class _Sha256Sink:
 
 
 def events_digest(frames: dict[RecordType, pl.DataFrame], start: datetime | None,
-                   until: datetime | None) -> str:
+                  until: datetime | None) -> str:
     """What names an import's input: its validated events (Arrow IPC bytes, hashed as
     they are written, not held) and window."""
     digest = hashlib.sha256(f"{start} {until}".encode())
@@ -595,9 +595,9 @@ def _written_by_part_of(entries: list[dict[str, Any]], hours: list[datetime],
 
 
 def refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str | None,
-                      writer: str = "an import of these events did not write (an ingest, "
-                      "the Kafka service, another file)", doing: str = "importing",
-                      option: str = "--replace", sources: Sequence[str] = ()) -> None:
+                     writer: str = "an import of these events did not write (an ingest, "
+                     "the Kafka service, another file)", doing: str = "importing",
+                     option: str = "--replace", sources: Sequence[str] = ()) -> None:
     """Refuse a run on its own over ``span`` where the warehouse holds facts that
     ``writer`` describes (none, an import of the events of ``digest``, or imports of some
     of the files of ``sources`` alone, wrote)."""
@@ -615,7 +615,7 @@ def refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str 
 
 
 def record_import(store: Store, span: tuple[datetime, datetime], digest: str,
-                   sources: Sequence[str] = ()) -> None:
+                  sources: Sequence[str] = ()) -> None:
     """Record an import over ``span``, in place of those it writes over."""
     entries = _outside(_imports(store), span)
     entries.append({"digest": digest, "from": span[0].astimezone(UTC).isoformat(),
@@ -780,8 +780,8 @@ def ingest(
     if continued is None and not afresh and never_ingested:
         # nothing was ingested here before: facts in these hours came from elsewhere
         refuse_replacing(processor.warehouse.store, (floor_hour(first), newest), None,
-                          "no ingest wrote (an import, the Kafka service, the demo)",
-                          "ingesting", "--afresh")
+                         "no ingest wrote (an import, the Kafka service, the demo)",
+                         "ingesting", "--afresh")
     if never_ingested:
         # said before anything is written: a run killed part way is run again as it was
         _keep_origin(states, first, None)
