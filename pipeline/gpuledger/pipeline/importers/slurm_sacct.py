@@ -65,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -370,7 +371,7 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
             if hostlist not in _NO_NODES and not HOSTLIST.fullmatch(hostlist):
                 raise _BadLine(f"NodeList {hostlist[:80]!r} is not a host list "
                                "(e.g. gpu-[1-3,5],login1)")
-            nodes = expand_hostlist(hostlist or None)
+            nodes = [sys.intern(n) for n in expand_hostlist(hostlist or None)]
             indices = _gres_idx(row.get("GresIDX", ""), nodes)
             per_node = -(-gpus // max(len(nodes), 1))
             if indices is None and nodes and per_node > MAX_GPUS_PER_NODE:
@@ -378,9 +379,12 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                                f"{per_node:,} on a node, more than a node can have "
                                f"({MAX_GPUS_PER_NODE:,})")
             line = _Line(
-                row={k: row[k] for k in KEPT if k in row},
+                # the same few accounts, users, partitions, states over and over: one
+                # string object each (a history's lines are all held at once)
+                row={k: sys.intern(row[k]) for k in KEPT if k in row},
                 job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
-                state=row["State"].split()[0].upper() if row["State"].strip() else "",
+                state=sys.intern(row["State"].split()[0].upper()) if row["State"].strip()
+                else "",
                 submit=submit, start=_time(row["Start"], tz, where, "Start"),
                 end=_time(row["End"], tz, where, "End"), gpus=gpus, gpu_type=gpu_type,
                 nodes=nodes, indices=indices)
@@ -466,9 +470,13 @@ def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
     # events without allocations yet: (time, order, job, event, fields)
     events: list[tuple[datetime, int, str, str, dict[str, Any]]] = []
     runs: list[tuple[datetime, datetime | None, str, _Line]] = []  # attempts that ran
+    # jobs with the same attributes (team, user, queue, size, ...) share one dict: a
+    # dict per job took 110 MB for 14 days of a 10,240-GPU cluster (never changed after)
+    shared: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
     for job_id, attempts in by_job.items():
         attempts.sort(key=lambda a: a.submit)
         attrs = job_attributes(mapping, _slurm_job(attempts))
+        attrs = shared.setdefault(tuple(attrs.items()), attrs)
         job_events = [(attempts[0].submit, 0, job_id, "submitted", attrs)]
         job_runs = []
         for k, a in enumerate(attempts):
