@@ -455,8 +455,10 @@ class Exports:
     def events(self, mapping: Mapping | None = None, history: History | None = None
                ) -> SacctImport:
         """The inventory and job event frames (going on from ``history`` when given;
-        once: the lines and counts are the result's)."""
-        return _events(self.lines, self.result, mapping or Mapping(), self.nodes, history)
+        once: the lines are let go, so that they are not held while the events are
+        processed, and the counts are the result's)."""
+        lines, self.lines = self.lines, []
+        return _events(lines, self.result, mapping or Mapping(), self.nodes, history)
 
 
 def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
