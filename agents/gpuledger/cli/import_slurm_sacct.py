@@ -115,12 +115,10 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
               + (f" ({r.jobs_before:,} job(s) over before then that it no longer "
                  "remembers, taken as its own: exports that overlap)"
                  if r.jobs_before else ""))
-    if until is not None:
-        after = sum(f.filter(f["time"] >= until).height for f in r.frames.values()
-                    if not f.is_empty())
-        if after:
-            print(f"{after:,} event(s) at or after --until {until:%Y-%m-%d %H:%M} UTC: "
-                  "taken into the job book, their minutes closed by the next import")
+    if r.events_after_until and until is not None:
+        print(f"{r.events_after_until:,} event(s) at or after --until "
+              f"{until:%Y-%m-%d %H:%M} UTC: taken into the job book, their minutes closed "
+              "by the next import")
     for where, reason in r.bad_lines[:args.show_bad]:
         print(f"{where}: {reason}")
     if len(r.bad_lines) > args.show_bad:

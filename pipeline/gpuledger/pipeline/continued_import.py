@@ -182,6 +182,13 @@ class _StateSaver:
         self.saved = True
 
 
+def _count_after(imported: SacctImport, until: datetime | None) -> None:
+    if until is not None:
+        imported.events_after_until = sum(
+            f.filter(f["time"] >= until).height for f in imported.frames.values()
+            if not f.is_empty())
+
+
 def import_exports(
     processor: Processor,
     sources: Sequence[str],
@@ -206,9 +213,11 @@ def import_exports(
         saver = None if first is None else _StateSaver(
             processor, root, Run(uuid.uuid4().hex, first), set(sources), floor_hour(first),
             until, replaces=True)
+        _count_after(imported, until)
         rejected = import_history(processor, imported.frames, on_progress, until=until,
                                   replace=replace, sources=sources,
-                                  before_flush=saver.before_flush if saver else None)
+                                  before_flush=saver.before_flush if saver else None,
+                                  let_go=True)
         if saver is not None:
             saver.after_flush()
         return imported, rejected
@@ -221,6 +230,7 @@ def import_exports(
             f"--until {until:%Y-%m-%d %H:%M} UTC is before {closed:%Y-%m-%d %H:%M} UTC, "
             "where the warehouse's Slurm history these exports go on from ends")
     imported = load(history_of(processor, closed))
+    _count_after(imported, until)
     good = {}
     rejected = 0
     for kind, frame in imported.frames.items():
@@ -228,6 +238,7 @@ def import_exports(
         processor.add_rejects(bad)
         rejected += bad.height
         good[kind] = ok
+    imported.frames = {}  # validated: not held twice
     if imported.unknown_before:
         named = ", ".join(imported.unknown_before[:5])
         raise ImportRefused(

@@ -465,10 +465,12 @@ def import_history(
     replace: bool = False,
     sources: Sequence[str] = (),
     before_flush: Callable[[], None] | None = None,
+    let_go: bool = False,
 ) -> int:
     """An importer's frames (openb, sacct, pods): validate them, keep the rejects, feed
     the rest in event-time order and flush up to ``until`` (a window's end; default the
-    newest event; ``before_flush`` as in :func:`feed_in_time_order`). The number of
+    newest event; ``before_flush`` as in :func:`feed_in_time_order`; ``let_go``: empty
+    ``frames`` once validated, so that a long history is not held twice). The number of
     rejected records.
 
     An import is processed on its own: the facts of the hours it covers become its own.
@@ -484,6 +486,8 @@ def import_history(
         processor.add_rejects(bad)
         rejected += bad.height
         good[kind] = ok  # type: ignore[index]
+    if let_go:
+        frames.clear()
     span = _import_span(processor, good, until)
     digest = events_digest(good, processor.started, until)
     if span is not None:
@@ -649,8 +653,9 @@ def feed_in_time_order(
     """Feed validated frames to ``processor`` in event-time slices, then flush (every
     minute before ``until`` when given, else up to the newest event); ``before_flush``
     runs once every slice is in, before the flush."""
-    ordered = {k: f.sort("time", maintain_order=True) for k, f in frames.items()
-               if not f.is_empty()}
+    # (an importer's frames come in time order: no sorted copy of a whole history)
+    ordered = {k: f if f["time"].is_sorted() else f.sort("time", maintain_order=True)
+               for k, f in frames.items() if not f.is_empty()}
     if not ordered:
         if before_flush is not None:
             before_flush()

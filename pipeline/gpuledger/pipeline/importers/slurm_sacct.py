@@ -115,6 +115,7 @@ class SacctImport:
     """The events of an import and what was left out."""
 
     frames: dict[str, pl.DataFrame]
+    """The events (emptied once the import has validated them)."""
     files: int = 1
     lines: int = 0
     steps_skipped: int = 0
@@ -140,6 +141,9 @@ class SacctImport:
     unchanged: bool = False
     """Going on from a history: the exports held nothing it did not take already (a day
     with no job event, the same export again): nothing was written."""
+    events_after_until: int = 0
+    """Events at or after the exports' end given (``--until``): in the job book, their
+    minutes closed by the next import."""
     jobs_before: int = 0
     """Going on from a history: jobs over before where it ended that its job book does
     not remember (exports that overlap by more than it keeps ended jobs): left out."""
