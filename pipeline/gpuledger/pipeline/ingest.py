@@ -653,8 +653,10 @@ def feed_in_time_order(
     """Feed validated frames to ``processor`` in event-time slices, then flush (every
     minute before ``until`` when given, else up to the newest event); ``before_flush``
     runs once every slice is in, before the flush."""
-    # (an importer's frames come in time order: no sorted copy of a whole history)
-    ordered = {k: f if f["time"].is_sorted() else f.sort("time", maintain_order=True)
+    # (an importer's frames come in time order: not sorted again, but in one chunk, as
+    # the sort left them: sliced by day from several chunks, 14 days of a 10,240-GPU
+    # cluster took 30 % more CPU)
+    ordered = {k: f.rechunk() if f["time"].is_sorted() else f.sort("time", maintain_order=True)
                for k, f in frames.items() if not f.is_empty()}
     if not ordered:
         if before_flush is not None:
