@@ -44,6 +44,7 @@ from gpuledger.pipeline.ingest import (
     import_history,
     record_import,
     refuse_replacing,
+    save_inside_last_minute,
     save_state,
     saved_states,
 )
@@ -137,49 +138,42 @@ def _forget_states(root: Store) -> None:
 
 class _StateSaver:
     """Saves the state the next export goes on from, where this input's knowledge ends,
-    with the files its history holds. That is the minute its newest event falls inside,
-    before the flush closes that minute: an export cut at 10:27:06 whose newest event is
-    10:27:00 says nothing of 10:27:38, when a job of the next export ended (going on from
-    10:28 refused it). Ingest saves such a state too (``save_inside_last_minute``); here
-    it is the only one. With ``until`` (the exports' end) the state is where the flush
-    closes. ``replaces``: the input is processed on its own; the states of the history it
-    replaces go first."""
+    with the files its history holds. That is the start of the minute its newest event
+    falls inside, before the flush closes that minute (``save_inside_last_minute``, as
+    ingest saves it for a file cut mid-minute): an export cut at 10:27:06 whose newest
+    event is 10:27:00 says nothing of 10:27:38, when a job of the next export ended
+    (going on from 10:28 refused it). Unlike ingest, that is the only state saved. With
+    ``until`` (the exports' end), where the newest event starts its minute, or when the
+    run went on from a state closed in that minute (``continued``: not overwritten), the
+    state is saved where the flush closes. ``replaces``: the input is processed on its
+    own; the states of the history it replaces go first."""
 
     def __init__(self, processor: Processor, root: Store, run: Run,
-                 sources: set[str] | frozenset[str],
-                 start: datetime, until: datetime | None, replaces: bool) -> None:
+                 sources: set[str] | frozenset[str], start: datetime,
+                 until: datetime | None, continued: datetime | None) -> None:
         self.processor, self.root, self.run = processor, root, run
-        self.sources, self.start, self.until, self.replaces = sources, start, until, replaces
+        self.sources, self.start, self.until, self.continued = sources, start, until, continued
         self.saved = False
 
     def before_flush(self) -> None:
-        processor = self.processor
-        newest, closed = processor.newest_time(), processor.closed_until
-        if self.until is not None or newest is None or closed is None:
-            return
-        minute = newest.replace(second=0, microsecond=0)
-        if minute == newest or closed > minute:
-            return  # the flush leaves the newest event's minute open: saved after it
-        if closed < minute:
-            processor.close_until(minute)
-        self._save()
+        if self.until is None:
+            self._forget_replaced()
+            self.saved = save_inside_last_minute(self.processor, self.root, self.run,
+                                                 self.continued, keep=STATES_KEPT) is not None
 
     def after_flush(self) -> None:
         if not self.saved:
-            self._save()
+            self._forget_replaced()
+            save_state(self.processor, self.root, STATES_KEPT, self.run)
+        for state in saved_states(self.root):  # the one this run saved (if it closed any)
+            if state.run is not None and state.run.id == self.run.id:
+                self.root.write(f"{state.folder}/{SOURCES_FILE}", json.dumps(
+                    {"sources": sorted(self.sources),
+                     "from": self.start.astimezone(UTC).isoformat()}).encode())
 
-    def _save(self) -> None:
-        if self.replaces:
+    def _forget_replaced(self) -> None:
+        if self.continued is None:  # processed on its own: the history it replaces goes
             _forget_states(self.root)
-        save_state(self.processor, self.root, STATES_KEPT, self.run)
-        p = self.processor
-        closed = [p.part_closed[k] for k in p.held if k in p.part_closed]
-        if closed:
-            folder = next(s.folder for s in saved_states(self.root) if s.closed == max(closed))
-            self.root.write(f"{folder}/{SOURCES_FILE}", json.dumps(
-                {"sources": sorted(self.sources),
-                 "from": self.start.astimezone(UTC).isoformat()}).encode())
-        self.saved = True
 
 
 def _count_after(imported: SacctImport, until: datetime | None) -> None:
@@ -212,7 +206,7 @@ def import_exports(
         first = min(times, default=None)
         saver = None if first is None else _StateSaver(
             processor, root, Run(uuid.uuid4().hex, first), set(sources), floor_hour(first),
-            until, replaces=True)
+            until, continued=None)
         _count_after(imported, until)
         rejected = import_history(processor, imported.frames, on_progress, until=until,
                                   replace=replace, sources=sources,
@@ -263,7 +257,7 @@ def import_exports(
     record_import(processor.warehouse.store, (chosen.start, newest),
                   events_digest(good, closed, None), sorted(both))  # type: ignore[arg-type]
     saver = _StateSaver(processor, root, Run(uuid.uuid4().hex, closed), both, chosen.start,
-                        until, replaces=False)
+                        until, continued=closed)
     feed_in_time_order(processor, good, on_progress, until,  # type: ignore[arg-type]
                        saver.before_flush)
     saver.after_flush()

@@ -420,7 +420,8 @@ def _pairs(states: list[SavedState]) -> list[tuple[SavedState, ...]]:
 
 
 def save_inside_last_minute(processor: Processor, root: Store, run: Run,
-                            continued: datetime | None = None) -> datetime | None:
+                            continued: datetime | None = None, keep: int | None = None
+                            ) -> datetime | None:
     """An input whose newest event falls inside a minute: its flush closes that minute
     too (the facts reach the input's end). Before it does, save a state closed at the
     minute's start, holding what the minute has so far: a next piece that starts inside
@@ -439,8 +440,9 @@ def save_inside_last_minute(processor: Processor, root: Store, run: Run,
     if closed < start:
         processor.close_until(start)
     # the run's states are counted once both are saved (a re-run's first one, beside the
-    # state of its earlier run at its end, would count as a run of its own)
-    save_state(processor, root, None, run)
+    # state of its earlier run at its end, would count as a run of its own); ``keep``: a
+    # caller that saves no second state counts them here
+    save_state(processor, root, keep, run)
     return start
 
 
