@@ -121,7 +121,7 @@ def history_of(processor: Processor, closed: datetime) -> History:
         .agg(pl.all().last()).select([c for c in INVENTORY_STATE_SCHEMA.names() if c != "time"])
     return History(
         closed=closed,
-        seen={job_id: set(job.seen) for job_id, job in jobs.items()},
+        seen={job_id: job.seen for job_id, job in jobs.items()},  # read before any apply
         running={job_id: (job.started_at, [(a["node"], a["gpu_index"], a["fraction"])
                                            for a in job.allocation])
                  for job_id, job in jobs.items()

@@ -436,25 +436,26 @@ def read_exports(paths: Sequence[Path], nodes_file: Path | None = None, tz: tzin
     unreadable line, before anything is written)."""
     lines, result = read_sacct(paths, tz, on_progress)
     known: list[SlurmNode] = []
-    if nodes_file is not None:
-        try:
+    try:
+        if nodes_file is not None:
             known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
-            Placer({n.name: n.gpus for n in known if n.gpus > 0})
-        except UnicodeDecodeError:
-            raise SacctError(f"{nodes_file}: not UTF-8 text") from None
-        except ValueError as exc:  # SlurmParseError, or a node with more GPUs than any
-            raise SacctError(f"{nodes_file}: {exc}") from None
-    return Exports(lines, result, known)
+        placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
+    except UnicodeDecodeError:
+        raise SacctError(f"{nodes_file}: not UTF-8 text") from None
+    except ValueError as exc:  # SlurmParseError, or a node with more GPUs than any
+        raise SacctError(f"{nodes_file}: {exc}") from None
+    return Exports(lines, result, known, placer)
 
 
 @dataclass
 class Exports:
     """Exports read: their attempts' lines, what was left out, the ``--nodes`` file's
-    nodes."""
+    nodes and the placement of GPUs over them."""
 
     lines: list[_Line]
     result: SacctImport
     nodes: list[SlurmNode]
+    placer: Placer
 
     def events(self, mapping: Mapping | None = None, history: History | None = None
                ) -> SacctImport:
@@ -462,11 +463,13 @@ class Exports:
         once: the lines are let go, so that they are not held while the events are
         processed, and the counts are the result's)."""
         lines, self.lines = self.lines, []
-        return _events(lines, self.result, mapping or Mapping(), self.nodes, history)
+        return _events(lines, self.result, mapping or Mapping(), self.nodes, self.placer,
+                       history)
 
 
 def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
-            known: list[SlurmNode], history: History | None) -> SacctImport:
+            known: list[SlurmNode], placer: Placer, history: History | None
+            ) -> SacctImport:
     result.went_on_from = history.closed if history is not None else None
     by_job: dict[str, list[_Line]] = defaultdict(list)
     for line in lines:
@@ -499,7 +502,7 @@ def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
                                                   result)
         events += job_events
         runs += job_runs
-    return _assemble(result, events, runs, mapping, known, history)
+    return _assemble(result, events, runs, mapping, known, placer, history)
 
 
 def _after_history(history: History, job_id: str,
@@ -523,14 +526,13 @@ def _after_history(history: History, job_id: str,
             result.events_before += len(events)
             result.jobs_before += 1
             return [], []
-        kept = events
-    else:
-        kept = [e for e in events if (e[3], e[0]) not in seen and e[3] != "submitted"]
-        result.events_before += len(events) - len(kept)
+        if any(e[0] < history.closed for e in events):
+            result.unknown_before.append(job_id)
+        return events, runs
+    kept = [e for e in events if (e[3], e[0]) not in seen and e[3] != "submitted"]
+    result.events_before += len(events) - len(kept)
     if any(e[0] < history.closed for e in kept):
         result.unknown_before.append(job_id)
-    if seen is None:
-        return kept, runs
     held = history.running.get(job_id)
     kept_runs = []
     for start, end, _job, a in runs:
@@ -589,8 +591,8 @@ def _ends(job_id: str, a: _Line, following: _Line | None
 def _assemble(result: SacctImport,
               events: list[tuple[datetime, int, str, str, dict[str, Any]]],
               runs: list[tuple[datetime, datetime | None, str, _Line]], mapping: Mapping,
-              known: list[SlurmNode], history: History | None = None) -> SacctImport:
-    placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
+              known: list[SlurmNode], placer: Placer, history: History | None = None
+              ) -> SacctImport:
     allocation: dict[int, list[tuple[str, int, float]]] = {}
     held: dict[str, int] = defaultdict(int)
     peak: dict[str, int] = defaultdict(int)
