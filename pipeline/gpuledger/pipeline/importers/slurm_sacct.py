@@ -598,9 +598,9 @@ def _assemble(result: SacctImport,
     peak: dict[str, int] = defaultdict(int)
     if history is not None:
         # attempts the history holds running that no line here goes on with keep their
-        # GPUs (those with a line are placed where the history had them, at their start)
-        going_on = {job_id for start, _e, job_id, _a in runs
-                    if ("started", start) in history.seen.get(job_id, ())}
+        # GPUs (those with a line are placed where the history had them, at their start:
+        # the runs kept from before its end, :func:`_after_history`)
+        going_on = {job_id for start, _e, job_id, _a in runs if start < history.closed}
         for job_id, (_start, slots) in history.running.items():
             if job_id not in going_on:
                 placer.take(slots)
