@@ -334,6 +334,34 @@ def test_todays_export_alone_goes_on_from_the_history(
     _same(wh, expected)
 
 
+def test_an_export_after_a_missing_one_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cron missed a day: the export after it, alone, starts after the history's end.
+    sacct prints every job running or waiting in its window, so jobs the history holds
+    running or waiting at its end that the export does not print ended in the gap.
+    Going on, they would hold their GPUs for ever (102 here, preempted at 10:31:10, and
+    106, failed at 10:33:20): refused, nothing changed. Before, it went on. With the
+    missing export it goes, and gives the facts of the one export."""
+    files = _daily(tmp_path, ["2026-01-05T10:12:00", "2026-01-05T10:35:00"])
+    assert "|102|" in files[1].read_text() and "|102|" not in files[2].read_text()
+    extra, expected = _whole_with_nodes(tmp_path, capsys)
+    wh = tmp_path / "wh"
+    _import(wh, capsys, files[0], extra=extra)
+    held = views(wh)
+    assert main(["import", "slurm-sacct", str(files[2]), "--warehouse", str(wh),
+                 "--quiet", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuledger: error: 2 job(s) running or waiting at 2026-01-05 "
+                          "10:10 UTC, where the warehouse's Slurm history ends, are in "
+                          "none of these exports (e.g. 102, 106)"), err
+    assert err.rstrip().endswith("Import the missing export first (or with these), or "
+                                 "every export together"), err
+    _same(wh, held)
+    out = _import(wh, capsys, files[1], files[2], extra=extra)
+    assert "which ended at 2026-01-05 10:10 UTC" in out, out
+    _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
+
+
 def test_an_export_alone_without_nodes_keeps_the_attempts_exact(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without ``--nodes`` the inventory is inferred from each export: a node first seen
