@@ -337,8 +337,8 @@ def test_todays_export_alone_goes_on_from_the_history(
 def test_an_export_after_a_missing_one_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The cron missed a day: the export after it, alone, starts after the history's end.
-    sacct prints every job running or waiting in its window, so jobs the history holds
-    running or waiting at its end that the export does not print ended in the gap.
+    sacct prints every job that ran in its window, so jobs the history holds running at
+    its end that the export does not print ended in the gap.
     Going on, they would hold their GPUs for ever (102 here, preempted at 10:31:10, and
     106, failed at 10:33:20): refused, nothing changed. Before, it went on. With the
     missing export it goes, and gives the facts of the one export."""
@@ -351,7 +351,7 @@ def test_an_export_after_a_missing_one_is_refused(
     assert main(["import", "slurm-sacct", str(files[2]), "--warehouse", str(wh),
                  "--quiet", *extra]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gpuledger: error: 2 job(s) running or waiting at 2026-01-05 "
+    assert err.startswith("gpuledger: error: 2 job(s) running at 2026-01-05 "
                           "10:10 UTC, where the warehouse's Slurm history ends, are in "
                           "none of these exports (e.g. 102, 106)"), err
     assert err.rstrip().endswith("Import the missing export first (or with these), or "

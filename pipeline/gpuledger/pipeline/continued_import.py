@@ -126,7 +126,6 @@ def history_of(processor: Processor, closed: datetime) -> History:
                                            for a in job.allocation])
                  for job_id, job in jobs.items()
                  if job.status == "running" and job.started_at is not None},
-        open=frozenset(job_id for job_id, job in jobs.items() if job.status != "ended"),
         forgets_before=closed - timedelta(seconds=w.handover_retention_s
                                           + w.ended_job_memory_s),
         inventory=newest)
@@ -243,16 +242,16 @@ def import_exports(
             "cluster's, a gap between exports, a record changed since). Import every "
             "export together, or pass --replace to replace the history with these files' "
             "alone")
-    if imported.open_missing:
-        named = ", ".join(imported.open_missing[:5])
+    if imported.running_missing:
+        named = ", ".join(imported.running_missing[:5])
         raise ImportRefused(
-            f"{len(imported.open_missing):,} job(s) running or waiting at "
+            f"{len(imported.running_missing):,} job(s) running at "
             f"{closed:%Y-%m-%d %H:%M} UTC, where the warehouse's Slurm history ends, are "
-            f"in none of these exports (e.g. {named}): sacct prints every job running or "
-            "waiting in its window, so these exports start after the history's end (an "
-            "export between them missing? another cluster's?). Going on, those jobs "
-            "would hold their GPUs for ever. Import the missing export first (or with "
-            "these), or every export together")
+            f"in none of these exports (e.g. {named}): sacct prints every job that ran in "
+            "its window, so these exports start after the history's end (an export "
+            "between them missing? another cluster's?). Going on, those jobs would hold "
+            "their GPUs for ever. Import the missing export first (or with these), or "
+            "every export together")
     newest = max((t for f in good.values() if isinstance(t := f["time"].max(), datetime)),
                  default=None)
     if until is not None and until > closed:

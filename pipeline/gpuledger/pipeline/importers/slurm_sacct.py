@@ -28,9 +28,9 @@ Rules:
   ``continued_import.py``): the events its job book took already, and a known job's
   submission, are left out (``events_before``); an attempt it holds running keeps its
   GPUs; a job with events before its end that it did not take is named
-  (``unknown_before``: the import is refused), and so is a job it holds running or
-  waiting at its end that the exports do not print (``open_missing``: they start after
-  its end); the inventory starts at its end, and a node is sent only where it changed;
+  (``unknown_before``: the import is refused), and so is a job it holds running at its
+  end that the exports do not print (``running_missing``: they start after its end);
+  the inventory starts at its end, and a node is sent only where it changed;
 * the lines of one job (``--duplicates`` prints one per attempt) in Submit order: the
   first gives ``submitted`` at its Submit, with the job's attributes through the
   mapping (``docs/mapping.md``); each attempt with a Start gives ``started`` at Start;
@@ -151,11 +151,13 @@ class SacctImport:
     unknown_before: list[str] = field(default_factory=list)
     """Going on from a history: jobs with events before where it ended that it did not
     take (not in the earlier exports, or told otherwise there): the import is refused."""
-    open_missing: list[str] = field(default_factory=list)
-    """Going on from a history: jobs its book holds running or waiting at its end that
-    these exports do not print. sacct prints every job running or waiting in its window,
-    so the exports start after the history's end (a day's export missing between them,
-    another cluster's): the import is refused; going on, those jobs would never end."""
+    running_missing: list[str] = field(default_factory=list)
+    """Going on from a history: jobs its book holds running at its end that these
+    exports do not print. sacct prints every job that ran in its window, so the exports
+    start after the history's end (a day's export missing between them, another
+    cluster's): the import is refused; going on, those jobs would never end. (A job
+    waiting there may be missing rightly: sacct leaves out a held job, one with no
+    eligible time; it waits on in the book.)"""
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,6 @@ class History:
     """Job id → the (event, time) of each of its events the job book took."""
     running: dict[str, tuple[datetime, list[tuple[str, int, float]]]]
     """Job id → (start, GPUs held) of each running attempt."""
-    open: frozenset[str]
-    """The jobs the book holds not ended (waiting, running, preempted): an export that
-    goes on from here prints each of them."""
     forgets_before: datetime
     """A job that ended before this is no longer in ``seen`` (the book forgets ended
     jobs ``windows.ended_job_memory_s`` after the history it keeps)."""
@@ -485,7 +484,7 @@ def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
         by_job[line.job_id].append(line)
     result.jobs = len(by_job)
     if history is not None:
-        result.open_missing = sorted(j for j in history.open if j not in by_job)
+        result.running_missing = sorted(j for j in history.running if j not in by_job)
 
     # events without allocations yet: (time, order, job, event, fields)
     events: list[tuple[datetime, int, str, str, dict[str, Any]]] = []
