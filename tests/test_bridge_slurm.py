@@ -155,6 +155,15 @@ def _records(path: Path, kind: str) -> list[dict[str, Any]]:
             if r["type"] == kind]
 
 
+def _started_told(path: Path, job_id: str) -> int:
+    """How many `started` the bridge has written for the job so far (whole lines only)."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().split("\n")[:-1]  # the last piece may be half written
+    return sum(1 for r in map(json.loads, lines)
+               if r["type"] == "job" and r["job_id"] == job_id and r["event"] == "started")
+
+
 def _sql(warehouse: Path, sql: str) -> pl.DataFrame:
     cols, rows = query.run(warehouse, sql)
     return pl.DataFrame(rows, schema=cols, orient="row")
@@ -308,7 +317,12 @@ def test_preemption_by_a_higher_tier_partition(scenario: Scenario, tmp_path: Pat
             time.sleep(0.2)
         urgent = cluster.sbatch(4, 3, "urgent-p", "-p", URGENT)
         deadline = time.time() + 60
-        while time.time() < deadline and len(view.attempts.get(low, ())) < 2:
+        # the second attempt must run until both Slurm's view here and the bridge (polling
+        # every 0.3 s) have seen it: one that ends between two polls gets no `started`,
+        # by design
+        while time.time() < deadline and not (
+                any(a[0] == 1 for a in view.attempts.get(low, ()))
+                and _started_told(out, low) >= 2):
             _sample(cluster, view)
             time.sleep(0.25)
         cluster.run("scancel", low)
