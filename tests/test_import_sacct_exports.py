@@ -362,6 +362,69 @@ def test_an_export_after_a_missing_one_is_refused(
     _same_but_waiting_cards(wh, expected, {"platform", "nlp"})
 
 
+HELD = ("300|300|held|vision|ana|gpu|normal|50|2026-01-05T10:05:00|2026-01-05T10:40:00|"
+        "2026-01-05T10:50:00|COMPLETED|0:0|cpu=1,gres/gpu:h100=1,gres/gpu=1,node=1|"
+        "cpu=1,gres/gpu=1|gpu-6|")
+"""A job submitted at 10:05 but held (or waiting on a dependency, or on a begin time)
+until 10:40: sacct prints it in no window before it is eligible to run."""
+
+DEMAND = ["frag_demand", "demand_source", "pending_jobs", "pending_gpus", "blocked_jobs",
+          "blocked_gpus"]
+
+
+def test_a_job_held_before_the_history_ends_is_taken_from_its_submission(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found with a real slurmdbd: a job submitted before the history's end that no
+    earlier export printed, as sacct prints a job only once it is eligible to run (held,
+    a dependency, ``--begin``), came up in the next export with its Submit before the
+    history's end, and the import was refused as "events before then that it does not
+    hold". It is taken now, counted: its attempt, queue wait and GPU-time are those of
+    the one export. Only its wait in the minutes the history had closed (10:05-10:32) is
+    not in ``pending_minute``, nor in those minutes' demand in ``frag_minute``."""
+    rows = [*ROWS, HELD]
+    whole = tmp_path / "whole.txt"
+    whole.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    cut = "2026-01-05T10:35:00"
+    first = tmp_path / "first.txt"
+    first.write_text(HEADER + "\n" + "\n".join(
+        out for line in ROWS if (out := _as_of(line, cut)) is not None) + "\n")
+    second = tmp_path / "second.txt"
+    second.write_text(HEADER + "\n" + "\n".join(
+        line for line in rows if _after(line, cut)) + "\n")
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(NODES)
+    extra = ("--nodes", str(nodes))
+    _import(tmp_path / "whole", capsys, whole, extra=extra)
+    expected = views(tmp_path / "whole")
+    wh = tmp_path / "wh"
+    _import(wh, capsys, first, extra=extra)
+    out = _import(wh, capsys, second, extra=extra)
+    assert ("which ended at 2026-01-05 10:33 UTC" in out
+            and "; 1 job(s) submitted before then that no earlier export printed (held, "
+            "or waiting on a dependency or a begin time" in out), out
+    got = views(wh)
+    for name in VIEWS:
+        if name not in ("pending_minute", "frag_minute"):
+            assert_frame_equal(got[name], expected[name])
+    held = got["job_attempts"].filter(pl.col("job_id") == "300")
+    assert held["queue_wait_s"].to_list() == [35 * 60]
+    before = pl.col("minute").dt.replace_time_zone(None) < datetime(2026, 1, 5, 10, 33)
+    for name in ("pending_minute", "frag_minute"):
+        assert_frame_equal(got[name].filter(~before), expected[name].filter(~before))
+    # before the history's end: one waiting job and GPU fewer each minute it waited
+    waiting = [views_of.filter(before).group_by("minute").agg(
+        pl.col("pending_jobs", "pending_gpus").sum()).sort("minute")
+        for views_of in (expected["pending_minute"], got["pending_minute"])]
+    gap = waiting[0].join(waiting[1], on="minute", how="left").select(
+        "minute", pl.col("pending_jobs") - pl.col("pending_jobs_right").fill_null(0),
+        pl.col("pending_gpus") - pl.col("pending_gpus_right").fill_null(0)).filter(
+        pl.col("pending_jobs") != 0)
+    assert gap["minute"].dt.minute().to_list() == list(range(5, 33))
+    assert set(gap["pending_jobs"]) == {1} and set(gap["pending_gpus"]) == {1}
+    rest = [c for c in expected["frag_minute"].columns if c not in DEMAND]
+    assert_frame_equal(got["frag_minute"].select(rest), expected["frag_minute"].select(rest))
+
+
 def test_an_export_alone_without_nodes_keeps_the_attempts_exact(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without ``--nodes`` the inventory is inferred from each export: a node first seen

@@ -114,7 +114,11 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
               "jobs before then taken from it"
               + (f" ({r.jobs_before:,} job(s) over before then that it no longer "
                  "remembers, taken as its own: exports that overlap)"
-                 if r.jobs_before else ""))
+                 if r.jobs_before else "")
+              + (f"; {r.ineligible_before:,} job(s) submitted before then that no earlier "
+                 "export printed (held, or waiting on a dependency or a begin time: sacct "
+                 "prints a job once it is eligible), taken from their submission"
+                 if r.ineligible_before else ""))
     if r.events_after_until and until is not None:
         print(f"{r.events_after_until:,} event(s) at or after --until "
               f"{until:%Y-%m-%d %H:%M} UTC: taken into the job book, their minutes closed "

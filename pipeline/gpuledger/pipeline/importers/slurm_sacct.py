@@ -151,6 +151,12 @@ class SacctImport:
     unknown_before: list[str] = field(default_factory=list)
     """Going on from a history: jobs with events before where it ended that it did not
     take (not in the earlier exports, or told otherwise there): the import is refused."""
+    ineligible_before: int = 0
+    """Going on from a history: jobs submitted before where it ended that no earlier
+    export printed, taken from their submission. sacct prints a job only once it is
+    eligible to run: one held, waiting on a dependency or on a begin time is in no
+    window before that (real slurmdbd, ``docs/import.md``). Their wait in the minutes the
+    history had closed is not in ``pending_minute``; their attempts' queue wait is."""
     running_missing: list[str] = field(default_factory=list)
     """Going on from a history: jobs its book holds running at its end that these
     exports do not print. sacct prints every job that ran in its window, so the exports
@@ -526,8 +532,10 @@ def _after_history(history: History, job_id: str,
     keeps the GPUs it was given there, and those of its attempts that ended are not
     placed again. A job it does not know that was over before ``history.forgets_before``
     is left out, counted (``jobs_before``: the book forgets ended jobs, so it cannot be
-    told from one of the history's). Any other job with events before
-    ``history.closed`` that it did not take (not in the earlier exports, or told
+    told from one of the history's). A job it does not know that was only submitted
+    before ``history.closed`` is taken, counted (``ineligible_before``: sacct printed it
+    in no earlier window, as it was not eligible to run). Any other job with events
+    before ``history.closed`` that it did not take (not in the earlier exports, or told
     otherwise there) is named in ``unknown_before``."""
     seen = history.seen.get(job_id)
     if seen is None:
@@ -536,8 +544,12 @@ def _after_history(history: History, job_id: str,
             result.events_before += len(events)
             result.jobs_before += 1
             return [], []
-        if any(e[0] < history.closed for e in events):
+        if any(e[0] < history.closed and e[3] != "submitted" for e in events):
             result.unknown_before.append(job_id)
+        elif events[0][0] < history.closed:
+            # submitted before the history's end but never printed there: sacct prints a
+            # job only once it is eligible (held, waiting on a dependency or a begin time)
+            result.ineligible_before += 1
         return events, runs
     kept = [e for e in events if (e[3], e[0]) not in seen and e[3] != "submitted"]
     result.events_before += len(events) - len(kept)
