@@ -1,4 +1,6 @@
-"""A real single-node Slurm cluster for the tests: munged, slurmctld and slurmd.
+"""A real single-node Slurm cluster for the tests: munged, slurmctld and slurmd, and with
+``accounting`` a real slurmdbd on its own MariaDB, so that ``sacct`` prints what it
+prints at a site.
 
 Everything lives in one folder: its own munge key and socket, ``slurm.conf`` and
 ``gres.conf`` (one node ``gpu-node-1`` with ``Gres=gpu:h100:8`` backed by eight
@@ -6,8 +8,9 @@ placeholder files ``dev/nvidia0..7``), state and spool folders, logs. The daemon
 the foreground as children of the test process on free ports and are stopped at the
 end. Clients find the cluster through ``SLURM_CONF`` (see :meth:`SlurmCluster.env`).
 
-Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
-(``scripts/setup.d/20-slurm.sh``) and root (slurmd runs jobs as their user).
+Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``, and for
+accounting ``slurmdbd`` and ``mariadb-server`` (``scripts/setup.d/20-slurm.sh``), and
+root (slurmd runs jobs as their user).
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ URGENT = "urgent"
 """A second partition on the same node whose jobs preempt (requeue) the first one's."""
 GPUS = 8
 REQUIRED = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "scancel")
+ACCOUNTING = ("slurmdbd", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db")
+CLUSTER = "gpuledger-test"
 
 
-def missing_tools() -> list[str]:
-    return [tool for tool in REQUIRED if shutil.which(tool) is None]
+def missing_tools(accounting: bool = False) -> list[str]:
+    return [tool for tool in REQUIRED + (ACCOUNTING if accounting else ())
+            if shutil.which(tool) is None]
 
 
 def _free_port() -> int:
@@ -43,6 +49,8 @@ def _free_port() -> int:
 class SlurmCluster:
     root: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    accounting: bool = False
+    """Run slurmdbd (on a MariaDB of its own) and record jobs there: ``sacct`` works."""
 
     @property
     def conf(self) -> Path:
@@ -54,7 +62,8 @@ class SlurmCluster:
     # -- set up ----------------------------------------------------------------------
 
     def write_config(self) -> None:
-        for sub in ("etc", "dev", "state", "spool", "log", "munge", "run"):
+        for sub in ("etc", "dev", "state", "spool", "log", "munge", "run",
+                    *(("db",) if self.accounting else ())):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.root / sub, 0o700)
         os.chmod(self.root, 0o755)
@@ -66,7 +75,7 @@ class SlurmCluster:
         ctld_port, slurmd_port = _free_port(), _free_port()
         r = self.root
         self.conf.write_text(f"""\
-ClusterName=gpuledger-test
+ClusterName={CLUSTER}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -86,7 +95,7 @@ SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+{self._accounting_config()}
 JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
@@ -115,6 +124,35 @@ PartitionName={URGENT} Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=2
             f"AutoDetect=off\nNodeName={NODE} Name=gpu Type=h100 "
             f"File={r}/dev/nvidia[0-{GPUS - 1}]\n")
 
+    def _accounting_config(self) -> str:
+        if not self.accounting:
+            return "AccountingStorageType=accounting_storage/none"
+        r = self.root
+        self.db_port, self.dbd_port = _free_port(), _free_port()
+        dbd = r / "etc" / "slurmdbd.conf"
+        dbd.write_text(f"""\
+AuthType=auth/munge
+AuthInfo=socket={r}/munge/munge.socket
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={self.dbd_port}
+SlurmUser=root
+LogFile={r}/log/slurmdbd.log
+PidFile={r}/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={self.db_port}
+StorageUser=root
+StorageLoc=slurm_acct_db
+""")
+        os.chmod(dbd, 0o600)  # slurmdbd refuses a config others can read
+        # AccountingStoragePass names the munge socket for slurmdbd's connections; GPUs
+        # are recorded in AllocTRES only when listed in AccountingStorageTRES, as at a site
+        return (f"AccountingStorageType=accounting_storage/slurmdbd\n"
+                f"AccountingStorageHost=localhost\nAccountingStoragePort={self.dbd_port}\n"
+                f"AccountingStoragePass={r}/munge/munge.socket\n"
+                "AccountingStorageTRES=gres/gpu,gres/gpu:h100")
+
     def start(self, timeout_s: float = 60.0) -> None:
         """Start the daemons and wait until the node is idle; on failure stop them again."""
         try:
@@ -131,10 +169,30 @@ PartitionName={URGENT} Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=2
                      f"--pid-file={r}/munge/munged.pid", f"--log-file={r}/log/munged.log",
                      f"--seed-file={r}/munge/munged.seed"], "munged")
         self._wait(lambda: (r / "munge" / "munge.socket").exists(), 10, "munged socket")
+        if self.accounting:
+            self._start_slurmdbd(timeout_s)
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
         self._wait(self._ctld_up, timeout_s, "slurmctld to answer")
         self._spawn(["slurmd", "-D", "-N", NODE, "-f", str(self.conf)], "slurmd")
         self._wait(self._node_idle, timeout_s, f"{NODE} to be idle")
+
+    def _start_slurmdbd(self, timeout_s: float) -> None:
+        """MariaDB on a data folder of its own (loopback, no grant tables: only this
+        slurmdbd reaches it), slurmdbd on it, and the cluster registered there."""
+        r = self.root
+        subprocess.run(["mariadb-install-db", "--user=root", f"--datadir={r}/db",
+                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                       check=True, capture_output=True, timeout=120)
+        self._spawn(["mariadbd", "--no-defaults", "--user=root", f"--datadir={r}/db",
+                     f"--socket={r}/run/db.sock", f"--port={self.db_port}",
+                     "--bind-address=127.0.0.1", "--skip-grant-tables",
+                     f"--pid-file={r}/run/db.pid", "--innodb-buffer-pool-size=32M"],
+                    "mariadbd")
+        self._wait(lambda: (r / "run" / "db.sock").exists(), timeout_s, "MariaDB")
+        self._spawn(["slurmdbd", "-D"], "slurmdbd")
+        self._wait(lambda: self.run("sacctmgr", "-i", "add", "cluster", CLUSTER,
+                                    check=False).returncode == 0, timeout_s,
+                   "slurmdbd to register the cluster")
 
     def _spawn(self, argv: list[str], name: str) -> None:
         out = open(self.root / "log" / f"{name}.stdout", "wb")  # noqa: SIM115
