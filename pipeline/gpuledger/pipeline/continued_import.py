@@ -176,6 +176,12 @@ class _StateSaver:
             _forget_states(self.root)
 
 
+def _refused(jobs: list[str], what: str, why: str) -> ImportRefused:
+    """The refusal of an import for ``jobs``: how many, ``what`` of them, a few named,
+    ``why`` and the remedy."""
+    return ImportRefused(f"{len(jobs):,} job(s) {what} (e.g. {', '.join(jobs[:5])}): {why}")
+
+
 def _count_after(imported: SacctImport, until: datetime | None) -> None:
     if until is not None:
         imported.events_after_until = sum(
@@ -233,25 +239,20 @@ def import_exports(
         rejected += bad.height
         good[kind] = ok
     imported.frames = {}  # validated: not held twice
+    end = f"{closed:%Y-%m-%d %H:%M} UTC, where the warehouse's Slurm history ends"
     if imported.unknown_before:
-        named = ", ".join(imported.unknown_before[:5])
-        raise ImportRefused(
-            f"{len(imported.unknown_before):,} job(s) in these exports have events before "
-            f"{closed:%Y-%m-%d %H:%M} UTC, where the warehouse's Slurm history ends, that "
-            f"it does not hold (e.g. {named}): these exports do not go on from it (another "
-            "cluster's, a gap between exports, a record changed since). Import every "
-            "export together, or pass --replace to replace the history with these files' "
-            "alone")
+        raise _refused(
+            imported.unknown_before, f"in these exports have events before {end}, that it "
+            "does not hold", "these exports do not go on from it (another cluster's, a gap "
+            "between exports, a record changed since). Import every export together, or "
+            "pass --replace to replace the history with these files' alone")
     if imported.running_missing:
-        named = ", ".join(imported.running_missing[:5])
-        raise ImportRefused(
-            f"{len(imported.running_missing):,} job(s) running at "
-            f"{closed:%Y-%m-%d %H:%M} UTC, where the warehouse's Slurm history ends, are "
-            f"in none of these exports (e.g. {named}): sacct prints every job that ran in "
-            "its window, so these exports start after the history's end (an export "
-            "between them missing? another cluster's?). Going on, those jobs would hold "
-            "their GPUs for ever. Import the missing export first (or with these), or "
-            "every export together")
+        raise _refused(
+            imported.running_missing, f"running at {end}, are in none of these exports",
+            "sacct prints every job that ran in its window, so these exports start after "
+            "the history's end (an export between them missing? another cluster's?). Going "
+            "on, those jobs would hold their GPUs for ever. Import the missing export first "
+            "(or with these), or every export together")
     newest = max((t for f in good.values() if isinstance(t := f["time"].max(), datetime)),
                  default=None)
     if until is not None and until > closed:
