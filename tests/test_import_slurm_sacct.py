@@ -440,3 +440,58 @@ def test_an_attempt_followed_by_another_ends_at_its_end(
                      "WHERE node = 'gpu-3' AND allocated ORDER BY minute")
     assert got.rows() == [(at("10:06:00"), pytest.approx(50)),
                           (at("10:07:00"), pytest.approx(20))]
+
+
+def _named(job: str, name: str, start: str, end: str) -> str:
+    return _probe(job, "00:00:00", start, end).replace(f"{job}|{job}|x|", f"{job}|{job}|{name}|")
+
+
+def test_job_names_with_a_pipe_or_a_line_break_are_read_back_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found with a real slurmdbd: Slurm takes any job name, and ``sacct --parsable2``
+    prints it as it is. A ``|`` split the line into more fields: the fields after the
+    name moved along, and the import stopped at "Submit: '4294901759' is not a time" (the
+    Priority). A line break split the record into two lines. Any user could stop the
+    site's import. Now the record is read back whole; the jobs after it are as before."""
+    root, out = _import(
+        tmp_path, capsys,
+        _named("801", "a|b", "00:10:00", "00:30:00"),
+        _named("802", "new\nline", "00:10:00", "00:40:00"),
+        _named("803", "both|\n|of them", "00:10:00", "00:50:00"),
+        _named("804", "plain", "00:10:00", "01:00:00"))
+    assert "3 line(s) whose job name held a '|' or a line break, read back whole" in out, out
+    assert "bad line" not in out, out
+    got = _sql(root, "SELECT job_id, allocated_gpu_hours FROM attempts ORDER BY job_id")
+    assert got.rows() == [("801", pytest.approx(20 / 60)), ("802", pytest.approx(30 / 60)),
+                          ("803", pytest.approx(40 / 60)), ("804", pytest.approx(50 / 60))]
+
+
+def test_a_pipe_where_more_than_the_job_name_is_free_text_is_a_bad_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With a Comment column too, which field held the ``|`` cannot be told: that line is
+    left out with the reason, the others are imported."""
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "|Comment\n"
+                    + _named("811", "a|b", "00:10:00", "00:30:00") + "|note\n"
+                    + _probe("812", "00:00:00", "00:10:00", "00:30:00") + "|x|y\n"
+                    + _probe("813", "00:00:00", "00:10:00", "00:30:00") + "|fine\n")
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "wh"),
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 bad line(s)" in out, out
+    assert ("sacct.txt:2: 18 fields, the header has 17: a '|' in a free-text column "
+            "(JobName, Comment)") in out, out
+    assert _sql(tmp_path / "wh", "SELECT job_id FROM attempts").rows() == [("813",)]
+
+
+def test_an_export_cut_inside_a_line_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last line has fewer fields and nothing follows it: the export was cut short
+    (sacct killed, a disk full). The import is refused whole, as before."""
+    path = tmp_path / "sacct.txt"
+    cut = _probe("821", "00:00:00", "00:10:00", "00:30:00").rsplit("|", 3)[0]
+    path.write_text(PROBE_HEADER + "\n" + _probe("820", "00:00:00", "00:10:00", "00:30:00")
+                    + "\n" + cut + "\n")
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "wh"),
+                 "--quiet"]) == 2
+    assert "sacct.txt:3: 13 fields, the header has 16" in capsys.readouterr().err

@@ -96,6 +96,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f", {r.duplicates_dropped:,} repeated identical line(s) dropped"
              if r.duplicates_dropped else "")
           + (f", {len(r.bad_lines):,} bad line(s)" if r.bad_lines else "")
+          + (f"; {r.names_mended:,} line(s) whose job name held a '|' or a line break, "
+             "read back whole" if r.names_mended else "")
           + (f"; {r.attempts_merged:,} attempt(s) in more than one line (the line that "
              "knows most taken)" if r.attempts_merged else "")
           + f"; GPU indices chosen by the importer for {r.placed_by_importer:,} attempts"

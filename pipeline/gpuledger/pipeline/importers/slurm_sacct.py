@@ -68,7 +68,7 @@ import json
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
@@ -93,6 +93,11 @@ from gpuledger.pipeline.importers.csv_text import csv_rows
 from gpuledger.pipeline.validate import MIN_TIME
 
 REQUIRED = ("JobID", "Submit", "Start", "End", "State")
+FREE_TEXT = frozenset({"JobName", "Comment", "AdminComment", "SystemComment", "WorkDir",
+                       "SubmitLine", "Constraints", "Extra", "Container", "WCKey"})
+"""sacct columns whose text a user or an admin chooses. ``--parsable2`` prints them as
+they are: a ``|`` or a line break in a job name (Slurm takes both) splits its line into
+more fields, or into more lines (:func:`_records`)."""
 FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
           "REVOKED", "SPECIAL_EXIT")
 KNOWN_STATES = ("COMPLETED", "CANCELLED", *FAILED, "PREEMPTED", "REQUEUED", "RUNNING",
@@ -148,6 +153,9 @@ class SacctImport:
     jobs_before: int = 0
     """Going on from a history: jobs over before where it ended that its job book does
     not remember (exports that overlap by more than it keeps ended jobs): left out."""
+    names_mended: int = 0
+    """Lines whose job name held a ``|`` or a line break (``--parsable2`` prints them as
+    they are), read back whole (:func:`_records`)."""
     unknown_before: list[str] = field(default_factory=list)
     """Going on from a history: jobs with events before where it ended that it did not
     take (not in the earlier exports, or told otherwise there): the import is refused."""
@@ -287,8 +295,11 @@ def read_sacct(paths: Sequence[Path], tz: tzinfo = UTC,
     one per attempt (:func:`_one_line_per_attempt`).
 
     The import is refused whole (:class:`SacctError`, ``file:line: reason``) at the first
-    unreadable line of any file: not UTF-8, a field over the CSV reader's limit, too few
-    fields, a bad time, a GPU count, index list or node list no cluster has. A line that
+    unreadable line of any file: not UTF-8, a field over the CSV reader's limit, a file
+    that ends inside a line, a bad time, a GPU count, index list or node list no cluster
+    has. A job name holding ``|`` or a line break is read back whole (:func:`_records`;
+    a record mended so that still does not read is a bad line: a job name is any
+    user's to choose). A line that
     reads but says something impossible (an unknown state, times out of order, a local
     time the zone skips, a GPU count that is not a whole number or too large for its
     nodes, a malformed node list) is left out and listed in ``bad_lines``; a line
@@ -330,6 +341,37 @@ def _one_line_per_attempt(lines: list[_Line], result: SacctImport) -> list[_Line
     return [lines[i] for i in sorted(best.values())]
 
 
+def _records(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]
+             ) -> Iterator[tuple[int, list[str], str | None]]:
+    """(line number, fields, why it was mended or None) of each record: a line cut short
+    by a line break inside a field is joined with the lines after it (the break kept in
+    the field), and a record with more fields than the header, where the job name is the
+    only free text, has the extra ones put back into it (``|`` between them). A record
+    with more fields and other free text is yielded as it is: which field held the
+    ``|`` cannot be told. A file that ends inside a record raises :class:`SacctError`
+    (an export cut short)."""
+    width = len(header)
+    free = [c for c in header if c in FREE_TEXT]
+    name = header.index("JobName") if free == ["JobName"] else None
+    for number, values in rows:
+        if not values or values == [""]:
+            continue
+        why = None
+        while len(values) < width:
+            more = next(rows, None)
+            if more is None:
+                raise SacctError(f"{path}:{number}: {len(values)} fields, the header has "
+                                 f"{width}")
+            values = [*values[:-1], values[-1] + "\n" + (more[1] or [""])[0], *more[1][1:]]
+            why = "a line break in a field"
+        extra = len(values) - width
+        if extra > 0 and name is not None:
+            values = [*values[:name], "|".join(values[name:name + extra + 1]),
+                      *values[name + extra + 1:]]
+            why = "a '|' in the job name" if why is None else why + " and a '|' in the job name"
+        yield number, values, why
+
+
 def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                read: Callable[[int], None]) -> list[_Line]:
     rows = csv_rows(path, SacctError, delimiter="|")
@@ -347,9 +389,7 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
     lines: list[_Line] = []
     named = repr(header)
     chars = 0
-    for number, values in rows:
-        if not values or values == [""]:
-            continue
+    for number, values, mended in _records(path, header, rows):
         result.lines += 1
         chars += sum(map(len, values)) + len(values)
         if number % PROGRESS_LINES == 0:
@@ -362,10 +402,14 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
             continue
         seen.add(key)
         where = f"{path}:{number}"
-        if len(values) < len(header):
-            raise SacctError(f"{where}: {len(values)} fields, the header has "
-                             f"{len(header)}")
-        row = dict(zip(header, values, strict=False))
+        if len(values) > len(header):
+            result.bad_lines.append((where, f"{len(values)} fields, the header has "
+                                     f"{len(header)}: a '|' in a free-text column "
+                                     f"({', '.join(c for c in header if c in FREE_TEXT)})"))
+            continue
+        if mended is not None:
+            result.names_mended += 1
+        row = dict(zip(header, values, strict=True))
         raw_id = row["JobID"]
         if "." in raw_id:
             result.steps_skipped += 1
@@ -408,7 +452,18 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 nodes=nodes, indices=indices)
             _check_line(line)
         except SlurmParseError as exc:
-            raise SacctError(f"{where}: {exc}") from None
+            if mended is None:
+                raise SacctError(f"{where}: {exc}") from None
+            result.bad_lines.append((where, f"{exc} (read with {mended})"))
+            continue
+        except SacctError as exc:
+            if mended is None:
+                raise
+            # a record mended across a '|' or a line break that still does not read is
+            # left out, not the whole import: a job name is any user's to choose
+            result.bad_lines.append(
+                (where, f"{str(exc).removeprefix(f'{where}: ')} (read with {mended})"))
+            continue
         except _BadLine as exc:
             result.bad_lines.append((where, str(exc)))
             continue
