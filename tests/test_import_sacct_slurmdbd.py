@@ -12,7 +12,7 @@ just after it ends, and the two minutes as one export at the end. Then:
 - an export that starts after the history's end (a window missing) is refused, naming
   the jobs that ran at the history's end and ended in the gap;
 - the parser takes real sacct lines: step lines skipped, GPUs from ``AllocTRES``,
-  ``--duplicates`` attempts.
+  ``--duplicates`` attempts, a job name with a ``|`` and a line break.
 """
 
 from __future__ import annotations
@@ -76,8 +76,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             + timedelta(minutes=1)
         ids: dict[str, str] = {}
 
-        def submit(name: str, gpus: int, seconds: int, *extra: str) -> Callable[[], None]:
-            return lambda: ids.__setitem__(name, cluster.sbatch(gpus, seconds, name, *extra))
+        def submit(name: str, gpus: int, seconds: int, *extra: str,
+                   as_name: str | None = None) -> Callable[[], None]:
+            return lambda: ids.__setitem__(name, cluster.sbatch(gpus, seconds,
+                                                                as_name or name, *extra))
 
         def scontrol(verb: str, name: str) -> Callable[[], None]:
             def step() -> None:
@@ -93,7 +95,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         steps: list[tuple[float, Callable[[], None]]] = [
             (5, submit("across", 2, 100)),        # runs across the first cut, ends at 105 s
             (8, submit("requeued", 1, 50)),       # requeued at 30 s, runs again at 40 s
-            (10, submit("short", 4, 30)),
+            (10, submit("short", 4, 30, as_name="short|as\nany name")),  # sacct prints it raw
             (12, submit("waits", 4, 40)),         # waits for `short`'s GPUs (40-80 s)
             (18, submit("held", 1, 10, "-H")),    # held from its submission to 80 s
             (30, scontrol("requeue", "requeued")),
@@ -143,6 +145,8 @@ def test_the_windows_one_by_one_give_the_facts_of_one_export(
         run: Run, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _import(run, "whole", "whole.txt", until=120, capsys=capsys)
     assert code == 0, out
+    # the job name with a '|' and a line break: its line and its step's
+    assert "1 line(s) whose job name held a '|' or a line break, read back whole" in out, out
     expected = views(run.folder / "whole")
     attempts = expected["job_attempts"]
     assert attempts.height == 7 and attempts["allocated_gpu_hours"].sum() > 0, attempts
