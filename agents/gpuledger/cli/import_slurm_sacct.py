@@ -141,9 +141,10 @@ def register(fmt: Any, common: Any) -> None:
         "from a GresIDX column when present, else the importer places inside each job's "
         "node list. Several exports (daily, monthly) are read as one history. Today's "
         "export alone goes on from where the warehouse's Slurm history ends (each import "
-        "saves its state there): jobs running at the cut go on with their GPUs. Importing "
-        "every export again replaces the hours the earlier imports wrote, without "
-        "--replace (docs/import.md).")
+        "saves its state there): jobs running at the cut go on with their GPUs; an export "
+        "that starts after that end (a day's export missing: a job running there is not "
+        "in it) is refused. Importing every export again replaces the hours the earlier "
+        "imports wrote, without --replace (docs/import.md).")
     q.add_argument("file", type=Path, nargs="+",
                    help="sacct -P output (header line first); several files (daily or "
                    "monthly exports, whose windows may overlap) are one history: an "
