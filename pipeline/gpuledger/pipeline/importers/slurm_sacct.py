@@ -451,18 +451,13 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 end=_time(row["End"], tz, where, "End"), gpus=gpus, gpu_type=gpu_type,
                 nodes=nodes, indices=indices)
             _check_line(line)
-        except SlurmParseError as exc:
+        except (SlurmParseError, SacctError) as exc:
+            reason = str(exc).removeprefix(f"{where}: ")
             if mended is None:
-                raise SacctError(f"{where}: {exc}") from None
-            result.bad_lines.append((where, f"{exc} (read with {mended})"))
-            continue
-        except SacctError as exc:
-            if mended is None:
-                raise
+                raise SacctError(f"{where}: {reason}") from None
             # a record mended across a '|' or a line break that still does not read is
             # left out, not the whole import: a job name is any user's to choose
-            result.bad_lines.append(
-                (where, f"{str(exc).removeprefix(f'{where}: ')} (read with {mended})"))
+            result.bad_lines.append((where, f"{reason} (read with {mended})"))
             continue
         except _BadLine as exc:
             result.bad_lines.append((where, str(exc)))
