@@ -545,6 +545,43 @@ def test_states_of_allocation_add_up_on_a_scheduler_only_history(tmp_path: Path)
         pytest.approx(row["allocated"])
 
 
+def test_figures_and_header_words_stay_whole_when_words_fill_a_figure_s_column(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduler-only history with a card type never allocated: "Used of allocated"
+    holds words ("no telemetry", "nothing allocated"). In 80 columns rich squeezed that
+    table: "telemet" over "ry", "14,379." over "1" (the openb trace). Now the words wrap
+    at their spaces and every figure and header word is whole."""
+    from gpuledger.pipeline.analyst_report.numbers import cell
+
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus,card_type\n"
+                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2,H100\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("node,gpus,card_type,pool\nn1,8,H100,p\nn2,8,A10,p\n")
+    wh = tmp_path / "wh"
+    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(wh)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--warehouse", str(wh), "--width", "80"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    a = _answer(answer_all(wh), "allocation")
+    part = out.split(a.section.title)[1].split("Also in the HTML report")[0]
+    words = part.split()
+    assert {"nothing", "no", "telemetry", "allocated", "available", "(GPU-h)", "(%)"} <= set(
+        words)
+    shown = [c for c in a.section.columns if c.terminal]
+    figures = [cell(v, c, dict(zip(a.columns, r, strict=True)))
+               for r in a.rows for c, v in ((c, r[a.columns.index(c.name)]) for c in shown)
+               if c.numeric]
+    assert any(f.startswith("nothing") for f in figures)
+    for figure in figures:   # each whole, on one line: in order among the words
+        if any(ch.isdigit() for ch in figure):
+            assert figure.split() == words[words.index(figure.split()[-1])
+                                           - len(figure.split()) + 1:
+                                           words.index(figure.split()[-1]) + 1], figure
+
+
 def test_names_that_look_like_markup_are_shown_as_they_are(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A team named '[/]' and a queue 'q[red]x' (from the scheduler, anyone's choice): the

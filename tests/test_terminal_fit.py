@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpuledger.pipeline.terminal_fit import fit_widths, fitted, header
+from gpuledger.pipeline.terminal_fit import WORDS, fit_widths, fitted, header
 
 
 @pytest.mark.parametrize(("title", "width", "hyphens", "lines"), [
@@ -35,6 +35,11 @@ def test_widths_give_from_the_roomiest_column_down_to_its_longest_piece() -> Non
     assert fit_widths(titles, rows, 99, cells_wrap=[False, True], hyphens=True) == [12, 6]
     assert fit_widths(["team", "n"], [["research lab a", "7"]], 99, cells_wrap=[True, False]
                       ) == [8, 1]
+    # a figure's column: its words wrap, its figures ("< 0.1" too) stay whole
+    words = [["nothing allocated"], ["15,741,660.0"], ["< 0.1"]]
+    assert fit_widths(["n"], words, 99, cells_wrap=WORDS) == [12]
+    assert fit_widths(["n"], words[::2], 99, cells_wrap=[WORDS]) == [9]
+    assert fit_widths(["n"], words[::2], 99) == [17]
 
 
 def test_a_table_too_wide_is_fitted_and_keeps_every_figure() -> None:

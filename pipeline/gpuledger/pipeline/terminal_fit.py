@@ -4,7 +4,8 @@ rich shrinks a table wider than its console by cutting cells ("+43.…"): a figu
 :func:`fitted` builds a table at its natural widths and, when that is too wide, builds it
 again with widths that fit: headers wrap at spaces (and, with ``hyphens``, after a
 hyphen or an underscore: "no-" over "preemption"), cells stay whole (or, with
-``cells_wrap``, wrap at their spaces: "50.1 (+43.6)" as two lines), and the column
+``cells_wrap``, wrap at their spaces: "50.1 (+43.6)" as two lines; with ``WORDS``, only
+the cells that hold no figure: "no telemetry" in a column of GPU-hours), and the column
 with the most room gives first. Used by ``gpuledger report`` and ``gpuledger whatif``.
 """
 
@@ -12,11 +13,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
 _PIECE = re.compile(r"[^\s_-]*[_-]+|[^\s_-]+")
+
+WORDS: Literal["words"] = "words"
+"""A column's ``cells_wrap``: its cells that hold no digit (words, such as "nothing
+allocated" among GPU-hours) wrap at their spaces; its figures ("< 0.1",
+"15,741,660.0") stay whole."""
+Wrap = bool | Literal["words"]
 
 
 def _pieces(text: str, hyphens: bool) -> list[str]:
@@ -43,21 +51,28 @@ def header(title: str, width: int | None, hyphens: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _narrowest(cell: str, wraps: Wrap) -> int:
+    """The fewest columns ``cell`` takes: its longest word where it may wrap, else its
+    length."""
+    if wraps is True or (wraps == WORDS and not any(ch.isdigit() for ch in cell)):
+        return max([len(w) for w in cell.split()] or [0])
+    return len(cell)
+
+
 def fit_widths(titles: list[str], rows: list[list[str]], excess: int,
-               cells_wrap: bool | Sequence[bool] = False, hyphens: bool = False
+               cells_wrap: Wrap | Sequence[Wrap] = False, hyphens: bool = False
                ) -> list[int]:
     """Column widths ``excess`` columns narrower than the natural ones, as far as each
     column's narrowest (its header's longest piece; its longest word where its cells
     wrap, per column with a sequence, or its longest cell) allows."""
-    wraps = [cells_wrap] * len(titles) if isinstance(cells_wrap, bool) else list(cells_wrap)
+    wraps = ([cells_wrap] * len(titles) if isinstance(cells_wrap, bool | str)
+             else list(cells_wrap))
 
     def longest(text: str) -> int:
         return max([len(p) for p in _pieces(text, hyphens)] or [0])
 
     hi = [max([len(t), *(len(r[k]) for r in rows)]) for k, t in enumerate(titles)]
-    lo = [max([longest(t)]
-              + [max([len(w) for w in r[k].split()] or [0]) if wraps[k] else len(r[k])
-                 for r in rows])
+    lo = [max([longest(t)] + [_narrowest(r[k], wraps[k]) for r in rows])
           for k, t in enumerate(titles)]
     widths = list(hi)
     while excess > 0:
@@ -71,7 +86,7 @@ def fit_widths(titles: list[str], rows: list[list[str]], excess: int,
 
 def fitted(build: Callable[[list[int] | None], Table], titles: list[str],
            rows: list[list[str]], console: Console,
-           cells_wrap: bool | Sequence[bool] = False, hyphens: bool = False) -> Table:
+           cells_wrap: Wrap | Sequence[Wrap] = False, hyphens: bool = False) -> Table:
     """``build(None)`` when it fits ``console``, else ``build(widths)`` with widths from
     :func:`fit_widths` (columns should fold, never cut, what still does not fit; headers
     go through :func:`header`). ``build`` may lay a table out more tightly when given

@@ -16,7 +16,7 @@ from rich.text import Text
 from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, NO_ROWS, Answer, Report
 from gpuledger.pipeline.analyst_report.numbers import cell
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
-from gpuledger.pipeline.terminal_fit import fitted
+from gpuledger.pipeline.terminal_fit import WORDS, fitted
 
 
 def _shown(a: Answer) -> list[Column]:
@@ -38,8 +38,10 @@ def _table(a: Answer, top: int, console: Console) -> RenderableType:
     titles = [c.title for c in shown]
 
     def build(widths: list[int] | None) -> Table:
+        # given widths, the columns are parted by the box's one space alone
         table = Table(title=section.title, title_justify="left", title_style="bold",
-                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                      padding=(0, 1 if widths is None else 0))
         for k, column in enumerate(shown):
             table.add_column(titles[k], width=None if widths is None else widths[k],
                              no_wrap=column.key, overflow="fold",
@@ -49,10 +51,11 @@ def _table(a: Answer, top: int, console: Console) -> RenderableType:
         return table
 
     # text cells wrap at their spaces once the headers have given all they can (a
-    # what-if label of 37 characters had rich cut the headers mid-word); numbers and
-    # keys stay whole
+    # what-if label of 37 characters had rich cut the headers mid-word); keys and
+    # figures stay whole, and the words of a figure's column ("nothing allocated") wrap
     return fitted(build, titles, rows, console,
-                  cells_wrap=[not (c.numeric or c.key) for c in shown])
+                  cells_wrap=[False if c.key else WORDS if c.numeric else True
+                              for c in shown])
 
 
 def print_report(report: Report, console: Console, top: int) -> None:
