@@ -6,6 +6,10 @@
 -- gpu_minute: a row per GPU-minute; GPUs without telemetry keep spans of identical
 -- minutes (gpu_span: minute, minutes), expanded here so both read the same way.
 CREATE OR REPLACE VIEW gpu_minute AS SELECT * FROM read_parquet({files:gpu_minute}, hive_partitioning = false) UNION ALL BY NAME SELECT * EXCLUDE (minute, minutes), unnest(generate_series(minute, minute + (minutes - 1) * INTERVAL 1 MINUTE, INTERVAL 1 MINUTE)) AS minute FROM read_parquet({files:gpu_span}, hive_partitioning = false);
+-- gpu_runs: the same GPU-minutes as stored, for readers that count minutes over long
+-- histories without expanding them: a row per telemetry minute (minutes = 1) and a row per
+-- span (minute: its first; minutes: how many).
+CREATE OR REPLACE VIEW gpu_runs AS SELECT *, 1::BIGINT AS minutes FROM read_parquet({files:gpu_minute}, hive_partitioning = false) UNION ALL BY NAME SELECT * FROM read_parquet({files:gpu_span}, hive_partitioning = false);
 -- Roll-ups: each telemetry partition's files hold its nodes' part of a row (partitions.py);
 -- the view adds the parts up (one processor: one part per row, the same numbers).
 CREATE OR REPLACE VIEW gpu_hourly AS SELECT hour, pool, card_type, team, queue, job_type, round(sum(gpu_hours), 9) AS gpu_hours, round(sum(allocated_gpu_hours), 9) AS allocated_gpu_hours, round(sum(used_gpu_hours), 9) AS used_gpu_hours, round(sum(free_gpu_hours), 9) AS free_gpu_hours, round(sum(allocated_idle_gpu_hours), 9) AS allocated_idle_gpu_hours, round(sum(allocated_inefficient_gpu_hours), 9) AS allocated_inefficient_gpu_hours, round(sum(allocated_busy_gpu_hours), 9) AS allocated_busy_gpu_hours, round(sum(unaccounted_use_gpu_hours), 9) AS unaccounted_use_gpu_hours, round(sum(unavailable_gpu_hours), 9) AS unavailable_gpu_hours, round(sum(no_telemetry_gpu_hours), 9) AS no_telemetry_gpu_hours, round(sum(occupied_gpu_hours), 9) AS occupied_gpu_hours, round(sum(job_gpu_hours), 9) AS job_gpu_hours, date FROM read_parquet({files:gpu_hourly}, hive_partitioning = false) GROUP BY hour, date, pool, card_type, team, queue, job_type;

@@ -193,6 +193,55 @@ def test_what_a_history_lacks_is_said(process: Callable[..., Facts]) -> None:
     assert w.weakened == gaps
 
 
+@pytest.mark.parametrize(("since", "until", "step"), [
+    (None, None, None), (7, 173, 1), (7, 173, 13), (61, 62, 1), (0, 200, 45)])
+def test_spans_read_as_runs_give_what_their_minutes_give(
+        process: Callable[..., Facts], since: int | None, until: int | None,
+        step: int | None) -> None:
+    """A history without telemetry is stored as spans of identical minutes; the reader
+    counts them as runs (``gpu_runs``) instead of expanding every minute (the openb trace:
+    3.5 minutes to read, now seconds). Windows cut inside spans, grids of several steps:
+    the nodes, the grid, the outages and the available GPU-hours are what the expanded
+    minutes (``gpu_minute``) give."""
+    facts = process([
+        inventory("a", at(0), gpus=4), inventory("b", at(0), gpus=2, pool="infer"),
+        job("submitted", "j", at(0), gpus=2),
+        job("started", "j", at(3), allocation=alloc("a", 0, 1)),
+        job("finished", "j", at(90)),
+        inventory("a", at(50), gpus=4, schedulable=False),       # drained
+        inventory("a", at(70), gpus=4, unhealthy=[3]),          # back, one GPU bad
+        inventory("b", at(80), gpus=2, pool="train"),           # moved to another pool
+        inventory("b", at(140), gpus=2, health="down"),
+        inventory("a", at(200), gpus=4), inventory("b", at(200), gpus=2, pool="train")])
+    assert not facts.table("gpu_span").is_empty() and facts.table(
+        "gpu_minute").height > 4 * facts.table("gpu_span").height
+    lo = at(0)
+    h = load_history(facts.root, None if since is None else lo + timedelta(minutes=since),
+                     None if until is None else lo + timedelta(minutes=until), step)
+    minutes = facts.table("gpu_minute").filter(
+        pl.col("minute").is_between(h.start, h.end, closed="left"))
+    ok = (pl.col("schedulable").fill_null(True) & (pl.col("health").fill_null("ok") != "down"))
+    gpu_ok = ~((pl.col("state") == "unavailable") & ok)
+    states = minutes.with_columns(ok.alias("node_ok"), gpu_ok.alias("gpu_ok"))
+    every = h.step_minutes
+    grid = states.filter(((pl.col("minute") - h.start).dt.total_minutes() % every) == 0)
+    assert grid.height == h.grid.height > 0
+    key = ["minute", "node", "gpu_index"]
+    assert grid.select(*key, "node_ok", "gpu_ok").sort(key).equals(
+        h.grid.select(*key, "node_ok", "gpu_ok").sort(key).cast(
+            grid.select(*key, "node_ok", "gpu_ok").schema))  # type: ignore[arg-type]
+    available = states.group_by("pool").agg(
+        ((pl.col("node_ok") & pl.col("gpu_ok")).sum() / 60.0).alias("h")).sort("pool")
+    assert available["pool"].to_list() == h.available["pool"].to_list()
+    assert available["h"].to_list() == pytest.approx(h.available["available_gpu_hours"]
+                                                     .to_list())
+    held = states.group_by("node", "pool").len().sort("len", descending=True)
+    for node, pool, gpus in h.nodes.select("node", "pool", "gpus").iter_rows():
+        assert pool == held.filter(pl.col("node") == node)["pool"][0]
+        assert gpus == states.filter(pl.col("node") == node)["gpu_index"].n_unique()
+    assert set(h.nodes["node"]) == set(states["node"])
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_tolerance_or_interval_that_is_no_finite_number_is_refused(value: float) -> None:
     for doc, key in (({"tolerance": {"queue_wait_minutes": value}},
