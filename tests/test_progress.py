@@ -56,3 +56,35 @@ def test_import_openb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     _run(["import", "openb", "--nodes", str(NODES), "--pods", str(PODS), "--from-hours",
           "3552", "--hours", "0.25", "--warehouse", str(tmp_path / "openb")],
          "importing openb", "openb:", capsys)
+
+
+def test_diagnose_draws_one_bar_not_a_line_an_hour(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`diagnose` said "diagnosing N% …" once per hour of history it read (the
+    openb trace: 1,209 lines); it draws the bar the imports draw."""
+    cluster = tmp_path / "small.yaml"
+    cluster.write_text(yaml.safe_dump(SMALL))
+    wh = tmp_path / "demo"
+    assert main(["demo", "--cluster", str(cluster), "--hours", "3", "--interval", "120",
+                 "--warehouse", str(wh), "--quiet"]) == 0
+    capsys.readouterr()
+    _run(["diagnose", "--warehouse", str(wh), "--dry-run"], "diagnosing", "", capsys)
+    assert main(["diagnose", "--warehouse", str(wh), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("diagnosing") == 1 and "100.0%" in err
+
+
+def test_a_bar_stops_where_the_work_failed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An import refused midway (the second of two exports does not read) leaves its bar
+    where the reading stopped, above the error (it was drawn full)."""
+    good, bad = tmp_path / "day1.txt", tmp_path / "day2.txt"
+    good.write_text(HEADER + "\n" + "\n".join(ROWS) + "\n")
+    fields = ROWS[0].split("|")
+    fields[HEADER.split("|").index("Submit")] = "yesterday"
+    bad.write_text(HEADER + "\n" + "|".join(fields) + "\n")
+    assert main(["import", "slurm-sacct", str(good), str(bad), "--warehouse",
+                 str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert "reading sacct" in err and BAR in err and "is not a time" in err, err
+    assert "100.0%" not in err

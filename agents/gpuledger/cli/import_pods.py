@@ -66,11 +66,8 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
     except PodsImportError as exc:
         raise CliError(str(exc)) from None
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
-    update, stop = _progress("importing pods", not args.quiet)
-    try:
+    with _progress("importing pods", not args.quiet) as update:
         rejected = import_history(processor, imported.frames, update, replace=args.replace)
-    finally:
-        stop()
     print(f"pods: {imported.rows:,} rows, {imported.imported:,} imported into "
           f"{args.warehouse}/, {imported.cpu_only:,} CPU-only skipped, "
           f"{len(imported.bad_rows):,} bad row(s); {len(imported.unplaced):,} could not be "

@@ -70,23 +70,18 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     except MappingError as exc:
         raise CliError(f"mapping: {exc}") from None
     until = _until_utc(args)
-    read, done = _progress("reading sacct", not args.quiet)
     try:
-        exports = read_exports(args.file, args.nodes, args.tz or UTC, read)
+        with _progress("reading sacct", not args.quiet) as read:
+            exports = read_exports(args.file, args.nodes, args.tz or UTC, read)
     except SacctError as exc:
         raise CliError(str(exc)) from None
-    finally:
-        done()
     config = _proc_config(args)
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
-    update, stop = _progress("importing sacct", not args.quiet)
-    try:
+    with _progress("importing sacct", not args.quiet) as update:
         imported, rejected = import_exports(
             processor, [file_digest(f) for f in args.file],
             lambda history: exports.events(mapping, history), update, replace=args.replace,
             until=until)
-    finally:
-        stop()
     r = imported
     print("slurm-sacct: " + (f"{r.files:,} files, " if r.files > 1 else "")
           + f"{r.lines:,} lines: {r.jobs:,} GPU jobs ({r.attempts:,} attempts) "

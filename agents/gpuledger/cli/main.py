@@ -14,7 +14,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,15 @@ WAREHOUSE_HELP = ("warehouse: a folder or s3://bucket/prefix (S3 settings and cr
 _need_pipeline = need_pipeline
 
 
-def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Callable[[], None]]:
-    """A progress bar on stderr (rich when available and stderr is a terminal)."""
+@contextmanager
+def _progress(label: str, enabled: bool) -> Iterator[Callable[[float], None]]:
+    """A progress bar on stderr (rich), for the work done inside the ``with``; it gives
+    the function that moves it (a fraction done). When the work ends, the bar shows it
+    whole; when the work fails, it stays where the work stopped (it showed 100 % over the
+    error)."""
     if not enabled:
-        return (lambda _f: None), (lambda: None)
+        yield lambda _f: None
+        return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -57,15 +63,11 @@ def _progress(label: str, enabled: bool) -> tuple[Callable[[float], None], Calla
                    console=Console(stderr=True), transient=False)
     task = bar.add_task(label, total=1.0)
     bar.start()
-
-    def update(fraction: float) -> None:
-        bar.update(task, completed=fraction)
-
-    def stop() -> None:
+    try:
+        yield lambda fraction: bar.update(task, completed=fraction)
         bar.update(task, completed=1.0)
+    finally:
         bar.stop()
-
-    return update, stop
 
 
 def _start_time(text: str) -> datetime:
@@ -171,9 +173,7 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
     from gpuledger.pipeline.report import summary_text
 
     started = time.monotonic()
-    update, stop = _progress(f"simulating {sim.hours:g} h and processing",
-                             not args.quiet)
-    try:
+    with _progress(f"simulating {sim.hours:g} h and processing", not args.quiet) as update:
         if args.kafka:
             from gpuledger.pipeline.kafka.demo import run_kafka_demo
 
@@ -193,8 +193,6 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
                 diagnose_warehouse(args.warehouse)
             except HistoryError as exc:  # nothing to diagnose (every sample rejected)
                 print(f"gpuledger: warning: diagnose: {exc}", file=sys.stderr)
-    finally:
-        stop()
     elapsed = time.monotonic() - started
     c = result.counters
     print(f"processed {c.records_in['telemetry']:,} GPU samples, "
@@ -267,20 +265,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise CliError(f"--out {args.out}: {exc.strerror or exc}"
                        + (" (a file is there: --out names a folder)"
                           if args.out.exists() and not args.out.is_dir() else "")) from None
-    update, stop = _progress(f"simulating {sim.hours:g} h", not args.quiet)
     total = sim.hours * 60
     done = [0.0]
 
-    def batches() -> Any:
+    def batches(update: Callable[[float], None]) -> Any:
         for batch in simulate(sim):
             yield batch
             done[0] += sim.chunk_minutes
             update(min(done[0] / total, 1.0))
 
-    try:
-        counts = write_jsonl(batches(), args.out)
-    finally:
-        stop()
+    with _progress(f"simulating {sim.hours:g} h", not args.quiet) as update:
+        counts = write_jsonl(batches(update), args.out)
     for kind, n in counts.items():
         print(f"{args.out / (kind + '.jsonl')}: {n:,} lines")
     return 0
@@ -292,11 +287,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     check_input_files(*args.files)
     config = _proc_config(args)
-    update, stop = _progress("ingesting", not args.quiet)
-    try:
+    with _progress("ingesting", not args.quiet) as update:
         result = ingest(args.files, args.warehouse, config, update, afresh=args.afresh)
-    finally:
-        stop()
     rej = result.rejects
     if result.nothing:
         print(f"nothing to ingest: no valid record in the input ({rej.height:,} bad "
@@ -358,12 +350,9 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     if imported.window_start is not None:
         processor.begin_at(imported.window_start)
-    update, stop = _progress("importing openb", not args.quiet)
-    try:
+    with _progress("importing openb", not args.quiet) as update:
         rejected = import_history(processor, imported.frames, update, imported.window_end,
                                   replace=args.replace)
-    finally:
-        stop()
     print(f"openb: {imported.pods_total:,} pods ({imported.pods_cpu_only:,} CPU-only skipped), "
           f"{imported.pods_imported:,} imported into {args.warehouse}/; "
           f"{len(imported.unplaced):,} could not be placed"

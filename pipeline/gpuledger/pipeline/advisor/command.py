@@ -58,11 +58,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if is_url(args.warehouse):
         raise CliError(f"diagnose reads and writes a warehouse folder; "
                        f"{display(args.warehouse)} is not one (run it where the folder is)")
-    say = _say(args.quiet, "diagnose")
+    from gpuledger.cli.main import _progress
+
+    # a bar on stderr, as the imports draw (a line per hour of history: 1,209 lines
+    # for the openb trace)
     try:
-        result = diagnose_warehouse(Path(args.warehouse), write=not args.dry_run,
-                                    progress=lambda f: say(f"diagnosing {f:.0%}"),
-                                    force=args.force)
+        with _progress("diagnosing", not args.quiet) as update:
+            result = diagnose_warehouse(Path(args.warehouse), write=not args.dry_run,
+                                        progress=update, force=args.force)
     except HistoryError as exc:
         raise CliError(str(exc)) from None
     if args.json:
