@@ -126,3 +126,24 @@ def test_a_sweep_counts_what_a_row_per_interval_and_minute_counts(
     swept = sweep_minutes(middle_span(frame, "start", "end", a, b), ["key"], "_first",
                           "_stop").with_columns(to_time(pl.col("minute"))).collect()
     assert {(r["minute"], r["key"]): r["n"] for r in swept.iter_rows(named=True)} == dict(want)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(-120, 3_000), st.one_of(st.none(), st.integers(0, 3_000))),
+                max_size=20), st.integers(1, 13), st.integers(0, 9))
+def test_a_sampled_expansion_is_the_full_one_on_the_grid(
+        spans: list[tuple[int, int | None]], every: int, offset: int) -> None:
+    """``expand_to_minutes(..., every)`` (whatif's sampled grid: months of intervals are
+    not expanded to every minute first) gives the rows of the full expansion whose minute
+    is ``range_start + k·every``."""
+    frame = pl.DataFrame(
+        {"start": [T0 + timedelta(seconds=s) for s, _ in spans],
+         "end": [None if d is None else T0 + timedelta(seconds=s + d) for s, d in spans],
+         "i": list(range(len(spans)))},
+        schema={"start": pl.Datetime("ms", "UTC"), "end": pl.Datetime("ms", "UTC"),
+                "i": pl.Int64()})
+    a, b = T0 + timedelta(minutes=offset), T0 + timedelta(minutes=50)
+    full = expand_to_minutes(frame, "start", "end", a, b)
+    on_grid = full.filter(((pl.col("minute") - a).dt.total_minutes() % every) == 0)
+    sampled = expand_to_minutes(frame, "start", "end", a, b, every)
+    assert sampled.sort("i", "minute").equals(on_grid.sort("i", "minute"))

@@ -68,15 +68,24 @@ def expand_to_minutes(
     end: str,
     range_start: datetime,
     range_end: datetime,
+    every: int = 1,
 ) -> pl.DataFrame:
     """One row per (interval, minute whose middle it covers) in ``[range_start, range_end)``.
 
-    ``end`` may be null (still open). Adds a ``minute`` column (UTC, ms).
+    ``end`` may be null (still open). Adds a ``minute`` column (UTC, ms). ``every``: only
+    the minutes ``range_start + k·every`` (a sampled grid): months of intervals are not
+    first expanded to every minute.
     """
+    step, lo = every * MINUTE_MS, ms(range_start)
+    spans = middle_span(intervals, start, end, range_start, range_end)
+    if every > 1:  # each span's first minute on the grid
+        spans = spans.with_columns(
+            (lo + (pl.col("_first") - lo + (step - 1)) // step * step).alias("_first")
+        ).filter(pl.col("_first") < pl.col("_stop"))
     return (
-        middle_span(intervals, start, end, range_start, range_end)
+        spans
         .with_columns(
-            pl.int_ranges(pl.col("_first"), pl.col("_stop"), MINUTE_MS).alias("minute")
+            pl.int_ranges(pl.col("_first"), pl.col("_stop"), step).alias("minute")
         )
         .explode("minute")
         .with_columns(to_time(pl.col("minute")).alias("minute"))
