@@ -76,6 +76,14 @@ def expand_to_minutes(
     the minutes ``range_start + k·every`` (a sampled grid): months of intervals are not
     first expanded to every minute.
     """
+    return engines.step_frame(
+        minute_rows(intervals, start, end, range_start, range_end, every))
+
+
+def minute_rows(intervals: pl.DataFrame | pl.LazyFrame, start: str, end: str,
+                range_start: datetime, range_end: datetime, every: int = 1) -> pl.LazyFrame:
+    """The plan of :func:`expand_to_minutes`, for a caller that goes on with it (and
+    need never hold a row per interval and minute)."""
     step, lo = every * MINUTE_MS, ms(range_start)
     spans = middle_span(intervals, start, end, range_start, range_end)
     if every > 1:  # each span's first minute on the grid
@@ -90,7 +98,7 @@ def expand_to_minutes(
         .explode("minute")
         .with_columns(to_time(pl.col("minute")).alias("minute"))
         .drop("_first", "_stop")
-    ).pipe(engines.step_frame)
+    )
 
 
 def sweep_minutes(spans: pl.LazyFrame, by: list[str], start: str, stop: str) -> pl.LazyFrame:
