@@ -29,12 +29,13 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.advisor.history import History
 from gpuledger.pipeline.advisor.replay import Run
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.facts import demand
 from gpuledger.pipeline.facts.fragmentation import FRAG_KS, fragmentation
-from gpuledger.pipeline.facts.minutes import HOUR_MS, clip_ms, expand_to_minutes, minute_rows, ms
+from gpuledger.pipeline.facts.minutes import HOUR_MS, clip_ms, minute_rows, ms
 
 FRAGS = [f"frag_{k}" for k in FRAG_KS]
 ALL = "all"
@@ -92,11 +93,13 @@ def waits(run: Run, h: History) -> pl.DataFrame:
     return out.filter(pl.col("attempts") > 0).sort("by", "key")
 
 
-def _sampled(frame: pl.DataFrame, h: History) -> pl.DataFrame:
+def _sampled(intervals: pl.DataFrame, start: str, end: str, h: History) -> pl.LazyFrame:
+    """The plan of a row per interval and grid minute whose middle it covers
+    (``expand_to_minutes`` on the grid's minutes, and only those the grid holds)."""
+    rows = minute_rows(intervals, start, end, h.start, h.end, h.step_minutes)
     if h.step_minutes == 1:
-        return frame
-    minutes = h.grid.select("minute").unique()
-    return frame.join(minutes, on="minute", how="semi")
+        return rows
+    return rows.join(h.grid.lazy().select("minute").unique(), on="minute", how="semi")
 
 
 def _sample_hours(h: History) -> pl.Expr:
@@ -145,10 +148,8 @@ def answers(run: Run, h: History, from_facts: bool = False) -> Answers:
     # days) and the grid joined whole (6 M GPU-minutes of the openb trace) were held and
     # copied with their names, 1.1 to 2.2 GB more at the peak
     held = run.allocations.select("node", "gpu_index", "start", "end")
-    busy = minute_rows(held, "start", "end", h.start, h.end, h.step_minutes)
-    if h.step_minutes > 1:
-        busy = busy.join(h.grid.lazy().select("minute").unique(), on="minute", how="semi")
-    taken = busy.select(*keys).unique().with_columns(pl.lit(True).alias("_taken"))
+    taken = _sampled(held, "start", "end", h).select(*keys).unique().with_columns(
+        pl.lit(True).alias("_taken"))
     nodes = h.grid.lazy().join(taken, on=keys, how="left").with_columns(
         (pl.col("node_ok") & pl.col("gpu_ok") & pl.col("_taken").is_null())
         .alias("cluster_free")).group_by("minute", "pool", "card_type", "node").agg(
@@ -169,8 +170,7 @@ def answers(run: Run, h: History, from_facts: bool = False) -> Answers:
     else:
         pending = run.attempts.with_columns(
             pl.coalesce("started_at", "ended_at").alias("end"))
-        pend = _sampled(expand_to_minutes(pending, "queued_at", "end", h.start, h.end,
-                                          h.step_minutes), h)
+        pend = engines.step_frame(_sampled(pending, "queued_at", "end", h))
         blocked = demand.blocked_jobs(pend.select(
             "minute", "job_id", "attempt", "team", "pool", "card_type",
             pl.col("gpus").fill_null(1)), hist).filter(pl.col("blocked")).select(
