@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpuledger.pipeline.advisor.fragment import TaskMix, fgd_choice, node_fragment
+from gpuledger.pipeline.advisor.fragment import (
+    TaskMix,
+    distinct_rows,
+    fgd_choice,
+    node_fragment,
+)
 from gpuledger.pipeline.advisor.placement import FGD, TopologyAware, WorstFit, placement
 from gpuledger.pipeline.advisor.replay import layout_of
 from gpuledger.pipeline.simulate.cluster import ClusterSpec, NodeGroup, Team
@@ -49,6 +56,98 @@ def test_fgd_prefers_the_node_whose_fragmentation_grows_least() -> None:
     free = np.array([[4] * 6 + [0, 0], [4] * 5 + [0] * 3])
     node, slots = fgd_choice(free, np.array([8, 8]), np.array([0, 1]), 3, WHOLE, WHOLE, mix)
     assert node == 0 and slots == [0, 1, 2]
+
+
+def _choice_by_definition(free: np.ndarray, node_gpus: np.ndarray, candidates: np.ndarray,
+                          gpus: int, units: int, whole: int, mix: TaskMix,
+                          cpu_free: np.ndarray | None, cpu: float) -> tuple[int, list[int]]:
+    """FGD's pick, one placement at a time: each candidate node in turn, each slot with
+    room for a shared task (the lowest completely free slots for a whole-GPU task); the
+    least growth of F_n(M), then the least free capacity left, then the first."""
+    best: tuple[float, int, int] | None = None
+    pick: tuple[int, list[int]] = (-1, [])
+    order = 0
+    for n in candidates.tolist():
+        k = int(node_gpus[n])
+        options = ([[s] for s in range(k) if free[n, s] >= units] if units < whole
+                   else [[s for s in range(k) if free[n, s] == whole][:gpus]])
+        for slots in options:
+            after = free[n].copy()
+            after[slots] -= units
+            cpus = None if cpu_free is None else cpu_free[[n]]
+            grown = (node_fragment(after[None], node_gpus[[n]], whole, mix,
+                                   None if cpus is None else cpus - cpu)[0]
+                     - node_fragment(free[n][None], node_gpus[[n]], whole, mix, cpus)[0])
+            score = (float(np.round(grown, 9)), int(after.sum()), order)
+            if best is None or score < best:
+                best, pick = score, (n, slots)
+            order += 1
+    return pick
+
+
+@st.composite
+def _fgd_case(draw: st.DrawFn) -> tuple:  # type: ignore[type-arg]
+    whole = draw(st.sampled_from([4, 1000]))
+    width = draw(st.integers(1, 8))
+    nodes = draw(st.integers(1, 12))
+    node_gpus = np.array([draw(st.integers(1, width)) for _ in range(nodes)])
+    # few distinct levels, so that identical nodes (scored once) are common
+    levels = [0, whole // 4, whole // 2, whole]
+    free = np.array([[draw(st.sampled_from(levels)) if s < node_gpus[n] else 0
+                      for s in range(width)] for n in range(nodes)], dtype=np.int64)
+    with_cpu = draw(st.booleans())
+    cpu_free = (np.array([draw(st.sampled_from([0.0, 4.0, 8.0, 16.0])) for _ in range(nodes)])
+                if with_cpu else None)
+    kinds = draw(st.lists(st.tuples(st.integers(1, 8), st.sampled_from(levels[1:])),
+                          min_size=1, max_size=6))
+    tasks = [(1, u) if u < whole else (g, u) for g, u in kinds]
+    mix = TaskMix.of(tasks, whole, [draw(st.sampled_from([1.0, 6.0])) for _ in tasks]
+                     if with_cpu else None)
+    shared = draw(st.booleans())
+    gpus, units = (1, draw(st.sampled_from(levels[1:3]))) if shared else (
+        draw(st.integers(1, width)), whole)
+    fits = ((free >= units).any(axis=1) if units < whole
+            else (free == whole).sum(axis=1) >= gpus)
+    candidates = np.flatnonzero(fits)
+    cpu = draw(st.sampled_from([0.0, 2.0]))
+    return free, node_gpus, candidates, gpus, units, whole, mix, cpu_free, cpu
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fgd_case())
+def test_fgd_choice_equals_the_one_placement_at_a_time_definition(case: tuple) -> None:  # type: ignore[type-arg]
+    """All candidate placements laid out at once, identical ones scored once, pick what
+    scoring each placement on its own picks: the node and the slots."""
+    free, node_gpus, candidates, gpus, units, whole, mix, cpu_free, cpu = case
+    if candidates.size == 0:
+        return
+    expected = _choice_by_definition(free, node_gpus, candidates, gpus, units, whole, mix,
+                                     cpu_free, cpu)
+    assert fgd_choice(free, node_gpus, candidates, gpus, units, whole, mix,
+                      cpu_free, cpu) == expected
+
+
+def test_fgd_scores_nodes_alike_only_when_their_cpu_is_alike_too() -> None:
+    """Two nodes with the same free GPUs, 8 and 16 CPUs free; the mix is 1-GPU tasks of
+    8 CPUs; a 1-GPU task of 4 CPUs leaves 4 CPUs on the first (nothing of the mix fits
+    there any more: its 4 free units become fragment, Δ +4) and 12 on the second (Δ 0)."""
+    mix = TaskMix.of([(1, WHOLE)], WHOLE, [8.0])
+    free = np.array([[4, 4], [4, 4]])
+    node, slots = fgd_choice(free, np.array([2, 2]), np.array([0, 1]), 1, WHOLE, WHOLE, mix,
+                             cpu_free=np.array([8.0, 16.0]), cpu=4.0)
+    assert (node, slots) == (1, [0])
+
+
+def test_distinct_rows_tells_rows_apart_exactly() -> None:
+    """The first row of each distinct row, and where each row's distinct row is; rows that
+    differ in one bit only, or by sign of zero, are not merged into a wrong row."""
+    key = np.array([[1.0, 2.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0000000000000004],
+                    [0.0, 0.0], [-0.0, 0.0], [2.0, 1.0]])
+    first, back = distinct_rows(key)
+    assert np.array_equal(key[first][back], key)
+    assert back[0] == back[1] and back[2] == back[6]
+    assert len({back[0], back[2], back[3], back[4]}) == 4
+    assert sorted(first.tolist())[:3] == [0, 2, 3]
 
 
 def _sched(nodes: pl.DataFrame, jobs: list[Job]) -> Scheduler:
