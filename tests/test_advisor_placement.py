@@ -17,7 +17,7 @@ from gpuledger.pipeline.advisor.fragment import (
 from gpuledger.pipeline.advisor.placement import FGD, TopologyAware, WorstFit, placement
 from gpuledger.pipeline.advisor.replay import layout_of
 from gpuledger.pipeline.simulate.cluster import ClusterSpec, NodeGroup, Team
-from gpuledger.pipeline.simulate.scheduler import WHOLE, Scheduler
+from gpuledger.pipeline.simulate.scheduler import WHOLE, Rules, Scheduler
 from gpuledger.pipeline.simulate.workload import Job
 
 HALF_AND_PAIRS = TaskMix.of([(1, 2), (2, WHOLE)], WHOLE)  # p = 0.5 each
@@ -204,3 +204,62 @@ def test_fgd_placement_in_the_scheduler() -> None:
     assert fgd.place(sched, _job(1, 2), free, np.zeros(2, dtype=bool)) == [5]
     with pytest.raises(ValueError, match="unknown placement"):
         placement("random", {})
+
+
+def test_preemption_takes_the_cheapest_victims_that_make_room() -> None:
+    """One 8-GPU node, full at 1,515 s: A (priority 0, 2 GPUs from 0 s, a checkpoint every
+    500 s: work lost since 1,500 s, 15 s × 2 GPUs), B (priority 9, 2 GPUs from 1,400 s:
+    not below the newcomer's priority, never a victim) and C (priority 0, 4 GPUs from
+    1,400 s: 115 s × 4 GPUs lost; it started last, but loses more than A). A 6-GPU job of
+    priority 5 takes A first, then C; the pruning pass keeps both (C alone leaves 4
+    GPUs). A 4-GPU job takes A, then C, and the pruning pass lets A go on. An 8-GPU job
+    would need B too: nothing is preempted."""
+    def job(i: int, gpus: int, priority: int, checkpoint_s: int = 0) -> Job:
+        return Job(i, f"j{i}", "w", "p", "t", "u", "q", "p", priority, "training", gpus,
+                   WHOLE, None, 0.0, True, checkpoint_s, 0, 3600, 3600, "finished", None,
+                   0.0, 0.0, 0.0, 0.0, 0)
+    jobs = [job(0, 2, 0, checkpoint_s=500), job(1, 2, 9), job(2, 4, 0), job(3, 6, 5)]
+    sched = _sched(_nodes(("n", 8, False)), jobs)
+    sched._start(0, [0, 1], 0)
+    sched._start(1, [2, 3], 1400)
+    sched._start(2, [4, 5, 6, 7], 1400)
+    blocked = np.zeros(1, dtype=bool)
+    gpus = sched._search_victims(jobs[3], blocked, 1515)
+    assert gpus is not None and sorted(gpus) == [0, 1, 4, 5, 6, 7]
+    assert sorted(sched.running) == [1]
+    preempted = [e for e in sched.log if e.event == "preempted"]
+    assert [e.job for e in preempted] == [0, 2]
+    # a 4-GPU job of priority 5 on the node as it was: C alone is enough
+    again = _sched(_nodes(("n", 8, False)), jobs)
+    for j, gpus_of, at in ((0, [0, 1], 0), (1, [2, 3], 1400), (2, [4, 5, 6, 7], 1400)):
+        again._start(j, gpus_of, at)
+    four, eight = job(4, 4, 5), job(5, 8, 5)
+    again.jobs.extend([four, eight])
+    assert again._search_victims(eight, blocked, 1515) is None
+    assert sorted(again.running) == [0, 1, 2]
+    assert sorted(again._search_victims(four, blocked, 1515) or []) == [4, 5, 6, 7]
+    assert sorted(again.running) == [0, 1]
+
+
+def test_reclaim_takes_only_other_teams_borrowed_attempts() -> None:
+    """Team t's quota is 1 GPU of the 8-GPU node, team u's 8: t's 4-GPU attempt borrows.
+    With priority preemption off, a 4-GPU job of u reclaims it; a job of t reclaims
+    nothing from its own team."""
+    def job(i: int, team: str) -> Job:
+        return Job(i, f"j{i}", "w", "p", team, "u", "q", "p", 0, "training", 4, WHOLE,
+                   None, 0.0, False, 0, 0, 3600, 3600, "finished", None, 0.0, 0.0, 0.0,
+                   0.0, 0)
+    jobs = [job(0, "t"), job(1, "u"), job(2, "t"), job(3, "u")]
+    layout = layout_of(_nodes(("n", 8, False)))
+    spec = ClusterSpec("t", (NodeGroup("g", "p", "C", 1, 8, 1.0),),
+                       (Team("t", 1, {"p": 1}), Team("u", 1, {"p": 8})), (), ())
+    sched = Scheduler(spec, layout, jobs, seed=0, start_s=0, end_s=3600,
+                      rules=Rules(preempt_priority=False))
+    sched._start(0, [0, 1, 2, 3], 0)       # t: borrowed
+    sched._start(1, [4, 5, 6, 7], 0)       # u: within its quota
+    assert sched.running[0].borrowed and not sched.running[1].borrowed
+    blocked = np.zeros(1, dtype=bool)
+    assert sched._search_victims(jobs[2], blocked, 60) is None     # t's own attempt
+    assert sorted(sched.running) == [0, 1]
+    assert sorted(sched._search_victims(jobs[3], blocked, 60) or []) == [0, 1, 2, 3]
+    assert sorted(sched.running) == [1]

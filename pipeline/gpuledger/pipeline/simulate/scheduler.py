@@ -97,6 +97,22 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class RunningInPool:
+    """The attempts running in one pool, as arrays aligned on ``job`` (a victim search
+    reads them whole; they are gathered again after an attempt starts or ends there)."""
+
+    job: np.ndarray
+    start_s: np.ndarray
+    borrowed: np.ndarray
+    team: np.ndarray  # the team's number (``Scheduler._team_number``)
+    priority: np.ndarray
+    preemptible: np.ndarray
+    checkpoint_s: np.ndarray
+    demand_units: np.ndarray
+    gpu_class: np.ndarray  # the (pool, card) class of every GPU held; -1: more than one
+
+
+@dataclass(frozen=True)
 class JobEvent:
     """One emitted scheduler event."""
 
@@ -226,6 +242,21 @@ class Scheduler:
         self.snapshot: list[JobEvent] | None = None
         self.stats = {"passes": 0, "preemptions": 0, "reservations": 0}
         self._cap: dict[tuple[str, str | None], tuple[int, int, dict[str, int]]] = {}
+        # victim searches read the running attempts of a pool as arrays: each job's own
+        # figures once, each attempt's when it starts, gathered per pool when asked
+        self._team_number: dict[str, int] = {}
+        self._job_figures = self._figures_of(jobs)
+        self._started_s = np.zeros(len(jobs), dtype=np.int64)
+        self._borrowing = np.zeros(len(jobs), dtype=bool)
+        self._held_class = np.full(len(jobs), -1, dtype=np.int64)
+        self._running_by_pool: dict[str, set[int]] = {}
+        self._in_pool: dict[str, RunningInPool] = {}
+        classes: dict[tuple[str, str], int] = {}
+        node_class = np.array([classes.setdefault(pc, len(classes)) for pc in zip(
+            layout.node_pool, layout.node_card, strict=True)], dtype=np.int64)
+        self._gpu_class = node_class[layout.gpu_node]
+        self._node_class = node_class
+        self._class_count = len(classes)
         self._no_room: set[tuple[object, ...]] = set()
         """Job shapes whose preemption search failed since the state last changed: the
         search is pure, and in a long queue most waiting jobs repeat a few shapes (it
@@ -430,6 +461,11 @@ class Scheduler:
         self.status[j] = RUNNING
         self.pending[job.pool].discard(j)
         self.running[j] = Attempt(j, self.attempts[j], t, idx, job.units, borrowed)
+        self._started_s[j], self._borrowing[j] = t, borrowed
+        held = self._gpu_class[idx]
+        self._held_class[j] = held[0] if held.size and (held == held[0]).all() else -1
+        self._running_by_pool.setdefault(job.pool, set()).add(j)
+        self._in_pool.pop(job.pool, None)
         remaining = max(1, job.end_work_s - self.done[j])
         self._push(t + remaining, END, j, self.attempts[j])
         self._emit(t, j, "started", borrowed=borrowed, gpus=tuple(gpus), units=job.units)
@@ -439,6 +475,8 @@ class Scheduler:
         """End the running attempt of job ``j`` at ``t``: free GPUs, log checkpoints."""
         a = self.running.pop(j)
         job = self.jobs[j]
+        self._running_by_pool[job.pool].discard(j)
+        self._in_pool.pop(job.pool, None)
         self.free[a.gpus] += a.units
         self.usage[(job.team, job.pool)] -= job.demand_units
         for g in a.gpus.tolist():
@@ -639,36 +677,33 @@ class Scheduler:
     def _search_victims(self, job: Job, blocked: np.ndarray, t: int) -> list[int] | None:
         """Preempt the cheapest set of attempts that makes room for ``job``; None when
         there is none. Depends on the job's shape and the state alone."""
-        key = (job.pool, job.card_type)
-        compat = self._compat_gpu[key]
-        victims: list[tuple[tuple[int, int, int, int], Attempt]] = []
-        for a in self.running.values():
-            other = self.jobs[a.job]
-            if other.pool != job.pool:
-                continue
-            rules = self.rules
-            reclaim = rules.reclaim and a.borrowed and other.team != job.team
-            lower = rules.preempt_priority and other.preemptible and other.priority < job.priority
-            if not (reclaim or lower):
-                continue
-            if rules.checkpointable_victims_only and not other.checkpoint_s:
-                continue
-            if not compat[a.gpus].any():
-                continue
-            lost_from = a.start_s
-            if other.checkpoint_s:
-                lost_from += (
-                    _checkpoints_before(a.start_s, t, other.checkpoint_s) * other.checkpoint_s
-                )
-            cost = (t - lost_from) * other.demand_units
-            victims.append(((other.priority, cost, -a.start_s, a.job), a))
-        if not victims:
+        run = self._running_in(job.pool)
+        if run is None:
             return None
-        victims.sort(key=lambda v: v[0])
+        rules = self.rules
+        may = np.zeros(run.job.size, dtype=bool)
+        if rules.reclaim:
+            may |= run.borrowed & (run.team != self._team_number.get(job.team, -1))
+        if rules.preempt_priority:
+            may |= run.preemptible & (run.priority < job.priority)
+        if rules.checkpointable_victims_only:
+            may &= run.checkpoint_s > 0
+        may &= self._on_usable_gpus(run, (job.pool, job.card_type))
+        which = np.flatnonzero(may)
+        if which.size == 0:
+            return None
+        start, every = run.start_s[which], run.checkpoint_s[which]
+        elapsed = t - start
+        written = np.where((every > 0) & (elapsed > 0),
+                           np.maximum(0, (elapsed - 1) // np.maximum(every, 1)), 0)
+        cost = (t - (start + written * every)) * run.demand_units[which]
+        # cheapest first: lower priority, less work lost, started later, then the job
+        order = which[np.lexsort((run.job[which], -start, cost, run.priority[which]))]
+        victims = [self.running[j] for j in run.job[order[:MAX_VICTIMS]].tolist()]
         trial = self.free.copy()
         chosen: list[Attempt] = []
         fitted = False
-        for _, a in victims[:MAX_VICTIMS]:
+        for a in victims:
             trial[a.gpus] += a.units
             chosen.append(a)
             if self._place(job, trial, blocked) is not None:
@@ -692,6 +727,47 @@ class Scheduler:
                 reason = f"preempted by higher-priority job {job.job_id} (queue {job.queue})"
             self._preempt(a.job, t, reason)
         return self._place(job, self.free, blocked)
+
+    def _figures_of(self, jobs: list[Job]) -> dict[str, np.ndarray]:
+        """Each job's team (numbered), priority, preemptibility, checkpoint interval and
+        demand, as arrays indexed by job."""
+        return {
+            "team": np.array([self._team_number.setdefault(j.team, len(self._team_number))
+                              for j in jobs], dtype=np.int64),
+            "priority": np.array([j.priority for j in jobs], dtype=np.int64),
+            "preemptible": np.array([j.preemptible for j in jobs], dtype=bool),
+            "checkpoint_s": np.array([j.checkpoint_s for j in jobs], dtype=np.int64),
+            "demand_units": np.array([j.demand_units for j in jobs], dtype=np.int64),
+        }
+
+    def _running_in(self, pool: str) -> RunningInPool | None:
+        """The attempts running in ``pool`` as arrays (None: none runs there)."""
+        if pool in self._in_pool:
+            return self._in_pool[pool]
+        running = self._running_by_pool.get(pool)
+        if not running:
+            return None
+        ids = np.fromiter(running, dtype=np.int64, count=len(running))
+        figures = self._job_figures
+        if len(self.jobs) > figures["team"].size:  # jobs added after the start
+            figures = self._job_figures = self._figures_of(self.jobs)
+        run = RunningInPool(
+            job=ids, start_s=self._started_s[ids], borrowed=self._borrowing[ids],
+            team=figures["team"][ids], priority=figures["priority"][ids],
+            preemptible=figures["preemptible"][ids],
+            checkpoint_s=figures["checkpoint_s"][ids],
+            demand_units=figures["demand_units"][ids], gpu_class=self._held_class[ids])
+        self._in_pool[pool] = run
+        return run
+
+    def _on_usable_gpus(self, run: RunningInPool, key: tuple[str, str | None]) -> np.ndarray:
+        """Which of ``run``'s attempts hold a GPU of the kind ``key`` asks for."""
+        usable = np.zeros(self._class_count + 1, dtype=bool)  # the last: "mixed", below
+        usable[self._node_class[self._compat_node[key]]] = True
+        out: np.ndarray = usable[run.gpu_class]
+        for i in np.flatnonzero(run.gpu_class < 0).tolist():  # GPUs of several classes
+            out[i] = bool(self._compat_gpu[key][self.running[int(run.job[i])].gpus].any())
+        return out
 
     # --- incidents ----------------------------------------------------------------------
 
