@@ -17,7 +17,13 @@ from gpuledger.pipeline.advisor.fragment import (
 from gpuledger.pipeline.advisor.placement import FGD, TopologyAware, WorstFit, placement
 from gpuledger.pipeline.advisor.replay import layout_of
 from gpuledger.pipeline.simulate.cluster import ClusterSpec, NodeGroup, Team
-from gpuledger.pipeline.simulate.scheduler import WHOLE, Rules, Scheduler
+from gpuledger.pipeline.simulate.scheduler import (
+    WHOLE,
+    Rules,
+    Scheduler,
+    _checkpoints_before,
+    _checkpoints_before_each,
+)
 from gpuledger.pipeline.simulate.workload import Job
 
 HALF_AND_PAIRS = TaskMix.of([(1, 2), (2, WHOLE)], WHOLE)  # p = 0.5 each
@@ -263,3 +269,18 @@ def test_reclaim_takes_only_other_teams_borrowed_attempts() -> None:
     assert sorted(sched.running) == [0, 1]
     assert sorted(sched._search_victims(jobs[3], blocked, 60) or []) == [0, 1, 2, 3]
     assert sorted(sched.running) == [1]
+
+
+def test_checkpoints_before_counts_alike_one_at_a_time_and_as_arrays() -> None:
+    """Checkpoints strictly before t: every 600 s from a start at 0, none at 600 s itself
+    (written at 600, not before), one at 601; never for an interval of 0 or before the
+    start. The array form gives what the one-at-a-time form gives, case by case."""
+    assert [_checkpoints_before(0, t, 600) for t in (0, 599, 600, 601, 1201)] == [0, 0, 0, 1, 2]
+    assert _checkpoints_before(100, 50, 600) == 0 and _checkpoints_before(0, 5000, 0) == 0
+    starts, ts, everys = np.meshgrid(np.arange(0, 1300, 97), np.arange(0, 2600, 131),
+                                     np.array([0, 1, 7, 300, 600]))
+    for t in np.unique(ts).tolist():
+        pick = ts == t
+        each = _checkpoints_before_each(starts[pick], t, everys[pick])
+        assert each.tolist() == [_checkpoints_before(int(s), t, int(e)) for s, e in zip(
+            starts[pick].tolist(), everys[pick].tolist(), strict=True)]
