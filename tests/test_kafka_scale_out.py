@@ -186,7 +186,7 @@ def test_taking_partition_0_reads_the_parts_from_its_sections_place(
         tp, key = TopicPartition(parts, 0), (parts, 0)
         service.add_partition(1)             # not the owner: parts are read, not taken
         # a drain reads what one fetch brings; the first fetch after the assignment may
-        # take longer than one poll's wait on a loaded machine (CI: 1 run in ~40)
+        # take longer than one poll's wait on a loaded machine (this failed once in CI)
         deadline = time.monotonic() + 20
         while service.offsets.get(key, 0) < 3 and time.monotonic() < deadline:
             service._drain_globals(force=True)
