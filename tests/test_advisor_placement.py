@@ -248,11 +248,10 @@ def test_preemption_takes_the_cheapest_victims_that_make_room() -> None:
     preempted = [e for e in sched.log if e.event == "preempted"]
     assert [e.job for e in preempted] == [0, 2]
     # a 4-GPU job of priority 5 on the node as it was: C alone is enough
-    again = _sched(_nodes(("n", 8, False)), jobs)
+    four, eight = job(4, 4, 5), job(5, 8, 5)
+    again = _sched(_nodes(("n", 8, False)), [*jobs, four, eight])
     for j, gpus_of, at in ((0, [0, 1], 0), (1, [2, 3], 1400), (2, [4, 5, 6, 7], 1400)):
         again._start(j, gpus_of, at)
-    four, eight = job(4, 4, 5), job(5, 8, 5)
-    again.jobs.extend([four, eight])
     assert again._search_victims(eight, blocked, 1515) is None
     assert sorted(again.running) == [0, 1, 2]
     assert sorted(again._search_victims(four, blocked, 1515) or []) == [4, 5, 6, 7]
@@ -296,3 +295,25 @@ def test_checkpoints_before_counts_alike_one_at_a_time_and_as_arrays() -> None:
         each = _checkpoints_before_each(starts[pick], t, everys[pick])
         assert each.tolist() == [_checkpoints_before(int(s), t, int(e)) for s, e in zip(
             starts[pick].tolist(), everys[pick].tolist(), strict=True)]
+
+
+def test_an_attempt_on_two_kinds_of_card_is_a_victim_for_either_kind() -> None:
+    """Node a has A cards, node b B cards (one pool). An attempt that holds a GPU of each
+    (no placement makes one; the search still reads it GPU by GPU) may be preempted for
+    a job that asks for B cards; an attempt on A cards alone may not."""
+    def job(i: int, gpus: int, priority: int, card: str | None) -> Job:
+        return Job(i, f"j{i}", "w", "p", "t", "u", "q", "p", priority, "training", gpus,
+                   WHOLE, card, 0.0, True, 0, 0, 3600, 3600, "finished", None, 0.0, 0.0,
+                   0.0, 0.0, 0)
+    nodes = pl.DataFrame({"node": ["a", "b"], "pool": ["p", "p"], "card_type": ["A", "B"],
+                          "gpus": [2, 2], "nvlink": [False, False]})
+    jobs = [job(0, 2, 0, None), job(1, 1, 0, "A"), job(2, 1, 0, "B"), job(3, 2, 5, "B")]
+    sched = _sched(nodes, jobs)
+    sched._start(0, [1, 2], 0)          # one A card, one B card
+    sched._start(1, [0], 0)             # the other A card
+    sched._start(2, [3], 0)             # the other B card
+    run = sched._running_in("p")
+    assert run is not None
+    usable = dict(zip(run.job.tolist(), sched._on_usable_gpus(run, ("p", "B")).tolist(),
+                      strict=True))
+    assert usable == {0: True, 1: False, 2: True}

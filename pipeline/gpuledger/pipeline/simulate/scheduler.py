@@ -747,8 +747,6 @@ class Scheduler:
             return None
         ids = np.fromiter(running, dtype=np.int64, count=len(running))
         figures = self._job_figures
-        if len(self.jobs) > figures["team"].size:  # jobs added after the start
-            figures = self._job_figures = self._figures_of(self.jobs)
         run = RunningInPool(
             job=ids, start_s=self._started_s[ids], borrowed=self._borrowing[ids],
             team=figures["team"][ids], priority=figures["priority"][ids],
