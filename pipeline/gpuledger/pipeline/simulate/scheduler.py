@@ -256,7 +256,9 @@ class Scheduler:
             layout.node_pool, layout.node_card, strict=True)], dtype=np.int64)
         self._gpu_class = node_class[layout.gpu_node]
         self._node_class = node_class
-        self._class_count = len(classes)
+        self._compat_class: dict[tuple[str, str | None], np.ndarray] = {}
+        """Per job kind, which GPU classes it may use, and a last entry (False) that the
+        class -1 of an attempt on several classes reads (``_on_usable_gpus``)."""
         self._no_room: set[tuple[object, ...]] = set()
         """Job shapes whose preemption search failed since the state last changed: the
         search is pure, and in a long queue most waiting jobs repeat a few shapes (it
@@ -284,6 +286,9 @@ class Scheduler:
         )
         self._compat_node[key] = node_ok
         self._compat_gpu[key] = node_ok[lay.gpu_node]
+        by_class = np.zeros(int(self._node_class.max(initial=-1)) + 2, dtype=bool)
+        by_class[self._node_class[node_ok]] = True
+        self._compat_class[key] = by_class
         cards: dict[str, int] = {}
         for n in np.flatnonzero(node_ok):
             cards.setdefault(lay.node_card[n], int(lay.node_gpus[n]))
@@ -758,9 +763,7 @@ class Scheduler:
 
     def _on_usable_gpus(self, run: RunningInPool, key: tuple[str, str | None]) -> np.ndarray:
         """Which of ``run``'s attempts hold a GPU of the kind ``key`` asks for."""
-        usable = np.zeros(self._class_count + 1, dtype=bool)  # the last: "mixed", below
-        usable[self._node_class[self._compat_node[key]]] = True
-        out: np.ndarray = usable[run.gpu_class]
+        out: np.ndarray = self._compat_class[key][run.gpu_class]
         for i in np.flatnonzero(run.gpu_class < 0).tolist():  # GPUs of several classes
             out[i] = bool(self._compat_gpu[key][self.running[int(run.job[i])].gpus].any())
         return out
