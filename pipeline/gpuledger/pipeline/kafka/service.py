@@ -612,6 +612,7 @@ class KafkaProcessorService:
             call(self.engine)
         self._idle_since: float | None = None
         self._flushed = False
+        self._assigned_at = time.monotonic()
         backoff = 1.0
         reload = False  # the state is not the last checkpoint's yet (Kafka went away)
         outage = OutageLog(log, "reaching Kafka")
@@ -663,7 +664,7 @@ class KafkaProcessorService:
                     self._send_parts()
                     self._checkpoint()
                     self._flushed = True
-                if self._others_done(idle, limit):
+                if self._group_settled() and self._others_done(idle, limit):
                     self.engine.flush()
                     self._checkpoint()
                     log.info("all input processed: exiting (%d telemetry "
@@ -758,6 +759,20 @@ class KafkaProcessorService:
         if not others <= engine.flushed_shards:
             return False  # a partition has not flushed (sent its last running parts) yet
         return engine.waiting.is_empty()
+
+    def _group_settled(self) -> bool:
+        """Batch exit: every partition is with a live instance. One that holds them all
+        knows it; otherwise a member killed without leaving may still hold some (its
+        partitions come back only when its session expires, up to ``session_timeout_ms``
+        after its last heartbeat, and the others hear of it at their next heartbeat).
+        Instances that exited then, each having flushed its own partitions, left a dead
+        member's unflushed for good: in a chaos run, partition 0's last hour was never
+        written. So the assignment must have stood that long."""
+        if not set(range(self.partitions)) - self.engine.held:
+            return True
+        o = self.options
+        settle_s = (o.session_timeout_ms + 2 * o.heartbeat_interval_ms) / 1000
+        return time.monotonic() - self._assigned_at >= settle_s
 
     def _group_at_end(self) -> bool:
         from kafka.admin import KafkaAdminClient
@@ -1085,9 +1100,11 @@ class _Rebalance:
 
     def _assigned(self, assigned: Any) -> None:
         service = self.service
+        service._assigned_at = time.monotonic()
         for tp in assigned:
             if tp.partition not in service.engine.held:
                 service.add_partition(tp.partition)
+                service._flushed = False  # a batch run flushes (and marks) it too
             offset = service.offsets.get((tp.topic, tp.partition))
             if offset is not None:
                 service.telemetry.seek(tp, offset)
