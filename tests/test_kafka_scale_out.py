@@ -156,6 +156,57 @@ def test_three_processors_killed_at_random_lose_no_attempt(
     assert_same_facts(root, reference, SPARSE)
 
 
+def test_a_batch_exit_waits_for_the_partitions_of_a_killed_member(
+    kafka: Broker, reference: Path, tmp_path: Path,
+) -> None:
+    """Two instances with ``--exit-when-idle``; once both hold partitions, the one that
+    holds partition 0 is SIGKILLed, before any input. Its partitions stay with it, a
+    dead member, until its session expires (25 s here, far longer than the survivor needs
+    for its own). The survivor must not exit with its own partitions done: it waits,
+    takes the dead member's partitions and writes their facts too. Before 9ec9833 it
+    exited (status 0) with two of the four partitions never read: the race the chaos test
+    above met once by chance."""
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    root = tmp_path / "wh"
+    cmd = _process_cmd(kafka, settings, root, "dead", "--exit-when-idle", "6",
+                       "--checkpoint-interval", "1", "--session-timeout-ms", "25000",
+                       "--no-alerts")
+    env = {**os.environ, "GPULEDGER_KAFKA_CLIENT_LOG": "INFO"}
+    logs = [tmp_path / f"instance-{i}.log" for i in (1, 2)]
+    procs = [subprocess.Popen(cmd, env=env, stdout=open(log, "wb"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT) for log in logs]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            held = [_holding(log) for log in logs]
+            if all(held) and held[0].isdisjoint(held[1]) and len(held[0] | held[1]) == 4:
+                break
+            time.sleep(0.1)
+        assert all(held) and len(held[0] | held[1]) == 4, held
+        assert all(proc.poll() is None for proc in procs), held
+        dead = 0 if 0 in held[0] else 1
+        procs[dead].send_signal(signal.SIGKILL)
+        procs[dead].wait()
+        killed_at = time.monotonic()
+        _publish_as_agents(settings)
+        published = time.monotonic() - killed_at
+        survivor = procs[1 - dead]
+        assert survivor.wait(timeout=180) == 0, logs[1 - dead].read_text()[-3000:]
+        waited = time.monotonic() - killed_at
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = logs[1 - dead].read_text()
+    # the survivor took the dead member's partitions once its session had expired (25 s
+    # after its last heartbeat, at most 3 s before the kill)
+    assert _holding(logs[1 - dead]) == {0, 1, 2, 3}, text[-3000:]
+    assert waited > 20, (waited, published)
+    assert_same_facts(root, reference, SPARSE)
+
+
 def test_taking_partition_0_reads_the_parts_from_its_sections_place(
     kafka: Broker, tmp_path: Path,
 ) -> None:
@@ -255,6 +306,15 @@ def _publish_as_agents(settings: KafkaSettings) -> None:
                                 for k, f in minute.items()})
             sink.flush()
     sink.close()
+
+
+def _holding(log: Path) -> set[int]:
+    """The partitions an instance holds now, by its log (taken, less handed over)."""
+    held: set[int] = set()
+    if log.exists():
+        for m in re.finditer(r"partition (\d+) of \S+: (from|handed over)", log.read_text()):
+            (held.add if m.group(2) == "from" else held.discard)(int(m.group(1)))
+    return held
 
 
 def _shards(log: Path) -> set[str]:
