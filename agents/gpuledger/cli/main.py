@@ -586,7 +586,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=10.0, help="seconds between checkpoints (default 10)")
     p.add_argument("--exit-when-idle", type=positive(float, "--exit-when-idle"), default=None,
                    metavar="SECONDS", help="flush everything and exit after this long without "
-                   "input (for batch runs); default: run until SIGTERM")
+                   "input (for batch runs); an instance that does not hold every partition "
+                   "also waits until its assignment has stood for the session timeout and "
+                   "two heartbeats (16 s by default), so that a killed member's partitions "
+                   "come back first; default: run until SIGTERM")
     p.add_argument("--max-poll-samples", type=positive(int, "--max-poll-samples"),
                    metavar="N", default=os.environ.get("GPULEDGER_KAFKA_MAX_POLL_SAMPLES",
                                                        str(MAX_POLL_SAMPLES)),
