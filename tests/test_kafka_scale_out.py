@@ -169,7 +169,7 @@ def test_a_batch_exit_waits_for_the_partitions_of_a_killed_member(
     settings = _settings(kafka)
     create_topics(settings, telemetry_partitions=4)
     root = tmp_path / "wh"
-    cmd = _process_cmd(kafka, settings, root, "dead", "--exit-when-idle", "6",
+    cmd = _process_cmd(kafka, settings, root, "dead", "--exit-when-idle", "10",
                        "--checkpoint-interval", "1", "--session-timeout-ms", "25000",
                        "--no-alerts")
     env = {**os.environ, "GPULEDGER_KAFKA_CLIENT_LOG": "INFO"}
