@@ -24,9 +24,11 @@ import pytest
 from fact_views import assert_same_facts
 from kafka import KafkaConsumer, KafkaProducer
 from kafka_broker import Broker
+from polars.testing import assert_frame_equal
 from test_simulate import SMALL
 from test_wire_decode import damaged_views
 
+from gpuledger.pipeline.advisor.diagnosis_batch import SORT as DIAGNOSIS_SORT
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
 from gpuledger.pipeline.kafka.producer import KafkaSink
@@ -129,6 +131,29 @@ def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> No
         assert not [line for line in err.splitlines() if " kafka." in line], err[-2000:]
     assert f"connecting to Kafka at 127.0.0.1:{port}" in outs[1][1]
     assert not (tmp_path / "c").exists()
+
+
+def test_the_kafka_demo_gives_the_embedded_demos_facts_and_diagnosis(
+        kafka: Broker, tmp_path: Path) -> None:
+    """`gpuledger demo --kafka` end to end, as the README's Kafka stack runs it: the facts
+    the embedded demo writes, and the diagnosis of idle and inefficient GPU-time too (the
+    Kafka demo wrote no job_diagnosis: the recommendations had no diagnosis)."""
+    demo = [sys.executable, "-m", "gpuledger.cli.main", "demo", "--hours", "1", "--seed",
+            "5", "--quiet"]
+    through = subprocess.run([*demo, "--kafka", kafka.bootstrap, "--topic-prefix",
+                              f"d{uuid.uuid4().hex[:8]}.", "--warehouse", str(tmp_path / "k")],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert through.returncode == 0, through.stderr[-2000:]
+    embedded = subprocess.run([*demo, "--warehouse", str(tmp_path / "e")],
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert embedded.returncode == 0, embedded.stderr[-2000:]
+    for run in (through, embedded):
+        assert "warning" not in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert_same_facts(tmp_path / "k", tmp_path / "e", SPARSE)
+    got, want = (read_table(tmp_path / w, "job_diagnosis").sort(DIAGNOSIS_SORT)
+                 for w in ("k", "e"))
+    assert want.height > 0 and set(want["pattern"]) - {"unknown"}
+    assert_frame_equal(got, want, check_exact=False, rel_tol=1e-9, abs_tol=1e-8)
 
 
 def test_topics_are_created_once(kafka: Broker) -> None:

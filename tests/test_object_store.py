@@ -10,6 +10,7 @@ no output.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -209,8 +210,7 @@ def test_duckdb_threads_read_large_objects_in_ranges(s3_env: str, tmp_path: Path
     assert got == (n, len(set(blobs)), min(blobs), max(blobs))
 
 
-def test_whatif_reads_a_bucket_and_diagnose_refuses_one_in_one_line(
-        s3: S3Server, events: list[Path], local: Path) -> None:
+def test_whatif_reads_a_bucket(s3: S3Server, events: list[Path], local: Path) -> None:
     url = s3.bucket() + "/wi/wh"
     env = _env(s3)
     assert _cli("ingest", *map(str, events), "--warehouse", url, "--quiet",
@@ -224,7 +224,87 @@ def test_whatif_reads_a_bucket_and_diagnose_refuses_one_in_one_line(
     assert got["answers"] == want["answers"] and got["answers"]
     assert got["warehouse"] == url  # printed without credentials
     assert s3.secret_key not in on_bucket.stdout + on_bucket.stderr
+
+
+def _same_rows(got: list[dict[str, object]], want: list[dict[str, object]]) -> bool:
+    """The same rows, floats to 1e-8 or 1e-12 of their size (the written ones are rounded
+    to 9 decimals)."""
+    def same(a: object, b: object) -> bool:
+        if isinstance(a, float) and isinstance(b, float):
+            return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-8)
+        return a == b
+    return len(got) == len(want) and all(
+        g.keys() == w.keys() and all(same(g[k], w[k]) for k in g)
+        for g, w in zip(got, want, strict=True))
+
+
+def _diagnosis(out: str) -> list[dict[str, object]]:
+    return sorted((json.loads(line) for line in out.splitlines()),
+                  key=lambda r: (r["job_id"], r["attempt"], r["pattern"]))
+
+
+def test_diagnose_writes_into_a_bucket_what_a_folder_gets(
+        s3: S3Server, s3_env: str, events: list[Path], local: Path) -> None:
+    """Diagnose was refused on a bucket ("reads and writes a warehouse folder"): now its
+    rows, read through the bucket's views, are the folder's; and a compacted day in the
+    bucket gives the same rows as its hourly objects did."""
+    url = s3_env + "/dx/wh"
+    env = _env(s3)
+    assert _cli("ingest", *map(str, events), "--warehouse", url, "--quiet",
+                env=env).returncode == 0
+    folder = _cli("diagnose", "--warehouse", str(local), "--json", "--dry-run", "--quiet",
+                  env=env)
+    assert folder.returncode == 0, folder.stderr
+    want = _diagnosis(folder.stdout)
+    assert len(want) > 10 and {r["pattern"] for r in want} - {"unknown"}
+    bucket = _cli("diagnose", "--warehouse", url, "--json", "--dry-run", "--quiet", env=env)
+    assert bucket.returncode == 0, bucket.stderr
+    assert _diagnosis(bucket.stdout) == want
+    done = _cli("diagnose", "--warehouse", url, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "wrote " in done.stdout and "Traceback" not in done.stderr
+    assert s3.secret_key not in done.stdout + done.stderr
+    written = _cli("query", "--warehouse", url, "--format", "json",
+                   "SELECT * FROM job_diagnosis", env=env)
+    assert written.returncode == 0, written.stderr
+    # as written: floats to 9 decimals (warehouse.FLOAT_DECIMALS)
+    assert _same_rows(_diagnosis(written.stdout), want)
+    # the bucket's only day compacted into one object: read an hour at a time, as before
+    assert _cli("compact", "--warehouse", url, "--before", "2026-02-01T00:00Z", "--force",
+                env=env).returncode == 0
+    assert not [k for k in published_files(url) if k.startswith("facts/gpu_minute/")
+                and "T" in k.rsplit("/", 1)[-1].removeprefix("gpu_minute-")]
+    again = _cli("diagnose", "--warehouse", url, "--json", "--dry-run", "--quiet", env=env)
+    assert again.returncode == 0, again.stderr
+    assert _diagnosis(again.stdout) == want
+
+
+def test_the_demo_in_a_bucket_diagnoses_it(s3: S3Server) -> None:
+    """The demo into a bucket warned "s3:/…: not a gpuledger warehouse (no facts/ folder)"
+    and left job_diagnosis empty."""
+    url = s3.bucket() + "/demo"
+    env = _env(s3)
+    demo = _cli("demo", "--hours", "1", "--quiet", "--warehouse", url, env=env)
+    assert demo.returncode == 0, demo.stderr
+    assert "warning" not in demo.stderr and "Traceback" not in demo.stderr, demo.stderr
+    q = _cli("query", "--warehouse", url, "--format", "csv",
+             "SELECT (SELECT count(*) FROM job_diagnosis WHERE pattern <> 'unknown'), "
+             "(SELECT count(*) FROM recommendations WHERE diagnosis IS NOT NULL)", env=env)
+    assert q.returncode == 0, q.stderr
+    diagnosed, advised = map(int, q.stdout.splitlines()[1].split(","))
+    assert diagnosed > 0 and advised > 0
+
+
+@pytest.mark.parametrize("where", ["empty/wh", "missing-bucket"])
+def test_diagnose_of_a_bucket_that_is_no_warehouse_says_so_in_one_line(
+        s3: S3Server, where: str) -> None:
+    url = (s3.bucket() + "/" + where) if where == "empty/wh" else f"s3://nb-{os.getpid()}/wh"
+    env = _env(s3)
     refused = _cli("diagnose", "--warehouse", url, env=env)
     assert refused.returncode == 2
-    assert refused.stderr.count("\n") == 1 and "s3://" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(f"gpuledger: error: {url}: "), refused.stderr
+    assert ("nothing published yet" in refused.stderr if where == "empty/wh"
+            else "does not exist" in refused.stderr), refused.stderr
+    # the progress bar is not drawn before the refusal
+    assert "diagnosing" not in refused.stderr

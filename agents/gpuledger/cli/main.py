@@ -185,14 +185,14 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
 
             result = run_demo(sim, config, args.warehouse, update,
                               on_processor=ops.follow if ops is not None else None)
-        if not args.kafka:  # the why of idle/inefficient GPU-time (docs/diagnosis.md)
-            from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
-            from gpuledger.pipeline.advisor.history import HistoryError
+        # the why of idle/inefficient GPU-time (docs/diagnosis.md), in a folder or a bucket
+        from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
+        from gpuledger.pipeline.advisor.history import HistoryError
 
-            try:
-                diagnose_warehouse(args.warehouse)
-            except HistoryError as exc:  # nothing to diagnose (every sample rejected)
-                print(f"gpuledger: warning: diagnose: {exc}", file=sys.stderr)
+        try:
+            diagnose_warehouse(args.warehouse)
+        except HistoryError as exc:  # nothing to diagnose (every sample rejected)
+            print(f"gpuledger: warning: diagnose: {exc}", file=sys.stderr)
     elapsed = time.monotonic() - started
     c = result.counters
     print(f"processed {c.records_in['telemetry']:,} GPU samples, "

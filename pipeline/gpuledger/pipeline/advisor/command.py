@@ -51,20 +51,20 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     need_pipeline()
-    from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse, summary_text
-    from gpuledger.pipeline.advisor.history import HistoryError
-    from gpuledger.pipeline.location import display, is_url
-
-    if is_url(args.warehouse):
-        raise CliError(f"diagnose reads and writes a warehouse folder; "
-                       f"{display(args.warehouse)} is not one (run it where the folder is)")
     from gpuledger.cli.main import _progress
+    from gpuledger.pipeline.advisor.diagnosis_batch import (
+        diagnose_warehouse,
+        open_warehouse,
+        summary_text,
+    )
+    from gpuledger.pipeline.advisor.history import HistoryError
 
     # a bar on stderr, as the imports draw (a line per hour of history: 1,209 lines
-    # for the openb trace)
+    # for the openb trace), once the warehouse is known to be one
     try:
+        open_warehouse(args.warehouse)
         with _progress("diagnosing", not args.quiet) as update:
-            result = diagnose_warehouse(Path(args.warehouse), write=not args.dry_run,
+            result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
                                         progress=update, force=args.force)
     except HistoryError as exc:
         raise CliError(str(exc)) from None
@@ -119,9 +119,9 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
         "memory-bound, checkpoint stall, under-filled inference, held with no process, "
         "unknown) with its evidence and remedy, and write the job_diagnosis fact "
         "(docs/diagnosis.md). Re-running rewrites the same files.")
-    d.add_argument("--warehouse", default="warehouse", metavar="PATH",
-                   help="warehouse folder (default ./warehouse; diagnose writes "
-                   "job_diagnosis beside the facts, in a folder only)")
+    d.add_argument("--warehouse", default="warehouse", metavar="PATH|s3://BUCKET/PREFIX",
+                   help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md; "
+                   "default ./warehouse); job_diagnosis is written into it, beside the facts")
     d.add_argument("--dry-run", action="store_true",
                    help="compute and print, but do not write job_diagnosis")
     d.add_argument("--json", action="store_true",

@@ -12,6 +12,11 @@ Output: ``facts/job_diagnosis/date=…/job_diagnosis-…THH-diagnosis.parquet`` 
 each attempt's last diagnosed minute (the table's previous files are replaced, so a
 re-run writes the same files), and the catalog is rebuilt so ``job_diagnosis`` is a view.
 
+**A folder or a bucket.** The warehouse is read and written through its store
+(``store.py``): a folder's files by their paths, a bucket's objects through the same
+filesystem layer as every other command (``s3://bucket/prefix`` with the AWS variables).
+A compacted day in a bucket is fetched once for its 24 hours, not once an hour.
+
 **A unit of its own.** The files are published in the generations of unit ``diagnosis``
 (:data:`UNIT`), never in the unit of the writer of the facts (``warehouse`` for ingest,
 import and the demo, ``pNNN`` for a processor's partitions): a unit has one writer at a
@@ -25,6 +30,7 @@ out of that unit first, which is refused while that unit was published in the la
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import time
@@ -51,7 +57,8 @@ from gpuledger.pipeline.advisor.history import HistoryError, unreadable_folder
 from gpuledger.pipeline.advisor.patterns import CATALOGUE, PATTERNS, UNKNOWN
 from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.generations import WHOLE, read_manifests
-from gpuledger.pipeline.store import StoreError, open_store
+from gpuledger.pipeline.location import check_location
+from gpuledger.pipeline.store import Store, StoreError, open_store
 from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_files
 
 TABLE = "job_diagnosis"
@@ -81,11 +88,38 @@ class Diagnosed:
     files: int
 
 
-def _published(root: Path, files: dict[str, str], table: str) -> list[tuple[str, Path]]:
-    """(logical name, file) of ``table``'s files among ``files`` (``published_files``:
+def _published(files: dict[str, str], table: str) -> list[tuple[str, str]]:
+    """(logical name, object) of ``table``'s files among ``files`` (``published_files``:
     the newest generation, read once)."""
-    return [(logical, root / obj) for logical, obj in sorted(files.items())
+    return [(logical, obj) for logical, obj in sorted(files.items())
             if logical.startswith(f"{FACTS}/{table}/")]
+
+
+class _Reader:
+    """Opens the warehouse's objects for Polars: a folder's file by its path, a bucket's
+    object fetched whole; a compacted day (read an hour at a time) is kept until another
+    day is asked for, so it is fetched once, not 24 times."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._day: tuple[str, bytes] | None = None
+
+    def name(self, obj: str) -> str:
+        """The object as a message names it."""
+        return self.store.url_of(obj)
+
+    def source(self, obj: str, whole: bool = True) -> str | io.BytesIO:
+        """What Polars reads ``obj`` from (``whole``: read once, not kept)."""
+        if not self.store.remote:
+            return self.store.full(obj)
+        if self._day is not None and self._day[0] == obj:
+            return io.BytesIO(self._day[1])
+        data = self.store.read(obj)
+        if data is None:
+            raise HistoryError(f"{self.name(obj)}: published, but not in the store (deleted "
+                               "by hand?)")
+        self._day = None if whole else (obj, data)
+        return io.BytesIO(data)
 
 
 class _Once(logging.Filter):
@@ -115,7 +149,7 @@ def _warn_once() -> Iterator[None]:
         logger.removeFilter(once)
 
 
-def _read_failed(path: Path, exc: BaseException) -> HistoryError:
+def _read_failed(path: str, exc: BaseException) -> HistoryError:
     """A fact file that cannot be read, in one line naming it."""
     if isinstance(exc, PermissionError):
         return HistoryError(f"{path}: permission denied")
@@ -148,101 +182,125 @@ class _Part:
     """A file to read for an hour: whole (an hourly part) or only that hour's rows (a
     compacted day)."""
 
-    path: Path
+    obj: str
     whole: bool
 
 
-def _hours(root: Path, files: dict[str, str]) -> list[tuple[datetime, list[_Part]]]:
+def _hours(files: dict[str, str]) -> list[tuple[datetime, list[_Part]]]:
     """gpu_minute files by the hour they cover (a compacted day: each of its 24 hours),
     in time order."""
     groups: dict[datetime, list[_Part]] = {}
-    for logical, f in _published(root, files, "gpu_minute"):
+    for logical, f in _published(files, "gpu_minute"):
         first, hours = _span(logical)
         for h in range(hours):
             groups.setdefault(first + timedelta(hours=h), []).append(_Part(f, hours == 1))
     return sorted(groups.items())
 
 
-def _read_hour(hour: datetime, parts: list[_Part]) -> pl.DataFrame:
+def _read_hour(reader: _Reader, hour: datetime, parts: list[_Part]) -> pl.DataFrame:
     """The GPU-minute rows of ``hour`` in ``parts``, in one order whatever the layout."""
     lo, hi = (pl.lit(t).cast(TIME_DTYPE) for t in (hour, hour + timedelta(hours=1)))
     frames = []
     for p in parts:
         try:
-            frames.append(pl.read_parquet(p.path, columns=COLUMNS) if p.whole else
-                          pl.scan_parquet(p.path).select(COLUMNS)
+            source = reader.source(p.obj, p.whole)
+            frames.append(pl.read_parquet(source, columns=COLUMNS) if p.whole else
+                          pl.scan_parquet(source).select(COLUMNS)
                           .filter((pl.col("minute") >= lo) & (pl.col("minute") < hi)).collect())
         except (OSError, pl.exceptions.PolarsError) as exc:
-            raise _read_failed(p.path, exc) from None
+            raise _read_failed(reader.name(p.obj), exc) from None
     return pl.concat(frames, how="vertical_relaxed").sort(HOUR_ORDER, maintain_order=True)
 
 
-def _ended(root: Path, files: dict[str, str]) -> pl.DataFrame:
+def _ended(reader: _Reader, files: dict[str, str]) -> pl.DataFrame:
     frames = []
-    for _logical, f in _published(root, files, "job_attempts"):
+    for _logical, f in _published(files, "job_attempts"):
         try:
-            frames.append(pl.read_parquet(f, columns=["job_id", "attempt", "ended_at"]))
+            frames.append(pl.read_parquet(reader.source(f),
+                                          columns=["job_id", "attempt", "ended_at"]))
         except (OSError, pl.exceptions.PolarsError) as exc:
-            raise _read_failed(f, exc) from None
+            raise _read_failed(reader.name(f), exc) from None
     if not frames:
         return pl.DataFrame(schema={"job_id": pl.String(), "attempt": pl.Int64(),
                                     "ended_at": TIME_DTYPE})
     return pl.concat(frames, how="vertical_relaxed").drop_nulls("ended_at")
 
 
-def _legacy(root: Path, force: bool) -> bool:
+def _legacy(store: Store, label: str, force: bool) -> bool:
     """Whether unit ``warehouse`` still names ``job_diagnosis`` files (written there by an
     earlier version): they must go when this run writes its own. Refused (HistoryError)
     while that unit was published in the last ``BUSY_S`` seconds, unless ``force``."""
-    manifest = read_manifests(open_store(root, create=False)).get(WHOLE)
+    manifest = read_manifests(store).get(WHOLE)
     if manifest is None or not any(k.startswith(f"{FACTS}/{TABLE}/") for k in manifest.files):
         return False
     age = time.time() - manifest.written_at
     if age < BUSY_S and not force:
         raise HistoryError(
-            f"{root}: unit 'warehouse' holds job_diagnosis files of an earlier gpuledger and "
+            f"{label}: unit 'warehouse' holds job_diagnosis files of an earlier gpuledger and "
             f"was published {max(age, 0):.0f} s ago: its writer (ingest, import, demo) seems "
             f"to be at work, and taking the files out of its unit would stop it; run diagnose "
             f"again once it is done, or --force")
     return True
 
 
-def diagnose_warehouse(root: Path, *, write: bool = True,
+def open_warehouse(location: str | Path) -> tuple[str | Path, Store, str]:
+    """The warehouse at ``location`` (a folder or ``s3://bucket/prefix``): where it is, its
+    store, and how a message names it; a :class:`HistoryError` in one line when it is no
+    warehouse (a file, a folder without facts, a bucket with nothing published, one that
+    cannot be reached)."""
+    try:
+        where = check_location(location)
+        if isinstance(where, Path):
+            if where.is_file():
+                raise HistoryError(f"{where}: a file, not a warehouse folder")
+            if not (where / FACTS).is_dir():
+                raise HistoryError(f"{where}: not a gpuledger warehouse (no facts/ folder)")
+        store = open_store(where, create=False)
+        store.check()
+        if store.remote and not read_manifests(store):
+            raise HistoryError(f"{store.url}: not a gpuledger warehouse (nothing published "
+                               "yet)")
+    except StoreError as exc:
+        raise HistoryError(str(exc)) from None
+    return where, store, str(where) if isinstance(where, Path) else store.url
+
+
+def diagnose_warehouse(location: str | Path, *, write: bool = True,
                        cfg: DiagnosisConfig = DEFAULT_CONFIG,
                        progress: Callable[[float], None] = lambda _f: None,
                        force: bool = False) -> Diagnosed:
-    """Diagnose every attempt of the warehouse at ``root`` (module docstring). Bad input
-    (not a warehouse, a fact file that cannot be read) is a :class:`HistoryError` naming
-    it, raised before anything is written."""
-    root = Path(root)
-    if root.is_file():
-        raise HistoryError(f"{root}: a file, not a warehouse folder")
-    if not (root / FACTS).is_dir():
-        raise HistoryError(f"{root}: not a gpuledger warehouse (no facts/ folder)")
+    """Diagnose every attempt of the warehouse at ``location``, a folder or an ``s3://``
+    warehouse (module docstring). Bad input (not a warehouse, a fact file that cannot be
+    read, a bucket that cannot be reached) is a :class:`HistoryError` naming it, raised
+    before anything is written."""
+    where, store, label = open_warehouse(location)
     with _warn_once():
         try:
-            return _diagnose(root, write, cfg, progress, force)
+            return _diagnose(where, store, label, write, cfg, progress, force)
         except PermissionError as exc:
-            raise HistoryError(f"{exc.filename or root}: permission denied") from None
+            raise HistoryError(f"{exc.filename or label}: permission denied") from None
         except StoreError as exc:
             raise HistoryError(str(exc)) from None
 
 
-def _diagnose(root: Path, write: bool, cfg: DiagnosisConfig,
-              progress: Callable[[float], None], force: bool) -> Diagnosed:
-    denied = unreadable_folder(root, ("gpu_minute", "job_attempts"))
-    if denied is not None:
-        raise HistoryError(f"{denied}: permission denied")
-    legacy = write and _legacy(root, force)
-    published = published_files(root)
-    hours = _hours(root, published)
+def _diagnose(where: str | Path, store: Store, label: str, write: bool,
+              cfg: DiagnosisConfig, progress: Callable[[float], None],
+              force: bool) -> Diagnosed:
+    if isinstance(where, Path):
+        denied = unreadable_folder(where, ("gpu_minute", "job_attempts"))
+        if denied is not None:
+            raise HistoryError(f"{denied}: permission denied")
+    legacy = write and _legacy(store, label, force)
+    published = published_files(where)
+    hours = _hours(published)
     if not hours:
-        raise HistoryError(f"{root}: no GPU-minutes to diagnose")
-    ended = _ended(root, published)
+        raise HistoryError(f"{label}: no GPU-minutes to diagnose")
+    reader = _Reader(store)
+    ended = _ended(reader, published)
     state = DiagnosisState()
     parts: list[pl.DataFrame] = []
     for i, (hour, files) in enumerate(hours):
-        frame = _read_hour(hour, files)
+        frame = _read_hour(reader, hour, files)
         if not frame.is_empty():  # a compacted day's hours without rows: as no hourly file
             state = update(state, frame, cfg)
             limit = pl.lit(hour + timedelta(hours=1)).cast(TIME_DTYPE)
@@ -258,17 +316,17 @@ def _diagnose(root: Path, write: bool, cfg: DiagnosisConfig,
     parts.append(rows)
     out = pl.concat(parts, how="vertical_relaxed") if parts else pl.DataFrame(
         schema=JOB_DIAGNOSIS)
-    out = with_unseen(out, _attempts(root))
-    written = _write(root, out, legacy) if write else 0
+    out = with_unseen(out, _attempts(where, label))
+    written = _write(where, label, out, legacy) if write else 0
     return Diagnosed(out.sort(SORT), written)
 
 
-def _write(root: Path, rows: pl.DataFrame, legacy: bool) -> int:
+def _write(where: str | Path, label: str, rows: pl.DataFrame, legacy: bool) -> int:
     """Publish ``rows`` as the whole ``job_diagnosis`` in unit :data:`UNIT` (the previous
     run's files replaced in the same generation); ``legacy``: first take the files an
     earlier version wrote into unit ``warehouse`` out of it (readers never see both
     sets: for one generation they see none). Then rebuild the catalog."""
-    wh = Warehouse(root, suffix=UNIT)
+    wh = Warehouse(where, suffix=UNIT)
     try:
         if legacy:
             for old in [k for k in wh.publisher.unit(WHOLE).files
@@ -292,16 +350,16 @@ def _write(root: Path, rows: pl.DataFrame, legacy: bool) -> int:
         # their views from the manifests
         wh.rebuild_catalog()
     except StoreError as exc:
-        raise HistoryError(f"{root}: job_diagnosis not written: {exc}") from None
+        raise HistoryError(f"{label}: job_diagnosis not written: {exc}") from None
     finally:
         wh.close()
     return wh.files_written
 
 
-def _attempts(root: Path) -> pl.DataFrame:
+def _attempts(where: str | Path, label: str) -> pl.DataFrame:
     """Per attempt that ran: its attributes and idle + inefficient GPU-hours (``attempts``)."""
     try:
-        con = query.connect(root)
+        con = query.connect(where)
     except query.QueryError as exc:
         raise HistoryError(str(exc)) from None
     try:
@@ -312,7 +370,7 @@ def _attempts(root: Path) -> pl.DataFrame:
             FROM attempts WHERE started_at IS NOT NULL""").pl()
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0]
-        raise HistoryError(f"{root}: the attempts cannot be read ({first})") from None
+        raise HistoryError(f"{label}: the attempts cannot be read ({first})") from None
     finally:
         con.close()
     return frame.with_columns(pl.col(pl.Datetime).cast(TIME_DTYPE))
