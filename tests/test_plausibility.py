@@ -207,9 +207,37 @@ def test_allocations_no_inventory_knows_are_counted_and_said(
     path.write_bytes(jsonl(recs))
     result = ingest([path], tmp_path / "wh", ProcessorConfig())
     assert result.counters.uncharged_allocation_ms == (2 * 600 + 600 + 300) * 1000
-    assert "2100.0 allocated GPU-second(s) were on GPUs no inventory knew" in caplog.text
+    assert "2,100.0 allocated GPU-second(s) were on GPUs no inventory knew" in caplog.text
     charged = read_table(tmp_path / "wh", "job_attempts").filter(pl.col("job_id") == "c")
     assert charged["allocated_gpu_hours"].item() * 3600 == pytest.approx(300)
+
+
+def test_rejected_telemetry_is_said_at_the_end_of_the_input(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Samples of GPUs no inventory knows were rejected in silence: `ingest` printed
+    "ingested N telemetry", exit status 0. Now the end of the input says how many, and
+    why; an input with no inventory at all (every sample rejected) is told what is
+    missing. And the run's record counts are its own (ingest counted each record
+    twice)."""
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=8)]
+    recs += series("n1", 0, at(0), 5, sm=0.5)
+    recs += series("ghost", 0, at(0), 5, sm=0.5, seq0=900)      # a node no inventory knows
+    path = tmp_path / "some.jsonl"
+    path.write_bytes(jsonl(recs))
+    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    assert result.counters.records_in == {"telemetry": 60, "inventory": 1, "job": 0}
+    assert result.records == result.counters.records_in
+    assert ("30 telemetry sample(s) were rejected, not counted in any fact: 30 of GPUs no "
+            "inventory knew") in caplog.text
+    assert "every sample" not in caplog.text
+    caplog.clear()
+    path = tmp_path / "none.jsonl"
+    path.write_bytes(jsonl(recs[1:]))                            # no inventory record
+    result = ingest([path], tmp_path / "wh2", ProcessorConfig())
+    assert result.counters.unplaced_telemetry == result.counters.records_in["telemetry"] == 60
+    assert "60 telemetry sample(s) were rejected" in caplog.text
+    assert "every sample this run read: were the inventory records left out?" in caplog.text
+    assert read_table(tmp_path / "wh2", "gpu_minute").is_empty()
 
 
 def test_telemetry_of_unknown_gpus_is_rejected_not_capacity(

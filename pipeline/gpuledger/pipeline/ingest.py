@@ -797,8 +797,6 @@ def ingest(
     # the facts of imports in these hours become this ingest's
     _forget_imports(processor.warehouse.store, (floor_hour(first), newest))
     processor.add_rejects(all_rejects)
-    for kind, frame in frames.items():
-        processor.counters.records_in[kind] += frame.height
     run = Run(uuid.uuid4().hex, first)
     open_from: datetime | None = None
 

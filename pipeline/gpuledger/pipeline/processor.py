@@ -184,6 +184,7 @@ class Processor:
         self.counters = Counters()
         self._overcommit_said = False
         self._uncharged_said = 0
+        self._rejected_said = 0
         self._late_said = (0, 0)
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
@@ -753,9 +754,10 @@ class Processor:
         uncharged = self.counters.uncharged_allocation_ms
         if uncharged > self._uncharged_said:
             self._uncharged_said = uncharged
-            log.warning("%.1f allocated GPU-second(s) were on GPUs no inventory knew at the "
+            log.warning("%s allocated GPU-second(s) were on GPUs no inventory knew at the "
                         "time (an unknown node or GPU index, a GPU gone from the inventory): "
-                        "not charged (docs/metrics.md, 'Rejected')", uncharged / 1000)
+                        "not charged (docs/metrics.md, 'Rejected')", f"{uncharged / 1000:,.1f}")
+        self._say_rejected_telemetry()
         c = self.counters
         wrong = (c.late_overcharged_ms, c.late_undercharged_ms)
         if wrong != self._late_said and any(wrong):
@@ -1499,6 +1501,29 @@ class Processor:
         if closed is not None and day + timedelta(days=1) <= closed and not any(
                 (h, p) in self.rollup_parts for h in kept for p in (partition,)):
             del self.day_hourly[(day, partition)]
+
+    def _say_rejected_telemetry(self) -> None:
+        """A warning at the end of the input: how many telemetry samples were rejected, and
+        why (each is a row of ``rejects``). Only the summary of bad lines said so before:
+        an input without inventory records had every sample rejected and printed
+        "ingested 414,360 telemetry", exit status 0, and wrote no GPU-minute."""
+        c = self.counters
+        why = [(c.unplaced_telemetry, "of GPUs no inventory knew (an unknown node or GPU "
+                "index)"),
+               (c.ahead_telemetry, "too far ahead of the fleet (windows.max_ahead_s)"),
+               (c.implausible_telemetry, "using more memory than their card has")]
+        total = sum(n for n, _ in why)
+        if total <= self._rejected_said:
+            return
+        self._rejected_said = total
+        every = total >= c.records_in["telemetry"] > 0
+        log.warning("%s telemetry sample(s) were rejected, not counted in any fact: %s "
+                    "(each in the rejects table: SELECT * FROM rejects; docs/metrics.md, "
+                    "'Rejected')%s", f"{total:,}",
+                    "; ".join(f"{n:,} {what}" for n, what in why if n),
+                    ". That is every sample this run read: were the inventory records left "
+                    "out? Give them with the telemetry (in the same input, or a piece "
+                    "before it)" if every and c.unplaced_telemetry else "")
 
     def _write_late(self) -> None:
         for (hour, part), parts in sorted(self.late_parts.items()):
