@@ -230,3 +230,19 @@ def test_a_file_is_not_a_warehouse(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["diagnose", "--warehouse", str(afile), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == \
         f"gpuledger: error: {afile}: a file, not a warehouse folder"
+
+
+def test_a_warehouse_of_imported_history_says_why_nothing_is_diagnosed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Scheduler history alone (a pod list) has GPU-minutes, as spans without telemetry:
+    "no GPU-minutes to diagnose" read as if the import had written nothing."""
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus,node,gpu_indices\n"
+                    "a,2026-01-05T08:00:00Z,2026-01-05T08:01:00Z,2026-01-05T09:00:00Z,2,n1,\"0,1\"\n")
+    root = tmp_path / "wh"
+    assert main(["import", "pods", str(pods), "--warehouse", str(root), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["diagnose", "--warehouse", str(root), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "no GPU-minute with telemetry to diagnose" in err and "an import" in err, err

@@ -294,6 +294,11 @@ def _diagnose(where: str | Path, store: Store, label: str, write: bool,
     published = published_files(where)
     hours = _hours(published)
     if not hours:
+        if _published(published, "gpu_span"):
+            raise HistoryError(f"{label}: no GPU-minute with telemetry to diagnose: its "
+                               "GPU-minutes come from scheduler history alone (an import), "
+                               "whose use is unknown (docs/metrics.md, 'No telemetry is not "
+                               "waste')")
         raise HistoryError(f"{label}: no GPU-minutes to diagnose")
     reader = _Reader(store)
     ended = _ended(reader, published)
