@@ -97,8 +97,8 @@ def test_every_mounted_path_exists() -> None:
 
 def test_health_checks_and_dependencies() -> None:
     for name, svc in SERVICES.items():
-        if name in ("topics", "rules", "feed"):
-            continue  # one-shot / client: nothing to probe
+        if name in ("topics", "rules", "feed", "diagnose"):
+            continue  # one-shot / client / a loop that serves nothing: nothing to probe
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
         for dep, cond in svc.get("depends_on", {}).items():
             assert dep in SERVICES, (name, dep)
@@ -110,7 +110,7 @@ def test_health_checks_and_dependencies() -> None:
         "service_completed_successfully"
 
 
-@pytest.mark.parametrize("name", ["topics", "rules", "processor", "feed"])
+@pytest.mark.parametrize("name", ["topics", "rules", "processor", "feed", "diagnose"])
 def test_commands_parse_with_the_real_cli(name: str) -> None:
     argv = SERVICES[name]["command"]
     args = build_parser().parse_args(argv)
@@ -118,8 +118,12 @@ def test_commands_parse_with_the_real_cli(name: str) -> None:
     if getattr(args, "kafka", None):
         host, port = args.kafka.split(":")
         assert host == "kafka" and port == "9092"
-    if getattr(args, "warehouse", None) is not None and name == "processor":
+    if getattr(args, "warehouse", None) is not None and name in ("processor", "diagnose"):
         assert str(args.warehouse) in [t for _, t in _mounts(SERVICES[name])]
+    if name == "diagnose":   # the processor's warehouse, diagnosed over and over
+        assert _mounts(SERVICES[name]) == [m for m in _mounts(SERVICES["processor"])
+                                           if m[1] == str(args.warehouse)]
+        assert args.every and SERVICES[name]["restart"] == "unless-stopped"
 
 
 def test_the_dockerfile_default_command_parses() -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -62,6 +64,7 @@ def _units(root: Path) -> dict[str, int]:
 
 WRITER = """
 import sys
+import time
 from datetime import datetime, UTC
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.demo import run_demo
@@ -246,3 +249,51 @@ def test_a_warehouse_of_imported_history_says_why_nothing_is_diagnosed(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "no GPU-minute with telemetry to diagnose" in err and "an import" in err, err
+
+
+def test_diagnose_every_waits_for_a_warehouse_then_keeps_it_diagnosed(
+        built: Path, tmp_path: Path) -> None:
+    """`diagnose --every`, as the compose stack runs it beside the processor: started
+    before anything is published, it warns and tries again rather than stop; once the
+    warehouse is there each run diagnoses it, a line a run; SIGTERM ends it, status 0.
+    Before, the stack had no diagnose at all and the Job board's diagnosis panel stayed
+    empty."""
+    root = tmp_path / "wh"
+    with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
+        every = subprocess.Popen([sys.executable, "-m", "gpuledger.cli.main", "diagnose",
+                                  "--warehouse", str(root), "--every", "0.5", "--quiet"],
+                                 stdout=out, stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while "again in 0.5 s" not in (tmp_path / "err").read_text():
+                assert every.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            shutil.copytree(built, root)   # the processor has published
+            while (tmp_path / "out").read_text().count("diagnose at ") < 2:
+                assert every.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            every.send_signal(signal.SIGTERM)
+            status = every.wait(timeout=30)
+    said, warned = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert status == 0, warned
+    assert "Traceback" not in warned
+    assert f"{root}: not a gpuledger warehouse (no facts/ folder)" in warned
+    want = diagnose_warehouse(root, write=False).rows
+    assert "diagnose at " in said and f"{want.height:,} row(s)" in said
+    written = read_table(root, "job_diagnosis")
+    assert written.height == want.height > 0
+
+
+def test_diagnose_every_is_checked_at_the_start(
+        wh: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--every", "0"], ["--every", "-5"], ["--every", "nan"],
+                ["--every", "60", "--json"]):
+        try:
+            status = main(["diagnose", "--warehouse", str(wh), *bad])
+        except SystemExit as stop:   # argparse's refusals
+            status = stop.code
+        assert status == 2, bad
+        err = capsys.readouterr().err
+        assert "--every" in err or "--json" in err, err
+        assert "Traceback" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from gpuledger.cli.errors import CliError, need_pipeline
 
 TOP_MAX = 1_000_000
 """``diagnose --top`` at most (a summary line per attempt)."""
+EVERY_MAX = 31 * 86_400
+"""``diagnose --every`` at most, in seconds (a month)."""
 STEP_MAX = 10_000_000
 """``whatif --step`` at most, in minutes (a step is also refused beyond the window)."""
 
@@ -51,6 +54,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     need_pipeline()
+    if args.every is not None:
+        if args.json:
+            raise CliError("--json prints one run's rows; with --every each run prints a "
+                           "line (query job_diagnosis for the rows)")
+        return _diagnose_every(args)
     from gpuledger.cli.main import _progress
     from gpuledger.pipeline.advisor.diagnosis_batch import (
         diagnose_warehouse,
@@ -72,6 +80,36 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         sys.stdout.write(result.rows.write_ndjson())
     else:
         print(summary_text(result, args.top))
+    return 0
+
+
+def _diagnose_every(args: argparse.Namespace) -> int:
+    """``--every SECONDS``: diagnose now and then every SECONDS, a line per run, until
+    SIGTERM/SIGINT (exit status 0). A run that cannot diagnose (nothing published yet, a
+    bucket out of reach, a writer at work on an earlier version's files) says why in a
+    warning and the next run tries again: beside a processor that has not published yet,
+    the command waits for it rather than stop."""
+    from gpuledger.cli.bridge_command import stop_on_signals
+    from gpuledger.pipeline.advisor.diagnosis_batch import diagnose_warehouse
+    from gpuledger.pipeline.advisor.history import HistoryError
+
+    stop = stop_on_signals()
+    while not stop.is_set():
+        started = time.monotonic()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
+                                        force=args.force)
+        except HistoryError as exc:
+            print(f"gpuledger: warning: diagnose at {stamp}: {exc}; again in "
+                  f"{args.every:g} s", file=sys.stderr, flush=True)
+        else:
+            rows = result.rows
+            print(f"diagnose at {stamp}: {rows.height:,} row(s), "
+                  f"{float(rows['gpu_hours'].sum()):,.1f} idle or inefficient GPU-hours, "
+                  f"{result.files} file(s) written in {time.monotonic() - started:.1f} s",
+                  flush=True)
+        stop.wait(args.every)
     return 0
 
 
@@ -132,5 +170,11 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
                    help="take job_diagnosis files an earlier version wrote into the "
                    "warehouse's own unit out of it although that unit was published in the "
                    "last minute (docs/diagnosis.md)")
+    d.add_argument("--every", type=positive(float, "--every", at_most=EVERY_MAX),
+                   default=None, metavar="SECONDS",
+                   help="keep running: diagnose now and then every SECONDS, a line per run, "
+                   "until SIGTERM/SIGINT (beside a Kafka service, whose processors do not "
+                   "diagnose; a run that cannot diagnose yet warns, and the next one tries "
+                   "again)")
     d.add_argument("--quiet", action="store_true", help="no progress on stderr")
     d.set_defaults(func=cmd_diagnose)
