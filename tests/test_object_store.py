@@ -16,20 +16,25 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
 import pytest
 from fact_views import assert_same_facts, view
+from polars.testing import assert_frame_equal
 from s3_server import S3Server
 from test_simulate import SMALL
 
+from gpuledger.pipeline.advisor.diagnosis_batch import SORT, diagnose_warehouse
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.generations import read_manifests
 from gpuledger.pipeline.ingest import ingest
+from gpuledger.pipeline.partitions import Partitioning
+from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
-from gpuledger.pipeline.store import open_store
-from gpuledger.pipeline.warehouse import published_files, published_urls
+from gpuledger.pipeline.store import Store, open_store
+from gpuledger.pipeline.warehouse import Warehouse, published_files, published_urls
 
 SPARSE = ("blocked_minute", "preemptions", "candidates")
 
@@ -293,6 +298,40 @@ def test_the_demo_in_a_bucket_diagnoses_it(s3: S3Server) -> None:
     assert q.returncode == 0, q.stderr
     diagnosed, advised = map(int, q.stdout.splitlines()[1].split(","))
     assert diagnosed > 0 and advised > 0
+
+
+def test_diagnose_fetches_each_object_of_a_bucket_once(
+        s3: S3Server, s3_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A processor holding 4 partitions writes a bucket; compacted, each partition's day
+    is one object, read an hour at a time: each is fetched once, not once an hour, and
+    the diagnosis is the one of the hourly objects."""
+    url = s3_env + "/parts/wh"
+    proc = Processor(ProcessorConfig(), Warehouse(url), telemetry_clock=True,
+                     partitioning=Partitioning(4, {0, 1, 2, 3}))
+    for batch in simulate(SimConfig(hours=3.0, seed=5, cluster=parse_cluster(SMALL))):
+        proc.process(batch)
+    proc.flush()
+    proc.warehouse.close()
+    fetched: Counter[str] = Counter()
+    read = Store.read
+
+    def counted(store: Store, path: str) -> bytes | None:
+        if path.startswith("facts/gpu_minute/"):
+            fetched[path] += 1
+        return read(store, path)
+
+    monkeypatch.setattr(Store, "read", counted)
+    hourly = diagnose_warehouse(url, write=False).rows
+    assert len(fetched) == 4 * 3 and set(fetched.values()) == {1}, fetched
+    assert _cli("compact", "--warehouse", url, "--before", "2026-02-01T00:00Z", "--force",
+                env=_env(s3)).returncode == 0
+    fetched.clear()
+    daily = diagnose_warehouse(url, write=False).rows
+    # one object a partition, each read once for its hours
+    assert sorted(k.rsplit("/", 1)[1].split(".")[0] for k in fetched) == [
+        f"gpu_minute-2026-01-05-p00{p}" for p in range(4)], fetched
+    assert set(fetched.values()) == {1}, fetched
+    assert_frame_equal(daily.sort(SORT), hourly.sort(SORT))
 
 
 @pytest.mark.parametrize("where", ["empty/wh", "missing-bucket"])

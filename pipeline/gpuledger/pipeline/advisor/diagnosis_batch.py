@@ -15,7 +15,8 @@ re-run writes the same files), and the catalog is rebuilt so ``job_diagnosis`` i
 **A folder or a bucket.** The warehouse is read and written through its store
 (``store.py``): a folder's files by their paths, a bucket's objects through the same
 filesystem layer as every other command (``s3://bucket/prefix`` with the AWS variables).
-A compacted day in a bucket is fetched once for its 24 hours, not once an hour.
+A compacted day in a bucket (one a partition) is fetched once for its 24 hours, not once
+an hour.
 
 **A unit of its own.** The files are published in the generations of unit ``diagnosis``
 (:data:`UNIT`), never in the unit of the writer of the facts (``warehouse`` for ingest,
@@ -97,28 +98,34 @@ def _published(files: dict[str, str], table: str) -> list[tuple[str, str]]:
 
 class _Reader:
     """Opens the warehouse's objects for Polars: a folder's file by its path, a bucket's
-    object fetched whole; a compacted day (read an hour at a time) is kept until another
-    day is asked for, so it is fetched once, not 24 times."""
+    object fetched whole. Compacted days (read an hour at a time; one a partition) are
+    kept while their hours are read, so each is fetched once, not 24 times."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._day: tuple[str, bytes] | None = None
+        self._days: dict[str, bytes] = {}
 
     def name(self, obj: str) -> str:
         """The object as a message names it."""
         return self.store.url_of(obj)
 
+    def keep_only(self, objects: set[str]) -> None:
+        """Forget the compacted days not among ``objects`` (their hours are read)."""
+        for obj in set(self._days) - objects:
+            del self._days[obj]
+
     def source(self, obj: str, whole: bool = True) -> str | io.BytesIO:
         """What Polars reads ``obj`` from (``whole``: read once, not kept)."""
         if not self.store.remote:
             return self.store.full(obj)
-        if self._day is not None and self._day[0] == obj:
-            return io.BytesIO(self._day[1])
-        data = self.store.read(obj)
+        data = self._days.get(obj)
         if data is None:
-            raise HistoryError(f"{self.name(obj)}: published, but not in the store (deleted "
-                               "by hand?)")
-        self._day = None if whole else (obj, data)
+            data = self.store.read(obj)
+            if data is None:
+                raise HistoryError(f"{self.name(obj)}: published, but not in the store "
+                                   "(deleted by hand?)")
+            if not whole:
+                self._days[obj] = data
         return io.BytesIO(data)
 
 
@@ -200,6 +207,7 @@ def _hours(files: dict[str, str]) -> list[tuple[datetime, list[_Part]]]:
 def _read_hour(reader: _Reader, hour: datetime, parts: list[_Part]) -> pl.DataFrame:
     """The GPU-minute rows of ``hour`` in ``parts``, in one order whatever the layout."""
     lo, hi = (pl.lit(t).cast(TIME_DTYPE) for t in (hour, hour + timedelta(hours=1)))
+    reader.keep_only({p.obj for p in parts if not p.whole})
     frames = []
     for p in parts:
         try:
