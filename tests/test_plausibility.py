@@ -256,6 +256,8 @@ def test_telemetry_of_unknown_gpus_is_rejected_not_capacity(
     assert "GPU 99 of node 'n1', which has 8 GPUs" in reasons
     assert "no inventory for node 'ghost'" in reasons
     assert facts.processor.counters.unplaced_telemetry == 2 * 5 * 6
+    # gpuledger_rejected_records counts samples, not reject rows (one a GPU-minute)
+    assert facts.processor.counters.rejected["telemetry"] == 2 * 5 * 6
     hourly = facts.table("gpu_hourly")
     assert hourly["gpu_hours"].sum() * 60 == pytest.approx(8 * 5)
 

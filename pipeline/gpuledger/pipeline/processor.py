@@ -370,15 +370,18 @@ class Processor:
         if close:
             self.advance(event_time_limit, behind)
 
-    def add_rejects(self, rejects: pl.DataFrame, partition: int = 0) -> None:
-        """Record rejects found before the processor (e.g. by the JSON decoder)."""
+    def add_rejects(self, rejects: pl.DataFrame, partition: int = 0,
+                    records: int | None = None) -> None:
+        """Record rejects found before the processor (e.g. by the JSON decoder).
+        ``records``: how many records the rows stand for, when they are of one type and
+        a row stands for several (a GPU-minute's samples); default one a row."""
         if rejects.is_empty():
             return
         self.rejects.append(rejects.select(REJECT_SCHEMA.names()).with_columns(
             pl.lit(partition, pl.Int64).alias("partition")))
         for (record_type,), group in rejects.group_by(["record_type"]):
             kind = "unknown" if record_type is None else str(record_type)
-            self.counters.add_rejects(kind, group.height)
+            self.counters.add_rejects(kind, group.height if records is None else records)
 
     def _ingest(self, frames: dict[RecordType, pl.DataFrame], behind: bool = False) -> None:
         newest: pl.DataFrame | None = None
@@ -999,7 +1002,8 @@ class Processor:
                 pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
                 pl.struct("node", "gpu_index", to_time(pl.col("minute_ms")).dt.strftime(
                     "%Y-%m-%dT%H:%MZ").alias("minute"), pl.col("telemetry_samples")
-                          .alias("samples")).struct.json_encode().alias("raw")), part)
+                          .alias("samples")).struct.json_encode().alias("raw")), part,
+                records=int(group["telemetry_samples"].sum()))
 
     def _emit_gpu_minutes(self, gpu: pl.DataFrame) -> None:
         """``gpu_minute`` rows, and ``gpu_span`` rows for spans of identical minutes."""
