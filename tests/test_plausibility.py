@@ -15,6 +15,7 @@ from conftest import Facts
 from events import alloc, at, frames, inventory, job, jsonl, series, telemetry
 from fact_views import assert_same_facts
 
+from gpuledger.cli.main import main
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.ingest import ingest
 from gpuledger.pipeline.partitions import Partitioning
@@ -238,6 +239,10 @@ def test_rejected_telemetry_is_said_at_the_end_of_the_input(
     assert "60 telemetry sample(s) were rejected" in caplog.text
     assert "every sample this run read: were the inventory records left out?" in caplog.text
     assert read_table(tmp_path / "wh2", "gpu_minute").is_empty()
+    # --strict fails such an input (it looked at bad lines only: exit status 0)
+    assert main(["ingest", str(path), "--quiet", "--strict",
+                 "--warehouse", str(tmp_path / "wh3")]) == 1
+    assert main(["ingest", str(path), "--quiet", "--warehouse", str(tmp_path / "wh4")]) == 0
 
 
 def test_telemetry_of_unknown_gpus_is_rejected_not_capacity(

@@ -324,7 +324,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if rej.height > shown.height:
         where = "--show-rejects N to see them" if result.nothing else "SELECT * FROM rejects"
         print(f"... and {rej.height - shown.height:,} more ({where})", file=sys.stderr)
-    return 1 if (args.strict and rej.height) else 0
+    # the processor's rejects (samples of GPUs no inventory knows, …) count too
+    return 1 if (args.strict and (rej.height or sum(c.rejected.values()))) else 0
 
 
 def cmd_import_openb(args: argparse.Namespace) -> int:
@@ -625,7 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", type=Path, help="JSON-lines files (any mix of types)")
     common(p)
     p.add_argument("--strict", action="store_true",
-                   help="exit with status 1 when any line was rejected")
+                   help="exit with status 1 when any line was rejected: a bad line, or a "
+                   "record the processor refused (a sample of a GPU no inventory knows, one "
+                   "too far ahead; the rejects table has each)")
     p.add_argument("--show-rejects", type=whole_count("--show-rejects"), default=20, metavar="N",
                    help="print at most N rejected lines (default 20)")
     p.add_argument("--afresh", action="store_true",
