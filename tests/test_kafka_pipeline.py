@@ -408,11 +408,15 @@ def test_the_progress_line_gives_the_current_rate_and_quietens_when_idle(
         service._last_log = clock[0]
         with caplog.at_level("INFO", logger="gpuledger.kafka.service"):
             service.stats.messages = 500
+            # records the processor refused (samples of GPUs no inventory knows): the line
+            # said dead letters and late samples only
+            service.engine.counters.add_rejects("telemetry", 7)
             for step in range(1, 14):          # 500 messages in the first 10 s, then none
                 clock[0] = 1000.0 + 10.0 * step
                 service._log_progress()
         lines = [r.getMessage() for r in caplog.records if "messages=" in r.getMessage()]
         assert [re.search(r"messages=(\d+) \((\d+)/s\)", line).groups()  # type: ignore[union-attr]
                 for line in lines] == [("500", "50"), ("500", "0"), ("500", "0")]
+        assert all(" rejected=7 " in line for line in lines), lines
     finally:
         service.close()

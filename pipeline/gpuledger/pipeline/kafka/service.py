@@ -1056,10 +1056,11 @@ class KafkaProcessorService:
                 lag += max(high - self.offsets.get((telemetry, p), 0), 0)
         c = self.counters()
         log.info("partitions=%s messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s "
-                 "dead_letters=%d late=%d rss_mib=%.0f memory_released_mib=%.0f",
+                 "dead_letters=%d rejected=%d late=%d rss_mib=%.0f memory_released_mib=%.0f",
                  held, self.stats.messages, read / max(since, 1e-9),
                  c.records_in["telemetry"], lag, self.engine.closed_until,
-                 self.stats.dead_letters, c.late_telemetry, (rss_bytes() or 0) / 2**20,
+                 self.stats.dead_letters, sum(c.rejected.values()), c.late_telemetry,
+                 (rss_bytes() or 0) / 2**20,
                  self.engine.warehouse.release_memory.released / 2**20)
 
 
