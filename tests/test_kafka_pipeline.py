@@ -408,8 +408,8 @@ def test_the_progress_line_gives_the_current_rate_and_quietens_when_idle(
         service._last_log = clock[0]
         with caplog.at_level("INFO", logger="gpuledger.kafka.service"):
             service.stats.messages = 500
-            # records the processor refused (samples of GPUs no inventory knows): the line
-            # said dead letters and late samples only
+            # rejected records (dead letters', and samples of GPUs no inventory knows that
+            # the processor refused): the line said dead letters and late samples only
             service.engine.counters.add_rejects("telemetry", 7)
             for step in range(1, 14):          # 500 messages in the first 10 s, then none
                 clock[0] = 1000.0 + 10.0 * step
