@@ -349,3 +349,43 @@ def test_a_time_after_the_import_is_a_bad_row(tmp_path: Path,
     assert load_pods(path, nodes_csv=nodes, now=now + timedelta(minutes=10)).bad_rows == [
         (3, "deleted: '2099-01-01T00:00:00Z' is more than 3600 s after the time of the "
             "import (2026-01-05T00:15:00Z)")]
+
+
+def test_a_pod_list_without_pods_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod list of a header alone (an export that failed half-way), or of bad and
+    CPU-only rows, was imported: its run's end wrote the latest state as of an input with
+    no pod, so a pending pod an earlier import had left vanished from ``attempts``. Now it
+    is "nothing to import" and the warehouse is left as it was, byte for byte (a new
+    warehouse is not even made)."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES_CSV)
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus,node\n"
+                    "ran,2026-01-05T08:00:00Z,2026-01-05T08:01:00Z,2026-01-05T09:00:00Z,2,n1\n"
+                    "waits,2026-01-05T08:00:00Z,,,64,\n")
+    wh = tmp_path / "wh"
+    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--warehouse", str(wh),
+                 "--quiet"]) == 0
+    _, rows = query.run(wh, "SELECT job_id FROM attempts ORDER BY job_id")
+    assert [r[0] for r in rows] == ["ran", "waits"]
+    before = {p.relative_to(wh): p.read_bytes() for p in wh.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    header = tmp_path / "header.csv"
+    header.write_text("name,created,scheduled,deleted,gpus,node\n")
+    junk = tmp_path / "junk.csv"
+    junk.write_text("name,created,gpus\nx,not a time,1\ncpu,2026-01-05T10:00:00Z,0\n")
+    for empty in (header, junk):
+        assert main(["import", "pods", str(empty), "--nodes", str(nodes), "--warehouse",
+                     str(wh), "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert f"nothing to import: {empty} has no pod to import" in err, err
+        assert f"{wh}/ is left as it was" in err
+        after = {p.relative_to(wh): p.read_bytes() for p in wh.rglob("*") if p.is_file()}
+        assert after == before
+    _, rows = query.run(wh, "SELECT job_id FROM attempts ORDER BY job_id")
+    assert [r[0] for r in rows] == ["ran", "waits"]
+    fresh = tmp_path / "fresh"
+    assert main(["import", "pods", str(header), "--nodes", str(nodes), "--warehouse",
+                 str(fresh), "--quiet"]) == 0
+    assert not fresh.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
 
     _need_pipeline()
     from gpuledger.pipeline.importers.pods import PodsImportError, load_pods, parse_columns
-    from gpuledger.pipeline.ingest import import_history
+    from gpuledger.pipeline.ingest import has_jobs, import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
@@ -65,6 +66,13 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
                              limits=config.limits)
     except PodsImportError as exc:
         raise CliError(str(exc)) from None
+    if not has_jobs(imported.frames):
+        # as `ingest` says of an input without a valid record; the warehouse is not opened
+        print(f"nothing to import: {args.file} has no pod to import ({imported.rows:,} "
+              f"rows, {len(imported.bad_rows):,} bad, {imported.cpu_only:,} CPU-only); "
+              f"{args.warehouse}/ is left as it was", file=sys.stderr)
+        _print_bad(args, imported.bad_rows)
+        return 0
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     with _progress("importing pods", not args.quiet) as update:
         rejected = import_history(processor, imported.frames, update, replace=args.replace)
@@ -74,11 +82,15 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
           "placed" + (f" (e.g. {', '.join(imported.unplaced[:5])})" if imported.unplaced
                       else "")
           + (f"; {rejected:,} event(s) rejected (SELECT * FROM rejects)" if rejected else ""))
-    for row, reason in imported.bad_rows[:args.show_bad]:
-        print(f"{args.file}:{row}: {reason}")
-    if len(imported.bad_rows) > args.show_bad:
-        print(f"... and {len(imported.bad_rows) - args.show_bad:,} more bad rows")
+    _print_bad(args, imported.bad_rows)
     return 0
+
+
+def _print_bad(args: argparse.Namespace, bad_rows: list[tuple[int, str]]) -> None:
+    for row, reason in bad_rows[:args.show_bad]:
+        print(f"{args.file}:{row}: {reason}")
+    if len(bad_rows) > args.show_bad:
+        print(f"... and {len(bad_rows) - args.show_bad:,} more bad rows")
 
 
 def register(formats: Any, common: Any) -> None:

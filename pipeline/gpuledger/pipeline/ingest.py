@@ -473,7 +473,8 @@ def import_history(
     the rest in event-time order and flush up to ``until`` (a window's end; default the
     newest event; ``before_flush`` as in :func:`feed_in_time_order`; ``let_go``: empty
     ``frames`` once validated, so that a long history is not held twice). The number of
-    rejected records.
+    rejected records. Without a valid job event and without a window (``until``, or a
+    start the processor was given), nothing is fed and nothing written.
 
     An import is processed on its own: the facts of the hours it covers become its own.
     Where the warehouse already holds facts in those hours that an import of the same
@@ -491,14 +492,27 @@ def import_history(
     if let_go:
         frames.clear()
     span = _import_span(processor, good, until)
+    if span is None or (until is None and processor.started is None
+                        and not has_jobs(good)):
+        # no job and no window: nothing is written (its nodes' inventory alone spans no
+        # time). A run's end writes the latest state (running and pending attempts) as of
+        # its input: a pod list of a header alone emptied it, and a pending pod an earlier
+        # import had left vanished from ``attempts``
+        return rejected
     digest = events_digest(good, processor.started, until)
-    if span is not None:
-        if not replace:
-            refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
-        # recorded before it writes: a run killed part way is run again without --replace
-        record_import(processor.warehouse.store, span, digest, sources)
+    if not replace:
+        refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
+    # recorded before it writes: a run killed part way is run again without --replace
+    record_import(processor.warehouse.store, span, digest, sources)
     feed_in_time_order(processor, good, on_progress, until, before_flush)
     return rejected
+
+
+def has_jobs(frames: Mapping[Any, pl.DataFrame]) -> bool:
+    """Whether an importer's frames hold a job event (without one, and without a window,
+    an import changes nothing: :func:`import_history`)."""
+    jobs = frames.get("job")
+    return jobs is not None and not jobs.is_empty()
 
 
 def _event_span(frames: Mapping[RecordType, pl.DataFrame]) -> tuple[datetime, datetime] | None:
