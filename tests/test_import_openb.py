@@ -348,3 +348,25 @@ def test_real_times_keep_the_queue_wait_of_pods_alive_at_the_window_start(
     _, rows = query.run(tmp_path / "wh", "SELECT min(minute), round(sum(alloc_fraction) * 60, "
                                          "6) FROM gpu_minute WHERE allocated")
     assert rows == [(start, 900.0)]
+
+
+def test_a_pod_list_without_gpu_pods_changes_nothing_unless_windowed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod list of a header alone (or of CPU pods only): without a window there is no
+    time to import, and nothing is written (it made a warehouse of empty tables); with
+    one, the window's free GPUs are its facts."""
+    nodes, _pods = _tiny_trace(tmp_path)
+    header = tmp_path / "header.csv"
+    header.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                      "creation_time,deletion_time,scheduled_time\n"
+                      "cpu,4000,16384,0,0,,LS,Running,100,900,200\n")
+    wh = tmp_path / "wh"
+    assert main(["import", "openb", "--nodes", str(nodes), "--pods", str(header),
+                 "--warehouse", str(wh), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"nothing to import: {header} has no GPU pod (1 pods, 1 CPU-only)" in err, err
+    assert not wh.exists()
+    assert main(["import", "openb", "--nodes", str(nodes), "--pods", str(header),
+                 "--hours", "1", "--warehouse", str(wh), "--quiet"]) == 0
+    _, rows = query.run(wh, "SELECT sum(minutes), count(DISTINCT gpu_index) FROM gpu_runs")
+    assert rows == [(8 * 60, 8)]

@@ -331,7 +331,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_import_openb(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.importers.openb import OpenbImportError, load_openb
-    from gpuledger.pipeline.ingest import import_history
+    from gpuledger.pipeline.ingest import has_jobs, import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
@@ -348,6 +348,12 @@ def cmd_import_openb(args: argparse.Namespace) -> int:
     except OpenbImportError as exc:
         raise CliError(str(exc)) from None
     config = _proc_config(args)
+    if not has_jobs(imported.frames) and imported.window_end is None:
+        # no pod and no window (`import pods` alike): the warehouse is not opened
+        print(f"nothing to import: {args.pods} has no GPU pod ({imported.pods_total:,} "
+              f"pods, {imported.pods_cpu_only:,} CPU-only); {args.warehouse}/ is left as it "
+              "was", file=sys.stderr)
+        return 0
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     if imported.window_start is not None:
         processor.begin_at(imported.window_start)
