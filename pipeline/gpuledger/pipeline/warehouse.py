@@ -27,7 +27,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from importlib import resources
@@ -41,6 +41,7 @@ from polars.datatypes import DataTypeClass
 from gpuledger.pipeline import compaction, external_sort
 from gpuledger.pipeline.config import WarehouseOptions
 from gpuledger.pipeline.generations import (
+    Manifest,
     Publisher,
     Snapshot,
     read_manifests,
@@ -857,9 +858,13 @@ def published_urls(location: str | Path, table: str) -> list[str]:
 
 def published_files(location: str | Path) -> dict[str, str]:
     """Every published logical name → its object (relative to the warehouse)."""
-    store = open_store(location, create=False)
+    return published_in(read_manifests(open_store(location, create=False)))
+
+
+def published_in(manifests: Mapping[str, Manifest]) -> dict[str, str]:
+    """Every logical name the newest manifests (``read_manifests``) publish → its object."""
     out: dict[str, str] = {}
-    for manifest in read_manifests(store).values():
+    for manifest in manifests.values():
         out.update(manifest.files)
     return out
 

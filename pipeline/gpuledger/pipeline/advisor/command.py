@@ -64,16 +64,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         diagnose_warehouse,
         open_warehouse,
         summary_text,
+        warn_once,
     )
     from gpuledger.pipeline.advisor.history import HistoryError
 
     # a bar on stderr, as the imports draw (a line per hour of history: 1,209 lines
     # for the openb trace), once the warehouse is known to be one
     try:
-        open_warehouse(args.warehouse)
-        with _progress("diagnosing", not args.quiet) as update:
-            result = diagnose_warehouse(args.warehouse, write=not args.dry_run,
-                                        progress=update, force=args.force)
+        with warn_once():   # a manifest passed over is said once, not by each reader
+            opened = open_warehouse(args.warehouse)
+            with _progress("diagnosing", not args.quiet) as update:
+                result = diagnose_warehouse(opened, write=not args.dry_run,
+                                            progress=update, force=args.force)
     except HistoryError as exc:
         raise CliError(str(exc)) from None
     if args.json:

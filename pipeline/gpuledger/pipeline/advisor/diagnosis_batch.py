@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import polars as pl
@@ -57,10 +58,10 @@ from gpuledger.pipeline.advisor.diagnosis import (
 from gpuledger.pipeline.advisor.history import HistoryError, unreadable_folder
 from gpuledger.pipeline.advisor.patterns import CATALOGUE, PATTERNS, UNKNOWN
 from gpuledger.pipeline.columns import TIME_DTYPE
-from gpuledger.pipeline.generations import WHOLE, read_manifests
+from gpuledger.pipeline.generations import WHOLE, Manifest, read_manifests
 from gpuledger.pipeline.location import check_location
 from gpuledger.pipeline.store import Store, StoreError, open_store
-from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_files
+from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_in
 
 TABLE = "job_diagnosis"
 UNIT = "diagnosis"
@@ -90,7 +91,7 @@ class Diagnosed:
 
 
 def _published(files: dict[str, str], table: str) -> list[tuple[str, str]]:
-    """(logical name, object) of ``table``'s files among ``files`` (``published_files``:
+    """(logical name, object) of ``table``'s files among ``files`` (``published_in``:
     the newest generation, read once)."""
     return [(logical, obj) for logical, obj in sorted(files.items())
             if logical.startswith(f"{FACTS}/{table}/")]
@@ -146,7 +147,9 @@ class _Once(logging.Filter):
 
 
 @contextmanager
-def _warn_once() -> Iterator[None]:
+def warn_once() -> Iterator[None]:
+    """Within the block, each warning of the warehouse's readers is said once (a caller
+    that opens the warehouse before :func:`diagnose_warehouse` wraps both)."""
     logger = logging.getLogger("gpuledger.warehouse")
     once = _Once()
     logger.addFilter(once)
@@ -234,11 +237,11 @@ def _ended(reader: _Reader, files: dict[str, str]) -> pl.DataFrame:
     return pl.concat(frames, how="vertical_relaxed").drop_nulls("ended_at")
 
 
-def _legacy(store: Store, label: str, force: bool) -> bool:
-    """Whether unit ``warehouse`` still names ``job_diagnosis`` files (written there by an
-    earlier version): they must go when this run writes its own. Refused (HistoryError)
-    while that unit was published in the last ``BUSY_S`` seconds, unless ``force``."""
-    manifest = read_manifests(store).get(WHOLE)
+def _legacy(manifest: Manifest | None, label: str, force: bool) -> bool:
+    """Whether unit ``warehouse`` (its newest ``manifest``) still names ``job_diagnosis``
+    files (written there by an earlier version): they must go when this run writes its
+    own. Refused (HistoryError) while that unit was published in the last ``BUSY_S``
+    seconds, unless ``force``."""
     if manifest is None or not any(k.startswith(f"{FACTS}/{TABLE}/") for k in manifest.files):
         return False
     age = time.time() - manifest.written_at
@@ -251,11 +254,23 @@ def _legacy(store: Store, label: str, force: bool) -> bool:
     return True
 
 
-def open_warehouse(location: str | Path) -> tuple[str | Path, Store, str]:
-    """The warehouse at ``location`` (a folder or ``s3://bucket/prefix``): where it is, its
-    store, and how a message names it; a :class:`HistoryError` in one line when it is no
-    warehouse (a file, a folder without facts, a bucket with nothing published, one that
-    cannot be reached)."""
+class OpenedWarehouse(NamedTuple):
+    """A warehouse to diagnose, as :func:`open_warehouse` found it."""
+
+    where: str | Path
+    """The folder, or the ``s3://`` URL."""
+    store: Store
+    label: str
+    """How a message names it."""
+    manifests: dict[str, Manifest]
+    """The newest manifest of every unit, read once for the run."""
+
+
+def open_warehouse(location: str | Path) -> OpenedWarehouse:
+    """The warehouse at ``location`` (a folder or ``s3://bucket/prefix``) and what it
+    publishes now; a :class:`HistoryError` in one line when it is no warehouse (a file, a
+    folder without facts, a bucket with nothing published, one that cannot be
+    reached)."""
     try:
         where = check_location(location)
         if isinstance(where, Path):
@@ -265,41 +280,44 @@ def open_warehouse(location: str | Path) -> tuple[str | Path, Store, str]:
                 raise HistoryError(f"{where}: not a gpuledger warehouse (no facts/ folder)")
         store = open_store(where, create=False)
         store.check()
-        if store.remote and not read_manifests(store):
+        manifests = read_manifests(store)
+        if store.remote and not manifests:
             raise HistoryError(f"{store.url}: not a gpuledger warehouse (nothing published "
                                "yet)")
     except StoreError as exc:
         raise HistoryError(str(exc)) from None
-    return where, store, str(where) if isinstance(where, Path) else store.url
+    return OpenedWarehouse(where, store, str(where) if isinstance(where, Path) else store.url,
+                           manifests)
 
 
-def diagnose_warehouse(location: str | Path, *, write: bool = True,
+def diagnose_warehouse(location: str | Path | OpenedWarehouse, *, write: bool = True,
                        cfg: DiagnosisConfig = DEFAULT_CONFIG,
                        progress: Callable[[float], None] = lambda _f: None,
                        force: bool = False) -> Diagnosed:
     """Diagnose every attempt of the warehouse at ``location``, a folder or an ``s3://``
-    warehouse (module docstring). Bad input (not a warehouse, a fact file that cannot be
-    read, a bucket that cannot be reached) is a :class:`HistoryError` naming it, raised
-    before anything is written."""
-    where, store, label = open_warehouse(location)
-    with _warn_once():
+    warehouse, or one :func:`open_warehouse` has just opened (module docstring). Bad input
+    (not a warehouse, a fact file that cannot be read, a bucket that cannot be reached)
+    is a :class:`HistoryError` naming it, raised before anything is written."""
+    with warn_once():
+        opened = (location if isinstance(location, OpenedWarehouse)
+                  else open_warehouse(location))
         try:
-            return _diagnose(where, store, label, write, cfg, progress, force)
+            return _diagnose(opened, write, cfg, progress, force)
         except PermissionError as exc:
-            raise HistoryError(f"{exc.filename or label}: permission denied") from None
+            raise HistoryError(f"{exc.filename or opened.label}: permission denied") from None
         except StoreError as exc:
             raise HistoryError(str(exc)) from None
 
 
-def _diagnose(where: str | Path, store: Store, label: str, write: bool,
-              cfg: DiagnosisConfig, progress: Callable[[float], None],
-              force: bool) -> Diagnosed:
+def _diagnose(opened: OpenedWarehouse, write: bool, cfg: DiagnosisConfig,
+              progress: Callable[[float], None], force: bool) -> Diagnosed:
+    where, store, label, manifests = opened
     if isinstance(where, Path):
         denied = unreadable_folder(where, ("gpu_minute", "job_attempts"))
         if denied is not None:
             raise HistoryError(f"{denied}: permission denied")
-    legacy = write and _legacy(store, label, force)
-    published = published_files(where)
+    legacy = write and _legacy(manifests.get(WHOLE), label, force)
+    published = published_in(manifests)
     hours = _hours(published)
     if not hours:
         if _published(published, "gpu_span"):
