@@ -357,6 +357,17 @@ def test_an_export_after_a_missing_one_is_refused(
     assert err.rstrip().endswith("Import the missing export first (or with these), or "
                                  "every export together"), err
     _same(wh, held)
+    # an export of its header alone (sacct of a window when the cluster's accounting was
+    # down) is refused the same way: the jobs running there are in none of it
+    empty = tmp_path / "empty.txt"
+    empty.write_text(HEADER + "\n")
+    assert main(["import", "slurm-sacct", str(empty), "--warehouse", str(wh),
+                 "--quiet", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuledger: error: 5 job(s) running at 2026-01-05 10:10 UTC, "
+                          "where the warehouse's Slurm history ends, are in none of "
+                          "these exports"), err
+    _same(wh, held)
     out = _import(wh, capsys, files[1], files[2], extra=extra)
     assert "which ended at 2026-01-05 10:10 UTC" in out, out
     _same_but_waiting_cards(wh, expected, {"platform", "nlp"})

@@ -291,13 +291,26 @@ def test_lines_that_say_something_impossible_are_left_out(
     assert _sql(root, "SELECT job_id FROM attempts").rows() == [("602",)]
 
 
-def test_a_cpu_only_file_rejects_nothing(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    root, out = _import(tmp_path, capsys,
-                        _probe("701", "00:00:00", "00:10:00", "00:30:00", tres="cpu=1"),
-                        _probe("702", "00:00:00", "00:10:00", "00:30:00", tres="cpu=2"))
-    assert "2 CPU-only jobs" in out and "rejected" not in out, out
-    assert _sql(root, "SELECT count(*) FROM rejects").rows() == [(0,)]
+@pytest.mark.parametrize("until", [[], ["--until", "2026-01-05T12:00"]])
+def test_an_export_without_a_gpu_job_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], until: list[str]) -> None:
+    """A CPU-only export, and one of its header alone (a quiet day's cron), say there is
+    nothing to import, exit 0, and do not make a warehouse (before, each left an empty
+    one behind, the first with every table's files). With ``--until`` too: an export
+    without a job has no time to close from."""
+    cpu_only = [_probe("701", "00:00:00", "00:10:00", "00:30:00", tres="cpu=1"),
+                _probe("702", "00:00:00", "00:10:00", "00:30:00", tres="cpu=2")]
+    for lines, said in [(cpu_only, "(2 lines, 0 step lines, 2 CPU-only jobs, 0 bad)"),
+                        ([], "(0 lines, 0 step lines, 0 CPU-only jobs, 0 bad)")]:
+        path = tmp_path / "sacct.txt"
+        path.write_text(PROBE_HEADER + "\n" + "".join(f"{line}\n" for line in lines))
+        root = tmp_path / "wh"
+        assert main(["import", "slurm-sacct", str(path), "--warehouse", str(root),
+                     "--quiet", *until]) == 0
+        out, err = capsys.readouterr()
+        assert out == "" and err == (f"nothing to import: {path} holds no GPU job {said}; "
+                                     f"{root}/ is left as it was\n"), (out, err)
+        assert not root.exists()
 
 
 def test_a_day_of_many_jobs_ending_imports(

@@ -6,6 +6,7 @@ Lean at import time: the pipeline (Polars, DuckDB) is loaded only when the comma
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,18 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     except SacctError as exc:
         raise CliError(str(exc)) from None
     config = _proc_config(args)
+    if not exports.lines and not _holds_slurm_history(args.warehouse):
+        # as `import pods` says of a list without a pod; the warehouse is not opened (a
+        # history to go on from is: an empty export there may be a day's gap, refused).
+        # Without a job, an export has no time: --until alone has no start to close from
+        r = exports.result
+        print(f"nothing to import: {_names(args.file)} "
+              f"{'holds' if len(args.file) == 1 else 'hold'} no GPU job ({r.lines:,} "
+              f"lines, {r.steps_skipped:,} step lines, {r.cpu_only_skipped:,} CPU-only "
+              f"jobs, {len(r.bad_lines):,} bad); {args.warehouse}/ is left as it was",
+              file=sys.stderr)
+        _print_bad(args, r.bad_lines)
+        return 0
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     with _progress("importing sacct", not args.quiet) as update:
         imported, rejected = import_exports(
@@ -120,11 +133,33 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         print(f"{r.events_after_until:,} event(s) at or after --until "
               f"{until:%Y-%m-%d %H:%M} UTC: taken into the job book, their minutes closed "
               "by the next import")
-    for where, reason in r.bad_lines[:args.show_bad]:
-        print(f"{where}: {reason}")
-    if len(r.bad_lines) > args.show_bad:
-        print(f"... and {len(r.bad_lines) - args.show_bad:,} more bad lines")
+    _print_bad(args, r.bad_lines)
     return 0
+
+
+def _names(files: list[Path]) -> str:
+    return ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3:,} more"
+                                                  if len(files) > 3 else "")
+
+
+def _print_bad(args: argparse.Namespace, bad_lines: list[tuple[str, str]]) -> None:
+    for where, reason in bad_lines[:args.show_bad]:
+        print(f"{where}: {reason}")
+    if len(bad_lines) > args.show_bad:
+        print(f"... and {len(bad_lines) - args.show_bad:,} more bad lines")
+
+
+def _holds_slurm_history(location: Any) -> bool:
+    """Whether the warehouse at ``location`` holds a state an import goes on from
+    (reached without creating anything: a missing folder holds none)."""
+    from gpuledger.pipeline.continued_import import SACCT_STATES
+    from gpuledger.pipeline.ingest import saved_states
+    from gpuledger.pipeline.store import StoreError, open_store
+
+    try:
+        return bool(saved_states(open_store(location, create=False).child(SACCT_STATES)))
+    except StoreError:
+        return True  # unreadable: the import opens it and says why
 
 
 def register(fmt: Any, common: Any) -> None:
