@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -508,3 +509,75 @@ def test_an_export_cut_inside_a_line_is_refused(
     assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "wh"),
                  "--quiet"]) == 2
     assert "sacct.txt:3: 13 fields, the header has 16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cut", [
+    pytest.param(lambda line: line.split("|2026")[0] + "|" + f"{T}00:00:00",
+                 id="after-submit"),
+    pytest.param(lambda line: line.rsplit("|", 1)[0], id="last-field-missing"),
+    pytest.param(lambda line: "822|822", id="before-the-job-name"),
+])
+def test_a_line_cut_short_inside_the_export_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], cut: Any) -> None:
+    """Found by trying hostile exports: a line cut short in the middle of an export (a
+    damaged file) was joined with the next job's line as if a line break were in its job
+    name, and the import went on: job 822 got job 823's start, end, state and GPUs, and
+    823 was gone. A short line followed by a record of its own, or one whose break comes
+    before every free-text column, is refused now, naming the line; nothing is made."""
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "\n"
+                    + _probe("820", "00:00:00", "00:10:00", "00:30:00") + "\n"
+                    + cut(_probe("822", "00:00:00", "00:10:00", "00:30:00")) + "\n"
+                    + _probe("823", "00:05:00", "00:20:00", "00:50:00", "CANCELLED") + "\n")
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "wh"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuledger: error: {path}:3: "), err
+    assert "the header has 16: a line cut short (line 4 is " in err, err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_exports_joined_with_their_headers_are_read_under_each_header(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``cat day-1.txt day-2.txt``, each with its header, the second's columns in another
+    order: the lines after the second header are read under it. Before, the header was
+    read as a CPU-only job, and the lines after it by the first header's columns: their
+    jobs, read as CPU-only, were left out in silence."""
+    lines = [_probe("830", "00:00:00", "00:10:00", "00:30:00"),
+             _probe("831", "00:00:00", "00:12:00", "00:40:00", tres="gres/gpu=2")]
+    names = PROBE_HEADER.split("|")
+    order = names[::-1]
+    flipped = ["|".join(dict(zip(names, line.split("|"), strict=True))[c] for c in order)
+               for line in lines]
+    path = tmp_path / "joined.txt"
+    path.write_text(f"{PROBE_HEADER}\n{lines[0]}\n{PROBE_HEADER}\n{lines[0]}\n"
+                    f"{'|'.join(order)}\n{flipped[1]}\n{flipped[0]}\n")
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "wh"),
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "4 lines: 2 GPU jobs (2 attempts)" in out and "0 CPU-only jobs" in out, out
+    got = _sql(tmp_path / "wh", "SELECT job_id, allocated_gpu_hours FROM attempts "
+                                "ORDER BY job_id")
+    assert got.rows() == [("830", pytest.approx(20 / 60)), ("831", pytest.approx(56 / 60))]
+    # a header further down that misses a column is refused, naming its line
+    path.write_text(f"{PROBE_HEADER}\n{lines[0]}\n{PROBE_HEADER.replace('|Submit', '')}\n")
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "w2"),
+                 "--quiet"]) == 2
+    assert f"{path}:3: missing column(s) Submit in the header" in capsys.readouterr().err
+
+
+def test_a_priority_out_of_range_or_a_quote_in_a_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Priority past 64 bits stopped the import with a Python traceback (the events'
+    column is 64-bit) after it had made the warehouse's folders: that line is a bad line
+    now. sacct quotes nothing: a ``"`` in a job name is the name's (it swallowed the
+    lines after it into one field, as CSV quoting)."""
+    big = _probe("840", "00:00:00", "00:10:00", "00:30:00").replace("|n|1|", f"|n|{2**63}|")
+    root, out = _import(tmp_path, capsys, big,
+                        _named("841", 'say "hi', "00:10:00", "00:30:00"),
+                        _probe("842", "00:00:00", "00:10:00", "00:40:00"))
+    assert "1 bad line(s)" in out, out
+    assert (f"sacct.txt:2: Priority '{2**63}' is out of range (a 64-bit whole number)"
+            in out), out
+    assert _sql(root, "SELECT job_id, allocated_gpu_hours FROM attempts ORDER BY job_id"
+                ).rows() == [("841", pytest.approx(20 / 60)), ("842", pytest.approx(30 / 60))]

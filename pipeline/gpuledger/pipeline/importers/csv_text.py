@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 
 def first_non_utf8_line(path: Path) -> int:
@@ -20,12 +21,14 @@ def first_non_utf8_line(path: Path) -> int:
     return 1
 
 
-def csv_rows(path: Path, error: type[Exception], delimiter: str = ","
+def csv_rows(path: Path, error: type[Exception], delimiter: str = ",",
+             quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL
              ) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of each record of ``path`` (the header included); text that
-    cannot be read raises ``error("file:line: reason")``."""
+    cannot be read raises ``error("file:line: reason")``. ``quoting``: ``csv.QUOTE_NONE``
+    for text without quoting (``sacct --parsable2``), whose ``"`` are the fields' own."""
     with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=delimiter)
+        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         try:
             for fields in reader:
                 yield reader.line_num, fields

@@ -63,6 +63,7 @@ Rules:
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import re
@@ -341,27 +342,71 @@ def _one_line_per_attempt(lines: list[_Line], result: SacctImport) -> list[_Line
     return [lines[i] for i in sorted(best.values())]
 
 
+def _is_header(values: list[str]) -> bool:
+    """Whether a record is a header line (``cat`` of exports keeps each one's): it names
+    three of the required columns or more (one that misses some is refused, naming
+    them). No job line does: its times are times, its state a state; a job name is one
+    field."""
+    return len(set(REQUIRED) & set(values)) >= 3
+
+
+def _checked_header(path: Path, number: int, header: list[str]) -> list[str]:
+    missing = [c for c in REQUIRED if c not in header]
+    if missing or not ({"AllocTRES", "ReqTRES"} & set(header)):
+        need = missing + ([] if {"AllocTRES", "ReqTRES"} & set(header)
+                          else ["AllocTRES or ReqTRES"])
+        where = f"{path}" if number == 1 else f"{path}:{number}"
+        raise SacctError(f"{where}: missing column(s) {', '.join(need)} in the header "
+                         f"(got {'|'.join(header)}); export with sacct --parsable2 "
+                         "--format ... (docs/import.md)")
+    twice = sorted({c for c in header if c and header.count(c) > 1})
+    if twice:
+        raise SacctError(f"{path}:{number}: column(s) {', '.join(twice)} appear twice in "
+                         "the header")
+    return header
+
+
 def _records(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]
-             ) -> Iterator[tuple[int, list[str], str | None]]:
-    """(line number, fields, why it was mended or None) of each record: a line cut short
-    by a line break inside a field is joined with the lines after it (the break kept in
-    the field), and a record with more fields than the header, where the job name is the
-    only free text, has the extra ones put back into it (``|`` between them). A record
-    with more fields and other free text is yielded as it is: which field held the
-    ``|`` cannot be told. A file that ends inside a record raises :class:`SacctError`
-    (an export cut short)."""
+             ) -> Iterator[tuple[int, list[str], str | None, list[str]]]:
+    """(line number, fields, why it was mended or None, the header they are under) of
+    each record: a line cut short by a line break inside a free-text field is joined
+    with the lines after it (the break kept in the field), and a record with more fields
+    than the header, where the job name is the only free text, has the extra ones put
+    back into it (``|`` between them). A record with more fields and other free text is
+    yielded as it is: which field held the ``|`` cannot be told. A header line further
+    down (exports joined with ``cat``) is the header of the lines after it.
+
+    Refused (:class:`SacctError`, an export cut short or damaged): a file that ends
+    inside a record, and a short line that cannot be a line break in free text: one
+    whose last field comes before every free-text column, or one followed by a line that
+    is a record of its own (as many fields as the header, or more: joined, its fields
+    were another job's)."""
     width = len(header)
     free = [c for c in header if c in FREE_TEXT]
     name = header.index("JobName") if free == ["JobName"] else None
     for number, values in rows:
         if not values or values == [""]:
             continue
+        if _is_header(values):
+            if values != header:
+                header = _checked_header(path, number, values)
+                width = len(header)
+                free = [c for c in header if c in FREE_TEXT]
+                name = header.index("JobName") if free == ["JobName"] else None
+            continue
         why = None
         while len(values) < width:
             more = next(rows, None)
+            short = f"{path}:{number}: {len(values)} fields, the header has {width}"
             if more is None:
-                raise SacctError(f"{path}:{number}: {len(values)} fields, the header has "
-                                 f"{width}")
+                raise SacctError(short)
+            first_free = min((header.index(c) for c in free), default=width)
+            if len(values) - 1 < first_free or len(more[1]) >= width:
+                raise SacctError(
+                    f"{short}: a line cut short (line {more[0]} is "
+                    + ("a record of its own)" if len(more[1]) >= width else
+                       f"not the rest of it: the break is before "
+                       f"{'the free-text columns' if free else 'any free-text column'})"))
             values = [*values[:-1], values[-1] + "\n" + (more[1] or [""])[0], *more[1][1:]]
             why = "a line break in a field"
         extra = len(values) - width
@@ -369,27 +414,22 @@ def _records(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]
             values = [*values[:name], "|".join(values[name:name + extra + 1]),
                       *values[name + extra + 1:]]
             why = "a '|' in the job name" if why is None else why + " and a '|' in the job name"
-        yield number, values, why
+        yield number, values, why, header
 
 
 def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                read: Callable[[int], None]) -> list[_Line]:
-    rows = csv_rows(path, SacctError, delimiter="|")
+    rows = csv_rows(path, SacctError, delimiter="|", quoting=csv.QUOTE_NONE)
     first = next(rows, None)
     if first is None:
         raise SacctError(f"{path}: empty file")
-    header = first[1]
-    missing = [c for c in REQUIRED if c not in header]
-    if missing or not ({"AllocTRES", "ReqTRES"} & set(header)):
-        need = missing + ([] if {"AllocTRES", "ReqTRES"} & set(header)
-                          else ["AllocTRES or ReqTRES"])
-        raise SacctError(f"{path}: missing column(s) {', '.join(need)} in the header "
-                         f"(got {'|'.join(header)}); export with sacct --parsable2 "
-                         "--format ... (docs/import.md)")
+    header = _checked_header(path, first[0], first[1])
     lines: list[_Line] = []
     named = repr(header)
     chars = 0
-    for number, values, mended in _records(path, header, rows):
+    for number, values, mended, under in _records(path, header, rows):
+        if under is not header:
+            header, named = under, repr(under)
         result.lines += 1
         chars += sum(map(len, values)) + len(values)
         if number % PROGRESS_LINES == 0:
@@ -420,6 +460,7 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
         try:
             for column in ("AllocTRES", "ReqTRES"):
                 _check_tres(row.get(column) or "")
+            _check_priority(row.get("Priority"))
             gpu_type, gpus = parse_tres_gpus(row.get("AllocTRES"))
             if not gpus:
                 gpu_type, gpus = parse_tres_gpus(row.get("ReqTRES"))
@@ -464,6 +505,15 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
             continue
         lines.append(line)
     return lines
+
+
+def _check_priority(text: str | None) -> None:
+    """A Priority that is a whole number fits the events' 64-bit column (Slurm's is
+    32-bit); any other text is read as none (:func:`_int`)."""
+    value = _int(text)
+    if value is not None and not -2**63 <= value < 2**63:
+        raise _BadLine(f"Priority {text.strip()[:40]!r} is out of range"  # type: ignore[union-attr]
+                       " (a 64-bit whole number)")
 
 
 def _int(text: str | None) -> int | None:
