@@ -242,6 +242,11 @@ def test_given_indices_are_checked(tmp_path: Path,
     ("name,created,gpus\nh,2026-01-05T00:00:00Z,1\nh,2026-01-05T00:00:00Z,1\n",
      "q.csv:3: pod 'h' appears twice (first on line 2)"),
     ("", "q.csv: empty file"),
+    # a '"' left open swallowed every row after it into one field, in silence (pods
+    # b and c vanished; the row named was the file's last)
+    ('name,created,gpus\na,2026-01-05T00:00:00Z,1\n"b,2026-01-05T00:00:00Z,1\n'
+     'c,2026-01-05T00:00:00Z,1\n', "q.csv:3: a field runs over 2 lines (to line 4): a "
+     "'\"' without its closing '\"'"),
 ])
 def test_files_refused_whole_say_why(text: str, error: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -389,3 +394,39 @@ def test_a_pod_list_without_pods_changes_nothing(
     assert main(["import", "pods", str(header), "--nodes", str(nodes), "--warehouse",
                  str(fresh), "--quiet"]) == 0
     assert not fresh.exists()
+
+
+def test_rows_with_more_fields_unknown_nodes_and_bad_numbers_are_bad_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying hostile lists: a row with a ',' in an unquoted field was imported
+    with its fields moved along (pod 'moved' on an invented node 'b'); a node --nodes
+    does not name was a bad row with GPU indices but a pod "could not be placed", ended
+    failed, without them; a priority past 64 bits stopped the import with a traceback;
+    a number that does not read did not name its column. Each is a bad row now, named."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES_CSV)
+    path = tmp_path / "p.csv"
+    span = "2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z"
+    path.write_text("name,created,scheduled,deleted,gpus,namespace,node,priority\n"
+                    f"ok,{span},1,team-a,n1,5\n"
+                    f"moved,{span},1,team-a,b,n1,5\n"
+                    f"nowhere,{span},1,team-a,n9,5\n"
+                    f"big,{span},1,team-a,n1,{2**63}\n"
+                    f"words,{span},two,team-a,n1,5\n"
+                    f"half,{span},1,team-a,n1,1.5\n")
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "wh")]) == 0
+    out = capsys.readouterr().out
+    assert "5 bad row(s); 0 could not be placed" in out, out
+    for line in [f"{path}:3: 9 fields, the header has 8: a ',' in a field not quoted?",
+                 f"{path}:4: node: 'n9' is not in --nodes",
+                 f"{path}:5: priority: '{2**63}' is out of range (a 64-bit whole number)",
+                 f"{path}:6: gpus: 'two' is not a number",
+                 f"{path}:7: priority: '1.5' is not a whole number"]:
+        assert line in out, out
+    assert _gpu_hours(tmp_path / "wh") == {"ok": pytest.approx(1.0)}
+    # in the node list, such a row refuses the file
+    nodes.write_text(NODES_CSV + "n3,2,H100,p,extra\n")
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "w2")]) == 2
+    assert (f"{nodes}:4: 5 fields, the header has 4" in capsys.readouterr().err)

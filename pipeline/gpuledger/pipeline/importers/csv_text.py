@@ -22,16 +22,25 @@ def first_non_utf8_line(path: Path) -> int:
 
 
 def csv_rows(path: Path, error: type[Exception], delimiter: str = ",",
-             quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL
+             quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL, one_line: bool = False
              ) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of each record of ``path`` (the header included); text that
     cannot be read raises ``error("file:line: reason")``. ``quoting``: ``csv.QUOTE_NONE``
-    for text without quoting (``sacct --parsable2``), whose ``"`` are the fields' own."""
+    for text without quoting (``sacct --parsable2``), whose ``"`` are the fields' own.
+    ``one_line``: a record is one line (no field holds a line break), so a record over
+    several lines is a ``"`` left open, which raises ``error`` naming the line it opens on
+    (it swallowed every line after it into one field)."""
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+        start = 1
         try:
             for fields in reader:
-                yield reader.line_num, fields
+                if one_line and reader.line_num > start:
+                    raise error(f"{path}:{start}: a field runs over {reader.line_num - start + 1:,}"
+                                f" lines (to line {reader.line_num:,}): a '\"' without its "
+                                "closing '\"'")
+                yield start, fields
+                start = reader.line_num + 1
         except UnicodeDecodeError:
             raise error(f"{path}:{first_non_utf8_line(path)}: not UTF-8 text") from None
         except csv.Error as exc:
@@ -39,11 +48,13 @@ def csv_rows(path: Path, error: type[Exception], delimiter: str = ",",
 
 
 def header_and_rows(path: Path, error: type[Exception], delimiter: str = ","
-                    ) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+                    ) -> tuple[list[str], Iterator[tuple[int, dict[str, str], int]]]:
     """The header of ``path`` (empty for an empty file) and its rows as dicts by column
-    name (missing trailing fields are empty). A column named twice raises ``error``:
-    which of the two holds the values is not known."""
-    rows = csv_rows(path, error, delimiter)
+    name (missing trailing fields are empty), each with the number of fields it has past
+    the header's (a ``,`` in a field left unquoted: the row is the caller's to refuse, as
+    its fields moved along). A column named twice raises ``error``: which of the two
+    holds the values is not known. Records are one line each (``csv_rows``' one_line)."""
+    rows = csv_rows(path, error, delimiter, one_line=True)
     number, header = next(rows, (0, []))
     seen: set[str] = set()
     for name in header:
@@ -51,9 +62,9 @@ def header_and_rows(path: Path, error: type[Exception], delimiter: str = ","
             raise error(f"{path}:{number}: column {name!r} appears twice in the header")
         seen.add(name)
 
-    def as_dicts() -> Iterator[tuple[int, dict[str, str]]]:
+    def as_dicts() -> Iterator[tuple[int, dict[str, str], int]]:
         for number, fields in rows:
-            yield number, dict(zip(header, fields + [""] * (len(header) - len(fields)),
-                                   strict=False))
+            yield (number, dict(zip(header, fields + [""] * (len(header) - len(fields)),
+                                    strict=False)), max(len(fields) - len(header), 0))
 
     return header, as_dicts()

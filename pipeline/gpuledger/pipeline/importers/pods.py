@@ -148,6 +148,11 @@ def _inventory(nodes: list[dict[str, Any]], time: datetime) -> pl.DataFrame:
         pl.lit(True).alias("schedulable"), pl.lit("ok").alias("health"))
 
 
+def _too_many(header: list[str], extra: int) -> str:
+    return (f"{len(header) + extra} fields, the header has {len(header)}: a ',' in a "
+            "field not quoted? (its fields after it moved along)")
+
+
 def _read_nodes(path: Path, mapping: Mapping, limits: Limits) -> list[dict[str, Any]]:
     """The node list; a row validation would reject as an inventory record (with
     ``limits``), or a node listed twice, refuses the file naming the row."""
@@ -159,10 +164,12 @@ def _read_nodes(path: Path, mapping: Mapping, limits: Limits) -> list[dict[str, 
         raise PodsImportError(f"{path}: needs the columns node and gpus")
     nodes: list[dict[str, Any]] = []
     lines: dict[str, int] = {}
-    for n, raw in rows:
+    for n, raw, extra in rows:
         row = {k: v.strip() for k, v in raw.items()}
-        if not any(row.values()):
+        if not any(row.values()) and not extra:
             continue  # a blank line
+        if extra:
+            raise PodsImportError(f"{path}:{n}: {_too_many(header, extra)}")
         column = "gpus"
         try:
             gpus = int(row["gpus"])
@@ -208,10 +215,13 @@ def _read_pods(path: Path, columns: dict[str, str], mapping: Mapping,
                                   f"required field {name} (map it with --columns "
                                   f"{name}=COLUMN)")
     pods: list[_Pod] = []
-    for n, raw in rows:
-        if not any(v.strip() for v in raw.values()):
+    for n, raw, extra in rows:
+        if not any(v.strip() for v in raw.values()) and not extra:
             continue  # a blank line
         result.rows += 1
+        if extra:
+            result.bad_rows.append((n, _too_many(names, extra)))
+            continue
         row = {k: (raw.get(c) or "").strip() for k, c in wanted.items() if c in header}
         try:
             pod = _pod(n, row, mapping, now)
@@ -247,13 +257,23 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping, now: datetime) -> _Pod |
                              f"import ({now:%Y-%m-%dT%H:%M:%SZ})")
         return t
 
+    column = "gpus"
     try:
         gpus_f = float(row["gpus"])
+        column = "gpu_milli"
         milli = float(row["gpu_milli"]) if row.get("gpu_milli") else 1000.0
+        column = "priority"
         priority = int(row["priority"]) if row.get("priority") else None
+        column = "gpu_indices"
         indices = _indices(row["gpu_indices"]) if row.get("gpu_indices") else None
-    except ValueError as exc:
-        raise ValueError(f"not a number: {exc}") from None
+    except ValueError:
+        raise ValueError(f"{column}: {row[column]!r} is not "
+                         + ("a number" if column in ("gpus", "gpu_milli") else
+                            "a whole number" if column == "priority" else
+                            "a list of whole numbers (0,1 or [0, 1])")) from None
+    if priority is not None and not -2**63 <= priority < 2**63:
+        raise ValueError(f"priority: {row['priority'][:40]!r} is out of range (a 64-bit "
+                         "whole number)")
     if not 0 <= gpus_f <= MAX_GPUS_PER_NODE or not 0 < milli <= 1000:
         raise ValueError(f"gpus must be in 0-{MAX_GPUS_PER_NODE} and gpu_milli in (0, 1000]")
     if gpus_f == 0:
@@ -306,14 +326,18 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping, now: datetime) -> _Pod |
 
 
 def _indices_fit(pod: _Pod, width: dict[str, int], result: PodsImport) -> bool:
-    """Whether the pod's given GPU indices exist on its node of ``--nodes`` (when there
-    is a node list); a bad row is reported otherwise."""
-    if pod.indices is None or not width:
+    """Whether the pod's node and its given GPU indices are in ``--nodes`` (when there
+    is a node list); a bad row is reported otherwise (a node the list does not name was
+    a bad row with indices, and a pod that "could not be placed", ended failed, without
+    them)."""
+    if not width or pod.node is None:
         return True
-    count = width.get(pod.node or "")
+    count = width.get(pod.node)
     if count is None:
         result.bad_rows.append((pod.row, f"node: {pod.node!r} is not in --nodes"))
         return False
+    if pod.indices is None:
+        return True
     bad = [i for i in pod.indices if i >= count]
     if bad:
         result.bad_rows.append((pod.row, f"gpu_indices: GPU {bad[0]} is not on node "
