@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -376,3 +377,68 @@ def test_a_refusal_names_the_statement_as_it_was_written(warehouse: Path, sql: s
     with pytest.raises(query.QueryError) as refused:
         query.run(warehouse, sql)
     assert str(refused.value).endswith(named), str(refused.value)
+
+
+def test_duckdbs_answer_to_an_interrupt_is_told_as_an_interrupt() -> None:
+    """Found by sending Ctrl-C at random moments: when DuckDB runs a statement on the
+    main thread (the views' mark, the history of ``report --whatif``, the catalog of
+    ``compact``), its binding answers SIGINT with a plain ``RuntimeError("Query
+    interrupted")``, neither ``duckdb.Error`` nor ``KeyboardInterrupt``: a traceback,
+    exit 1. ``main`` tells it as an interrupt; this checks, in a child process that
+    sends itself SIGINT during a real DuckDB query, that what DuckDB raises is what
+    ``main`` looks for."""
+    script = (
+        "import os, signal, threading, duckdb\n"
+        "from gpuledger.cli.main import _duckdb_interrupted\n"
+        "con = duckdb.connect()\n"
+        "threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        f"    con.execute({SLOW!r}).fetchall()\n"
+        "except RuntimeError as exc:\n"
+        "    print(type(exc).__name__, _duckdb_interrupted(exc),"
+        " _duckdb_interrupted(RuntimeError('other')))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout == "RuntimeError True False\n", (proc.stdout, proc.stderr)
+
+
+def test_folders_of_readers_that_were_killed_are_removed(warehouse: Path,
+                                                         tmp_path: Path) -> None:
+    """A reader killed by SIGTERM or SIGKILL never removed its folder (its views
+    database, 0.5 MB): 100 interrupted runs left 10. The next reader removes those of
+    processes that are gone, and no other."""
+    import tempfile
+
+    from gpuledger.pipeline.query import SPILL_PREFIX
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    base = Path(tempfile.gettempdir())
+    dead = base / f"{SPILL_PREFIX}{gone.pid}-x{tmp_path.name}"
+    alive = base / f"{SPILL_PREFIX}{os.getppid()}-x{tmp_path.name}"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "views.duckdb").write_bytes(b"x")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuledger.cli.main", "query", "--warehouse",
+             str(warehouse), "SELECT count(*) AS n FROM attempts"],
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert not dead.exists() and alive.exists()
+        # killed in the middle of a query: its own folder goes with the next reader
+        slow = subprocess.Popen(
+            [sys.executable, "-m", "gpuledger.cli.main", "query", "--warehouse",
+             str(warehouse), SLOW], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not list(base.glob(f"{SPILL_PREFIX}{slow.pid}-*")):
+            assert time.monotonic() < deadline and slow.poll() is None
+            time.sleep(0.1)
+        slow.send_signal(signal.SIGTERM)
+        slow.wait(timeout=30)
+        assert list(base.glob(f"{SPILL_PREFIX}{slow.pid}-*"))
+        assert main(["query", "--warehouse", str(warehouse), "SELECT 1 AS one"]) == 0
+        assert not list(base.glob(f"{SPILL_PREFIX}{slow.pid}-*"))
+    finally:
+        shutil.rmtree(dead, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)

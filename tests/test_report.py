@@ -603,3 +603,39 @@ def test_names_that_look_like_markup_are_shown_as_they_are(
     assert main(["report", "--warehouse", str(wh), "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert "[/]" in out.split() and "q[red]x" in out
+
+
+def test_names_that_open_a_script_comment_still_let_the_charts_draw(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying hostile names: a team named '<!--<script>' (anyone's choice, from
+    the scheduler) put the HTML parser into its escaped-script state: '</script>' no
+    longer closed the charts' data, the chart script became part of it, and no chart
+    drew, with no error on the page. The data's '<', '>' and '&' are JSON escapes now."""
+    from events import alloc, at, frames, inventory, job, series
+
+    from gpuledger.pipeline.config import ProcessorConfig
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    wh = tmp_path / "wh"
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "j", at(0), team="<!--<script>", queue="q</script>&amp;"),
+            job("started", "j", at(0), allocation=alloc("n1", 0)), job("finished", "j", at(30)),
+            job("submitted", "k", at(1), team="a&b>c", gpus=2),
+            job("started", "k", at(5), allocation=alloc("n1", 0, 1)),
+            job("finished", "k", at(20))]
+    recs += series("n1", 0, at(0), 30, sm=0.01)
+    proc = Processor(ProcessorConfig(), Warehouse(wh))
+    proc.process(frames(recs), validated=True)
+    proc.flush()
+    out = tmp_path / "r.html"
+    assert main(["report", "--warehouse", str(wh), "--html", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    text = out.read_text(encoding="utf-8")
+    data = re.search(r'<script type="application/json"[^>]*>(.*?)</script>', text, re.S)
+    assert data is not None and "<" not in data.group(1) and "&" not in data.group(1)
+    assert "<!--<script>" in json.loads(data.group(1)).__repr__()
+    page = open_in_chromium(out, tmp_path)
+    assert page.script_errors() == "" and page.console == [], page.console
+    assert page.attr("data-charts-expected") not in (None, "0")
+    assert page.attr("data-charts-drawn") == page.attr("data-charts-expected")

@@ -127,14 +127,29 @@ def time_limit(name: str) -> Callable[[str], float]:
     return parse
 
 
+TIME_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC))
+"""The times an option takes (:func:`iso_time`): a window is widened to whole hours and
+days, and a time at the calendar's ends (9999-12-31T23:59) overflowed there, a
+traceback."""
+
+
 def iso_time(text: str) -> datetime:
-    """An argparse ``type`` for an ISO 8601 time (UTC when no offset is given)."""
+    """An argparse ``type`` for an ISO 8601 time (UTC when no offset is given), in
+    :data:`TIME_RANGE`."""
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an ISO 8601 time such as 2026-01-05T00:00Z, got {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        inside = TIME_RANGE[0] <= value.astimezone(UTC) < TIME_RANGE[1]
+    except OverflowError:
+        inside = False
+    if not inside:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is outside the years {TIME_RANGE[0].year}-{TIME_RANGE[1].year - 1}")
+    return value
 
 
 def add_replace(parser: argparse.ArgumentParser) -> None:

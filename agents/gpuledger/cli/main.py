@@ -724,10 +724,27 @@ def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argp
     return args
 
 
+def _interrupted() -> int:
+    """Ctrl-C: one line, exit 130; a second Ctrl-C while it is said is ignored (it
+    interrupted the message: a second traceback, death by the signal)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("gpuledger: interrupted", file=sys.stderr)
+    return 130
+
+
+def _duckdb_interrupted(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is DuckDB's answer to Ctrl-C during a query it ran on this thread:
+    its Python binding raises a plain ``RuntimeError("Query interrupted")``, neither a
+    ``duckdb.Error`` nor a ``KeyboardInterrupt`` (it gave a traceback, exit 1)."""
+    return str(exc).strip().lower() == "query interrupted"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = _parsed(parser, argv)
     try:
+        parser = build_parser()
+        args = _parsed(parser, argv)
         if hasattr(args, "warehouse"):
             args.warehouse = warehouse_location(args.warehouse, getattr(args, "config", None))
         code: int = args.func(args)
@@ -736,8 +753,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuledger: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("gpuledger: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except RuntimeError as exc:
+        if _duckdb_interrupted(exc):
+            return _interrupted()
+        raise
     except BrokenPipeError:  # the reader of the output has gone (| head): done, quietly
         _stdout_gone()
         return 0

@@ -40,6 +40,7 @@ import csv
 import io
 import json
 import math
+import os
 import queue
 import re
 import shutil
@@ -104,6 +105,27 @@ def _one_line(exc: BaseException) -> str:
     return lines[0]
 
 
+SPILL_PREFIX = "gpuledger-query-"
+"""A reader's folder in the temporary directory (its views database, DuckDB's spill):
+``gpuledger-query-<pid>-<random>``, removed when its connection goes."""
+
+
+def _sweep_left_behind() -> None:
+    """Remove the folders of readers whose process is gone: one killed (SIGTERM, SIGKILL)
+    never removed its own, about 0.5 MB each."""
+    base = Path(tempfile.gettempdir())
+    for folder in base.glob(f"{SPILL_PREFIX}*-*"):
+        pid = folder.name[len(SPILL_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (PermissionError, OverflowError):  # another user's process, or not a pid
+            continue
+
+
 def connect(warehouse: str | Path, threads: int | None = None,
             timezone: str | None = None) -> duckdb.DuckDBPyConnection:
     """A read-only, locked-down connection to the warehouse's newest published generation
@@ -120,7 +142,8 @@ def connect(warehouse: str | Path, threads: int | None = None,
     if not snapshot.generations and not all(
             store.exists(f"{FACTS}/{t}/{SCHEMA_FILE}") for t in TABLE_SCHEMAS):
         raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published yet)")
-    spill = tempfile.mkdtemp(prefix="gpuledger-query-")
+    _sweep_left_behind()
+    spill = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
     config: dict[str, Any] = {"autoinstall_known_extensions": False,
                               "autoload_known_extensions": False,
                               "temp_directory": spill}

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from gpuledger.output_file import replace_text
 from gpuledger.pipeline.config import ProcessorConfig
 
 ALERTS_FILE = "gpuledger-alerts.yml"
@@ -361,6 +362,6 @@ def write(config: ProcessorConfig, folder: Path) -> list[Path]:
     out = []
     for name, text in generate(config).items():
         path = folder / name
-        path.write_text(text)
+        replace_text(path, text)
         out.append(path)
     return out

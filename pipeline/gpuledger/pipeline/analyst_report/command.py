@@ -16,6 +16,7 @@ from gpuledger.cli.arguments import (
     time_limit,
 )
 from gpuledger.cli.errors import CliError
+from gpuledger.output_file import replace_text
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -52,7 +53,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         text = render_html(report, str(args.warehouse),
                            datetime.now(UTC).replace(microsecond=0), args.top)
         try:
-            args.html.write_text(text, encoding="utf-8")
+            replace_text(args.html, text)
         except OSError as exc:
             raise CliError(f"cannot write {args.html}: {exc.strerror}") from None
         charts = text.count('<div class="chart"')

@@ -177,7 +177,11 @@ def render_html(report: Report, warehouse: str, generated: datetime | date,
         parts.append(_table(a, top))
         parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in s.notes)
         parts.append("</section>")
-    data = json.dumps({"charts": charts}, separators=(",", ":")).replace("</", "<\\/")
+    # '<', '>' and '&' as JSON escapes: with '</' alone escaped, a name holding
+    # '<!--<script' put the HTML parser in a state where '</script>' did not end the
+    # element, and no chart drew
+    data = json.dumps({"charts": charts}, separators=(",", ":")).replace(
+        "<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

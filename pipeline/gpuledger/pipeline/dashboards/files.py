@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuledger.output_file import replace_text
 from gpuledger.pipeline.dashboards.boards import all_boards
 from gpuledger.pipeline.dashboards.builders import Json
 from gpuledger.pipeline.dashboards.push import uid_problem
@@ -45,7 +46,7 @@ def write_boards(folder: Path) -> list[Path]:
     out = []
     for uid, board in all_boards().items():
         path = folder / f"{uid}.json"
-        path.write_text(board_text(board), encoding="utf-8")
+        replace_text(path, board_text(board))
         out.append(path)
     return out
 
