@@ -499,3 +499,31 @@ def test_an_unreadable_origin_is_not_known_rather_than_an_error(
         "2026-01-05T00:00:00+00:00")
     store.write(ingest_module.ORIGIN, content)
     assert ingest_module.read_origin(store) is None
+
+
+def test_an_earlier_piece_after_a_later_one_is_refused(history: Path, tmp_path: Path) -> None:
+    """Found by ingesting pieces in the wrong order: the history from 01:30 on, then the
+    one before it. Nothing closes at or before the earlier piece's start, and it starts
+    before the ingested history, so it was processed on its own: the hour both share
+    (01:00) kept its minutes alone, the later piece's 01:30-01:59 were gone, with no
+    word. It ends inside the history, in an hour of it: refused, nothing changed. (An
+    earlier piece in hours of its own goes on its own, as the history's start:
+    ``test_a_piece_processed_afresh_makes_the_later_states_stale``.) Both in one run
+    (every file named) give the facts of the whole."""
+    _split(history / "events", ["2026-01-05T01:30:00"],
+           [tmp_path / "early", tmp_path / "late"])
+    wh = tmp_path / "wh"
+    _ingest(tmp_path / "late", wh)
+    before = views(wh)
+    with pytest.raises(IngestRefused, match=(
+            r"^the input \(2026-01-05 00:00:00 to 2026-01-05 01:29:\d\d UTC\) starts before "
+            r"the history already ingested \(2026-01-05 01:30 to 2026-01-05 03:00 UTC\), ends "
+            r"inside it and shares its hour from 01:00: .* Ingest it together with the later")):
+        _ingest(tmp_path / "early", wh)
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    both = ingest([*sorted((tmp_path / "early").glob("*.jsonl")),
+                   *sorted((tmp_path / "late").glob("*.jsonl"))], wh, ProcessorConfig())
+    assert both.continued_from is None
+    assert_same_facts(wh, history / "whole", SPARSE)

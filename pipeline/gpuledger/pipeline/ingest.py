@@ -240,8 +240,8 @@ def _adopt_legacy(root: Store) -> None:
 
 def continue_previous(processor: Processor, root: Store, first: datetime,
                       afresh: bool = False, folder: str = INGEST_STATE,
-                      remedy: str = "Ingest the whole history again, or pass --afresh"
-                      ) -> datetime | None:
+                      remedy: str = "Ingest the whole history again, or pass --afresh",
+                      last: datetime | None = None) -> datetime | None:
     """Take a saved ingest state (its job and inventory books, open hours, usage so far)
     into ``processor``: the one closed furthest among those closed at or before the new
     input's first event, so that its jobs go on (a job started then, finished now) — also
@@ -253,11 +253,15 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     input that starts inside the ingested history with no state to continue from (the one
     before it was pruned), or whose state cannot be read (damaged, another release's), it
     would replace the facts of its hours with its own alone: :class:`IngestRefused`,
-    unless ``afresh``. An older state is never taken instead: it would close the minutes
-    between without their events; so an input that starts inside a piece ingested after
-    the state that fits it (a run recorded as starting at or after that state's point,
-    before this input) is refused too. ``folder`` (``root``'s name) and ``remedy`` are
-    for the message of a state that cannot be read."""
+    unless ``afresh``; so is input that starts before the ingested history, whose newest
+    event ``last`` is before that history's end, in an hour the history has (an earlier
+    piece ingested after a later one, cut inside an hour: on its own, it replaced the
+    later piece's minutes in the hour they share, in silence). An older state is never
+    taken instead: it would close the minutes between without their events; so an input
+    that starts inside a piece ingested after the state that fits it (a run recorded as
+    starting at or after that state's point, before this input) is refused too.
+    ``folder`` (``root``'s name) and ``remedy`` are for the message of a state that
+    cannot be read."""
     if afresh:
         return None
     where = folder
@@ -285,6 +289,20 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
                     f"or before that (the one before it was pruned: those of {KEEP_STATES} runs "
                     f"are kept): {ON_ITS_OWN}. Ingest from an earlier piece on, or the whole "
                     "history; --afresh does it anyway")
+            end = states[0].closed if states else None
+            if origin is not None and end is not None and last is not None \
+                    and first < origin and last < end - timedelta(minutes=1) \
+                    and floor_hour(last) >= floor_hour(origin):
+                # (``end`` closes the minute of the history's newest event; an earlier
+                # piece in hours of its own goes on its own, as the history's start)
+                raise IngestRefused(
+                    f"the input ({first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} "
+                    "UTC) starts before the history already ingested "
+                    f"({origin:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC), ends inside it "
+                    f"and shares its hour from {floor_hour(origin):%H:%M}: {ON_ITS_OWN}, "
+                    "the later pieces' minutes in that hour lost. Ingest it together with "
+                    "the later pieces (one run, every file named), or the whole history; "
+                    "--afresh does it anyway")
             return None
         skipped = sorted(s.run.start for s in states if s.run is not None
                          and fitting[0].closed <= s.run.start < first)
@@ -798,7 +816,7 @@ def ingest(
     processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
     states = ingest_states(processor)
     first, newest = events
-    continued = continue_previous(processor, states, first, afresh)
+    continued = continue_previous(processor, states, first, afresh, last=newest)
     never_ingested = read_origin(states) is None
     if continued is None and not afresh and never_ingested:
         # nothing was ingested here before: facts in these hours came from elsewhere
