@@ -176,6 +176,13 @@ def _policy_file(tmp_path: Path, text: str) -> Path:
     ("policies:\n  - name: a\n    card_pools:\n      interactive: {pool: dev, card_type: Z9}\n",
      ":4: policies[0].card_pools.interactive.card_type: no card type 'Z9' in pool 'dev' "
      "(card types there: A10-24GB)"),
+    # found by trying names: a policy named 'observed' showed its replay as the observed
+    # figures, 'within' turned the calibration's flags into numbers, 'key' stopped the
+    # run with a traceback after the whole replay
+    *[(f"policies:\n  - name: as-run\n  - {{name: {name}, placement: worst-fit}}\n",
+       f":3: policies[1].name: '{name}' names one of the comparison's own columns (answer, "
+       "baseline, error, key, observed, within): choose another")
+      for name in ("observed", "within", "error", "key", "answer", "baseline")],
 ])
 def test_a_policy_file_naming_what_is_not_there_is_refused(
         wh: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,

@@ -37,6 +37,11 @@ from gpuledger.yaml_file import YamlFileError, parse_yaml, read_text
 PLACEMENTS = ("best-fit", "worst-fit", "fgd", "topology")
 QUOTA_MODES = ("borrow", "fixed")
 BASELINE = "as-run"
+RESERVED_NAMES = frozenset({"answer", "key", "observed", "baseline", "error", "within"})
+"""Names a policy may not have: the comparison's own columns, beside which each policy is
+a column (and ``observed`` a schedule in ``--json``). A policy named ``observed`` showed
+its replay as the observed figures, one named ``within`` turned the calibration's flags
+into numbers; ``key`` stopped the run with a traceback after the whole replay."""
 
 
 class PolicyError(ValueError):
@@ -274,6 +279,9 @@ def parse_policies(raw: object) -> PolicySet:
     for i, p in enumerate(policies):
         if p.name in seen:
             raise _fail(f"policies[{i}].name", f"duplicate policy {p.name!r}")
+        if p.name in RESERVED_NAMES:
+            raise _fail(f"policies[{i}].name", f"{p.name!r} names one of the comparison's "
+                        f"own columns ({', '.join(sorted(RESERVED_NAMES))}): choose another")
         seen.add(p.name)
     baseline = doc.get("baseline", BASELINE)
     if baseline == BASELINE and BASELINE not in seen:
