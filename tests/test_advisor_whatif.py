@@ -290,3 +290,30 @@ def test_a_difference_rounded_to_zero_shows_no_minus_sign() -> None:
     assert _num(-0.01, 1, "+") == "+0.0" and _num(-0.04) == "0.0"
     assert _num(-0.06, 1, "+") == "-0.1" and _num(0.04, 1, "+") == "+0.0"
     assert _num(-0.0001, 3) == "0.000" and _num(None) == ""
+
+
+def test_card_pools_keep_jobs_the_new_pool_has_too_few_nodes_for(
+        process: Callable[..., Facts]) -> None:
+    """Found by trying a small pool: 8-GPU training jobs sent to a pool of two 2-GPU
+    nodes (8 is a multiple of 2, but takes four of them) were moved, never started and
+    were said nowhere. They stay in their own pool now, said in the notes; a 4-GPU job
+    (two whole nodes) moves."""
+    recs = [inventory("t1", at(0), gpus=8), inventory("d1", at(0), pool="dev", gpus=2,
+                                                      card="A10-24GB"),
+            inventory("d2", at(0), pool="dev", gpus=2, card="A10-24GB")]
+    for i, (gpus, node) in enumerate([(8, "t1"), (4, "t1")]):
+        recs += [job("submitted", f"j{i}", at(30 * i), gpus=gpus),
+                 job("started", f"j{i}", at(30 * i + 1),
+                     allocation=alloc(node, *range(gpus))),
+                 job("finished", f"j{i}", at(30 * i + 20))]
+    facts = process(recs)
+    ps = parse_policies({"policies": [{"name": "as-run"}, {"name": "train-on-dev",
+                         "card_pools": {"training": {"pool": "dev"}}}]})
+    w = run_whatif(facts.root, ps)
+    moved = next(a for a in w.replays if a.policy == "train-on-dev")
+    assert ("train-on-dev: 1 job(s) fit no node of their new pool and stayed in their own"
+            in w.notes), w.notes
+    hours = dict(moved.usage.group_by("pool").agg(pl.col("allocated_gpu_hours").sum())
+                 .iter_rows())
+    assert hours == {"train": pytest.approx(8 * 19 / 60), "dev": pytest.approx(4 * 19 / 60),
+                     "all": pytest.approx(12 * 19 / 60)}

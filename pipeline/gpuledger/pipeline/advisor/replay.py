@@ -327,7 +327,11 @@ def _moved(inp: ReplayInput, policy: Policy) -> tuple[list[Job], list[str]]:
         if not sizes:
             raise ValueError(f"policies.{policy.name}.card_pools.{job.job_type}: no "
                              f"{target.card_type or 'GPU'} nodes in pool {target.pool!r}")
-        fits = job.gpus <= max(sizes) or any(job.gpus % n == 0 for n in sizes)
+        # one node, or whole nodes of one size, as many as the pool has (the count was
+        # not checked: 8-GPU jobs sent to a pool of two 2-GPU nodes never started, in
+        # silence)
+        fits = job.gpus <= max(sizes) or any(
+            job.gpus % n == 0 and job.gpus // n <= sizes.count(n) for n in set(sizes))
         if not fits:
             stuck += 1
             out.append(job)
