@@ -143,3 +143,33 @@ def test_the_demo_writes_only_where_a_demo_wrote_or_nothing_is(
         assert main(["demo", "--hours", "0.25", "--seed", seed, "--warehouse", str(own),
                      "--quiet"]) == 0
     capsys.readouterr()
+
+
+def test_real_facts_are_not_written_into_a_demos_warehouse(
+        telemetry: Path, sacct: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The other way round, found by trying the defaults (the demo, ingest and the
+    imports all write ./warehouse): a demo's warehouse took another day's ingest, sacct
+    export or pod list beside its simulated cluster, exit status 0. Each is refused now,
+    in one line, before anything is written; so is the Kafka service (before it reaches
+    any broker)."""
+    own = tmp_path / "demo"
+    assert main(["demo", "--hours", "0.25", "--warehouse", str(own), "--quiet"]) == 0
+    capsys.readouterr()
+    before = views(own)
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus,node\n"
+                    "p,2026-01-07T00:00:00Z,2026-01-07T00:01:00Z,2026-01-07T01:00:00Z,1,n1\n")
+    files = [str(p) for p in sorted((telemetry / "events").glob("*.jsonl"))]
+    for command in (["ingest", *files], ["import", "slurm-sacct", str(sacct)],
+                    ["import", "pods", str(pods)],
+                    ["process", "--kafka", "127.0.0.1:1", "--exit-when-idle", "1"]):
+        assert main([*command, "--warehouse", str(own), "--quiet"]) == 2, command
+        err = capsys.readouterr().err
+        assert err == (f"gpuledger: error: {own}: is a demo's warehouse (a simulated "
+                       "cluster's facts; state/demo.json): real facts would go in beside "
+                       "them. Give this input a warehouse of its own (--warehouse PATH), or "
+                       "delete the demo's first\n"), (command, err)
+    after = views(own)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])

@@ -52,12 +52,14 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
     from gpuledger.cli.main import _need_pipeline, _proc_config, _progress
 
     _need_pipeline()
+    from gpuledger.pipeline.demo import check_not_demo
     from gpuledger.pipeline.importers.pods import PodsImportError, load_pods, parse_columns
     from gpuledger.pipeline.ingest import has_jobs, import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
     check_input_files(args.file, args.nodes)
+    check_not_demo(args.warehouse)
     base, mapping = _mapping_file(args.mapping)
     config = _proc_config(args)
     try:

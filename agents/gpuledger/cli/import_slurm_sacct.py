@@ -54,12 +54,14 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.bridges.mapping import MappingError, load_mapping
     from gpuledger.pipeline.continued_import import import_exports
+    from gpuledger.pipeline.demo import check_not_demo
     from gpuledger.pipeline.importers.slurm_sacct import SacctError, read_exports
     from gpuledger.pipeline.ingest import file_digest
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
     check_input_files(*args.file, args.nodes)
+    check_not_demo(args.warehouse)
     seen: dict[Path, Path] = {}
     for name in args.file:
         first = seen.setdefault(name.resolve(), name)

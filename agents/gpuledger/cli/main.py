@@ -283,9 +283,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     _need_pipeline()
+    from gpuledger.pipeline.demo import check_not_demo
     from gpuledger.pipeline.ingest import ingest
 
     check_input_files(*args.files)
+    check_not_demo(args.warehouse)
     config = _proc_config(args)
     with _progress("ingesting", not args.quiet) as update:
         result = ingest(args.files, args.warehouse, config, update, afresh=args.afresh)
@@ -330,12 +332,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_import_openb(args: argparse.Namespace) -> int:
     _need_pipeline()
+    from gpuledger.pipeline.demo import check_not_demo
     from gpuledger.pipeline.importers.openb import OpenbImportError, load_openb
     from gpuledger.pipeline.ingest import has_jobs, import_history
     from gpuledger.pipeline.processor import Processor
     from gpuledger.pipeline.warehouse import Warehouse
 
     check_input_files(args.nodes, args.pods)
+    check_not_demo(args.warehouse)
     lo = args.from_hours * 3600.0
     hi = lo + args.hours * 3600.0 if args.hours is not None else None
     # pods alive at a window's start keep their own submission and start times; the
@@ -397,6 +401,7 @@ MAX_POLL_SAMPLES = 1_000_000
 def cmd_process(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.checkpoint import CheckpointError
+    from gpuledger.pipeline.demo import check_not_demo
     from gpuledger.pipeline.kafka.service import (
         KafkaProcessorService,
         ServiceOptions,
@@ -404,6 +409,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     )
 
     _logging(not args.quiet)
+    check_not_demo(args.warehouse)
     settings = _kafka_settings(args)
     options = ServiceOptions(group_id=args.group, checkpoint_interval_s=args.checkpoint_interval,
                              exit_when_idle_s=args.exit_when_idle,

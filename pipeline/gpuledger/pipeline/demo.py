@@ -15,7 +15,7 @@ from gpuledger.pipeline.generations import read_snapshot
 from gpuledger.pipeline.ingest import LONGEST_SLICE, SLICE_SAMPLES
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
-from gpuledger.pipeline.store import Store, open_store
+from gpuledger.pipeline.store import Store, StoreError, open_store
 from gpuledger.pipeline.warehouse import Warehouse
 
 DEMO_MARK = "state/demo.json"
@@ -47,6 +47,24 @@ def check_for_demo(location: str | Path) -> None:
             "facts, which would go in beside them or replace them. Give it a warehouse "
             "of its own (--warehouse demo-warehouse); a demo of an earlier release left no "
             f"mark ({DEMO_MARK}): delete that warehouse to run the demo into it again")
+
+
+def check_not_demo(location: str | Path) -> None:
+    """The other way round: a warehouse a demo wrote (:data:`DEMO_MARK`) holds a
+    simulated cluster's jobs and GPUs; ingesting, importing or processing real facts into
+    it is refused, in one line, before anything is written. Before, only the same hours
+    were refused: another day's real facts went in beside the simulated ones in silence
+    (the demo, ingest and the imports all default to ./warehouse). Reads only."""
+    try:
+        store = open_store(location, create=False)
+        marked = store.exists(DEMO_MARK)
+    except (FileNotFoundError, StoreError):
+        return  # (unreachable: the command opens it and says why)
+    if marked:
+        raise DemoRefused(
+            f"{store.url}: is a demo's warehouse (a simulated cluster's facts; "
+            f"{DEMO_MARK}): real facts would go in beside them. Give this input a "
+            "warehouse of its own (--warehouse PATH), or delete the demo's first")
 
 
 def mark_demo(store: Store) -> None:
