@@ -569,3 +569,26 @@ def test_sql_typed_without_quotes_is_told_to_be_quoted(
     err = capsys.readouterr().err
     assert "usage: gpuledger demo" in err
     assert err.rstrip().endswith("gpuledger demo: error: unrecognized arguments: extra")
+
+
+def test_every_reader_takes_the_warehouse_from_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/configuration.md: a command that reads or writes a warehouse falls back to
+    GPULEDGER_WAREHOUSE__URL. ``whatif`` and ``diagnose`` did not (they read
+    ./warehouse: "not a gpuledger warehouse")."""
+    wh = tmp_path / "wh"
+    assert main(["demo", "--hours", "0.5", "--interval", "60", "--warehouse", str(wh),
+                 "--quiet"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("GPULEDGER_WAREHOUSE__URL", str(wh))
+    capsys.readouterr()
+    for command in (["query", "SELECT count(*) AS n FROM attempts"], ["report"],
+                    ["whatif", "--policy", "fgd", "--quiet"], ["diagnose", "--dry-run"],
+                    ["compact", "--force"]):
+        assert main(command) == 0, (command, capsys.readouterr().err)
+        out, err = capsys.readouterr()
+        assert "not a gpuledger warehouse" not in err and out, (command, err)
+    assert list(elsewhere.iterdir()) == []

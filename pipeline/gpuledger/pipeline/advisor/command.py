@@ -127,9 +127,9 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
         "work, per team) beside what was observed, with the calibration error of the "
         "baseline replay beside every answer (docs/whatif.md). Without --policies, a "
         "built-in set of policies runs.")
-    p.add_argument("--warehouse", default="warehouse", metavar="PATH|s3://BUCKET/PREFIX",
+    p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
                    help="warehouse: a folder or s3://bucket/prefix, read-only "
-                   "(docs/warehouse.md; default ./warehouse)")
+                   "(docs/warehouse.md); default: GPULEDGER_WAREHOUSE__URL, else ./warehouse")
     p.add_argument("--policies", type=Path, default=None, metavar="FILE",
                    help="policy file (YAML, docs/whatif.md); default: the built-in set")
     p.add_argument("--policy", action="append", default=None, metavar="NAME",
@@ -159,9 +159,10 @@ def register(subparsers: Any, common: Callable[..., None]) -> None:
         "memory-bound, checkpoint stall, under-filled inference, held with no process, "
         "unknown) with its evidence and remedy, and write the job_diagnosis fact "
         "(docs/diagnosis.md). Re-running rewrites the same files.")
-    d.add_argument("--warehouse", default="warehouse", metavar="PATH|s3://BUCKET/PREFIX",
-                   help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md; "
-                   "default ./warehouse); job_diagnosis is written into it, beside the facts")
+    d.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
+                   help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md); "
+                   "default: GPULEDGER_WAREHOUSE__URL, else ./warehouse; job_diagnosis is "
+                   "written into it, beside the facts")
     d.add_argument("--dry-run", action="store_true",
                    help="compute and print, but do not write job_diagnosis")
     d.add_argument("--json", action="store_true",
