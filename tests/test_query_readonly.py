@@ -442,3 +442,18 @@ def test_folders_of_readers_that_were_killed_are_removed(warehouse: Path,
     finally:
         shutil.rmtree(dead, ignore_errors=True)
         shutil.rmtree(alive, ignore_errors=True)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["query", "--format", "json", "SELECT 1 AS one"],
+                                     ["whatif", "--quiet", "--policy", "fgd"]])
+def test_an_output_on_a_full_disk_is_one_line(warehouse: Path, command: list[str]) -> None:
+    """Found by writing results to a full disk: ``> /dev/full`` gave a traceback (OSError,
+    No space left on device)."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", *command,
+                               "--warehouse", str(warehouse)], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == ("gpuledger: error: cannot write the output: No space left on "
+                           "device\n"), proc.stderr

@@ -8,6 +8,7 @@ it is missing.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import math
@@ -767,6 +768,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of the output has gone (| head): done, quietly
         _stdout_gone()
         return 0
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_FULL:
+            raise
+        # the output's disk is full (> /dev/full, a quota): one line, not a traceback
+        _stdout_gone()
+        print(f"gpuledger: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 2
+
+
+_OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""Write errors told in one line wherever they come from (the output, or a file a
+command writes that did not say so itself): a full disk, a quota, a file size limit."""
 
 
 if __name__ == "__main__":
