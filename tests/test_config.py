@@ -35,6 +35,9 @@ def test_file_then_environment_override(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "env", "message"), [
     ("thresholds:\n  idle_activty: 0.1\n", {}, "thresholds.idle_activty: unknown key"),
+    # an integer past a float's range: OverflowError, a traceback (found by trying)
+    (f"windows:\n  max_behind_s: 1{'0' * 400}\n", {},
+     "windows.max_behind_s: expected a finite number, got 10000000000000000000… "),
     ("thresholds:\n  idle_activity: lots\n", {}, "thresholds.idle_activity: expected a number"),
     ("thresholds:\n  idle_activity: 0.5\n", {}, "thresholds.idle_activity: must not exceed"),
     ("windows:\n  allowed_lateness_s: -1\n", {}, "windows.allowed_lateness_s: must be >= 0"),

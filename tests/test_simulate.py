@@ -290,11 +290,27 @@ def test_invalid_specs_name_the_bad_key() -> None:
     with pytest.raises(ValueError, match=r"cluster\.warmup_hours: must be <= 168"):
         parse_cluster(broken("warmup_hours", 1e12))
     with pytest.raises(ValueError, match=r"cluster\.workloads\[0\]\.arrivals_per_hour: "
-                       "must be <= 10000"):
+                       "must be <= 10,000"):
         parse_cluster(broken("workloads.0.arrivals_per_hour", 1e12))
     with pytest.raises(ValueError, match=r"cluster\.workloads\[0\]\.duration_minutes"
                        r"\.sigma: must be <= 10"):
         parse_cluster(broken("workloads.0.duration_minutes.sigma", 1e12))
+    # found by trying sizes: nodes, queued jobs, a priority or a checkpoint interval
+    # without a bound ate memory until the machine ran out, or overflowed (a traceback);
+    # a card over the processor's power limit had its telemetry rejected in silence
+    for key, value, said in [
+            ("node_groups.0.nodes", 100_000_000, r"node_groups\[0\]\.nodes: must be <= 100,000"),
+            ("node_groups.0.nodes", 20_000, r"node_groups: 16\d,\d\d\d GPUs in all: the "
+             r"simulator takes at most 100,000"),
+            ("workloads.0.initial_jobs", 10**9, r"initial_jobs: must be <= 100,000"),
+            ("queues.0.priority", 10**23, r"priority: must be <= 2,147,483,647"),
+            ("workloads.0.checkpoint_minutes", 1e300,
+             r"checkpoint_minutes: must be <= 525,600"),
+            ("workloads.0.arrivals_per_hour", 10**400, "must be a finite number"),
+            ("workloads.0.gpus.8", float("inf"), r"weight must be at most 1,000,000"),
+            ("node_groups.0.tdp_w", 5000, r"tdp_w: must be <= 2,000")]:
+        with pytest.raises(ValueError, match=said):
+            parse_cluster(broken(key, value))
 
 
 # --- output shape -------------------------------------------------------------------

@@ -183,6 +183,11 @@ def _policy_file(tmp_path: Path, text: str) -> Path:
        f":3: policies[1].name: '{name}' names one of the comparison's own columns (answer, "
        "baseline, error, key, observed, within): choose another")
       for name in ("observed", "within", "error", "key", "answer", "baseline")],
+    # past a float's range, or past the scheduler's 64-bit seconds: a traceback
+    (f"scheduler:\n  interval_s: 1{'0' * 400}\npolicies: [{{name: a}}]\n",
+     ":2: scheduler.interval_s: must be a finite number"),
+    ("scheduler:\n  checkpoint_minutes: 1.0e+300\npolicies: [{name: a}]\n",
+     ":2: scheduler.checkpoint_minutes: must be <= 1,000,000"),
 ])
 def test_a_policy_file_naming_what_is_not_there_is_refused(
         wh: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,

@@ -343,10 +343,15 @@ def _coerce(path: str, value: Any, default: Any) -> Any:
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         try:
             number = float(value)  # '1e3' too (YAML 1.1 reads it as text)
+        except OverflowError:  # an integer past a float's range (400 digits)
+            number = math.inf
         except (TypeError, ValueError):
             raise ConfigError(f"{path}: expected a number, got {value!r}") from None
         if not math.isfinite(number):
-            raise ConfigError(f"{path}: expected a finite number, got {value!r}")
+            shown = repr(value)
+            if len(shown) > 40:
+                shown = f"{shown[:20]}… (a number of {len(shown)} digits)"
+            raise ConfigError(f"{path}: expected a finite number, got {shown}")
         if isinstance(default, float):
             return number
         if not number.is_integer():  # int(90.5) would be 90: a different threshold

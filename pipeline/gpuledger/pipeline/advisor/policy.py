@@ -242,14 +242,23 @@ def _bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
 
 
 def _number(obj: Mapping[str, Any], key: str, where: str, default: float,
-            minimum: float = 0.0) -> float:
+            minimum: float = 0.0, maximum: float = 1e6) -> float:
+    """A number in [``minimum``, ``maximum``]: the scheduler's figures are 64-bit
+    integers of seconds (``checkpoint_minutes: 1e300`` overflowed one, a traceback)."""
     value = obj.get(key, default)
+    name = f"{where}.{key}" if where else key
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(f"{where}.{key}" if where else key, "must be a number")
-    if not math.isfinite(value):
-        raise _fail(f"{where}.{key}" if where else key, "must be a finite number")
+        raise _fail(name, "must be a number")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past a float's range
+        finite = False
+    if not finite:
+        raise _fail(name, "must be a finite number")
     if value < minimum:
-        raise _fail(f"{where}.{key}" if where else key, f"must be >= {minimum:g}")
+        raise _fail(name, f"must be >= {minimum:g}")
+    if value > maximum:
+        raise _fail(name, f"must be <= {maximum:,.0f}")
     return float(value)
 
 
@@ -306,7 +315,7 @@ def parse_policies(raw: object) -> PolicySet:
     )
     sched = _mapping(doc.get("scheduler") or {}, "scheduler")
     _keys(sched, "scheduler", {"interval_s", "reserve_after_minutes", "checkpoint_minutes"})
-    interval = _number(sched, "interval_s", "scheduler", 15, minimum=1)
+    interval = _number(sched, "interval_s", "scheduler", 15, minimum=1, maximum=86_400)
     if interval != int(interval):
         raise _fail("scheduler.interval_s", "must be a whole number of seconds")
     return PolicySet(

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from gpuledger.contract.schema import JOB_TYPES
+from gpuledger.pipeline.config import Limits
 from gpuledger.yaml_file import YamlFileError, read_yaml
 
 PROFILES = (
@@ -275,7 +276,11 @@ def _num(
     value = obj.get(key, default) if default is not None else _get(obj, key, where)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(f"{where}.{key}", "must be a number")
-    if not math.isfinite(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (400 digits)
+        finite = False
+    if not finite:
         raise _fail(f"{where}.{key}", "must be a finite number")
     return _bounded(float(value), f"{where}.{key}", minimum, maximum, positive)
 
@@ -286,10 +291,15 @@ def _bounded(
     if positive and value <= 0:
         raise _fail(where, "must be > 0")
     if minimum is not None and value < minimum:
-        raise _fail(where, f"must be >= {minimum:g}")
+        raise _fail(where, f"must be >= {_shown(minimum)}")
     if maximum is not None and value > maximum:
-        raise _fail(where, f"must be <= {maximum:g}")
+        raise _fail(where, f"must be <= {_shown(maximum)}")
     return value
+
+
+def _shown(bound: float) -> str:
+    """A bound as a reader writes it: 2,147,483,647 (not 2.14748e+09), 0.5."""
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
 
 
 def _int(
@@ -309,11 +319,12 @@ def _int(
 
 
 def _optional_num(
-    obj: Mapping[str, Any], key: str, where: str, *, positive: bool = False
+    obj: Mapping[str, Any], key: str, where: str, *, positive: bool = False,
+    maximum: float | None = None,
 ) -> float | None:
     if obj.get(key) is None:
         return None
-    return _num(obj, key, where, positive=positive)
+    return _num(obj, key, where, positive=positive, maximum=maximum)
 
 
 def _unique(names: list[str], where: str, what: str) -> None:
@@ -354,6 +365,10 @@ def parse_cluster(raw: object) -> ClusterSpec:
         )
     )
     _unique([g.name for g in groups], f"{root}.node_groups", "node group")
+    total = sum(g.nodes * g.gpus_per_node for g in groups)
+    if total > MAX_CLUSTER_GPUS:
+        raise _fail(f"{root}.node_groups", f"{total:,} GPUs in all: the simulator takes at "
+                    f"most {MAX_CLUSTER_GPUS:,}")
     pools = {g.pool for g in groups}
     gpn: dict[tuple[str, str], int] = {}
     for i, g in enumerate(groups):
@@ -399,8 +414,10 @@ def parse_cluster(raw: object) -> ClusterSpec:
         outside_processes=outside,
         # bounded: 10¹² hours overflowed a timedelta (a traceback), 10⁵ ran for ever
         warmup_hours=_num(doc, "warmup_hours", root, 6.0, minimum=0, maximum=MAX_WARMUP_HOURS),
-        schedule_interval_s=_int(doc, "schedule_interval_s", root, 15, minimum=1),
-        reserve_after_minutes=_num(doc, "reserve_after_minutes", root, 120.0, minimum=0),
+        schedule_interval_s=_int(doc, "schedule_interval_s", root, 15, minimum=1,
+                                 maximum=86_400),
+        reserve_after_minutes=_num(doc, "reserve_after_minutes", root, 120.0, minimum=0,
+                                   maximum=MAX_MINUTES),
     )
 
 
@@ -432,7 +449,9 @@ def _node_group(raw: object, where: str) -> NodeGroup:
     for key, value in labels.items():
         if not isinstance(value, str):
             raise _fail(f"{where}.labels.{key}", "must be a string")
-    tdp = _num(obj, "tdp_w", where, 300.0, positive=True)
+    # the processor rejects a sample above Limits.power_max_w: a card drawing more would
+    # have its telemetry left out (the demo's H100s read "used 0.1" GPU-hours)
+    tdp = _num(obj, "tdp_w", where, 300.0, positive=True, maximum=Limits().power_max_w)
     idle = _num(obj, "idle_w", where, 30.0, minimum=0)
     if idle >= tdp:
         raise _fail(f"{where}.idle_w", "must be below tdp_w")
@@ -440,9 +459,10 @@ def _node_group(raw: object, where: str) -> NodeGroup:
         name=_str(obj, "name", where),
         pool=_str(obj, "pool", where),
         card_type=_str(obj, "card_type", where),
-        nodes=_int(obj, "nodes", where, minimum=1),
+        nodes=_int(obj, "nodes", where, minimum=1, maximum=MAX_NODES),
         gpus_per_node=_int(obj, "gpus_per_node", where, minimum=1, maximum=1024),
-        gpu_mem_mib=_num(obj, "gpu_mem_mib", where, positive=True),
+        gpu_mem_mib=_num(obj, "gpu_mem_mib", where, positive=True,
+                         maximum=Limits().memory_max_mib),
         topology=topology,
         dcgm=_bool(obj, "dcgm", where, False),
         tdp_w=tdp,
@@ -461,10 +481,11 @@ def _team(raw: object, where: str, pools: set[str]) -> Team:
     for pool in quota_raw:
         if pool not in pools:
             raise _fail(f"{where}.quota.{pool}", "unknown pool")
-        quota[str(pool)] = _int(quota_raw, pool, f"{where}.quota", minimum=0)
+        quota[str(pool)] = _int(quota_raw, pool, f"{where}.quota", minimum=0,
+                                maximum=MAX_CLUSTER_GPUS)
     return Team(
         name=_str(obj, "name", where),
-        users=_int(obj, "users", where, 5, minimum=1),
+        users=_int(obj, "users", where, 5, minimum=1, maximum=MAX_COUNT),
         quota=quota,
     )
 
@@ -478,7 +499,7 @@ def _queue(raw: object, where: str, pools: set[str]) -> Queue:
     return Queue(
         name=_str(obj, "name", where),
         pool=pool,
-        priority=_int(obj, "priority", where),
+        priority=_int(obj, "priority", where, minimum=-(2**31), maximum=2**31 - 1),
         preemptible=_bool(obj, "preemptible", where, False),
     )
 
@@ -558,14 +579,15 @@ def _workload(
                                maximum=MAX_ARRIVALS_PER_HOUR),
         gpus=gpus,
         duration=duration,
-        initial_jobs=_int(obj, "initial_jobs", where, 0, minimum=0),
+        initial_jobs=_int(obj, "initial_jobs", where, 0, minimum=0, maximum=MAX_COUNT),
         diurnal=_bool(obj, "diurnal", where, False),
         fraction=fraction,
         fraction_share=_num(
             obj, "fraction_share", where, 1.0 if fraction < 1 else 0.0, minimum=0, maximum=1
         ),
         card_type=card,
-        checkpoint_minutes=_optional_num(obj, "checkpoint_minutes", where, positive=True),
+        checkpoint_minutes=_optional_num(obj, "checkpoint_minutes", where, positive=True,
+                                         maximum=MAX_MINUTES),
         fail_prob=_num(obj, "fail_prob", where, 0.0, minimum=0, maximum=1),
         cancel_prob=_num(obj, "cancel_prob", where, 0.0, minimum=0, maximum=1),
         pending_patience_minutes=_optional_num(
@@ -586,6 +608,9 @@ def _gpu_weights(raw: object, where: str, groups: list[NodeGroup]) -> dict[int, 
             raise _fail(f"{where}.{key}", "GPU count must be an integer >= 1")
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
             raise _fail(f"{where}.{key}", "weight must be a number > 0")
+        if not weight <= MAX_WEIGHT:  # (.inf, or two of 1e308: their sum is not finite)
+            raise _fail(f"{where}.{key}", f"weight must be at most {_shown(MAX_WEIGHT)} (weights "
+                        "are relative)")
         if not any(_fits_group(size, g) for g in groups):
             raise _fail(f"{where}.{key}", f"a {size}-GPU job fits no node group of its pool")
         out[size] = float(weight)
@@ -598,6 +623,20 @@ def _fits_group(size: int, group: NodeGroup) -> bool:
     return size <= n or (size % n == 0 and size // n <= group.nodes)
 
 
+MAX_NODES = 100_000
+"""The most nodes of a node group; and :data:`MAX_CLUSTER_GPUS` GPUs in all. Without a
+bound, ``nodes: 100000000`` took memory at 400 MB/s until the machine ran out."""
+MAX_CLUSTER_GPUS = 100_000
+"""The most GPUs a simulated cluster has (ten times the 9,216 of the benchmarks'
+largest)."""
+MAX_COUNT = 100_000
+"""The most users of a team, jobs queued at the start of a workload, and faults of a kind
+(``initial_jobs: 1000000000`` took memory until the machine ran out)."""
+MAX_MINUTES = 525_600.0
+"""The longest time in minutes a spec may give (a year): checkpoint interval, drains,
+repairs (``checkpoint_minutes: 1e300`` overflowed a 64-bit integer, a traceback)."""
+MAX_WEIGHT = 1e6
+"""The largest relative weight of a job size (``.inf`` made the probabilities NaN)."""
 MAX_WARMUP_HOURS = 168.0
 """The longest warm-up a cluster spec may ask for (a week: the queue fills in hours)."""
 MAX_ARRIVALS_PER_HOUR = 10_000.0
@@ -633,12 +672,15 @@ def _faults(raw: object, where: str) -> Faults:
         {"drains", "drain_minutes", "gpu_failures", "repair_minutes", "node_downs", "down_minutes"},
     )
     return Faults(
-        drains=_int(obj, "drains", where, 0, minimum=0),
-        drain_minutes=_num(obj, "drain_minutes", where, 60.0, positive=True),
-        gpu_failures=_int(obj, "gpu_failures", where, 0, minimum=0),
-        repair_minutes=_num(obj, "repair_minutes", where, 180.0, positive=True),
-        node_downs=_int(obj, "node_downs", where, 0, minimum=0),
-        down_minutes=_num(obj, "down_minutes", where, 30.0, positive=True),
+        drains=_int(obj, "drains", where, 0, minimum=0, maximum=MAX_COUNT),
+        drain_minutes=_num(obj, "drain_minutes", where, 60.0, positive=True,
+                           maximum=MAX_MINUTES),
+        gpu_failures=_int(obj, "gpu_failures", where, 0, minimum=0, maximum=MAX_COUNT),
+        repair_minutes=_num(obj, "repair_minutes", where, 180.0, positive=True,
+                            maximum=MAX_MINUTES),
+        node_downs=_int(obj, "node_downs", where, 0, minimum=0, maximum=MAX_COUNT),
+        down_minutes=_num(obj, "down_minutes", where, 30.0, positive=True,
+                          maximum=MAX_MINUTES),
     )
 
 
