@@ -38,6 +38,11 @@ BAD: list[tuple[str, bytes | None, str]] = [
      "refused at line 1, column 67: nested more than 64 levels deep"),
     ("itself", b"a: &x [1, *x]\n",
      "refused at line 1, column 11: the alias *x is inside the value it names"),
+    # found by trying: the parser kept the last of two keys, a setting lost in silence
+    ("twice", b"thresholds:\n  idle_activity: 0.05\n  idle_activity: 0.5\n",
+     "refused at line 3, column 3: the key 'idle_activity' appears twice in one mapping"),
+    ("twice-nested", b"a:\n  - {b: 1, c: {d: 2}, b: 3}\n",
+     "refused at line 2, column 23: the key 'b' appears twice in one mapping"),
 ]
 
 

@@ -83,13 +83,28 @@ def _check_events(events: Iterator[yaml.Event]) -> None:
     sizes: dict[str, int] = {}  # anchor → the values its collection or scalar holds
     anchors: list[str | None] = []  # per open collection: its anchor
     counts: list[int] = []  # per open collection: the values in it so far
+    keys: list[set[str] | None] = []  # per open collection: a mapping's keys so far
+    at_key: list[bool] = []  # per open collection: a mapping's next node is a key
     aliased = 0
 
     def add(values: int) -> None:
         if counts:
             counts[-1] += values
 
+    def node_done() -> None:  # a key or a value ended: a mapping expects the other
+        if keys and keys[-1] is not None:
+            at_key[-1] = not at_key[-1]
+
     for event in events:
+        if isinstance(event, yaml.ScalarEvent) and keys and keys[-1] is not None \
+                and at_key[-1] and event.value != "<<":
+            seen = keys[-1]
+            if event.value in seen:  # the parser keeps the last: a setting lost in silence
+                raise YamlRefused(f"the key {event.value!r} appears twice in one mapping",
+                                  event.start_mark)
+            seen.add(event.value)
+        if isinstance(event, yaml.AliasEvent | yaml.ScalarEvent):
+            node_done()
         if isinstance(event, yaml.AliasEvent):
             anchor = str(event.anchor)
             if anchor not in sizes:  # still open: it would contain itself
@@ -110,11 +125,16 @@ def _check_events(events: Iterator[yaml.Event]) -> None:
                                   event.start_mark)
             anchors.append(None if event.anchor is None else str(event.anchor))
             counts.append(1)
+            keys.append(set() if isinstance(event, yaml.MappingStartEvent) else None)
+            at_key.append(True)
         elif isinstance(event, yaml.CollectionEndEvent):
             named, size = anchors.pop(), counts.pop()
+            keys.pop()
+            at_key.pop()
             if named is not None:
                 sizes[named] = size
             add(size)
+            node_done()
 
 
 def load_yaml(text: str) -> Any:
