@@ -592,3 +592,28 @@ def test_every_reader_takes_the_warehouse_from_the_environment(
         out, err = capsys.readouterr()
         assert "not a gpuledger warehouse" not in err and out, (command, err)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_an_interrupted_simulate_leaves_the_last_runs_files(tmp_path: Path) -> None:
+    """Found by interrupting a run: ``simulate`` opened its three files for writing
+    first, so a run stopped part way (Ctrl-C, a bad spec found while simulating) left them
+    empty, the run before's lines gone. They are written beside and renamed at the end."""
+    import signal
+
+    out = tmp_path / "out"
+    assert main(["simulate", "--out", str(out), "--hours", "0.05", "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == ["inventory.jsonl", "job.jsonl", "telemetry.jsonl"]
+    assert all(before.values())
+    proc = subprocess.Popen([sys.executable, "-m", "gpuledger.cli.main", "simulate", "--out",
+                             str(out), "--hours", "48", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".") for p in out.iterdir()):  # writing has begun
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.endswith("gpuledger: interrupted\n"), err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -20,6 +20,8 @@ inventory row per node, a ``submitted`` event for each job pending at ``start`` 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -176,7 +178,13 @@ def write_jsonl(batches: Iterable[dict[str, pl.DataFrame]], out_dir: Path) -> di
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = dict.fromkeys(RECORD_TYPES, 0)
-    handles = {t: (out_dir / f"{t}.jsonl").open("wb") for t in RECORD_TYPES}
+    # written beside the files, renamed over them once all are whole: a run that fails
+    # or is interrupted leaves the files of the run before as they were (they were
+    # opened for writing first: emptied, whatever happened next)
+    final = {t: out_dir / f"{t}.jsonl" for t in RECORD_TYPES}
+    partial = {t: out_dir / f".{t}.jsonl.{os.getpid()}.tmp" for t in RECORD_TYPES}
+    handles = {t: partial[t].open("wb") for t in RECORD_TYPES}
+    done = False
     try:
         for batch in batches:
             for record_type in RECORD_TYPES:
@@ -189,9 +197,16 @@ def write_jsonl(batches: Iterable[dict[str, pl.DataFrame]], out_dir: Path) -> di
                 else:
                     frame.write_ndjson(handles[record_type])
                 counts[record_type] += frame.height
+        done = True
     finally:
         for fh in handles.values():
             fh.close()
+        for t in RECORD_TYPES:
+            if done:
+                os.replace(partial[t], final[t])
+            else:
+                with contextlib.suppress(OSError):
+                    partial[t].unlink()
     return counts
 
 
