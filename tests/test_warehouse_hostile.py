@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -240,3 +241,31 @@ def test_a_commit_cut_off_between_its_retired_log_and_its_manifest_is_no_conflic
     pub.commit(wait=True)
     pub.close()
     assert read_manifests(store)["warehouse"].generation == newest + 2
+
+
+def test_a_damaged_hourly_file_stops_compact_in_one_line_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by cutting an hourly file short: ``compact`` printed two tracebacks (its
+    sort child's and its own) ending in "compaction's sort failed: ComputeError: parquet:
+    File out of specification", naming no file. Now one line names the object; and a
+    run that goes draws its bar (it was silent for minutes on a month's backlog)."""
+    root = _published(tmp_path / "wh")
+    good = tmp_path / "good"
+    shutil.copytree(root, good)
+    hour = next((root / "facts" / "gpu_minute").rglob("gpu_minute-*.parquet"))
+    hour.write_bytes(hour.read_bytes()[:1000])
+    assert main(["compact", "--force", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    err = capsys.readouterr().err   # (the bar, where it stopped, then the line)
+    assert err.endswith(f"\ngpuledger: error: {hour}: not a readable Parquet file (parquet: "
+                        "File out of specification: The file must end with PAR1 or PARE): "
+                        "the day is not compacted; restore the object, or ingest its hour "
+                        "again\n"), err
+    assert "Traceback" not in err and "100.0%" not in err
+    assert main(["compact", "--force", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(good)]) == 0
+    out, err = capsys.readouterr()
+    assert "compacting" in err and "━" in err and "100.0%" in err, err
+    assert out.startswith("compacted ") and "compacting" not in out, out
+    assert main(["compact", "--force", "--quiet", "--warehouse", str(good)]) == 0
+    assert capsys.readouterr().err == ""

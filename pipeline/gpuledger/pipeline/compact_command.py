@@ -22,7 +22,7 @@ BUSY_S = 60.0
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from gpuledger.cli.main import _need_pipeline, _proc_config
+    from gpuledger.cli.main import _need_pipeline, _proc_config, _progress
 
     _need_pipeline()
     from gpuledger.pipeline.compaction import newest_hour, orphans
@@ -60,9 +60,20 @@ def cmd_compact(args: argparse.Namespace) -> int:
             before = newest - timedelta(seconds=config.warehouse.compact_after_s)
     days = 0
     if before is not None:
-        with warehouse.compaction_round():
+        from gpuledger.pipeline.compaction import days_to_compact
+
+        total = sum(len(days_to_compact(m, before)) for m in manifests.values())
+        seen = 0
+
+        def one_more() -> None:
+            nonlocal seen
+            seen += 1
+            update(seen / max(total, 1))
+
+        # a bar over the table-days (a month's backlog is minutes of work: it was silent)
+        with _progress("compacting", not args.quiet) as update, warehouse.compaction_round():
             for unit in sorted(manifests):
-                days += warehouse.compact_unit(unit, before)
+                days += warehouse.compact_unit(unit, before, on_day=one_more)
         warehouse.publish_catalog()
     retired = warehouse.publisher.expire_retired(sorted(manifests))
     removed = 0

@@ -27,7 +27,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from importlib import resources
@@ -50,7 +50,7 @@ from gpuledger.pipeline.generations import (
 )
 from gpuledger.pipeline.memory import PeriodicRelease
 from gpuledger.pipeline.sort_worker import SortWorker, SortWorkerDied
-from gpuledger.pipeline.store import Store, open_store
+from gpuledger.pipeline.store import Store, StoreError, open_store
 
 log = logging.getLogger("gpuledger.warehouse")
 
@@ -180,6 +180,11 @@ class Warehouse:
         """The published (or about to be) Parquet object of the logical file ``path``."""
         obj = self.publisher.current(self._unit(suffix), path)
         return None if obj is None else self.publisher.read(obj)
+
+    def _object_url(self, path: str, suffix: str | None) -> str:
+        """Where the published object of the logical file ``path`` lies (for messages)."""
+        obj = self.publisher.current(self._unit(suffix), path)
+        return self.store.url_of(obj if isinstance(obj, str) else path)
 
     def read(self, path: str, suffix: str | None = None) -> pl.DataFrame | None:
         """The published (or about to be) content of the logical file ``path``."""
@@ -410,34 +415,45 @@ class Warehouse:
         """The input has ended: compaction's kept child ends now."""
         self._retire_sorter(0.0)
 
-    def compact_unit(self, unit: str, before: datetime) -> int:
+    def compact_unit(self, unit: str, before: datetime,
+                     on_day: Callable[[], None] | None = None) -> int:
         """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in
-        hourly parts into one object per table; returns the number of days rewritten."""
+        hourly parts into one object per table; returns the number of days rewritten.
+        ``on_day`` is called after each table-day (done or put off)."""
         manifest = self.publisher.unit(unit)
         done = 0
         for (table, day), hours in sorted(compaction.days_to_compact(manifest, before).items()):
-            suffix = "" if unit == "warehouse" else unit
-            day_path = self.part_path(table, day, False, suffix)
-            paths = ([day_path] if day_path in manifest.files else []) + hours
-            # what the step before (or the table before) freed goes back first: each
-            # table's sort then starts from the state's memory, not from a past peak
-            self.release_memory(force=True)
-            try:
-                self._sorted_day(table, day_path, paths, suffix)
-            except _SpillFailed as failure:  # $TMPDIR full or unwritable: the hours stay
-                exc = failure.__cause__
-                log.warning("compaction of %s put off, its hourly files stay (the spill "
-                            "folder failed: %s: %s); tried again at the next commit",
-                            day_path, type(exc).__name__, exc)
-                continue
-            except SortWorkerDied as exc:
-                log.warning("compaction of %s put off, its hourly files stay (%s); tried "
-                            "again at the next commit", day_path, exc)
-                continue
-            for h in hours:
-                self.publisher.drop(unit, h)
-            done += 1
+            if self._compact_day(unit, manifest, table, day, hours):
+                done += 1
+            if on_day is not None:
+                on_day()
         return done
+
+    def _compact_day(self, unit: str, manifest: Manifest, table: str, day: datetime,
+                     hours: list[str]) -> bool:
+        """One table-day of :meth:`compact_unit` (``manifest``: the unit's, as it was
+        when the round began); False when put off (the hours stay)."""
+        suffix = "" if unit == "warehouse" else unit
+        day_path = self.part_path(table, day, False, suffix)
+        paths = ([day_path] if day_path in manifest.files else []) + hours
+        # what the step before (or the table before) freed goes back first: each
+        # table's sort then starts from the state's memory, not from a past peak
+        self.release_memory(force=True)
+        try:
+            self._sorted_day(table, day_path, paths, suffix)
+        except _SpillFailed as failure:  # $TMPDIR full or unwritable: the hours stay
+            exc = failure.__cause__
+            log.warning("compaction of %s put off, its hourly files stay (the spill "
+                        "folder failed: %s: %s); tried again at the next commit",
+                        day_path, type(exc).__name__, exc)
+            return False
+        except SortWorkerDied as exc:
+            log.warning("compaction of %s put off, its hourly files stay (%s); tried "
+                        "again at the next commit", day_path, exc)
+            return False
+        for h in hours:
+            self.publisher.drop(unit, h)
+        return True
 
     def _sorted_day(self, table: str, day: str, paths: list[str], suffix: str | None,
                     sort_by: list[str] | None = None, more: list[bytes] | None = None,
@@ -469,6 +485,7 @@ class Warehouse:
                 except OSError as exc:
                     raise _SpillFailed from exc
                 del data
+                _check_footer(file, self._object_url(path, suffix))
                 parts.append(file)
             parts += more or []
             if not parts:
@@ -795,6 +812,18 @@ every view and macro runs on (DuckDB 1.1; 1.0 lacks ``arg_max`` over a struct). 
 DuckDB writes its own newest format, and every DuckDB CLI before 2.0 refused the file
 ("a database file with version number 69"). The catalog holds only views and one
 one-row table, so the older format costs nothing."""
+
+
+def _check_footer(file: Path, named: str) -> None:
+    """A part to be compacted is a readable Parquet file, or :class:`StoreError` naming
+    its object (a file cut short stopped ``compact`` with two tracebacks, the child's and
+    its own, naming no file). Reads the footer only."""
+    try:
+        pl.read_parquet_schema(file)
+    except Exception as exc:  # Polars' ComputeError, an OSError of the reader
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"{named}: not a readable Parquet file ({reason}): the day is "
+                         "not compacted; restore the object, or ingest its hour again") from None
 
 
 def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
