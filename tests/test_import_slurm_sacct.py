@@ -216,6 +216,19 @@ def test_bad_files_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["import", "slurm-sacct", str(bad_time), "--warehouse",
                  str(tmp_path / "wh"), "--quiet"]) == 2
     assert "b.txt:2: Submit: 'yesterday' is not a time" in capsys.readouterr().err
+    # a --nodes file without a node (another command's output) was passed over in silence,
+    # the inventory inferred from the jobs
+    junk = tmp_path / "nodes.txt"
+    junk.write_text("PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\ngpu* up infinite 2 "
+                    "idle gpu-[1-2]\n")
+    good = tmp_path / "c.txt"
+    good.write_text(HEADER + "\n" + ROWS[0] + "\n")
+    assert main(["import", "slurm-sacct", str(good), "--nodes", str(junk), "--warehouse",
+                 str(tmp_path / "wh"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"gpuledger: error: {junk}: no node in it (no "
+                                       "NodeName=…): is it `scontrol -o show node -d` "
+                                       "output?\n")
+    assert not (tmp_path / "wh").exists()
 
 
 PROBE_HEADER = ("JobID|JobIDRaw|JobName|Account|User|Partition|QOS|Priority|Submit|Start|"

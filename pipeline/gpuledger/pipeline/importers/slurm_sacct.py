@@ -553,6 +553,9 @@ def read_exports(paths: Sequence[Path], nodes_file: Path | None = None, tz: tzin
     try:
         if nodes_file is not None:
             known = parse_scontrol_nodes(nodes_file.read_text(encoding="utf-8"))
+            if not known:  # it was passed over, and the inventory inferred, in silence
+                raise ValueError("no node in it (no NodeName=…): is it `scontrol -o show "
+                                 "node -d` output?")
         placer = Placer({n.name: n.gpus for n in known if n.gpus > 0})
     except UnicodeDecodeError:
         raise SacctError(f"{nodes_file}: not UTF-8 text") from None
