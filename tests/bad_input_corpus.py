@@ -479,7 +479,7 @@ IMPORTER_CASES: list[ImporterCase] = [
                  _sacct(SACCT_ROW.replace("|gpu-1|", "|gpu-[1-2|")),
                  ":2: NodeList 'gpu-[1-2' is not a host list", status=0),
     ImporterCase("sacct-header-only", "slurm-sacct", (SACCT_HEADER + "\n").encode(),
-                 "slurm-sacct: 0 lines", status=0),
+                 "holds no GPU job (0 lines, 0 step lines, 0 CPU-only jobs, 0 bad)", status=0),
     ImporterCase("sacct-year-1", "slurm-sacct",
                  _sacct(SACCT_ROW.replace(f"{_T}10:00:00", "0001-01-01T00:00:00", 1)),
                  "rejected", status=0),

@@ -135,7 +135,7 @@ CORPUS: list[tuple[str, str]] = [
     ("SELEC 1", REFUSED),
     ("SELECT 1 /* ; COPY (SELECT 1) TO 'x.csv' */", READ),
     ("SELECT '; COPY (SELECT 1) TO ''x.csv'''", READ),
-    ("SELECT 1; SELECT 2", READ),
+    ("SELECT 1; SELECT 2", REFUSED),   # one statement at a time (the last alone was shown)
     # -- reaching outside the facts: files, the network, extensions -------------------
     ("SELECT * FROM read_parquet('http://{NET}/x.parquet')", REFUSED),
     ("SELECT * FROM read_csv('https://{NET}/x.csv')", REFUSED),
@@ -317,6 +317,17 @@ def test_cli_refuses_in_one_line_and_answers_reads(
     assert main(["query", "--warehouse", str(warehouse), "--format", "csv",
                  "PIVOT (SELECT state FROM gpu_minute) ON state USING count(*)"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("allocated_busy")
+    # two reads: each ran, and the last one's rows alone were shown, nothing said
+    assert main(["query", "--warehouse", str(warehouse),
+                 "SELECT count(*) AS a FROM gpu_minute; SELECT count(*) AS b FROM attempts"]
+                ) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("gpuledger: error: one statement at a time (got 2): each "
+                                 "would run, and only the last one's rows be shown; run "
+                                 "them one by one\n"), err
+    assert main(["query", "--warehouse", str(warehouse), "--format", "csv",
+                 "SELECT 1 AS one;  -- a trailing semicolon is one statement"]) == 0
+    assert capsys.readouterr().out == "one\n1\n"
 
 
 SLOW = "SELECT sum(hash(a.range || b.range)) FROM range(100000) a, range(100000) b"
@@ -379,27 +390,32 @@ def test_a_refusal_names_the_statement_as_it_was_written(warehouse: Path, sql: s
     assert str(refused.value).endswith(named), str(refused.value)
 
 
-def test_duckdbs_answer_to_an_interrupt_is_told_as_an_interrupt() -> None:
+def test_duckdbs_answer_to_an_interrupt_is_told_as_an_interrupt(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by sending Ctrl-C at random moments: when DuckDB runs a statement on the
     main thread (the views' mark, the history of ``report --whatif``, the catalog of
-    ``compact``), its binding answers SIGINT with a plain ``RuntimeError("Query
-    interrupted")``, neither ``duckdb.Error`` nor ``KeyboardInterrupt``: a traceback,
-    exit 1. ``main`` tells it as an interrupt; this checks, in a child process that
-    sends itself SIGINT during a real DuckDB query, that what DuckDB raises is what
-    ``main`` looks for."""
-    script = (
-        "import os, signal, threading, duckdb\n"
-        "from gpuledger.cli.main import _duckdb_interrupted\n"
-        "con = duckdb.connect()\n"
-        "threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
-        "try:\n"
-        f"    con.execute({SLOW!r}).fetchall()\n"
-        "except RuntimeError as exc:\n"
-        "    print(type(exc).__name__, _duckdb_interrupted(exc),"
-        " _duckdb_interrupted(RuntimeError('other')))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.stdout == "RuntimeError True False\n", (proc.stdout, proc.stderr)
+    ``compact``), DuckDB 2.0.1's binding answers SIGINT with a plain
+    ``RuntimeError("Query interrupted")`` (seen in those tracebacks), neither
+    ``duckdb.Error`` nor ``KeyboardInterrupt``: a traceback, exit 1. ``main`` tells it as
+    an interrupt, exit 130; any other RuntimeError still goes up. (Sending SIGINT to a
+    child in the middle of a DuckDB query, to get it from DuckDB itself, interrupted it
+    in some runs under pytest and hung in others: not a test that can be trusted.)"""
+    from gpuledger.cli import main as cli_main
+    from gpuledger.cli.main import _duckdb_interrupted
+
+    assert _duckdb_interrupted(RuntimeError("Query interrupted"))
+    assert not _duckdb_interrupted(RuntimeError("something else"))
+
+    def interrupted(_args: object) -> int:
+        raise RuntimeError("Query interrupted")
+
+    parser = cli_main.build_parser()
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    query = next(a for a in parser._subparsers._group_actions[0].choices.items()  # type: ignore[union-attr]
+                 if a[0] == "query")[1]
+    query.set_defaults(func=interrupted)
+    assert main(["query", "SELECT 1"]) == 130
+    assert capsys.readouterr().err == "gpuledger: interrupted\n"
 
 
 def test_folders_of_readers_that_were_killed_are_removed(warehouse: Path,

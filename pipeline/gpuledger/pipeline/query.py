@@ -316,8 +316,14 @@ def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> None:
 
 
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Refuse anything but reads and EXPLAIN of reads (:class:`QueryError`, one line)."""
+    """Refuse anything but reads and EXPLAIN of reads (:class:`QueryError`, one line),
+    and more than one statement: each was run, and the last one's rows alone shown, with
+    nothing said of the others."""
     _check(con, sql)
+    count = len(_statements(con, sql))
+    if count > 1:
+        raise QueryError(f"one statement at a time (got {count}): each would run, and only "
+                         "the last one's rows be shown; run them one by one")
 
 
 # --------------------------------------------------------------------------- running
