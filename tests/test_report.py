@@ -639,3 +639,29 @@ def test_names_that_open_a_script_comment_still_let_the_charts_draw(
     assert page.script_errors() == "" and page.console == [], page.console
     assert page.attr("data-charts-expected") not in (None, "0")
     assert page.attr("data-charts-drawn") == page.attr("data-charts-expected")
+
+
+def test_a_history_of_job_events_alone_says_its_span(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by reporting on job events without inventory (a scheduler feed alone): the
+    header said "Data: no data in this window" above sections of queue waits that had
+    rows. The span is the attempts' then."""
+    from events import at, frames, job
+
+    from gpuledger.pipeline.analyst_report.answers import answer_all
+    from gpuledger.pipeline.config import ProcessorConfig
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    wh = tmp_path / "wh"
+    recs = [job("submitted", "j", at(0)), job("started", "j", at(5)),
+            job("finished", "j", at(90))]
+    proc = Processor(ProcessorConfig(), Warehouse(wh))
+    proc.process(frames(recs), validated=True)
+    proc.flush()
+    report = answer_all(wh)
+    assert (report.window.start, report.window.end) == (at(0), at(90))
+    assert main(["report", "--warehouse", str(wh), "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "no data in this window" not in out, out
+    assert "Data: 2026-01-05 10:00 – 2026-01-05 11:30 UTC (1.5 h)" in out, out

@@ -130,6 +130,11 @@ def data_span(con: duckdb.DuckDBPyConnection) -> tuple[datetime | None, datetime
     if first is None:
         first, last = con.execute(
             "SELECT min(hour), max(hour) + INTERVAL 1 HOUR FROM gpu_hourly").fetchall()[0]
+    if first is None:  # job events alone (no inventory): the attempts' times; the header
+        # said "no data in this window" above sections of queue waits and preemptions
+        first, last = con.execute(
+            "SELECT min(queued_at), max(greatest(queued_at, started_at, ended_at)) "
+            "FROM attempts").fetchall()[0]
     return _utc(first), _utc(last)
 
 
