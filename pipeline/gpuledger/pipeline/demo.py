@@ -58,8 +58,8 @@ def check_not_demo(location: str | Path) -> None:
     try:
         store = open_store(location, create=False)
         marked = store.exists(DEMO_MARK)
-    except (FileNotFoundError, StoreError):
-        return  # (unreachable: the command opens it and says why)
+    except (OSError, StoreError):  # missing, unreachable, credentials refused: the
+        return  # command opens it and says why, in one line
     if marked:
         raise DemoRefused(
             f"{store.url}: is a demo's warehouse (a simulated cluster's facts; "
