@@ -111,3 +111,27 @@ def test_any_subset_repeated_anywhere_gives_the_same_facts(
     assert proc.counters.late_telemetry == 0
     assert_same_facts(got, base, SPARSE)
 
+
+
+def test_samples_that_disagree_give_the_same_facts_in_any_order(tmp_path: Path) -> None:
+    """Found by shuffling an input: two samples of one GPU at one second that disagree
+    (util 50 and 0, as a relay that resends a corrected reading) gave allocated_busy
+    read in one order and allocated_idle in the other: the first read was kept. The one
+    with the least hash of its values is kept now, whatever the order."""
+    t0 = at(0)
+    recs = [inventory("n1", t0, gpus=1), job("submitted", "j", t0),
+            job("started", "j", t0, allocation=alloc("n1", 0))]
+    recs += [telemetry("n1", 0, t0 + timedelta(seconds=10 * i), util=0.5, sm=0.5, seq=i,
+                       jobs=["j"]) for i in range(12)]
+    recs.append(job("finished", "j", t0 + timedelta(minutes=2)))
+    other = telemetry("n1", 0, t0 + timedelta(seconds=60), util=0.0, sm=0.0, seq=6,
+                      jobs=["j"])
+    roots = []
+    for name, order in (("first", [*recs, other]), ("last", [*recs[:3], other, *recs[3:]]),
+                        ("reversed", [*recs[:3], other, *reversed(recs[3:-1]), recs[-1]])):
+        proc = Processor(ProcessorConfig(), Warehouse(tmp_path / name))
+        proc.process(frames(order), validated=True)
+        proc.flush()
+        roots.append(tmp_path / name)
+    for root in roots[1:]:
+        assert_same_facts(root, roots[0], SPARSE)

@@ -146,8 +146,15 @@ class SampleKeys:
         # one 64-bit mix of the key: no repeat among them means no repeat of the key
         mix = pl.col("_g") ^ pl.col("_t").hash(5) ^ pl.col("minute_ms").hash(7)
         if keys.select(mix.n_unique()).item() < keys.height:
-            keep = keys.select(pl.struct("minute_ms", "_g", "_t").is_first_distinct()
-                               ).to_series()
+            # of samples that repeat a key, the one with the least hash of its values
+            # is kept, whatever their order (the first read was: two samples of one GPU
+            # and second that disagree gave facts that hung on the input's order)
+            values = samples.select(pl.struct(pl.all()).hash(11).alias("_v"))
+            kept = pl.concat([keys, values], how="horizontal").with_row_index("_i").sort(
+                "minute_ms", "_g", "_t", "_v", maintain_order=True).filter(
+                pl.struct("minute_ms", "_g", "_t").is_first_distinct())["_i"]
+            keep = pl.Series(values=[False] * keys.height, dtype=pl.Boolean).scatter(
+                kept, True)
         # a GPU is in one partition: only the minutes where an earlier batch brought
         # samples of the same partition can hold a repeat (through Kafka, a poll often
         # brings other partitions' samples of the minutes already open)
