@@ -181,6 +181,13 @@ def test_the_trace_shares_gpus_only_in_one_gpu_pods() -> None:
      ":3: gpu_milli 0 with num_gpu 1: a GPU pod uses 1-1000 thousandths"),
     ("b,1,1,2,500,,LS,Running,100,500,200",
      ":3: gpu_milli 500 with num_gpu 2: only one-GPU pods share a GPU"),
+    # found by trying damaged traces: times that differ past the sixth digit were shown
+    # alike (2.75808e+06 before 2.75808e+06); a row cut short said "None is missing"; a
+    # row with a field too many named no line
+    ("b,1,1,1,1000,,LS,Running,2758084.5,2900000,2758084",
+     ":3: scheduled_time 2758084 is before creation_time 2758084.5"),
+    ("b,1,1,1,1000,,LS,Running", ":3: column creation_time is missing"),
+    ("b,1,1,1,1000,,LS,Running,100,500,200,extra", ":3: 12 fields, the header has 11"),
 ])
 def test_a_damaged_pod_row_refuses_the_trace(row: str, error: str, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -370,3 +377,21 @@ def test_a_pod_list_without_gpu_pods_changes_nothing_unless_windowed(
                  "--hours", "1", "--warehouse", str(wh), "--quiet"]) == 0
     _, rows = query.run(wh, "SELECT sum(minutes), count(DISTINCT gpu_index) FROM gpu_runs")
     assert rows == [(8 * 60, 8)]
+
+
+def test_blank_lines_are_no_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying an edited trace: a blank line refused the whole trace ("column
+    name: None is missing"). Blank lines are passed over; the lines of the rows after
+    them are still named."""
+    nodes, pods = _tiny_trace(tmp_path)
+    pods.write_text(pods.read_text().splitlines()[0] + "\n"
+                    "a,4000,16384,1,1000,,LS,Running,100,900,200\n\n\n"
+                    "b,1,1,1,1000,,LS,Running,100,50,200\n")
+    assert main(["import", "openb", "--nodes", str(nodes), "--pods", str(pods),
+                 "--quiet", "--warehouse", str(tmp_path / "wh")]) == 2
+    assert (f"{pods}:5: deletion_time 50 is before creation_time 100"
+            in capsys.readouterr().err)
+    pods.write_text(pods.read_text().replace("100,50,200", "100,500,200") + "\n\n")
+    assert main(["import", "openb", "--nodes", str(nodes), "--pods", str(pods),
+                 "--quiet", "--warehouse", str(tmp_path / "wh")]) == 0
+    assert "2 pods" in capsys.readouterr().out

@@ -46,6 +46,7 @@ reject every one of them).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -130,11 +131,21 @@ def read_table(path: Path, columns: dict[str, tuple[type[pl.DataType], bool, flo
         raise OpenbImportError(f"{path}: empty file") from None
     except pl.exceptions.PolarsError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OpenbImportError(f"{path}: not a readable CSV file ({first})") from None
+        where = _first_long_line(path)  # Polars names no line
+        raise OpenbImportError(
+            f"{path}:{where[0]}: {where[1]} fields, the header has {where[2]}"
+            if where is not None else f"{path}: not a readable CSV file ({first})") from None
     missing = [c for c in columns if c not in raw.columns]
     if missing:
         raise OpenbImportError(f"{path}: missing column(s) {', '.join(missing)} (got "
                                f"{', '.join(raw.columns) or 'none'})")
+    # a blank line (an editor's, a trailing one) is no row: it refused the trace ("column
+    # name: None is missing"); the lines of the others are kept for messages
+    lines = pl.Series("_line", range(2, raw.height + 2), dtype=pl.Int64)
+    blank = raw.select(pl.all_horizontal(pl.all().is_null() | (pl.all().str.strip_chars()
+                                                                == ""))).to_series()
+    if blank.any():
+        raw, lines = raw.filter(~blank), lines.filter(~blank)
     out = []
     for name, (dtype, required, lowest, highest) in columns.items():
         stripped = pl.col(name).str.strip_chars()
@@ -156,19 +167,35 @@ def read_table(path: Path, columns: dict[str, tuple[type[pl.DataType], bool, flo
                 continue
             row = int(mask.arg_true()[0])
             shown = raw.get_column(name)[row]
-            raise OpenbImportError(f"{path}:{row + 2}: column {name}: "
-                                   f"{shown!r} {what}")
+            raise OpenbImportError(f"{path}:{lines[row]}: column {name}"
+                                   + (f" {what}" if shown is None else f": {shown!r} {what}"))
         out.append(value)
-    return pl.DataFrame(out)
+    return pl.DataFrame([*out, lines])
+
+
+def _first_long_line(path: Path) -> tuple[int, int, int] | None:
+    """(line, fields, the header's) of the first row with more fields than the header."""
+    import csv
+
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            for fields in reader:
+                if len(fields) > len(header):
+                    return reader.line_num, len(fields), len(header)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None
 
 
 POD_RULES: list[tuple[pl.Expr, str]] = [
     (pl.col("deletion_time") < pl.col("creation_time"),
-     "deletion_time {deletion_time:g} is before creation_time {creation_time:g}"),
+     "deletion_time {deletion_time} is before creation_time {creation_time}"),
     (pl.col("scheduled_time") < pl.col("creation_time"),
-     "scheduled_time {scheduled_time:g} is before creation_time {creation_time:g}"),
+     "scheduled_time {scheduled_time} is before creation_time {creation_time}"),
     (pl.col("scheduled_time") > pl.col("deletion_time"),
-     "scheduled_time {scheduled_time:g} is after deletion_time {deletion_time:g}"),
+     "scheduled_time {scheduled_time} is after deletion_time {deletion_time}"),
     ((pl.col("num_gpu") > 0) & (pl.col("gpu_milli") < 1),
      "gpu_milli {gpu_milli} with num_gpu {num_gpu}: a GPU pod uses 1-1000 thousandths"),
     ((pl.col("num_gpu") > 1) & (pl.col("gpu_milli") < 1000),
@@ -186,8 +213,16 @@ def check_pods(path: Path, pods: pl.DataFrame) -> None:
         mask = pods.select(rule.fill_null(False)).to_series()
         if mask.any():
             row = int(mask.arg_true()[0])
-            raise OpenbImportError(f"{path}:{row + 2}: "
-                                   + what.format(**pods.row(row, named=True)))
+            values = {k: _plain(v) for k, v in pods.row(row, named=True).items()}
+            raise OpenbImportError(f"{path}:{pods['_line'][row]}: " + what.format(**values))
+
+
+def _plain(value: object) -> object:
+    """A time as it was written: 2758084.5, 2758084 (``:g`` showed 2.75808e+06 for both
+    sides of "is before")."""
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value) if value.is_integer() else value
+    return value
 
 
 def check_names(path: Path, pods: pl.DataFrame) -> None:
@@ -197,8 +232,9 @@ def check_names(path: Path, pods: pl.DataFrame) -> None:
         row = int(again.arg_true()[0])
         name = pods["name"][row]
         first = int((pods["name"] == name).arg_true()[0])
-        raise OpenbImportError(f"{path}:{row + 2}: pod {name!r} appears twice (first on "
-                               f"line {first + 2}); names must be unique")
+        raise OpenbImportError(f"{path}:{pods['_line'][row]}: pod {name!r} appears twice "
+                               f"(first on line {pods['_line'][first]}); names must be "
+                               "unique")
 
 
 def whole_minute(seconds: float, what: str) -> float:
