@@ -473,3 +473,14 @@ def test_an_output_on_a_full_disk_is_one_line(warehouse: Path, command: list[str
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == ("gpuledger: error: cannot write the output: No space left on "
                            "device\n"), proc.stderr
+
+
+def test_duckdbs_advice_to_change_a_setting_is_left_out(
+        warehouse: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A query nested 5,000 deep was refused with DuckDB's advice 'Use "SET
+    max_expression_depth TO x" …', which the reader then refuses (SET)."""
+    sql = "SELECT " + "(" * 5000 + "1" + ")" * 5000
+    assert main(["query", "--warehouse", str(warehouse), sql]) == 2
+    err = capsys.readouterr().err
+    assert err == ("gpuledger: error: cannot parse the query: Parser Error: Max expression "
+                   "depth limit of 1000 exceeded.\n"), err

@@ -102,7 +102,9 @@ def _one_line(exc: BaseException) -> str:
         # message is the last line of the traceback DuckDB quotes
         named = [line for line in lines if re.match(r"[A-Za-z_.]*(Error|Exception)\b", line)]
         return named[-1] if named else lines[-1]
-    return lines[0]
+    # DuckDB's advice to change a setting ('Use "SET max_expression_depth TO x" to
+    # increase …'): a reader may not, so it is left out rather than given
+    return re.sub(r'\s*Use "?(SET|PRAGMA) [^.]*\.?', "", lines[0]).strip()
 
 
 SPILL_PREFIX = "gpuledger-query-"
