@@ -617,3 +617,25 @@ def test_an_interrupted_simulate_leaves_the_last_runs_files(tmp_path: Path) -> N
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.endswith("gpuledger: interrupted\n"), err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("name", ["w[1]", "w?x", "w*"])
+def test_a_location_duckdb_would_read_as_a_pattern_is_refused(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by naming a warehouse 'w[1]' beside another 'w1': DuckDB reads the file
+    lists of the views as patterns, and the query read the other warehouse's files (a
+    permission error stopped it there; with no such sibling, none). Such a location is
+    refused before anything is made, for the writers as for the readers."""
+    where = tmp_path / name
+    for command in (["demo", "--hours", "0.1", "--quiet"],
+                    ["query", "SELECT 1"], [ "import", "pods", str(tmp_path / "p.csv")]):
+        (tmp_path / "p.csv").write_text("name,created,gpus\np,2026-01-05T00:00:00Z,1\n")
+        assert main([*command, "--warehouse", str(where)]) == 2, command
+        err = capsys.readouterr().err
+        assert err.endswith(": the location holds '*', '?' or '[': DuckDB reads such names as "
+                            "patterns, so the facts written there could not be read back (a "
+                            "query read another warehouse's files, or none); use a location "
+                            "without them\n"), err
+        assert not where.exists()
+    assert main(["query", "--warehouse", "s3://bucket/w[1]", "SELECT 1"]) == 2
+    assert "s3://bucket/w[1]: the location holds" in capsys.readouterr().err

@@ -41,19 +41,19 @@ def check_location(location: str | Path) -> str | Path:
     """A served location as given (a local ``Path`` or an ``s3://`` URL string), or a
     :class:`StoreError` that says why not. Nothing is opened."""
     if isinstance(location, Path):
-        return location
+        return _no_pattern(location)
     if not location.strip():
         raise StoreError("the warehouse location is empty: name a folder or "
                          "s3://bucket/prefix")
     match = _SCHEME.match(location)
     if match is None:
-        return Path(location)
+        return _no_pattern(Path(location))
     scheme = match.group(1).lower()
     parts = urlsplit(location)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise StoreError(f"{location}: a file:// URL names a local path (file:///path)")
-        return Path(parts.path)
+        return _no_pattern(Path(parts.path))
     if scheme not in SCHEMES:
         raise StoreError(f"{display(location)}: the URL scheme '{scheme}' is not served; "
                          "use a local folder or s3://bucket/prefix")
@@ -65,4 +65,20 @@ def check_location(location: str | Path) -> str | Path:
     if parts.query or parts.fragment:
         raise StoreError(f"{display(location)}: no query or fragment expected "
                          "(settings come from the AWS_* variables)")
-    return f"s3://{parts.hostname}{parts.path.rstrip('/')}"
+    url = f"s3://{parts.hostname}{parts.path.rstrip('/')}"
+    if _PATTERN.search(url):
+        raise StoreError(f"{display(url)}: {_PATTERN_WHY}")
+    return url
+
+
+_PATTERN = re.compile(r"[*?\[]")
+_PATTERN_WHY = ("the location holds '*', '?' or '[': DuckDB reads such names as patterns, "
+                "so the facts written there could not be read back (a query read another "
+                "warehouse's files, or none); use a location without them")
+
+
+def _no_pattern(path: Path) -> Path:
+    """``path``, unless its absolute form holds a pattern character (:data:`_PATTERN`)."""
+    if _PATTERN.search(str(path.expanduser().absolute())):
+        raise StoreError(f"{path}: {_PATTERN_WHY}")
+    return path
