@@ -49,3 +49,27 @@ def test_times_at_the_calendars_ends_are_refused_in_one_line(
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert err.rstrip().endswith(f"{when!r} is outside the years 1970-8999"), err
+
+
+def test_the_rule_files_are_replaced_together_or_not_at_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by making one rule file unwritable: ``alerts generate`` replaced the
+    alerting rules, then failed on the recording rules, and the pair no longer matched.
+    Both are written beside first, and renamed only when both can be."""
+    out = tmp_path / "alerts"
+    assert main(["alerts", "generate", "--out", str(out)]) == 0
+    alerting = out / "gpuledger-alerts.yml"
+    before = alerting.read_text()
+    (out / "gpuledger-recording.yml").unlink()
+    (out / "gpuledger-recording.yml").mkdir()
+    monkeypatch.setenv("GPULEDGER_ALERTS__FOR_S", "600")
+    capsys.readouterr()
+    assert main(["alerts", "generate", "--out", str(out)]) == 2
+    assert "cannot write the rule files" in capsys.readouterr().err
+    assert alerting.read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["gpuledger-alerts.yml",
+                                                     "gpuledger-recording.yml"]
+    (out / "gpuledger-recording.yml").rmdir()
+    assert main(["alerts", "generate", "--out", str(out)]) == 0
+    assert alerting.read_text() != before     # the setting does change them

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpuledger.output_file import replace_text
+from gpuledger.output_file import replace_texts
 from gpuledger.pipeline.config import ProcessorConfig
 
 ALERTS_FILE = "gpuledger-alerts.yml"
@@ -359,9 +359,6 @@ def generate(config: ProcessorConfig) -> dict[str, str]:
 def write(config: ProcessorConfig, folder: Path) -> list[Path]:
     """Write the rule files into ``folder``; the paths written."""
     folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for name, text in generate(config).items():
-        path = folder / name
-        replace_text(path, text)
-        out.append(path)
-    return out
+    texts = {folder / name: text for name, text in generate(config).items()}
+    replace_texts(texts)  # the pair together, or neither
+    return list(texts)

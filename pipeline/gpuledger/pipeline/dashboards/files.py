@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuledger.output_file import replace_text
+from gpuledger.output_file import replace_texts
 from gpuledger.pipeline.dashboards.boards import all_boards
 from gpuledger.pipeline.dashboards.builders import Json
 from gpuledger.pipeline.dashboards.push import uid_problem
@@ -43,12 +43,9 @@ def default_dashboards_dir() -> Path:
 def write_boards(folder: Path) -> list[Path]:
     """Write every board as ``<uid>.json`` into ``folder``; the paths written."""
     folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for uid, board in all_boards().items():
-        path = folder / f"{uid}.json"
-        replace_text(path, board_text(board))
-        out.append(path)
-    return out
+    texts = {folder / f"{uid}.json": board_text(board) for uid, board in all_boards().items()}
+    replace_texts(texts)
+    return list(texts)
 
 
 def stale_boards(folder: Path) -> list[str]:
