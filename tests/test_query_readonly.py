@@ -422,7 +422,7 @@ def test_folders_of_readers_that_were_killed_are_removed(warehouse: Path,
                                                          tmp_path: Path) -> None:
     """A reader killed by SIGTERM or SIGKILL never removed its folder (its views
     database, 0.5 MB): 100 interrupted runs left 10. The next reader removes those of
-    processes that are gone, and no other."""
+    processes that are gone, untouched for an hour, and no other."""
     import tempfile
 
     from gpuledger.pipeline.query import SPILL_PREFIX
@@ -432,16 +432,20 @@ def test_folders_of_readers_that_were_killed_are_removed(warehouse: Path,
     base = Path(tempfile.gettempdir())
     dead = base / f"{SPILL_PREFIX}{gone.pid}-x{tmp_path.name}"
     alive = base / f"{SPILL_PREFIX}{os.getppid()}-x{tmp_path.name}"
+    old = time.time() - 7200   # untouched for two hours
     for folder in (dead, alive):
         folder.mkdir()
         (folder / "views.duckdb").write_bytes(b"x")
+        os.utime(folder, (old, old))
+    young = base / f"{SPILL_PREFIX}{gone.pid}-y{tmp_path.name}"  # another namespace's?
+    young.mkdir()
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "gpuledger.cli.main", "query", "--warehouse",
              str(warehouse), "SELECT count(*) AS n FROM attempts"],
             capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        assert not dead.exists() and alive.exists()
+        assert not dead.exists() and alive.exists() and young.exists()
         # killed in the middle of a query: its own folder goes with the next reader
         slow = subprocess.Popen(
             [sys.executable, "-m", "gpuledger.cli.main", "query", "--warehouse",
@@ -452,12 +456,15 @@ def test_folders_of_readers_that_were_killed_are_removed(warehouse: Path,
             time.sleep(0.1)
         slow.send_signal(signal.SIGTERM)
         slow.wait(timeout=30)
-        assert list(base.glob(f"{SPILL_PREFIX}{slow.pid}-*"))
+        left = list(base.glob(f"{SPILL_PREFIX}{slow.pid}-*"))
+        assert left
+        for folder in left:
+            os.utime(folder, (old, old))
         assert main(["query", "--warehouse", str(warehouse), "SELECT 1 AS one"]) == 0
         assert not list(base.glob(f"{SPILL_PREFIX}{slow.pid}-*"))
     finally:
-        shutil.rmtree(dead, ignore_errors=True)
-        shutil.rmtree(alive, ignore_errors=True)
+        for folder in (dead, alive, young):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

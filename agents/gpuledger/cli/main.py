@@ -773,7 +773,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         # the output's disk is full (> /dev/full, a quota): one line, not a traceback
         _stdout_gone()
-        print(f"gpuledger: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        what = "the output" if exc.filename is None else exc.filename
+        print(f"gpuledger: error: cannot write {what}: {exc.strerror}", file=sys.stderr)
         return 2
 
 

@@ -112,19 +112,28 @@ SPILL_PREFIX = "gpuledger-query-"
 ``gpuledger-query-<pid>-<random>``, removed when its connection goes."""
 
 
+SPILL_LEFT_S = 3600.0
+"""A reader's folder untouched this long, whose process is gone, is removed by the next
+reader (the age guards a /tmp shared with another PID namespace, where a live reader's
+process is not seen)."""
+
+
 def _sweep_left_behind() -> None:
     """Remove the folders of readers whose process is gone: one killed (SIGTERM, SIGKILL)
     never removed its own, about 0.5 MB each."""
     base = Path(tempfile.gettempdir())
+    now = time.time()
     for folder in base.glob(f"{SPILL_PREFIX}*-*"):
         pid = folder.name[len(SPILL_PREFIX):].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
+            if now - folder.stat().st_mtime < SPILL_LEFT_S:
+                continue
             os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(folder, ignore_errors=True)
-        except (PermissionError, OverflowError):  # another user's process, or not a pid
+        except (OSError, OverflowError):  # another user's process, gone already, not a pid
             continue
 
 
