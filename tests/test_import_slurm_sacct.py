@@ -594,3 +594,28 @@ def test_a_priority_out_of_range_or_a_quote_in_a_name(
             in out), out
     assert _sql(root, "SELECT job_id, allocated_gpu_hours FROM attempts ORDER BY job_id"
                 ).rows() == [("841", pytest.approx(20 / 60)), ("842", pytest.approx(30 / 60))]
+
+
+def test_a_line_break_in_a_job_name_of_the_first_column_is_read_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--format JobName,JobID,…``: a name broken after its first piece leaves a whole
+    record's count of fields to the next line, which is the rest of it, not a record of
+    its own (the check for lines cut short must not refuse it)."""
+    names = PROBE_HEADER.split("|")
+    order = ["JobName", *[c for c in names if c != "JobName"]]
+
+    def line(job: str, name: str) -> str:
+        fields = dict(zip(names, _probe(job, "00:00:00", "00:10:00", "00:30:00").split("|"),
+                          strict=True))
+        fields["JobName"] = name
+        return "|".join(fields[c] for c in order)
+
+    path = tmp_path / "sacct.txt"
+    path.write_text("|".join(order) + "\n" + line("850", "two\nlines") + "\n"
+                    + line("851", "plain") + "\n")
+    assert main(["import", "slurm-sacct", str(path), "--warehouse", str(tmp_path / "wh"),
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "1 line(s) whose job name held a '|' or a line break, read back whole" in out, out
+    assert _sql(tmp_path / "wh", "SELECT job_id FROM attempts ORDER BY job_id").rows() == [
+        ("850",), ("851",)]

@@ -401,10 +401,14 @@ def _records(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]
             if more is None:
                 raise SacctError(short)
             first_free = min((header.index(c) for c in free), default=width)
-            if len(values) - 1 < first_free or len(more[1]) >= width:
+            # the next line a record of its own: as many fields as the header, and more
+            # than the rest of this one takes (a job name first, broken after its first
+            # piece, leaves a whole record's count to the next line: that is the rest)
+            whole = len(more[1]) >= width and len(values) + len(more[1]) - 1 > width
+            if len(values) - 1 < first_free or whole:
                 raise SacctError(
                     f"{short}: a line cut short (line {more[0]} is "
-                    + ("a record of its own)" if len(more[1]) >= width else
+                    + ("a record of its own)" if whole else
                        f"not the rest of it: the break is before "
                        f"{'the free-text columns' if free else 'any free-text column'})"))
             values = [*values[:-1], values[-1] + "\n" + (more[1] or [""])[0], *more[1][1:]]
