@@ -425,6 +425,13 @@ def test_rows_with_more_fields_unknown_nodes_and_bad_numbers_are_bad_rows(
                  f"{path}:7: priority: '1.5' is not a whole number"]:
         assert line in out, out
     assert _gpu_hours(tmp_path / "wh") == {"ok": pytest.approx(1.0)}
+    # a quoted field with a line break in it (a free-text column) is a field, not a '"'
+    # left open: the record has the header's count of fields
+    path.write_text("name,created,scheduled,deleted,gpus,namespace,node,priority\n"
+                    f'ok,{span},1,"team\na",n1,5\n')
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(tmp_path / "w3")]) == 0
+    assert "0 bad row(s)" in capsys.readouterr().out
     # in the node list, such a row refuses the file
     nodes.write_text(NODES_CSV + "n3,2,H100,p,extra\n")
     assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",

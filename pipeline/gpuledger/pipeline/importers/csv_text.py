@@ -27,18 +27,23 @@ def csv_rows(path: Path, error: type[Exception], delimiter: str = ",",
     """(line number, fields) of each record of ``path`` (the header included); text that
     cannot be read raises ``error("file:line: reason")``. ``quoting``: ``csv.QUOTE_NONE``
     for text without quoting (``sacct --parsable2``), whose ``"`` are the fields' own.
-    ``one_line``: a record is one line (no field holds a line break), so a record over
-    several lines is a ``"`` left open, which raises ``error`` naming the line it opens on
-    (it swallowed every line after it into one field)."""
+    ``one_line``: a record over several lines (a quoted field with a line break) must
+    have the header's count of fields; one that has not is a ``"`` left open, which
+    raises ``error`` naming the line it opens on (it swallowed every line after it into
+    one field, in silence)."""
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         start = 1
+        width: int | None = None
         try:
             for fields in reader:
-                if one_line and reader.line_num > start:
-                    raise error(f"{path}:{start}: a field runs over {reader.line_num - start + 1:,}"
-                                f" lines (to line {reader.line_num:,}): a '\"' without its "
-                                "closing '\"'")
+                if one_line and reader.line_num > start and width is not None \
+                        and len(fields) != width:
+                    raise error(f"{path}:{start}: a field runs over "
+                                f"{reader.line_num - start + 1:,} lines (to line "
+                                f"{reader.line_num:,}): a '\"' without its closing '\"'")
+                if width is None:
+                    width = len(fields)
                 yield start, fields
                 start = reader.line_num + 1
         except UnicodeDecodeError:
@@ -53,7 +58,7 @@ def header_and_rows(path: Path, error: type[Exception], delimiter: str = ","
     name (missing trailing fields are empty), each with the number of fields it has past
     the header's (a ``,`` in a field left unquoted: the row is the caller's to refuse, as
     its fields moved along). A column named twice raises ``error``: which of the two
-    holds the values is not known. Records are one line each (``csv_rows``' one_line)."""
+    holds the values is not known. A ``"`` left open is refused (``csv_rows``' one_line)."""
     rows = csv_rows(path, error, delimiter, one_line=True)
     number, header = next(rows, (0, []))
     seen: set[str] = set()
