@@ -665,3 +665,14 @@ def test_a_history_of_job_events_alone_says_its_span(
     out = capsys.readouterr().out
     assert "no data in this window" not in out, out
     assert "Data: 2026-01-05 10:00 – 2026-01-05 11:30 UTC (1.5 h)" in out, out
+
+
+def test_html_to_stdout(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--html -`` wrote a file named '-'; it writes the page alone on stdout (as
+    ``query -`` reads the SQL from stdin)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--warehouse", str(root), "--html", "-"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("<!DOCTYPE html>") and out.rstrip().endswith("</html>")
+    assert not (tmp_path / "-").exists()

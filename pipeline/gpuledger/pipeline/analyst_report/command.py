@@ -49,9 +49,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except duckdb.Error as exc:
         raise CliError(f"{args.warehouse}: {exc}") from None
+    to_stdout = args.html is not None and str(args.html) == "-"
     if args.html is not None:
         text = render_html(report, str(args.warehouse),
                            datetime.now(UTC).replace(microsecond=0), args.top)
+        if to_stdout:  # (it wrote a file named '-')
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return 0
         try:
             replace_text(args.html, text)
         except OSError as exc:
@@ -82,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
                    help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md; "
                    "default ./warehouse)")
     p.add_argument("--html", type=Path, default=None, metavar="FILE",
-                   help="also write the report as a self-contained HTML file with charts")
+                   help="also write the report as a self-contained HTML file with charts "
+                   "(- : the HTML alone, on stdout)")
     p.add_argument("--since", type=iso_time, default=None,
                    help="window start (ISO 8601; UTC when no offset is given): every "
                    "section but borrowing covers only [since, until)")
