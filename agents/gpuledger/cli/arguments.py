@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,15 @@ def positive(kind: type, name: str, infinite: bool = False,
 def whole_count(name: str) -> Callable[[str], int]:
     """A whole number >= 0 (a count, a seed)."""
     return bounded(int, name, zero=True)
+
+
+def print_bad(bad: Sequence[tuple[str, str]], show: int, noun: str) -> None:
+    """An importer's ``--show-bad N``: the first ``show`` of ``bad`` (``file:line``,
+    reason), then how many more ``noun`` (bad lines, bad rows) there are."""
+    for where, reason in bad[:show]:
+        print(f"{where}: {reason}")
+    if len(bad) > show:
+        print(f"... and {len(bad) - show:,} more {noun}")
 
 
 def non_negative(name: str) -> Callable[[str], float]:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import add_replace, whole_count
+from gpuledger.cli.arguments import add_replace, print_bad, whole_count
 from gpuledger.cli.errors import CliError, check_input_files
 
 FILE_KEYS = ("columns", "mapping")
@@ -89,10 +89,8 @@ def cmd_import_pods(args: argparse.Namespace) -> int:
 
 
 def _print_bad(args: argparse.Namespace, bad_rows: list[tuple[int, str]]) -> None:
-    for row, reason in bad_rows[:args.show_bad]:
-        print(f"{args.file}:{row}: {reason}")
-    if len(bad_rows) > args.show_bad:
-        print(f"... and {len(bad_rows) - args.show_bad:,} more bad rows")
+    print_bad([(f"{args.file}:{row}", why) for row, why in bad_rows], args.show_bad,
+              "bad rows")
 
 
 def register(formats: Any, common: Any) -> None:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuledger.cli.arguments import add_replace, whole_count
+from gpuledger.cli.arguments import add_replace, print_bad, whole_count
 from gpuledger.cli.errors import CliError, check_input_files
 
 
@@ -89,7 +89,7 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
               f"lines, {r.steps_skipped:,} step lines, {r.cpu_only_skipped:,} CPU-only "
               f"jobs, {len(r.bad_lines):,} bad); {args.warehouse}/ is left as it was",
               file=sys.stderr)
-        _print_bad(args, r.bad_lines)
+        print_bad(r.bad_lines, args.show_bad, "bad lines")
         return 0
     processor = Processor(config, Warehouse(args.warehouse, options=config.warehouse))
     with _progress("importing sacct", not args.quiet) as update:
@@ -135,20 +135,13 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         print(f"{r.events_after_until:,} event(s) at or after --until "
               f"{until:%Y-%m-%d %H:%M} UTC: taken into the job book, their minutes closed "
               "by the next import")
-    _print_bad(args, r.bad_lines)
+    print_bad(r.bad_lines, args.show_bad, "bad lines")
     return 0
 
 
 def _names(files: list[Path]) -> str:
     return ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3:,} more"
                                                   if len(files) > 3 else "")
-
-
-def _print_bad(args: argparse.Namespace, bad_lines: list[tuple[str, str]]) -> None:
-    for where, reason in bad_lines[:args.show_bad]:
-        print(f"{where}: {reason}")
-    if len(bad_lines) > args.show_bad:
-        print(f"... and {len(bad_lines) - args.show_bad:,} more bad lines")
 
 
 def _holds_slurm_history(location: Any) -> bool:

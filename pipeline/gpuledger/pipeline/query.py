@@ -303,7 +303,8 @@ def _named(kind: str, text: str) -> str:
     return f"{head} (DuckDB's kind: {kind})"
 
 
-def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> None:
+def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> int:
+    """Refuse what is not a read (:func:`check_read_only`); the number of statements."""
     statements = _statements(con, sql)
     if not statements:
         raise QueryError("empty query")
@@ -324,14 +325,14 @@ def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> None:
             head = next((t.text for t in _tokens(text)), "?")
             raise _refuse(f"{'EXPLAIN of ' if depth else ''}{head} (a statement with "
                           "more than a read in it)")
+    return len(statements)
 
 
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Refuse anything but reads and EXPLAIN of reads (:class:`QueryError`, one line),
     and more than one statement: each was run, and the last one's rows alone shown, with
     nothing said of the others."""
-    _check(con, sql)
-    count = len(_statements(con, sql))
+    count = _check(con, sql)
     if count > 1:
         raise QueryError(f"one statement at a time (got {count}): each would run, and only "
                          "the last one's rows be shown; run them one by one")

@@ -57,6 +57,7 @@ import polars as pl
 from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer
 from gpuledger.pipeline.columns import conform
 from gpuledger.pipeline.config import Windows
+from gpuledger.pipeline.importers.csv_text import csv_rows
 from gpuledger.pipeline.validate import MIN_TIME
 
 log = logging.getLogger(__name__)
@@ -175,18 +176,13 @@ def read_table(path: Path, columns: dict[str, tuple[type[pl.DataType], bool, flo
 
 def _first_long_line(path: Path) -> tuple[int, int, int] | None:
     """(line, fields, the header's) of the first row with more fields than the header."""
-    import csv
-
     try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            header = next(reader, [])
-            for fields in reader:
-                if len(fields) > len(header):
-                    return reader.line_num, len(fields), len(header)
-    except (OSError, UnicodeDecodeError, csv.Error):
+        rows = csv_rows(path, OpenbImportError)
+        _, header = next(rows, (0, []))
+        return next(((line, len(fields), len(header)) for line, fields in rows
+                     if len(fields) > len(header)), None)
+    except (OSError, OpenbImportError):
         return None
-    return None
 
 
 POD_RULES: list[tuple[pl.Expr, str]] = [
