@@ -94,6 +94,28 @@ def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFix
     assert "not a gpuledger warehouse" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_infinities_blobs_and_nested_values_read_as_duckdb_writes_them(
+        warehouse: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An infinite timestamp is ``infinity`` (it showed as 9999-12-31T23:59:59.999999, a
+    real-looking instant), a BLOB in a table or csv as DuckDB writes it (it showed Python's
+    ``b'\\x00'``), and a timestamp or BLOB inside a LIST or STRUCT likewise (it showed
+    ``datetime.datetime(9999, …)``)."""
+    assert main(["query", "--warehouse", str(warehouse), "--format", fmt,
+                 "SELECT 'infinity'::TIMESTAMP AS up, '-infinity'::TIMESTAMPTZ AS down, "
+                 "'\\x00\\xFFa\\x5C'::BLOB AS raw, "
+                 "[{'t': 'infinity'::TIMESTAMP, 'd': DATE '2026-01-02'}] AS nest"]) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        assert json.loads(out) == {"up": "infinity", "down": "-infinity", "raw": "AP9hXA==",
+                                   "nest": [{"t": "infinity", "d": "2026-01-02"}]}
+        return
+    row = out.splitlines()[2 if fmt == "table" else 1]
+    assert "infinity" in row and "-infinity" in row and "9999" not in row
+    assert "\\x00\\xFFa\\x5C" in row and "b'" not in row
+    assert "{'t': 'infinity', 'd': '2026-01-02'}" in row and "datetime" not in row
+
+
 def test_the_time_limit_covers_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
     """A result that takes longer to print than the limit is stopped with one line, in
     every format (before, --timeout 3 printed 207,000 rows for 11 s)."""

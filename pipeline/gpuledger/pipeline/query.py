@@ -536,10 +536,41 @@ def run_stream(warehouse: str | Path, sql: str,
 # --------------------------------------------------------------------------- output
 
 
+_ENDLESS = {datetime.max: "infinity", datetime.min: "-infinity"}
+"""What DuckDB's ``'infinity'`` and ``'-infinity'`` timestamps come back as in Python: the
+last and first instants Python can hold (shown as themselves they read as a real instant
+in year 9999 or year 1). A DATE's infinities come back as 9999-12-31 and 0001-01-01, which
+are real dates too, so they stay as written."""
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, datetime | date):
+    """``value`` as csv and table cells write it: dates and timestamps ISO 8601, a BLOB
+    as DuckDB writes it, a LIST, STRUCT or MAP with its values so written."""
+    if isinstance(value, datetime):
+        return _ENDLESS.get(value.replace(tzinfo=None)) or value.isoformat()
+    if isinstance(value, date):
         return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return blob_text(bytes(value))
+    if isinstance(value, dict | list | tuple):
+        return str(_nested(value))
     return value
+
+
+def _nested(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {_nested(k): _nested(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nested(v) for v in value]
+    if isinstance(value, datetime | date | bytes | bytearray | memoryview | timedelta):
+        return str(_plain(value))
+    return value
+
+
+def blob_text(value: bytes) -> str:
+    """A BLOB as DuckDB writes it: printable ASCII as itself, every other byte (and the
+    backslash) as ``\\xHH`` (``b'a\\x00'`` is ``a\\x00``)."""
+    return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in value)
 
 
 def _chunks(rows: list[tuple[Any, ...]], deadline: float | None,
