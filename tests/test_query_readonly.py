@@ -380,6 +380,12 @@ def test_a_query_that_is_not_utf8_is_one_line(warehouse: Path,
     ("EXPLAIN ANALYZE CHECKPOINT", "got EXPLAIN of CHECKPOINT (DuckDB's kind: CALL)"),
     ("WITH a AS (SELECT 1) INSERT INTO gpu_minute SELECT * FROM a", "got INSERT"),
     ("COPY (SELECT 1) TO 'x.csv'", "got COPY"),
+    # these read as another kind before (got LOAD, VACUUM, TRANSACTION, DROP, ALTER)
+    ("force install httpfs", "got FORCE INSTALL (DuckDB's kind: LOAD)"),
+    ("ANALYZE", "got ANALYZE (DuckDB's kind: VACUUM)"),
+    ("ROLLBACK", "got ROLLBACK (DuckDB's kind: TRANSACTION)"),
+    ("DEALLOCATE p", "got DEALLOCATE (DuckDB's kind: DROP)"),
+    ("COMMENT ON TABLE gpu_minute IS 'x'", "got COMMENT (DuckDB's kind: ALTER)"),
 ])
 def test_a_refusal_names_the_statement_as_it_was_written(warehouse: Path, sql: str,
                                                          named: str) -> None:

@@ -296,11 +296,16 @@ def _refuse(kind: str) -> QueryError:
 
 def _named(kind: str, text: str) -> str:
     """A statement's kind as its author wrote it: DuckDB files INSTALL under LOAD, USE
-    under SET and CHECKPOINT under CALL; the first word names what was asked."""
-    head = next((t.text for t in _tokens(text)), kind)
-    if head == kind or head not in WRITE_WORDS or "(" in kind:  # WITH … INSERT: INSERT
+    under SET, CHECKPOINT under CALL, ANALYZE under VACUUM, ROLLBACK under TRANSACTION;
+    the first word (two for FORCE INSTALL) names what was asked. A statement that opens
+    with WITH (WITH … INSERT) or a parenthesis keeps DuckDB's kind."""
+    tokens = _tokens(text)
+    if not tokens or tokens[0].kind != "keyword" or tokens[0].text == "WITH" or "(" in kind:
         return kind
-    return f"{head} (DuckDB's kind: {kind})"
+    head = tokens[0].text
+    if head == "FORCE" and len(tokens) > 1:
+        head = f"FORCE {tokens[1].text.upper()}"
+    return kind if head == kind else f"{head} (DuckDB's kind: {kind})"
 
 
 def _check(con: duckdb.DuckDBPyConnection, sql: str, depth: int = 0) -> int:
