@@ -639,3 +639,29 @@ def test_a_location_duckdb_would_read_as_a_pattern_is_refused(
         assert not where.exists()
     assert main(["query", "--warehouse", "s3://bucket/w[1]", "SELECT 1"]) == 2
     assert "s3://bucket/w[1]: the location holds" in capsys.readouterr().err
+
+
+_LOAD_INTERRUPTED = """
+import importlib.abc, sys
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "gpuledger.cli.main":
+            raise KeyboardInterrupt   # Ctrl-C while the command's modules load
+        return None
+sys.meta_path.insert(0, Interrupt())
+from gpuledger.cli.entry import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line() -> None:
+    """The console script is gpuledger.cli.entry: a Ctrl-C while the command's modules
+    load is one line and exit 130 (with the script pointing at gpuledger.cli.main, the
+    interrupt came in the middle of the import, outside main's guard: a traceback)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["gpuledger"] == "gpuledger.cli.entry:main"
+    proc = subprocess.run([sys.executable, "-c", _LOAD_INTERRUPTED], capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (130, "gpuledger: interrupted\n")
