@@ -126,3 +126,19 @@ def test_the_time_limit_covers_the_output(monkeypatch: pytest.MonkeyPatch) -> No
         with pytest.raises(query.QueryError, match="took longer than 3 s"):
             query.render(["i", "s"], rows, fmt, passed, 3.0)
         assert query.render(["i", "s"], rows, fmt, time.monotonic() + 60, 60.0)
+
+
+def test_a_table_of_wide_characters_stays_in_line(warehouse: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A CJK character takes two terminal cells: padded by its count of characters, a
+    column of team names in Chinese pushed the next column out of line; a newline in a
+    column's name broke the header."""
+    from rich.cells import cell_len
+
+    assert main(["query", "--warehouse", str(warehouse),
+                 "SELECT * FROM (VALUES ('训练组', 1), ('llm-core', 22), ('视觉', 3)) "
+                 "t(\"团队\", \"gpu\nh\")"]) == 0
+    lines = capsys.readouterr().out.splitlines()[:5]
+    assert lines[0].startswith("团队") and "gpu\\nh" in lines[0]
+    assert len({cell_len(line) for line in lines}) == 1, lines
+    assert [line[-2:].strip() for line in lines[2:]] == ["1", "22", "3"]

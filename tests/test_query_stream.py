@@ -196,3 +196,34 @@ def test_a_reader_that_gives_up_stops_the_query(warehouse: Path) -> None:  # noq
         assert columns == ["n"] and rows == [(i,) for i in range(25000)]
     finally:
         con.close()
+
+
+# Ctrl-C just as the query's worker thread has been started (the moment a probe hit
+# about one time in forty), then the connection closed by run_stream's ``finally``.
+CTRL_C_AT_START = """
+import sys, threading
+from gpuledger.pipeline import query
+start = threading.Thread.start
+def interrupted_start(self):
+    start(self)
+    if self.name == "gpuledger-query":
+        raise KeyboardInterrupt
+threading.Thread.start = interrupted_start
+try:
+    with query.run_stream(sys.argv[1], "SELECT count(*) FROM range(20000000000)", None):
+        pass
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_ctrl_c_as_the_query_starts_stops_it_before_the_connection_closes(
+        warehouse: Path) -> None:  # noqa: F811
+    """DuckDB aborts the process (SIGABRT, exit -6) when a connection is closed while
+    another thread runs a statement on it. Ctrl-C as the worker started left the query
+    running and closed the connection under it; now it is stopped first, and the run
+    ends with the interrupt (a query of minutes: were it not stopped, the test would
+    time out)."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_START, str(warehouse)],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "interrupted\n"), done.stderr[-2000:]

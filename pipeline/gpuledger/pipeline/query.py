@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from rich.cells import cell_len
 
 from gpuledger.pipeline.store import Store, StoreError
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
@@ -387,8 +388,13 @@ class Stream:
         self._ended = False              # the worker's last word was read
         self._worker = threading.Thread(target=self._work, args=(sql,),
                                         name="gpuledger-query", daemon=True)
-        self._worker.start()
-        _kind, self.columns = self._take(output=False)  # the worker's first word
+        _RUNNING[id(con)] = self
+        try:  # Ctrl-C from here on stops the worker before the connection can be closed
+            self._worker.start()
+            _kind, self.columns = self._take(output=False)  # the worker's first word
+        except BaseException:
+            self.close()
+            raise
 
     def _put(self, item: tuple[str, Any]) -> bool:
         """Hand ``item`` to the reader; False (not handed) once the reader has given up."""
@@ -469,8 +475,10 @@ class Stream:
         meanwhile only interrupts again)."""
         self._halt.set()
         if not self._ended:
-            _stop(self._con, self._done)
+            _stop(self._con, self._done, self._worker)
             self._ended = True
+        if _RUNNING.get(id(self._con)) is self:
+            del _RUNNING[id(self._con)]
 
     def __enter__(self) -> Stream:
         return self
@@ -500,16 +508,32 @@ def fetch(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float | None = DE
         return rows.columns, [r for chunk in rows.chunks(output=False) for r in chunk]
 
 
-def _stop(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
+def _stop(con: duckdb.DuckDBPyConnection, done: threading.Event,
+          worker: threading.Thread) -> None:
     """Interrupt the running query and wait until it has stopped (Ctrl-C again only
-    interrupts again)."""
+    interrupts again); at once when the worker never began (Ctrl-C came before its
+    thread was started)."""
     while True:
         con.interrupt()
         try:
-            if done.wait(1.0):
+            if done.wait(1.0) or (worker.ident is None and not worker.is_alive()):
                 return
         except KeyboardInterrupt:
             continue
+
+
+_RUNNING: dict[int, Stream] = {}
+"""The :class:`Stream` running on each connection (by ``id``): :func:`close_connection`
+stops it first. DuckDB aborts the whole process (SIGABRT) when a connection is closed
+while another thread runs a statement on it, which Ctrl-C at the wrong moment did."""
+
+
+def close_connection(con: duckdb.DuckDBPyConnection) -> None:
+    """Close ``con`` once the query a :class:`Stream` runs on it, if any, has stopped."""
+    running = _RUNNING.get(id(con))
+    if running is not None:
+        running.close()
+    con.close()
 
 
 def run(warehouse: str | Path, sql: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
@@ -520,7 +544,7 @@ def run(warehouse: str | Path, sql: str, timeout_s: float | None = DEFAULT_TIMEO
         check_read_only(con, sql)
         return fetch(con, sql, timeout_s)
     finally:
-        con.close()
+        close_connection(con)
 
 
 @contextlib.contextmanager
@@ -535,7 +559,7 @@ def run_stream(warehouse: str | Path, sql: str,
         with stream(con, sql, timeout_s, deadline) as rows:
             yield rows
     finally:
-        con.close()
+        close_connection(con)
 
 
 # --------------------------------------------------------------------------- output
@@ -689,17 +713,25 @@ def _cell(value: Any) -> str:
     return str(_plain(value)).translate(_CONTROL)
 
 
+def _padded(text: str, width: int, right: bool) -> str:
+    """``text`` padded to ``width`` terminal cells (a CJK character takes two: padded by
+    its length in characters, a column of team names in Chinese went out of line)."""
+    pad = " " * max(width - cell_len(text), 0)
+    return pad + text if right else text + pad
+
+
 def table_text(columns: list[str], rows: list[tuple[Any, ...]],
                deadline: float | None = None, timeout_s: float | None = None) -> str:
     """A plain aligned text table."""
     cells = [[_cell(v) for v in r] for chunk in _chunks(rows, deadline, timeout_s)
              for r in chunk]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)),
+    columns = [c.translate(_CONTROL) for c in columns]
+    widths = [max([cell_len(c)] + [cell_len(r[i]) for r in cells])
+              for i, c in enumerate(columns)]
+    lines = ["  ".join(_padded(c, w, False) for c, w in zip(columns, widths, strict=True)),
              "  ".join("-" * w for w in widths)]
     for r in cells:
-        lines.append("  ".join(
-            v.rjust(w) if v[:1].isdigit() or v[:1] == "-" else v.ljust(w)
-            for v, w in zip(r, widths, strict=True)))
+        lines.append("  ".join(_padded(v, w, v[:1].isdigit() or v[:1] == "-")
+                               for v, w in zip(r, widths, strict=True)))
     lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(lines) + "\n"

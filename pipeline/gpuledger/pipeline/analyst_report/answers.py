@@ -160,4 +160,4 @@ def answer_all(warehouse: Path, since: datetime | None = None, until: datetime |
             out.append(Answer(section, columns, rows, chart_columns, chart_rows))
         return Report(window, out)
     finally:
-        con.close()
+        query.close_connection(con)
