@@ -199,3 +199,14 @@ def test_a_list_that_never_ends_is_a_clear_error(
     assert err.strip().splitlines() == [
         f"gpuledger: error: cannot read the Kubernetes API at {server.url}: /api/v1/nodes: "
         "the API sent the continue token 'again' again (page 2); the list would never end"]
+
+
+def test_the_help_says_what_config_and_interval_are_here(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--config was described as a mapping file (it holds the `kubernetes:` section
+    too) and --interval as the seconds between polls (this bridge does not poll)."""
+    with pytest.raises(SystemExit):
+        main(["bridge", "kubernetes", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--config FILE YAML with a `kubernetes:` section" in text
+    assert "--interval SECONDS not used: this bridge watches instead of polling" in text

@@ -87,6 +87,29 @@ def test_node_schedulable_and_health(node: dict[str, Any], schedulable: bool,
     assert _translator().apply("nodes", "ADDED", _node("cpu", count="0")) == []
 
 
+def test_absurd_gpu_counts_leave_the_node_out_and_never_crash(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A count label of 1025 raised ValueError from the placer (a traceback, and the
+    healthy node beside it went out with it); a negative label dropped a node whose
+    capacity says 8; a pod quantity of 1e400 raised OverflowError."""
+    tr = _translator()
+    huge = _node("huge", count="1025")
+    assert tr.apply("nodes", "ADDED", huge) == []
+    assert tr.apply("nodes", "MODIFIED", huge) == []
+    assert [r.message for r in caplog.records].count(
+        "node huge left out of the inventory: it is said to hold 1025 GPUs, more than a "
+        "node can (0-1024)") == 1                           # one warning, not one a poll
+    (ok,) = tr.apply("nodes", "ADDED", _node("ok"))
+    assert ok["gpu_count"] == 8
+    negative = _node("neg")
+    negative["metadata"]["labels"]["nvidia.com/gpu.count"] = "-4"
+    (rec,) = tr.apply("nodes", "ADDED", negative)
+    assert rec["gpu_count"] == 8                            # the capacity's count
+    assert k8s.quantity("1e400") == 0.0 and k8s.quantity(float("inf")) == 0.0
+    assert k8s.quantity("1e400k") == 0.0 and k8s.quantity("nan") == 0.0
+    assert not k8s.pod_gpus(_pod("p", gpus={"nvidia.com/gpu": "1e400"}))
+
+
 def test_device_plugin_annotation_gives_the_indices() -> None:
     tr = _translator(gpu_index_annotation="example.com/gpu-idx")
     sched = [_cond("PodScheduled", True, "10:00:05")]

@@ -131,6 +131,22 @@ def test_inventory_on_change_and_refresh() -> None:
     assert len(t.step([], [drained], T0 + 321)[0]) == 1         # periodic refresh
 
 
+def test_a_node_said_to_hold_too_many_gpus_is_left_out_with_one_warning(
+        caplog: Any) -> None:
+    """sinfo's ``gres: gpu:h100:2000`` went out as an inventory record of 2,000 GPUs,
+    exit 0, and the processor rejected it (the node had no inventory at all); the
+    Kubernetes bridge crashed on the same kind of input."""
+    t = SlurmTracker(Mapping())
+    huge = replace(NODE, name="huge", gpus=2000)
+    out, _ = t.step([], [huge, NODE], T0)
+    assert [r["node"] for r in out if r["type"] == "inventory"] == ["n1"]
+    out, _ = t.step([], [huge, NODE], T0 + 400)                 # the next refresh
+    assert [r["node"] for r in out if r["type"] == "inventory"] == ["n1"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "node huge left out of the inventory: it is said to hold 2000 GPUs, more than a "
+        "node can (0-1024)"]
+
+
 def test_node_health_and_pools_through_the_mapping() -> None:
     m = parse_mapping({"pools": {"partitions": {"gpu": "train"}},
                        "card_types": {"names": {"h100": "H100-SXM5-80GB"}}})

@@ -16,6 +16,8 @@ Pure Python, no dependencies: the bridges are as lean as the node agent.
 
 from __future__ import annotations
 
+import logging
+
 EPS = 1e-9
 MAX_GPUS_PER_NODE = 1024
 """The contract's GPU indices are 0…1023: no node has more GPUs (a guard against
@@ -23,6 +25,27 @@ absurd input, which would otherwise make the capacity lists huge)."""
 
 Slot = tuple[str, int, float]
 """(node, gpu_index, fraction) of one placed GPU share."""
+
+
+class GpuCountCheck:
+    """A bridge's guard on the GPU counts a scheduler reports: a node said to hold more
+    than :data:`MAX_GPUS_PER_NODE` (a mistyped label, a bad gres line) is left out of the
+    inventory with one warning per node and count, instead of a record the processor
+    rejects (the Slurm bridge sent it, exit 0) or a crash (the Kubernetes bridge)."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._warned: set[tuple[str, int]] = set()
+
+    def fits(self, node: str, count: int) -> bool:
+        if 0 <= count <= MAX_GPUS_PER_NODE:
+            return True
+        if (node, count) not in self._warned:
+            self._warned.add((node, count))
+            self._log.warning("node %s left out of the inventory: it is said to hold %d "
+                              "GPUs, more than a node can (0-%d)", node, count,
+                              MAX_GPUS_PER_NODE)
+        return False
 
 
 class Placer:

@@ -36,14 +36,18 @@ Jobs that ask for no GPU are ignored.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuledger.bridges.mapping import Mapping
+from gpuledger.bridges.placement import GpuCountCheck
 from gpuledger.bridges.slurm_parse import SlurmJob, SlurmNode
 from gpuledger.contract.schema import CONTRACT_VERSION
+
+log = logging.getLogger("gpuledger.bridges.slurm")
 
 Record = dict[str, Any]
 
@@ -97,6 +101,7 @@ class SlurmTracker:
         self.nodes: dict[str, tuple[str, float]] = {}  # node → (record without time, sent at)
         self.last_poll: float | None = None
         """The time of the last step (None: the bridge has never polled)."""
+        self._counts = GpuCountCheck(log)
 
     # -- memory --------------------------------------------------------------------
 
@@ -242,7 +247,7 @@ class SlurmTracker:
                    stats: StepStats) -> list[Record]:
         out = []
         for node in nodes:
-            if node.gpus <= 0:
+            if node.gpus <= 0 or not self._counts.fits(node.name, node.gpus):
                 continue
             body = node_record(self.mapping, node)
             text = json.dumps(body, sort_keys=True)

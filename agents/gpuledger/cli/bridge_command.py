@@ -42,11 +42,15 @@ def poll_interval(name: str) -> Callable[[str], float]:
                    unit="seconds")
 
 
-def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
-    """Options every bridge shares: mapping, output (Kafka or a file), state, polling."""
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="mapping file: scheduler names → team, pool, queue, priority, job "
-                   "type, card type (docs/mapping.md); default: identity mapping")
+MAPPING_HELP = ("mapping file: scheduler names → team, pool, queue, priority, job type, "
+                "card type (docs/mapping.md); default: identity mapping")
+
+
+def output_options(p: argparse.ArgumentParser, default_state: str,
+                   config_help: str = MAPPING_HELP, polls: bool = True) -> None:
+    """Options every bridge shares: configuration, output (Kafka or a file), state,
+    ``--interval`` (said to be unused by a bridge that watches: ``polls=False``)."""
+    p.add_argument("--config", type=Path, default=None, metavar="FILE", help=config_help)
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--kafka", metavar="BOOTSTRAP",
                      help="send to Kafka (HOST:PORT[,...]; security from GPULEDGER_KAFKA_* "
@@ -63,7 +67,9 @@ def output_options(p: argparse.ArgumentParser, default_state: str) -> None:
     p.add_argument("--interval", type=poll_interval("--interval"), default=10.0,
                    metavar="SECONDS",
                    help=f"seconds between polls, at least {INTERVAL_MIN_S:g} and at most "
-                   f"{INTERVAL_MAX_S:,.0f} (default 10)")
+                   f"{INTERVAL_MAX_S:,.0f} (default 10)" if polls else
+                   "not used: this bridge watches instead of polling (accepted, so that "
+                   "a command line written for the Slurm bridge still runs)")
     p.add_argument("--once", action="store_true", help="poll once, hand over, and exit")
     p.add_argument("--quiet", action="store_true", help="log only warnings")
     p.add_argument("--metrics-address", metavar="HOST:PORT", default=None,

@@ -141,12 +141,16 @@ Lists, then watches with resourceVersions; resumes cut watches, lists again afte
 section (server, kubeconfig, token/CA files, kueue, gpu_index_annotation, timeouts) and
 the shared `mapping:` section (docs/mapping.md); without `server` the bridge uses the
 in-cluster service account, or `kubernetes.kubeconfig`. The RBAC it needs is in
-deploy/kubernetes/clusterrole.yaml. --interval is not used: the bridge watches.
+deploy/kubernetes/clusterrole.yaml.
 
 examples:
   gpuledger bridge kubernetes --config k8s.yaml --out events.jsonl --once
   gpuledger bridge kubernetes --config k8s.yaml --kafka kafka:9092 \\
       --state /var/lib/gpuledger/k8s.state
 """)
-    helpers.output_options(q, "gpuledger-kubernetes-bridge.state")
+    helpers.output_options(
+        q, "gpuledger-kubernetes-bridge.state", polls=False,
+        config_help="YAML with a `kubernetes:` section (server, kubeconfig, token and CA "
+        "files, kueue, timeouts; docs/kubernetes.md) and the shared `mapping:` section "
+        "(docs/mapping.md); default: the in-cluster service account, identity mapping")
     q.set_defaults(func=lambda args: cmd_bridge_kubernetes(args, helpers))

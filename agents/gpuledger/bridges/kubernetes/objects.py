@@ -7,6 +7,7 @@ follow the Kubernetes API reference (core/v1 Pod and Node) and Kueue's
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -106,20 +107,21 @@ def quantity(value: Any) -> float:
     if isinstance(value, bool):
         return 0.0
     if isinstance(value, int | float):
-        return float(value)
+        given = float(value)
+        return given if math.isfinite(given) else 0.0
     text = str(value).strip()
     factors = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024.0, "Mi": 1024.0**2,
                "Gi": 1024.0**3}
+    number, factor = text, 1.0
     for suffix in ("Ki", "Mi", "Gi", "m", "k", "M", "G"):
         if text.endswith(suffix):
-            try:
-                return float(text[: -len(suffix)]) * factors[suffix]
-            except ValueError:
-                return 0.0
+            number, factor = text[: -len(suffix)], factors[suffix]
+            break
     try:
-        return float(text)
+        value = float(number) * factor
     except ValueError:
         return 0.0
+    return value if math.isfinite(value) else 0.0  # "1e400", "inf": not a quantity
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,8 @@ def node_gpu_count(node: Obj) -> int:
     count = labels(node).get(LABEL_COUNT)
     if count is not None:
         try:
-            return int(count)
+            if int(count) >= 0:  # a negative count is no count: the capacity says
+                return int(count)
         except ValueError:
             pass
     status = node.get("status")

@@ -35,6 +35,7 @@ the true devices for usage.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,7 +43,9 @@ from typing import Any
 
 from gpuledger.bridges.kubernetes import objects as k8s
 from gpuledger.bridges.mapping import Mapping
-from gpuledger.bridges.placement import Placer, Slot
+from gpuledger.bridges.placement import GpuCountCheck, Placer, Slot
+
+log = logging.getLogger("gpuledger.bridges.kubernetes")
 
 Record = dict[str, Any]
 KUEUE_POD_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/podset",
@@ -87,6 +90,7 @@ class Translator:
         for part in ("jobs", "pods", "nodes", "workloads"):
             self.state.setdefault(part, {})
         self.placer = Placer()
+        self._counts = GpuCountCheck(log)
         for name, rec in self.state["nodes"].items():
             self.placer.add_node(name, int(rec["gpu_count"]))
         for pod in self.state["pods"].values():
@@ -161,6 +165,8 @@ class Translator:
         name = str(k8s.meta(node).get("name"))
         count = k8s.node_gpu_count(node)
         if count <= 0 and name not in self.state["nodes"]:
+            return []
+        if not self._counts.fits(name, count):
             return []
         if gone:
             return self._vanished("nodes", name)
