@@ -4,13 +4,15 @@ restarted during the outage; every sequence number arrives exactly once, in orde
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
-from kafka_broker import start_broker
+from kafka_broker import Broker, start_broker
+from kafka_fixtures import kafka  # noqa: F401  (a fixture)
 
 from gpuledger.agent.sender import Sender
 from gpuledger.agent.spool import Spool
@@ -123,3 +125,36 @@ def test_an_outage_is_said_once_a_minute_with_its_error_named_once(
         "Unable to bootstrap from ['127.0.0.1:1']); 3 messages kept in the spool"]
     assert spool.backlog == 3 and sender.errors == 25
     sender.close()
+
+
+def test_a_message_kafka_refuses_for_its_size_is_set_aside_and_the_rest_go_on(
+        tmp_path: Path, kafka: Broker,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A 3 MB labels file made an inventory message the broker refused
+    (MessageSizeTooLargeError): retried at the head of the spool, it held back every
+    message after it, for good and across restarts. Here the topic takes at most 64 KiB
+    and one message of 200 KiB (random: zstd cannot shrink it) sits between others."""
+    topic = "too-large.v1"
+    kafka.create_topic(topic, partitions=1, configs={"max.message.bytes": str(64 << 10)})
+    spool, sender = _agent(tmp_path / "spool", kafka.bootstrap)
+    big = os.urandom(200 << 10)
+    for i in range(6):
+        spool.append(topic, b"n", big if i == 2 else f"m{i}".encode())
+    deadline = time.monotonic() + 60
+    while spool.backlog and time.monotonic() < deadline:
+        sender.drain()
+    sender.close()
+    assert spool.backlog == 0 and sender.sent == 5 and sender.set_aside == 1
+    assert (tmp_path / "spool" / "set-aside" / f"{2:020d}.{topic}.msg").read_bytes() == big
+    said = [r.getMessage() for r in caplog.records
+            if r.levelname == "ERROR" and r.name == "gpuledger.agent.sender"]
+    assert len(said) == 1 and said[0].startswith(
+        f"message 2 ({topic}, 204,801 bytes) set aside, kept in "), said
+    assert "message.max.bytes" in said[0]
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        got = [m.value for m in consumer]
+    finally:
+        consumer.close()
+    assert got == [b"m0", b"m1", b"m3", b"m4", b"m5"]

@@ -124,6 +124,22 @@ def test_inventory_again_when_it_changes(tmp_path: Path) -> None:
     assert inv[0]["pool"] == "default" and agent.publisher.published == 2
 
 
+def test_an_inventory_a_full_spool_dropped_is_spooled_again(tmp_path: Path) -> None:
+    """An outage long enough to fill the spool dropped the oldest segment, which held
+    the start-up inventory; it was spooled again only at the next change or republish
+    (an hour by default), and meanwhile the processor rejected every sample of a node
+    it had never seen. Now a drop makes the inventory due at once."""
+    spool = SharedSpool(tmp_path / "spool", max_bytes=8192, segment_bytes=4096)
+    agent = Agent(_config(), TinySource(gpus=4), Chain([]), spool, None, TEL, INV)
+    k = 0
+    while spool.dropped_messages == 0:
+        agent.cycle(T0 + timedelta(seconds=10 * k))
+        k += 1
+    agent.cycle(T0 + timedelta(seconds=10 * k))
+    assert [topic for topic, _, _ in _spooled(agent)].count(INV) == 1
+    assert agent.publisher.published == 2
+
+
 def test_seq_survives_a_restart_and_failures_spool_nothing(tmp_path: Path) -> None:
     source = TinySource(gpus=2)
     agent = _agent(tmp_path / "spool", source)

@@ -283,3 +283,44 @@ def test_numbers_already_sent_are_not_used_again(tmp_path: Path) -> None:
     assert again.append("t", b"k", b"new") == 9
     assert [(m.number, m.value) for m in again.pending()] == [(9, b"new")]
     assert [(m.number, m.value) for m in Spool(tmp_path).pending()] == [(9, b"new")]
+
+
+def test_a_full_disk_is_freed_by_the_segments_an_ack_deletes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found with a real tmpfs filled by an outage's backlog: ack wrote the cursor first,
+    the write failed (ENOSPC), the delivered segments were never deleted and the disk
+    stayed full; every later cycle failed, and a restart sent the whole backlog again.
+    Now the delivered segments go first, which makes the room the cursor needs."""
+    spool = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1024)
+    _fill(spool, 40, size=96)                        # 126-byte frames: 5 segments
+    full = {"on": True}                              # no room until a segment goes
+    write = Spool._write_cursor
+    unlink = Path.unlink
+
+    def cursor(self: Spool) -> None:
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self)
+
+    def freeing(path: Path, missing_ok: bool = False) -> None:
+        if path.suffix == SUFFIX:
+            full["on"] = False
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Spool, "_write_cursor", cursor)
+    monkeypatch.setattr(Path, "unlink", freeing)
+    spool.ack(31)                                    # 4 segments delivered whole
+    assert sorted(p.name for p in tmp_path.glob(f"*{SUFFIX}")) == [f"{32:020d}{SUFFIX}"]
+    assert (tmp_path / "cursor").read_text() == "32"
+    # a disk full of something else: the cursor is said once and saved when it can be
+    full["on"] = True
+    spool.ack(35)
+    spool.ack(36)
+    assert (tmp_path / "cursor").read_text() == "32"
+    assert sum("cannot write the cursor" in r.getMessage() for r in caplog.records) == 1
+    full["on"] = False
+    spool.append("gpu.telemetry.v1", b"n", _value(40))
+    assert (tmp_path / "cursor").read_text() == "37"
+    assert _numbers(Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1024)) == \
+        list(range(37, 41))

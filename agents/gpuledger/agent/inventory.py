@@ -122,6 +122,11 @@ class InventoryPublisher:
             return True
         return bool(self.republish_s) and now - self.last_at >= self.republish_s
 
+    def forget(self) -> None:
+        """The last record may not reach Kafka (a full spool dropped it): the next
+        check publishes again, changed or not."""
+        self.last = None
+
     def mark(self, record: dict[str, Any], now: float | None = None) -> None:
         self.last = self._content(record)
         self.last_at = time.monotonic() if now is None else now

@@ -20,6 +20,7 @@ registry, metrics about the exporter itself):
 | ``gpuledger_agent_spool_failed_appends_total`` | counter | not stored: a failed write |
 | ``gpuledger_agent_sent_messages_total`` | counter | messages Kafka confirmed |
 | ``gpuledger_agent_send_errors_total`` | counter | failed deliveries (kept in the spool) |
+| ``gpuledger_agent_set_aside_messages_total`` | counter | refused by Kafka for their size |
 | ``gpuledger_agent_last_send_success_timestamp_seconds`` | gauge | Unix time of the last delivery |
 
 ``/healthz`` answers 200 while collections keep completing (the last one less than
@@ -106,6 +107,10 @@ class AgentCollector(Collector):
             yield CounterMetricFamily("gpuledger_agent_send_errors",
                                       "Failed deliveries (the messages stay spooled).",
                                       value=sender.errors)
+            yield CounterMetricFamily("gpuledger_agent_set_aside_messages",
+                                      "Messages Kafka refused for their size (kept in "
+                                      "set-aside/ of the spool, not sent).",
+                                      value=sender.set_aside)
             if sender.last_success is not None:
                 yield GaugeMetricFamily("gpuledger_agent_last_send_success_timestamp_seconds",
                                         "Unix time of the last confirmed delivery.",

@@ -171,6 +171,7 @@ class Agent:
         self.last_cycle_end: float | None = None
         self.last_error = ""
         self._inventory_checked = float("-inf")
+        self._drops_seen = spool.dropped_messages if spool is not None else 0
         self._wake = threading.Event()
         self._stop_deadline: float | None = None
 
@@ -290,6 +291,13 @@ class Agent:
             if time.monotonic() - self._seq_saved >= SEQ_SAVE_S:
                 self._write_seq()
                 self._seq_saved = time.monotonic()
+        if self.spool is not None and self.spool.dropped_messages != self._drops_seen:
+            # a full spool dropped its oldest messages: the inventory may be among them,
+            # and without it the processor rejects every sample of this node's GPUs
+            # until the next republish (an hour by default)
+            self._drops_seen = self.spool.dropped_messages
+            self.publisher.forget()
+            self._inventory_checked = float("-inf")
         checked = time.monotonic()
         if checked - self._inventory_checked >= self.config.inventory.check_s:
             self._inventory_checked = checked

@@ -14,10 +14,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuledger.agent.spool import Spool
+from gpuledger.agent.spool import Message, Spool
 from gpuledger.outage_log import OutageLog, error_text
 
 log = logging.getLogger("gpuledger.agent.sender")
+
+SET_ASIDE = "set-aside"
+"""Folder in the spool for messages Kafka refuses for their size."""
+
+TOO_LARGE = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
+"""kafka-python's errors for a record too large for the client's or the broker's limit.
+kafka-python splits a batch the broker refuses as too large and sends again, so a record
+that still fails with one of these fails alone."""
+
+
+def too_large(exc: BaseException | None) -> bool:
+    return exc is not None and type(exc).__name__ in TOO_LARGE
 
 
 class Sender:
@@ -35,6 +47,12 @@ class Sender:
         self.last_success: float | None = None
         self.errors = 0
         self.outage = OutageLog(log, "delivery", clock)
+        self.set_aside = 0
+        """Messages Kafka refused for their size (:meth:`_set_aside`)."""
+        self._alone_through: int | None = None
+        """After a batch refused as too large (kafka-python fails every record of a
+        batch with the one too large), messages up to this number go one at a time, so
+        that only the one Kafka refuses alone is set aside."""
         self._retired: list[Any] = []
         """Producers given up on after a failed delivery, not closed yet."""
 
@@ -47,9 +65,12 @@ class Sender:
         """Send one batch; returns how many messages were delivered and acknowledged."""
         if self._retired:
             self._close_retired(0)
-        pending = self.spool.pending(self.batch)
+        alone = self._alone_through is not None
+        pending = self.spool.pending(1 if alone else self.batch)
         if not pending:
             return 0
+        if alone and pending[0].number >= self._alone_through:  # type: ignore[operator]
+            self._alone_through = None
         try:
             producer = self._client()
             futures = [producer.send(m.topic, key=m.key, value=m.value) for m in pending]
@@ -57,23 +78,60 @@ class Sender:
         except Exception as exc:
             self._failed(exc)
             return 0
-        delivered = 0
-        for future in futures:
-            if not future.is_done or future.failed():
+        done = sent = 0      # done: sent, or set aside as too large for Kafka
+        for message, future in zip(pending, futures, strict=True):
+            if future.is_done and not future.failed():
+                sent += 1
+            elif future.is_done and too_large(future.exception):
+                if len(pending) > 1:   # the batch failed whole: which one is too large?
+                    self._alone_through = pending[-1].number
+                    break
+                self._set_aside(message, future.exception)
+                self._retire()         # kafka-python's producer fails all after it
+            else:
                 break
-            delivered += 1
-        if delivered:
-            self.spool.ack(pending[delivered - 1].number)
-            self.sent += delivered
+            done += 1
+        if done:
+            self.spool.ack(pending[done - 1].number)
+        if sent:
+            self.sent += sent
             self.last_success = time.time()
             self.outage.worked(f"{self.spool.backlog} messages left in the spool")
-        if delivered < len(pending):
-            self._failed(RuntimeError(f"{len(pending) - delivered} messages not confirmed"))
-        return delivered
+        if done < len(pending):
+            first = futures[done]
+            cause = (f": {error_text(first.exception)}" if first.is_done and first.failed()
+                     else "")
+            self._failed(RuntimeError(f"{len(pending) - done} messages not confirmed{cause}"))
+        return sent
+
+    def _set_aside(self, message: Message, exc: Exception) -> None:
+        """A message Kafka refuses for its size can never be sent: retried, it held back
+        every message after it, for good and across restarts. It is written to
+        ``set-aside/`` in the spool folder (where it can, else only counted) and the
+        messages after it go on."""
+        self.set_aside += 1
+        size = len(message.key) + len(message.value)
+        folder = self.spool.folder / SET_ASIDE
+        where = "it could not be kept"
+        try:
+            folder.mkdir(exist_ok=True)
+            path = folder / f"{message.number:020d}.{message.topic}.msg"
+            path.write_bytes(message.value)
+            where = f"kept in {path}"
+        except OSError as exc_write:
+            where = f"it could not be kept ({exc_write.strerror or exc_write})"
+        log.error("message %d (%s, %s bytes) set aside, %s: Kafka refuses it for its size "
+                  "(%s). Raise the broker's message.max.bytes (and the topic's "
+                  "max.message.bytes), or make it smaller (a labels file this big?)",
+                  message.number, message.topic, f"{size:,}", where, error_text(exc))
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
         self.outage.failed(error_text(exc), f"{self.spool.backlog} messages kept in the spool")
+        self._retire()
+
+    def _retire(self) -> None:
+        """Give the producer up (a new one is made for the next drain)."""
         producer, self._producer = self._producer, None
         if producer is not None:
             self._retired.append(producer)

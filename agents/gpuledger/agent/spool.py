@@ -169,6 +169,7 @@ class Spool:
         self.failed_appends = 0
         """Appends that raised (a full disk): those messages were not stored."""
         self._uncut: tuple[Path, int] | None = None  # a failed append not yet cut off
+        self._cursor_stale = False  # the cursor file is behind (its write failed)
         paths = []
         for path in sorted(folder.glob(f"*{SUFFIX}")):
             if not _SEGMENT_NAME.fullmatch(path.name):
@@ -255,6 +256,8 @@ class Spool:
         number = self.next_number
         self.next_number += 1
         self._enforce_bound()
+        if self._cursor_stale:
+            self._save_cursor()
         return number
 
     def _undo(self, path: Path, count: int, size: int) -> None:
@@ -287,10 +290,7 @@ class Spool:
                             "messages (%d dropped in total)", self.bytes_used + size,
                             self.max_bytes, unsent, self.dropped_messages)
             self.cursor = max(self.cursor, first + count)
-            try:
-                self._write_cursor()    # a stale cursor file is corrected at start-up
-            except OSError as exc:
-                log.warning("spool: cannot write the cursor (%s)", exc)
+            self._save_cursor()         # a stale cursor file is corrected at start-up
 
     # -- reading -------------------------------------------------------------------
 
@@ -310,15 +310,34 @@ class Spool:
         return out
 
     def ack(self, through: int) -> None:
-        """Messages up to and including number ``through`` were delivered."""
+        """Messages up to and including number ``through`` were delivered.
+
+        The segments now wholly delivered are deleted first, then the cursor is
+        written: on a full disk the deletions make the room the cursor needs (written
+        first, it failed, nothing was deleted, and the disk stayed full for good). A
+        cursor that still cannot be written is said once and written at the next ack
+        or append; a restart meanwhile re-sends what the stale cursor file does not
+        count (the processor drops repeats)."""
         if through + 1 <= self.cursor:
             return
         self.cursor = through + 1
-        self._write_cursor()
         while self._segments and self._segments[0][0] + self._segments[0][1] <= self.cursor \
                 and len(self._segments) > 1:
             first = self._segments.pop(0)[0]
             self._path(first).unlink(missing_ok=True)
+        self._save_cursor()
+
+    def _save_cursor(self) -> None:
+        """Write the cursor; a failure is logged once (until a write works again)."""
+        try:
+            self._write_cursor()
+        except OSError as exc:
+            if not self._cursor_stale:
+                log.warning("spool: cannot write the cursor (%s): tried again at the next "
+                            "send; a restart before then sends some messages again", exc)
+            self._cursor_stale = True
+        else:
+            self._cursor_stale = False
 
     # -- state ---------------------------------------------------------------------
 
