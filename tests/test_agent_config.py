@@ -149,6 +149,9 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
      "kafka: expected a mapping, got '{batch: 5}' (a section's keys are set one by one, e.g. "
      "GPULEDGER_AGENT__KAFKA__BOOTSTRAP=...)"),
     ("", {"GPULEDGER_AGENT__SPOOOL__PATH": "/x"}, "spoool: unknown key"),
+    # a variable that set a key inside a value was not named
+    ("", {"GPULEDGER_AGENT__NODE__X": "1"},
+     "node: expected text, got {'x': '1'} (set by GPULEDGER_AGENT__NODE__X)"),
     ("kafka: 3\n", {}, "kafka: expected a mapping"),
     ("- a\n- b\n", {}, "expected a mapping at the top level"),
 ])

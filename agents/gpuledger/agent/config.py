@@ -322,7 +322,10 @@ def _naming_variable(message: str, origins: dict[str, str]) -> str:
     """``message`` with the variable that set its key, when one did."""
     key = message.partition(":")[0]
     hits = [p for p in origins if key == p or key.startswith((p + ".", p + "["))]
-    if not hits:
+    if not hits:  # a variable that set a key inside it (NODE__X made `node` a mapping)
+        inside = sorted(p for p in origins if p.startswith(key + "."))
+        if inside:
+            return f"{message} (set by {', '.join(origins[p] for p in inside)})"
         return message
     return f"{message} (set by {origins[max(hits, key=len)]})"
 
