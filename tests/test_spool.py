@@ -324,3 +324,21 @@ def test_a_full_disk_is_freed_by_the_segments_an_ack_deletes(
     assert (tmp_path / "cursor").read_text() == "37"
     assert _numbers(Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1024)) == \
         list(range(37, 41))
+
+
+@pytest.mark.parametrize(("code", "refused"), [(errno.EROFS, True), (errno.EACCES, True),
+                                               (errno.ENOSPC, False)])
+def test_a_folder_it_cannot_write_in_is_refused_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, refused: bool) -> None:
+    """A spool folder on a read-only file system started, warned at every cycle and
+    stored nothing; a full disk still starts (the spool waits for room)."""
+    def failing(self: Spool) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(Spool, "_write_cursor", failing)
+    if refused:
+        with pytest.raises(spool_module.SpoolError,
+                           match=rf"^{tmp_path}: cannot write in it \({os.strerror(code)}\)$"):
+            Spool(tmp_path)
+    else:
+        assert Spool(tmp_path).backlog == 0

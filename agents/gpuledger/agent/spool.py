@@ -47,6 +47,7 @@ and is cut off like one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -194,6 +195,22 @@ class Spool:
             self.cursor = self._segments[0][0]
         if self.cursor > self.next_number:      # never reuse a number already sent
             self.next_number = self.cursor
+        self._check_writable()
+
+    def _check_writable(self) -> None:
+        """A folder the spool cannot write in (a read-only file system, no permission)
+        is a start-up error: the agent ran, warned at every cycle and stored nothing
+        (and its /healthz said no collection had completed). A full disk is not: the
+        spool waits for room."""
+        try:
+            self._write_cursor()
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise SpoolError(f"{self.folder}: cannot write in it "
+                                 f"({exc.strerror or exc})") from None
+            self._cursor_stale = True
+            log.warning("spool: cannot write the cursor (%s): tried again at the next "
+                        "send", exc)
 
     def _cut_at_start(self, path: Path, data: bytes, length: int, problem: str,
                       first: int, kept: int, following: int | None) -> None:
