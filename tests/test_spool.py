@@ -332,10 +332,10 @@ def test_a_folder_it_cannot_write_in_is_refused_at_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, refused: bool) -> None:
     """A spool folder on a read-only file system started, warned at every cycle and
     stored nothing; a full disk still starts (the spool waits for room)."""
-    def failing(self: Spool) -> None:
+    def failing(self: Path, data: bytes) -> int:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(Spool, "_write_cursor", failing)
+    monkeypatch.setattr(Path, "write_bytes", failing)
     if refused:
         with pytest.raises(spool_module.SpoolError,
                            match=rf"^{tmp_path}: cannot write in it \({os.strerror(code)}\)$"):

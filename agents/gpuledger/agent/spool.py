@@ -202,15 +202,16 @@ class Spool:
         is a start-up error: the agent ran, warned at every cycle and stored nothing
         (and its /healthz said no collection had completed). A full disk is not: the
         spool waits for room."""
+        probe = self.folder / ".cursor.tmp"   # written and removed: nothing left behind
         try:
-            self._write_cursor()
+            probe.write_bytes(b"")
+            probe.unlink()
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise SpoolError(f"{self.folder}: cannot write in it "
                                  f"({exc.strerror or exc})") from None
-            self._cursor_stale = True
-            log.warning("spool: cannot write the cursor (%s): tried again at the next "
-                        "send", exc)
+            log.warning("spool: cannot write in %s (%s): the spool waits for room",
+                        self.folder, exc)
 
     def _cut_at_start(self, path: Path, data: bytes, length: int, problem: str,
                       first: int, kept: int, following: int | None) -> None:
