@@ -270,6 +270,51 @@ def test_topics_created_again_are_refused_not_skipped(
 
 
 
+def test_partitions_added_to_a_live_topic_are_refused_not_counted_twice(
+    kafka: Broker, tmp_path: Path,
+) -> None:
+    """``kafka-topics --alter --partitions 6`` on a live 4-partition telemetry topic:
+    nodes moved to other partitions, and a restarted service wrote their minutes twice
+    (1,350 GPU-minutes doubled, exit 0, in a probe). The group records the count at its
+    first start; another count stops the service in one line. `topics create` says an
+    existing topic's other count, and a request Kafka refuses is not "cannot reach"."""
+    import sys
+
+    from kafka.admin import KafkaAdminClient, NewPartitions
+
+    settings = _settings(kafka)
+    _publish(settings, sim=SimConfig(hours=0.2, seed=3, cluster=parse_cluster(SMALL)))
+    root = tmp_path / "wh"
+    cmd = _process_cmd(kafka, settings, root, "grow", "--exit-when-idle", "2", "--no-alerts")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (root / "state" / "grow" / "telemetry.partitions").read_text() == "4\n"
+    t = settings.topics
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        admin.create_partitions({t.telemetry: NewPartitions(6)})
+    finally:
+        admin.close()
+    prefix = t.telemetry.split("gpu.telemetry.v1")[0]
+    topics = [sys.executable, "-m", "gpuledger.cli.main", "topics", "create", "--kafka",
+              kafka.bootstrap, "--topic-prefix", prefix, "--telemetry-partitions", "4"]
+    said = subprocess.run(topics, capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert f"{t.telemetry}: exists, with 6 partitions (not 4: " in said.stdout, said.stdout
+    assert f"{t.jobs}: exists\n" in said.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2, again.stderr[-3000:]
+    last = again.stderr.strip().splitlines()[-1]
+    assert f"topic {t.telemetry} has 6 partition(s); this group's checkpoints were " \
+           "written for 4" in last, last
+    refused = subprocess.run([*topics[:-2], "--replication", "3", "--topic-prefix",
+                              f"r{prefix}"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "gpuledger: error: Kafka refused the request (InvalidReplicationFactorError"), \
+        refused.stderr[-2000:]
+
+
 def test_a_group_shared_by_two_warehouses_is_refused(
     kafka: Broker, reference: Path, tmp_path: Path,  # noqa: F811
 ) -> None:

@@ -75,7 +75,7 @@ from gpuledger.pipeline.kafka.wire import (
 from gpuledger.pipeline.memory import rss_bytes, tune_allocator
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor, conform_parts
-from gpuledger.pipeline.store import open_store
+from gpuledger.pipeline.store import StoreConflict, open_store
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.warehouse import Warehouse
 
@@ -190,9 +190,28 @@ def unreachable(bootstrap: str, exc: BaseException,
     ``held`` back meanwhile (``client.held_back_client_lines``)."""
     if not _transient(exc):
         return None
+    refused = _refusal(exc)
+    if refused:
+        return ServiceStartError(f"{refused} ({error_text(exc, 200)})")
     reason = first_reason(held or [])
     return ServiceStartError(f"cannot reach Kafka at {bootstrap} ({error_text(exc, 200)}"
                              f"{'; ' + reason if reason else ''})")
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """What an error that is no connection problem says: a value the client refused
+    (a timeout of 1 ms), or a request the broker answered with a refusal (a replication
+    factor above the brokers it has, a partition count its policy forbids). They read
+    "cannot reach Kafka", with the broker reachable."""
+    from kafka.errors import AuthorizationError, BrokerResponseError, KafkaConfigurationError
+
+    if isinstance(exc, KafkaConfigurationError):
+        return "a Kafka client setting is refused"
+    if (isinstance(exc, BrokerResponseError) and not exc.retriable
+            and not isinstance(exc, AuthorizationError)
+            and "Authentication" not in type(exc).__name__):
+        return "Kafka refused the request"
+    return None
 
 
 @contextlib.contextmanager
@@ -224,6 +243,9 @@ def _rejoin_error(exc: BaseException) -> bool:
                             "CommitFailed", "UnknownMemberId"))
 
 
+PARTITIONS_FILE = "telemetry.partitions"
+"""In the group's checkpoint folder: the telemetry topic's partition count at the group's
+first start."""
 GLOBALS_IDLE_S = 24 * 3600.0
 """Another instance's global checkpoint not written for this long is of an instance gone
 (a live one writes it every ``checkpoint_interval_s``): deleted at start."""
@@ -490,6 +512,32 @@ class KafkaProcessorService:
                 f"topic {topic} has {n} partition(s), and there are {what}: the topic was "
                 "created again with fewer partitions. Process it into a new warehouse (and "
                 "group), or recreate the topic with the partitions it had")
+        self._check_partitions_added(topic, n)
+
+    def _check_partitions_added(self, topic: str, n: int) -> None:
+        """The telemetry topic has the partitions the group's checkpoints were written
+        for, as recorded in :data:`PARTITIONS_FILE` at the group's first start: partitions
+        added to a live topic move nodes to other partitions, whose facts of the same
+        minutes were then written twice (1,350 GPU-minutes doubled and 60 % of the
+        allocated GPU-hours lost in a probe, exit 0)."""
+        store = self.store.store
+        recorded = store.read(PARTITIONS_FILE)
+        if recorded is None:
+            with contextlib.suppress(StoreConflict):   # another instance, at once
+                store.create(PARTITIONS_FILE, f"{n}\n".encode())
+            return
+        text = recorded.decode("utf-8", "replace").strip()
+        if not text.isdigit():
+            raise ServiceStartError(f"{store.url_of(PARTITIONS_FILE)}: not a partition "
+                                    f"count ({text[:40]!r}); delete it if the topic has "
+                                    "the partitions the checkpoints were written for")
+        if int(text) != n:
+            raise ServiceStartError(
+                f"topic {topic} has {n} partition(s); this group's checkpoints were "
+                f"written for {int(text)} ({store.url_of(PARTITIONS_FILE)}): partitions "
+                "were added or the topic made again, which moves nodes to other "
+                "partitions, and their minutes would be counted twice. Process the topic "
+                "into a new warehouse and group (docs/kafka.md, Topics created again)")
 
     def _check_offset(self, key: Key, offset: int, where: str) -> None:
         """A checkpoint's ``offset`` of ``key`` lies within what the topic holds: past its

@@ -59,10 +59,18 @@ def create_topics(settings: KafkaSettings, telemetry_partitions: int = 12,
     admin = KafkaAdminClient(**settings.client_config())
     try:
         existing = set(admin.list_topics())
+        specs = topic_specs(settings, telemetry_partitions, replication)
+        there = [s.name for s in specs if s.name in existing]
+        held = {d.get("name") or d.get("topic"): len(d.get("partitions") or [])
+                for d in (admin.describe_topics(there) if there else [])}
         result: dict[str, str] = {}
-        for spec in topic_specs(settings, telemetry_partitions, replication):
+        for spec in specs:
             if spec.name in existing:
-                result[spec.name] = "exists"
+                have = held.get(spec.name, spec.partitions)
+                # "exists" alone hid a topic of another size than asked
+                result[spec.name] = "exists" if have == spec.partitions else (
+                    f"exists, with {have} partitions (not {spec.partitions}: an existing "
+                    "topic is left as it is; docs/kafka.md, Partitions)")
                 continue
             try:
                 admin.create_topics([NewTopic(spec.name, spec.partitions, replication,
