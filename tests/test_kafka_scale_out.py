@@ -207,6 +207,49 @@ def test_a_batch_exit_waits_for_the_partitions_of_a_killed_member(
     assert_same_facts(root, reference, SPARSE)
 
 
+def test_a_batch_exit_without_a_dead_members_partitions_says_so(
+    kafka: Broker, tmp_path: Path,
+) -> None:
+    """The member that stops answering (SIGSTOP) has a longer session timeout (90 s)
+    than the survivor waits (ten idle periods of 3 s): its partitions are still its own
+    when the survivor exits. The survivor said "all input processed" with status 0 and
+    two of the four partitions never read; now it names them in a warning and exits
+    with status 1."""
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    root = tmp_path / "wh"
+    base = ["--exit-when-idle", "3", "--checkpoint-interval", "1", "--no-alerts"]
+    cmds = [_process_cmd(kafka, settings, root, "gone", *base, "--session-timeout-ms",
+                         "90000", "--heartbeat-interval-ms", "3000"),
+            _process_cmd(kafka, settings, root, "gone", *base)]
+    env = {**os.environ, "GPULEDGER_KAFKA_CLIENT_LOG": "INFO"}
+    logs = [tmp_path / f"instance-{i}.log" for i in (1, 2)]
+    procs = []
+    try:
+        for cmd, log in zip(cmds, logs, strict=True):
+            procs.append(subprocess.Popen(cmd, env=env, stdout=open(log, "wb"),  # noqa: SIM115
+                                          stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            held = [_holding(log) for log in logs]
+            if all(held) and held[0].isdisjoint(held[1]) and len(held[0] | held[1]) == 4:
+                break
+            time.sleep(0.1)
+        assert all(held) and len(held[0] | held[1]) == 4, held
+        procs[0].send_signal(signal.SIGSTOP)       # the one with the 90 s session
+        _publish_as_agents(settings)
+        assert procs[1].wait(timeout=150) == 1, logs[1].read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = logs[1].read_text()
+    gone = sorted(held[0])
+    assert f"exiting with partition(s) {', '.join(map(str, gone))} of " in text, text[-3000:]
+    assert "all input processed" not in text
+
+
 def test_taking_partition_0_reads_the_parts_from_its_sections_place(
     kafka: Broker, tmp_path: Path,
 ) -> None:

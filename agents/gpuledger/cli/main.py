@@ -438,6 +438,8 @@ def cmd_process(args: argparse.Namespace) -> int:
         service.install_signal_handlers()
         try:
             service.run()
+            if service.unfinished:   # said in the log: not "all input processed"
+                return 1
         finally:
             service.close()
             if ops is not None:
@@ -603,7 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "input (for batch runs); an instance that does not hold every partition "
                    "also waits until its assignment has stood for the session timeout and "
                    "two heartbeats (16 s by default), so that a killed member's partitions "
-                   "come back first; default: run until SIGTERM")
+                   "come back first; exit status 1 when partitions of a member that died are "
+                   "still unprocessed then; default: run until SIGTERM")
     p.add_argument("--max-poll-samples", type=positive(int, "--max-poll-samples"),
                    metavar="N", default=os.environ.get("GPULEDGER_KAFKA_MAX_POLL_SAMPLES",
                                                        str(MAX_POLL_SAMPLES)),

@@ -346,6 +346,9 @@ class KafkaProcessorService:
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
         self.rebalance_failure: Exception | None = None
+        self.unfinished: list[int] = []
+        """Telemetry partitions a batch run (``--exit-when-idle``) exited without: no live
+        instance had processed them to their end."""
         """What a rebalance callback failed with (an unreadable checkpoint): kept, not
         raised inside the client (kafka-python would only log it, with a traceback), and
         raised by the loop right after the poll, before any record is handled."""
@@ -713,10 +716,22 @@ class KafkaProcessorService:
                     self._checkpoint()
                     self._flushed = True
                 if self._group_settled() and self._others_done(idle, limit):
+                    behind = self._partitions_behind()
+                    if behind and idle < 10 * limit:
+                        return False  # a dead member's partitions may yet come back here
                     self.engine.flush()
                     self._checkpoint()
-                    log.info("all input processed: exiting (%d telemetry "
-                             "message(s) read here)", self.stats.messages)
+                    if behind:
+                        self.unfinished = behind
+                        log.warning("exiting with partition(s) %s of %s not processed to "
+                                    "their end by any live instance (a member that died "
+                                    "may hold them until its session times out): run "
+                                    "again to process them (%d telemetry message(s) read "
+                                    "here)", ", ".join(map(str, behind)),
+                                    self.settings.topics.telemetry, self.stats.messages)
+                    else:
+                        log.info("all input processed: exiting (%d telemetry "
+                                 "message(s) read here)", self.stats.messages)
                     return True
         if time.monotonic() - self._last_checkpoint >= self.options.checkpoint_interval_s:
             self._checkpoint()
@@ -823,6 +838,18 @@ class KafkaProcessorService:
         return time.monotonic() - self._assigned_at >= settle_s
 
     def _group_at_end(self) -> bool:
+        return not self._partitions_behind(every=True)
+
+    def _partitions_behind(self, every: bool = False) -> list[int]:
+        """The telemetry partitions whose group offset is short of their end: those not
+        held here (all with ``every``) whose holder has not committed their end. An
+        instance that exited on its own partitions' end said "all input processed" while
+        a killed member's partitions had not been read (its longer session timeout held
+        them), with exit status 0."""
+        held = set() if every else self.engine.held
+        rest = [p for p in range(self.partitions) if p not in held]
+        if not rest:
+            return []
         from kafka.admin import KafkaAdminClient
 
         topic = self.settings.topics.telemetry
@@ -832,9 +859,11 @@ class KafkaProcessorService:
             committed = admin.list_group_offsets({group: None}).get(group, {})
         finally:
             admin.close()
-        tps = [self._tp(topic, p) for p in range(self.partitions)]
-        ends = self.globals.end_offsets(tps)
-        return all(tp in committed and committed[tp].offset >= ends[tp] for tp in tps)
+        tps = {p: self._tp(topic, p) for p in rest}
+        ends = self.globals.end_offsets(list(tps.values()))
+        return [p for p, tp in tps.items()   # an empty partition is done unless `every`
+                if (ends[tp] > 0 or every)
+                and (tp not in committed or committed[tp].offset < ends[tp])]
 
     def close(self) -> None:
         self.closing = True  # the final checkpoint is written; revocation needs none
