@@ -24,8 +24,9 @@ SET_ASIDE = "set-aside"
 
 TOO_LARGE = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
 """kafka-python's errors for a record too large for the client's or the broker's limit.
-kafka-python splits a batch the broker refuses as too large and sends again, so a record
-that still fails with one of these fails alone."""
+Every record of a batch the broker refuses fails with the one too large (seen with an
+idempotent producer), so :class:`Sender` sends such a batch again one message at a
+time to find it."""
 
 
 def too_large(exc: BaseException | None) -> bool:
@@ -62,7 +63,8 @@ class Sender:
         return self._producer
 
     def drain(self) -> int:
-        """Send one batch; returns how many messages were delivered and acknowledged."""
+        """Send one batch; returns how many messages left the spool (delivered and
+        acknowledged, or set aside as too large for Kafka)."""
         if self._retired:
             self._close_retired(0)
         alone = self._alone_through is not None
@@ -102,7 +104,7 @@ class Sender:
             cause = (f": {error_text(first.exception)}" if first.is_done and first.failed()
                      else "")
             self._failed(RuntimeError(f"{len(pending) - done} messages not confirmed{cause}"))
-        return sent
+        return done
 
     def _set_aside(self, message: Message, exc: Exception) -> None:
         """A message Kafka refuses for its size can never be sent: retried, it held back
