@@ -51,12 +51,18 @@ class Consumer(Protocol):
         headers (a list of (str, bytes)). Returns as soon as any are there."""
         ...
 
-    def end_offsets(self, partitions: Collection[Any]) -> dict[Any, int]: ...
+    def end_offsets(self, partitions: Collection[Any],
+                    timeout_ms: int | None = None) -> dict[Any, int]:
+        """The end offset of each partition; a ``KafkaTimeoutError`` past ``timeout_ms``
+        (without one, kafka-python waited out the whole broker outage)."""
+        ...
 
     def highwater(self, partition: Any) -> int | None: ...
 
-    def commit(self, offsets: Mapping[Any, Any]) -> None:
-        """Store these offsets (values with an ``offset`` attribute) for the group, now."""
+    def commit(self, offsets: Mapping[Any, Any], timeout_ms: int | None = None) -> None:
+        """Store these offsets (values with an ``offset`` attribute) for the group, now;
+        a ``KafkaTimeoutError`` past ``timeout_ms`` (kafka-python's waited for as long as
+        the broker was away, and the service said nothing of the outage)."""
         ...
 
     def committed(self, partition: Any, metadata: bool = False,

@@ -231,7 +231,8 @@ class ConfluentConsumer:
             return None
         return set(meta.partitions)
 
-    def end_offsets(self, partitions: Collection[Any]) -> dict[Any, int]:
+    def end_offsets(self, partitions: Collection[Any],
+                    timeout_ms: int | None = None) -> dict[Any, int]:
         """One ListOffsets request per broker, on the admin client's own connections:
         the consumer's are busy with long-polling fetches, behind which a watermark
         query per partition waits up to ``fetch.wait.max.ms`` each."""
@@ -241,8 +242,9 @@ class ConfluentConsumer:
             self._admin = AdminClient(self._base)
         wanted = {_TP(p.topic, p.partition): p for p in partitions}
         latest: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        futures = self._admin.list_offsets({tp: latest for tp in wanted},
-                                           request_timeout=TIMEOUT_S)
+        futures = self._admin.list_offsets(
+            {tp: latest for tp in wanted},
+            request_timeout=TIMEOUT_S if timeout_ms is None else timeout_ms / 1000)
         return {wanted[tp]: int(f.result().offset) for tp, f in futures.items()}
 
     def highwater(self, partition: Any) -> int | None:
@@ -250,7 +252,8 @@ class ConfluentConsumer:
                                                    cached=True)
         return int(high) if high >= 0 else None
 
-    def commit(self, offsets: Mapping[Any, Any]) -> None:
+    def commit(self, offsets: Mapping[Any, Any], timeout_ms: int | None = None) -> None:
+        # librdkafka's synchronous commit is bounded by its own socket/request timeouts
         if not offsets:
             return
         self._c.commit(offsets=[_TP(tp.topic, tp.partition, int(getattr(om, "offset", om)),

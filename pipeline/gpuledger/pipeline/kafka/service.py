@@ -1018,8 +1018,11 @@ class KafkaProcessorService:
         if not force and not self._ends_stale and time.monotonic() - self._ends_at <= 1.0:
             return
         tele = [self._tp(self.settings.topics.telemetry, p) for p in sorted(self.engine.held)]
-        ends = {**(self.globals.end_offsets(tele) if tele else {}),
-                **self.globals.end_offsets(self.global_parts)}
+        # bounded by a session: a broker away longer is an outage, said as one (waited
+        # for in silence, the service printed nothing for the whole of it)
+        wait = self.options.session_timeout_ms
+        ends = {**(self.globals.end_offsets(tele, timeout_ms=wait) if tele else {}),
+                **self.globals.end_offsets(self.global_parts, timeout_ms=wait)}
         self._ends = {(tp.topic, tp.partition): off for tp, off in ends.items()}
         self._ends_at = time.monotonic()
         self._ends_stale = False
@@ -1100,8 +1103,8 @@ class KafkaProcessorService:
             commits = {self._tp(topic, p): OffsetAndMetadata(offs[(topic, p)], meta, -1)
                        for p, offs in per_partition.items()
                        if p in owned and (topic, p) in offs}
-            if commits:
-                self.telemetry.commit(commits)
+            if commits:  # bounded: a commit that cannot be made in a session is an outage
+                self.telemetry.commit(commits, timeout_ms=self.options.session_timeout_ms)
         except Exception as exc:  # the group dropped us: rejoin, the sections hold all
             if not _rejoin_error(exc):
                 raise
