@@ -145,6 +145,30 @@ def test_the_demo_writes_only_where_a_demo_wrote_or_nothing_is(
     capsys.readouterr()
 
 
+def test_a_demo_again_replaces_the_earlier_demo_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 0.5 h demo into the warehouse of a 1 h demo replaced only the half hour it
+    simulated: the first run's other half hour and its ended jobs stayed, and the
+    summary the demo printed added them up. Now the second warehouse is the same as a
+    fresh one's."""
+    import yaml
+
+    again, fresh, spec = tmp_path / "again", tmp_path / "fresh", tmp_path / "small.yaml"
+    spec.write_text(yaml.safe_dump(SMALL))
+    base = ["demo", "--cluster", str(spec), "--hours", "0.5"]
+    assert main([*base[:-1], "1", "--warehouse", str(again), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--seed", "99", "--warehouse", str(again)]) == 0
+    said = capsys.readouterr()
+    assert f"replacing the earlier demo's warehouse in {again} (" in said.err
+    assert main([*base, "--seed", "99", "--warehouse", str(fresh), "--quiet"]) == 0
+    assert said.out.split("\n", 1)[1].replace(str(again), "W") == \
+        capsys.readouterr().out.split("\n", 1)[1].replace(str(fresh), "W")
+    replaced, alone = views(again), views(fresh)
+    for name in VIEWS:
+        assert_frame_equal(replaced[name], alone[name])
+
+
 def test_real_facts_are_not_written_into_a_demos_warehouse(
         telemetry: Path, sacct: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

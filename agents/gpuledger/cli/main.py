@@ -158,9 +158,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if (args.metrics_address or args.alert_webhook) and args.kafka:
         raise CliError("--metrics-address and --alert-webhook work with the embedded bus; "
                        "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
-    from gpuledger.pipeline.demo import check_for_demo
+    from gpuledger.pipeline.demo import check_for_demo, clear_demo
 
-    check_for_demo(args.warehouse)
+    if check_for_demo(args.warehouse):
+        cleared = clear_demo(args.warehouse)
+        if cleared and not args.quiet:
+            print(f"replacing the earlier demo's warehouse in {args.warehouse} "
+                  f"({cleared:,} file(s) deleted)", file=sys.stderr)
     ops = _ops(args, config)
     try:
         return _demo_run(args, sim, config, ops)
