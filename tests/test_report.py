@@ -605,6 +605,36 @@ def test_names_that_look_like_markup_are_shown_as_they_are(
     assert "[/]" in out.split() and "q[red]x" in out
 
 
+def test_control_characters_in_names_do_not_reach_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job id and a team with an escape sequence, a newline, a C1 CSI and a line
+    separator in them (Slurm job names and accounts are anyone's choice): the terminal
+    report wrote them raw, so the terminal turned red and the row broke in two. They are
+    escaped now, as `query`'s tables do."""
+    from events import alloc, at, frames, inventory, job, series
+
+    from gpuledger.pipeline.config import ProcessorConfig
+    from gpuledger.pipeline.processor import Processor
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    wh = tmp_path / "wh"
+    evil = "j\x1b[31mRED\x1b[0m\nnext\u2028line\x9b2J"
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", evil, at(0), team="t\x1b]0;title\x07"),
+            job("started", evil, at(0), allocation=alloc("n1", 0)),
+            job("finished", evil, at(30))]
+    recs += series("n1", 0, at(0), 30, sm=0.01)
+    proc = Processor(ProcessorConfig(), Warehouse(wh))
+    proc.process(frames(recs), validated=True)
+    proc.flush()
+    assert main(["report", "--warehouse", str(wh), "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    for raw in ("\x1b", "\x9b", "\x07", "\u2028"):
+        assert raw not in out
+    assert "j\\x1b[31mRED\\x1b[0m\\nnext\\u2028line\\x9b2J" in out
+    assert "t\\x1b]0;title\\x07" in out
+
+
 def test_names_that_open_a_script_comment_still_let_the_charts_draw(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Found by trying hostile names: a team named '<!--<script>' (anyone's choice, from

@@ -60,6 +60,7 @@ from rich.cells import cell_len
 
 from gpuledger.pipeline.store import Store, StoreError
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
+from gpuledger.pipeline.terminal_fit import printable
 from gpuledger.pipeline.warehouse import (
     CATALOG,
     FACTS,
@@ -689,11 +690,6 @@ def iso_duration(value: timedelta) -> str:
     return "P" + days + (f"T{time_part}" if time_part else "")
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {ord("\n"): "\\n", ord("\t"): "\\t",
-                                                    ord("\r"): "\\r", 127: "\\x7f"}
-"""Control characters as escapes in a table cell (a newline in a value broke its row)."""
-
-
 TABLE_FLOAT_MAX = 1e15
 """Floats from here up print in 15 significant digits with an exponent in a table: past
 2**53 a double's own digits run out, and its exact binary value printed whole showed
@@ -710,7 +706,7 @@ def _cell(value: Any) -> str:
         if 0 < size < 0.0005:  # would print as 0.000: a small value is not nothing
             return f"{value:.3g}"
         return f"{value:,.3f}" if size < 1000 else f"{value:,.1f}"
-    return str(_plain(value)).translate(_CONTROL)
+    return printable(str(_plain(value)))
 
 
 def _padded(text: str, width: int, right: bool) -> str:
@@ -725,7 +721,7 @@ def table_text(columns: list[str], rows: list[tuple[Any, ...]],
     """A plain aligned text table."""
     cells = [[_cell(v) for v in r] for chunk in _chunks(rows, deadline, timeout_s)
              for r in chunk]
-    columns = [c.translate(_CONTROL) for c in columns]
+    columns = [printable(c) for c in columns]
     widths = [max([cell_len(c)] + [cell_len(r[i]) for r in cells])
               for i, c in enumerate(columns)]
     lines = ["  ".join(_padded(c, w, False) for c, w in zip(columns, widths, strict=True)),

@@ -20,6 +20,19 @@ from rich.table import Table
 
 _PIECE = re.compile(r"[^\s_-]*[_-]+|[^\s_-]+")
 
+CONTROL_ESCAPES = ({c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)]}
+                   | {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r",
+                      0x2028: "\\u2028", 0x2029: "\\u2029"})
+"""Control characters (C0, DEL, C1) and the Unicode line and paragraph separators as
+escapes: a value from the input (a Slurm job name, a team) written raw to a terminal
+broke its table's row at a newline, and its escape sequences (``ESC[31m``) ran in the
+terminal."""
+
+
+def printable(text: str) -> str:
+    """``text`` with :data:`CONTROL_ESCAPES` escaped, for a terminal."""
+    return text.translate(CONTROL_ESCAPES)
+
 WORDS: Literal["words"] = "words"
 """A column's ``cells_wrap``: its cells that hold no digit (words, such as "nothing
 allocated" among GPU-hours) wrap at their spaces; its figures ("< 0.1",

@@ -24,7 +24,7 @@ from rich.text import Text
 from gpuledger.pipeline.advisor.answers import Answers
 from gpuledger.pipeline.advisor.calibration import key_order, long_form
 from gpuledger.pipeline.advisor.policy import PolicySet
-from gpuledger.pipeline.terminal_fit import fitted, header
+from gpuledger.pipeline.terminal_fit import fitted, header, printable
 
 ORDER = ("queue wait p50 (min)", "queue wait p90 (min)", "queue wait p99 (min)",
          "queue wait p90 by size (min)", "blocked GPU-hours", "allocated GPU-hours",
@@ -103,7 +103,8 @@ def print_whatif(w: WhatIf, console: Console) -> None:
         body: list[list[str]] = []
         for r in rows.iter_rows(named=True):
             mark = "✓" if r["within"] else "✗"
-            cells = [str(r["key"]), _num(r["observed"], digits), _num(r["baseline"], digits),
+            cells = [printable(str(r["key"])), _num(r["observed"], digits),
+                     _num(r["baseline"], digits),
                      "" if r["error"] is None else f"{_num(r['error'], digits, '+')} {mark}"]
             for name in others:
                 v = r[name]
@@ -218,8 +219,8 @@ def report_section(w: WhatIf) -> ReportSection:
 
 def print_section(section: ReportSection, console: Console) -> None:
     """The report section as one rich table (``gpuledger report``'s terminal style)."""
-    body = [["" if v is None else (f"{v:,}" if isinstance(v, float) else str(v)) for v in r]
-            for r in section.rows]
+    body = [["" if v is None else (f"{v:,}" if isinstance(v, float) else printable(str(v)))
+             for v in r] for r in section.rows]
 
     def build(widths: list[int] | None) -> Table:
         table = Table(title=Text(section.title), caption=Text(section.question),

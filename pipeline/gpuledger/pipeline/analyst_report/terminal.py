@@ -16,7 +16,7 @@ from rich.text import Text
 from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, NO_ROWS, Answer, Report
 from gpuledger.pipeline.analyst_report.numbers import cell
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
-from gpuledger.pipeline.terminal_fit import WORDS, fitted
+from gpuledger.pipeline.terminal_fit import WORDS, fitted, printable
 
 
 def _shown(a: Answer) -> list[Column]:
@@ -33,7 +33,7 @@ def _table(a: Answer, top: int, console: Console) -> RenderableType:
         return Group(Text(section.title, style="bold"), Text(f"  {NO_ROWS}", style="dim"))
     shown = _shown(a)
     index = [a.columns.index(c.name) for c in shown]
-    rows = [[cell(r[i], c, dict(zip(a.columns, r, strict=True)))
+    rows = [[printable(cell(r[i], c, dict(zip(a.columns, r, strict=True))))
              for i, c in zip(index, shown, strict=True)] for r in a.rows[:top]]
     titles = [c.title for c in shown]
 
