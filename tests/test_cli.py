@@ -641,6 +641,28 @@ def test_a_location_duckdb_would_read_as_a_pattern_is_refused(
     assert "s3://bucket/w[1]: the location holds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("location", "said"), [
+    ("s3://wh//b", "an empty part in the prefix ('//')"),
+    ("s3://wh/a/../a", "'.' and '..' are not folders in an S3 prefix"),
+    ("s3://wh/./z", "'.' and '..' are not folders in an S3 prefix"),
+    ("s3://WH/c", "bucket names are lower case (S3 has no bucket 'WH'); write s3://wh/c"),
+])
+def test_s3_locations_s3_cannot_hold_are_refused_before_anything(
+        location: str, said: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Found on a real S3 server: '//' gave a traceback from ingest, demo and the
+    imports (ArrowInvalid: empty path component); '.' and '..' were normalised away
+    and the request's signature refused, which read as wrong credentials; an upper-case
+    bucket was lower-cased in silence, into another bucket. Refused at once now, before
+    any request."""
+    (tmp_path / "j.jsonl").write_text("")
+    for command in (["ingest", str(tmp_path / "j.jsonl")], ["query", "SELECT 1"],
+                    ["demo", "--hours", "0.1", "--quiet"]):
+        assert main([*command, "--warehouse", location]) == 2, command
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+
+
 _LOAD_INTERRUPTED = """
 import importlib.abc, sys
 class Interrupt(importlib.abc.MetaPathFinder):
