@@ -241,3 +241,23 @@ def test_ctrl_c_as_the_query_starts_stops_it_before_the_connection_closes(
     done = subprocess.run([sys.executable, "-c", CTRL_C_AT_START, str(warehouse)],
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "closed\ninterrupted\n"), done.stderr[-2000:]
+
+
+def test_a_table_of_too_many_rows_is_refused_in_bounded_memory(
+        warehouse: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table format holds every row to size its columns: 475,200 rows took 3 GB and
+    1.4 M rows died in MemoryError tracebacks. Past TABLE_MAX_ROWS it stops the query and
+    says to use csv or json, which stream (here the limit is lowered to 25,000 rows, and
+    the query is endless: were it not stopped, the test would not end)."""
+    monkeypatch.setattr(query, "TABLE_MAX_ROWS", 25_000)
+    assert main(["query", "--warehouse", str(warehouse), ENDLESS]) == 2
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err == ("gpuledger: error: more than 25,000 rows: too many for a table, "
+                        "which holds every row to size its columns; use --format csv or "
+                        "--format json (written as the rows come), or LIMIT\n")
+    assert main(["query", "--warehouse", str(warehouse),
+                 "SELECT * FROM range(25000)"]) == 0
+    assert capsys.readouterr().out.endswith("(25000 rows)\n")
+    assert not _query_threads()

@@ -99,9 +99,16 @@ TERMINAL_COLUMNS_MIN = 40
 characters)."""
 
 
+TERMINAL_COLUMNS_MAX = 10_000
+"""The widest ``--width``: the report pads its rules to the width (10⁸ ran past 200 s,
+writing gigabytes)."""
+
+
 def terminal_width(name: str) -> Callable[[str], int]:
-    """A terminal width: a whole number of columns, at least :data:`TERMINAL_COLUMNS_MIN`."""
-    return bounded(int, name, at_least=TERMINAL_COLUMNS_MIN, unit="columns")
+    """A terminal width: a whole number of columns, from :data:`TERMINAL_COLUMNS_MIN` to
+    :data:`TERMINAL_COLUMNS_MAX`."""
+    return bounded(int, name, at_least=TERMINAL_COLUMNS_MIN, at_most=TERMINAL_COLUMNS_MAX,
+                   unit="columns")
 
 
 def warehouse_location(text: str | None, config: Path | None = None) -> str | Path:

@@ -471,7 +471,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     try:
         with query.run_stream(args.warehouse, sql, args.timeout, deadline) as result:
             if args.format == "table":   # sized from every row: collected first
-                rows = [r for chunk in result.chunks(output=False) for r in chunk]
+                rows = query.table_rows(result)
                 sys.stdout.write(query.render(result.columns, rows, "table", deadline,
                                               args.timeout))
             else:                        # written a chunk at a time, as the rows come

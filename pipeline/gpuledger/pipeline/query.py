@@ -709,6 +709,26 @@ def _cell(value: Any) -> str:
     return printable(str(_plain(value)))
 
 
+TABLE_MAX_ROWS = 100_000
+"""The most rows the ``table`` format shows. It sizes its columns from every row, so it
+holds them all: 475,200 rows took 3 GB and 41 s, and 1.4 M rows died in MemoryError
+tracebacks, where csv and json stream in bounded memory."""
+
+
+def table_rows(rows: Stream) -> list[tuple[Any, ...]]:
+    """Every row of ``rows`` for a table (:class:`QueryError` past
+    :data:`TABLE_MAX_ROWS`, the query stopped)."""
+    out: list[tuple[Any, ...]] = []
+    for chunk in rows.chunks(output=False):
+        out.extend(chunk)
+        if len(out) > TABLE_MAX_ROWS:
+            rows.close()
+            raise QueryError(f"more than {TABLE_MAX_ROWS:,} rows: too many for a table, "
+                             "which holds every row to size its columns; use --format csv "
+                             "or --format json (written as the rows come), or LIMIT")
+    return out
+
+
 def _padded(text: str, width: int, right: bool) -> str:
     """``text`` padded to ``width`` terminal cells (a CJK character takes two: padded by
     its length in characters, a column of team names in Chinese went out of line)."""
