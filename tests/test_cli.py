@@ -204,6 +204,9 @@ def test_a_cluster_spec_that_cannot_be_used_is_one_line_naming_the_file(
     # no ceiling: 10^8 ran past 200 s, padding the rules to the width
     (["report", "--width", "100000000"], "--width must be at most 10,000, got 100000000"),
     (["whatif", "--width", "20000"], "--width must be at most 10,000, got 20000"),
+    # it said "cannot write s3:/wh1/r.html: No such file or directory"
+    (["report", "--html", "s3://wh1/r.html"],
+     "--html writes a local file, got a URL (s3://wh1/r.html)"),
     (["whatif", "--width", "39"], "--width must be at least 40 columns, got 39"),
 ])
 def test_counts_seeds_and_widths_out_of_range_are_usage_errors(

@@ -269,3 +269,30 @@ def test_a_damaged_hourly_file_stops_compact_in_one_line_naming_it(
     assert out.startswith("compacted ") and "compacting" not in out, out
     assert main(["compact", "--force", "--quiet", "--warehouse", str(good)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_store_gone_while_compact_builds_the_catalog_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by stopping the S3 server 1.3 s into a compact: the days were compacted,
+    then building the catalog failed with a traceback (duckdb.Error from an AWS network
+    error). One line now says what is done and what to do; a run after builds it."""
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    root = _published(tmp_path / "wh")
+    build = Warehouse.publish_catalog
+
+    def gone(self: Warehouse, required: bool = True) -> str:
+        raise OSError("When reading information for key 'catalog.duckdb': AWS Error "
+                      "NETWORK_CONNECTION during GetObject operation")
+
+    monkeypatch.setattr(Warehouse, "publish_catalog", gone)
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpuledger: error: {root}: the days are compacted and published, but "
+                   "the catalog readers use could not be built (When reading information "
+                   "for key 'catalog.duckdb': AWS Error NETWORK_CONNECTION during GetObject "
+                   "operation); run compact again to build it\n"), err
+    monkeypatch.setattr(Warehouse, "publish_catalog", build)
+    assert main(["compact", "--force", "--quiet", "--warehouse", str(root)]) == 0

@@ -27,7 +27,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     _need_pipeline()
     from gpuledger.pipeline.compaction import newest_hour, orphans
     from gpuledger.pipeline.generations import read_manifests
-    from gpuledger.pipeline.store import open_store
+    from gpuledger.pipeline.store import StoreError, open_store
     from gpuledger.pipeline.warehouse import Warehouse
 
     config = _proc_config(args)
@@ -74,7 +74,16 @@ def cmd_compact(args: argparse.Namespace) -> int:
         with _progress("compacting", not args.quiet) as update, warehouse.compaction_round():
             for unit in sorted(manifests):
                 days += warehouse.compact_unit(unit, before, on_day=one_more)
-        warehouse.publish_catalog()
+        try:
+            warehouse.publish_catalog()
+        except Exception as exc:  # the store went away while the views were built
+            if not isinstance(exc, OSError | StoreError) and \
+                    type(exc).__module__.split(".")[0] not in ("duckdb", "_duckdb"):
+                raise
+            text = " ".join(str(exc).split())[:300]
+            raise CliError(f"{store.url}: the days are compacted and published, but the "
+                           f"catalog readers use could not be built ({text}); run compact "
+                           "again to build it") from None
     retired = warehouse.publisher.expire_retired(sorted(manifests))
     removed = 0
     for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s,

@@ -69,6 +69,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _html_file(text: str) -> Path:
+    """``--html``: a local file, or ``-`` (an s3:// URL was written as a local path,
+    'cannot write s3:/bucket/r.html: No such file or directory')."""
+    from gpuledger.pipeline.location import is_url
+
+    if is_url(text):
+        raise argparse.ArgumentTypeError(
+            f"--html writes a local file, got a URL ({text}): write it here and copy it "
+            "to the bucket")
+    return Path(text)
+
+
 def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
              common: Callable[..., None]) -> None:
     p = subparsers.add_parser(
@@ -85,8 +97,8 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "sql/20_analyst.sql (docs/analyst-guide.md).")
     p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
                    help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md; "
-                   "default ./warehouse)")
-    p.add_argument("--html", type=Path, default=None, metavar="FILE",
+                   "default: GPULEDGER_WAREHOUSE__URL, else ./warehouse)")
+    p.add_argument("--html", type=_html_file, default=None, metavar="FILE",
                    help="also write the report as a self-contained HTML file with charts "
                    "(- : the HTML alone, on stdout)")
     p.add_argument("--since", type=iso_time, default=None,
