@@ -693,3 +693,26 @@ def test_ctrl_c_while_the_command_loads_is_one_line() -> None:
     proc = subprocess.run([sys.executable, "-c", _LOAD_INTERRUPTED], capture_output=True,
                           text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (130, "gpuledger: interrupted\n")
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"AWS_ENDPOINT_URL": "127.0.0.1:39123"},
+     "AWS_ENDPOINT_URL: give the scheme, http:// or https://, got '127.0.0.1:39123'"),
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:39123/sub/path"},
+     "AWS_ENDPOINT_URL: a path, query or fragment after the host is not served"),
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:39123", "AWS_REGION": "us\neast-1"},
+     "AWS_REGION: not a region name, got 'us\\neast-1' (such as us-east-1)"),
+])
+def test_s3_settings_that_cannot_be_right_are_said_before_any_request(
+        env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Found on a real S3 server: an endpoint without a scheme was taken for https (an
+    SSL error against a plain-http server), a path after the host was dropped in
+    silence, and a region with a newline read as 'A region must be set'."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["query", "--warehouse", "s3://bucket/wh", "SELECT 1"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err

@@ -60,12 +60,21 @@ def _s3_filesystem(environ: Mapping[str, str]) -> pafs.S3FileSystem:
     }
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
     if region:
+        if not re.fullmatch(r"[a-z0-9-]{1,64}", region):  # (a newline read as no region)
+            raise StoreError(f"AWS_REGION: not a region name, got {region[:40]!r} "
+                             "(such as us-east-1)")
         kw["region"] = region
     if endpoint:
-        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        parts = urlsplit(endpoint)
+        if "://" not in endpoint:   # assumed https, a plain-http server gave an SSL error
+            raise StoreError(f"AWS_ENDPOINT_URL: give the scheme, http:// or https://, "
+                             f"got {display(endpoint)!r}")
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise StoreError("AWS_ENDPOINT_URL: expected http(s)://host[:port], got "
                              f"{display(endpoint)!r}")
+        if parts.path.strip("/") or parts.query or parts.fragment:  # dropped in silence
+            raise StoreError("AWS_ENDPOINT_URL: a path, query or fragment after the host "
+                             f"is not served (http(s)://host[:port]), got {display(endpoint)!r}")
         kw["endpoint_override"] = parts.netloc
         kw["scheme"] = parts.scheme
     addressing = environ.get("GPULEDGER_S3_ADDRESSING", "auto").lower()
