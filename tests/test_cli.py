@@ -716,3 +716,15 @@ def test_s3_settings_that_cannot_be_right_are_said_before_any_request(
     assert main(["query", "--warehouse", "s3://bucket/wh", "SELECT 1"]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+def test_a_long_s3_error_is_cut_at_a_word() -> None:
+    """The S3 SDK's long errors were cut mid-word ('…; Deta')."""
+    from gpuledger.pipeline.store import _cut
+
+    text = ("When getting information for key 'p' in bucket 'b': AWS Error "
+            "NETWORK_CONNECTION during HeadObject operation: curlCode: 6; Details: more")
+    assert _cut(text, 500) == text
+    assert _cut(text, 100) == ("When getting information for key 'p' in bucket 'b': AWS "
+                               "Error NETWORK_CONNECTION during HeadObject…")
+    assert len(_cut("x" * 300, 240)) == 240

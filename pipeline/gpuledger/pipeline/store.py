@@ -373,10 +373,19 @@ def _explain(exc: BaseException) -> str:
                                "Connection refused", "Could not resolve", "Timeout",
                                "timed out")):
         return ("cannot reach the S3 endpoint (AWS_ENDPOINT_URL, network): "
-                f"{_one_line(exc)[:160]}")
+                f"{_cut(_one_line(exc), 160)}")
     if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
         return "the bucket does not exist"
-    return _one_line(exc)[:240]
+    return _cut(_one_line(exc), 240)
+
+
+def _cut(text: str, size: int) -> str:
+    """``text`` in at most ``size`` characters, cut at a word with '…' (it was cut
+    mid-word: '…; Deta')."""
+    if len(text) <= size:
+        return text
+    head = text[:size - 1]
+    return (head.rsplit(" ", 1)[0] if " " in head else head).rstrip(" ,;:") + "…"
 
 
 def open_store(location: str | Path, environ: Mapping[str, str] | None = None,
