@@ -697,7 +697,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit status 130).")
     p.add_argument("sql", help="the query ('-' reads it from standard input)")
     p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
-                   help=WAREHOUSE_HELP)
+                   help=WAREHOUSE_HELP.replace("warehouse.url of the configuration",
+                                               "GPULEDGER_WAREHOUSE__URL"))
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (default table). csv and json are written as the "
                    "rows come, in bounded memory; a table is sized from every row, so it "
