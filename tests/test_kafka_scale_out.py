@@ -177,13 +177,7 @@ def test_a_batch_exit_waits_for_the_partitions_of_a_killed_member(
     procs = [subprocess.Popen(cmd, env=env, stdout=open(log, "wb"),  # noqa: SIM115
                               stderr=subprocess.STDOUT) for log in logs]
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            held = [_holding(log) for log in logs]
-            if all(held) and held[0].isdisjoint(held[1]) and len(held[0] | held[1]) == 4:
-                break
-            time.sleep(0.1)
-        assert all(held) and len(held[0] | held[1]) == 4, held
+        held = _split_between(logs)
         assert all(proc.poll() is None for proc in procs), held
         dead = 0 if 0 in held[0] else 1
         procs[dead].send_signal(signal.SIGKILL)
@@ -229,13 +223,7 @@ def test_a_batch_exit_without_a_dead_members_partitions_says_so(
         for cmd, log in zip(cmds, logs, strict=True):
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(log, "wb"),  # noqa: SIM115
                                           stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            held = [_holding(log) for log in logs]
-            if all(held) and held[0].isdisjoint(held[1]) and len(held[0] | held[1]) == 4:
-                break
-            time.sleep(0.1)
-        assert all(held) and len(held[0] | held[1]) == 4, held
+        held = _split_between(logs)
         procs[0].send_signal(signal.SIGSTOP)       # the one with the 90 s session
         _publish_as_agents(settings)
         assert procs[1].wait(timeout=150) == 1, logs[1].read_text()[-3000:]
@@ -349,6 +337,20 @@ def _publish_as_agents(settings: KafkaSettings) -> None:
                                 for k, f in minute.items()})
             sink.flush()
     sink.close()
+
+
+def _split_between(logs: list[Path], partitions: int = 4) -> list[set[int]]:
+    """Wait (90 s at most) until the instances logging to ``logs`` hold all the
+    partitions between them, none twice; what each holds."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        held = [_holding(log) for log in logs]
+        if all(held) and held[0].isdisjoint(held[1]) \
+                and len(held[0] | held[1]) == partitions:
+            break
+        time.sleep(0.1)
+    assert all(held) and len(held[0] | held[1]) == partitions, held
+    return held
 
 
 def _holding(log: Path) -> set[int]:

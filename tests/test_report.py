@@ -586,6 +586,14 @@ def test_names_that_look_like_markup_are_shown_as_they_are(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A team named '[/]' and a queue 'q[red]x' (from the scheduler, anyone's choice): the
     terminal report shows them as written (it crashed: rich read them as markup)."""
+    out = _one_job_report(tmp_path, capsys, "j", team="[/]", queue="q[red]x")
+    assert "[/]" in out.split() and "q[red]x" in out
+
+
+def _one_job_report(tmp_path: Path, capsys: pytest.CaptureFixture[str], job_id: str,
+                    **names: str) -> str:
+    """The terminal report of a warehouse of one 30-minute job (``names``: its team,
+    queue, ...) on one GPU."""
     from events import alloc, at, frames, inventory, job, series
 
     from gpuledger.pipeline.config import ProcessorConfig
@@ -593,16 +601,15 @@ def test_names_that_look_like_markup_are_shown_as_they_are(
     from gpuledger.pipeline.warehouse import Warehouse
 
     wh = tmp_path / "wh"
-    recs = [inventory("n1", at(0), gpus=2),
-            job("submitted", "j", at(0), team="[/]", queue="q[red]x"),
-            job("started", "j", at(0), allocation=alloc("n1", 0)), job("finished", "j", at(30))]
+    recs = [inventory("n1", at(0), gpus=2), job("submitted", job_id, at(0), **names),
+            job("started", job_id, at(0), allocation=alloc("n1", 0)),
+            job("finished", job_id, at(30))]
     recs += series("n1", 0, at(0), 30, sm=0.01)
     proc = Processor(ProcessorConfig(), Warehouse(wh))
     proc.process(frames(recs), validated=True)
     proc.flush()
     assert main(["report", "--warehouse", str(wh), "--width", "200"]) == 0
-    out = capsys.readouterr().out
-    assert "[/]" in out.split() and "q[red]x" in out
+    return capsys.readouterr().out
 
 
 def test_control_characters_in_names_do_not_reach_the_terminal(
@@ -611,24 +618,8 @@ def test_control_characters_in_names_do_not_reach_the_terminal(
     separator in them (Slurm job names and accounts are anyone's choice): the terminal
     report wrote them raw, so the terminal turned red and the row broke in two. They are
     escaped now, as `query`'s tables do."""
-    from events import alloc, at, frames, inventory, job, series
-
-    from gpuledger.pipeline.config import ProcessorConfig
-    from gpuledger.pipeline.processor import Processor
-    from gpuledger.pipeline.warehouse import Warehouse
-
-    wh = tmp_path / "wh"
     evil = "j\x1b[31mRED\x1b[0m\nnext\u2028line\x9b2J"
-    recs = [inventory("n1", at(0), gpus=2),
-            job("submitted", evil, at(0), team="t\x1b]0;title\x07"),
-            job("started", evil, at(0), allocation=alloc("n1", 0)),
-            job("finished", evil, at(30))]
-    recs += series("n1", 0, at(0), 30, sm=0.01)
-    proc = Processor(ProcessorConfig(), Warehouse(wh))
-    proc.process(frames(recs), validated=True)
-    proc.flush()
-    assert main(["report", "--warehouse", str(wh), "--width", "200"]) == 0
-    out = capsys.readouterr().out
+    out = _one_job_report(tmp_path, capsys, evil, team="t\x1b]0;title\x07")
     for raw in ("\x1b", "\x9b", "\x07", "\u2028"):
         assert raw not in out
     assert "j\\x1b[31mRED\\x1b[0m\\nnext\\u2028line\\x9b2J" in out
