@@ -348,3 +348,33 @@ def test_outage_with_a_restart_loses_nothing(tmp_path: Path, fake_nvml_lib: Path
         assert total > kept
     finally:
         broker.stop()
+
+
+def test_a_second_signal_ends_the_wait_for_kafka(tmp_path: Path,
+                                                 fake_nvml_lib: Path) -> None:  # noqa: F811
+    """With kafka.send_timeout_s 30 and no broker, a stop waits up to 30 s to deliver
+    what is spooled; three SIGINTs still took 32 s. The second signal now ends the wait:
+    the agent exits at once (status 0), saying so, and what was spooled stays there."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]          # nothing listens there once closed
+    config = _config(tmp_path, kafka={"bootstrap": f"127.0.0.1:{port}",
+                                      "send_timeout_s": 30})
+    proc = _start_agent(config, nvml_env(fake_nvml_lib, _scenario(tmp_path)))
+    spool = tmp_path / "spool"
+    deadline = time.monotonic() + 60
+    while not list(spool.glob("*.seg")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - asked
+    assert proc.returncode == 0, err
+    assert took < 10, (took, err[-2000:])
+    assert "again: stopping without waiting for Kafka" in err
+    assert "Traceback" not in err
+    assert any(p.stat().st_size for p in spool.glob("*.seg"))

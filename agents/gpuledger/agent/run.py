@@ -174,6 +174,7 @@ class Agent:
         self._drops_seen = spool.dropped_messages if spool is not None else 0
         self._wake = threading.Event()
         self._stop_deadline: float | None = None
+        self._hurried = False
 
     # -- sequence numbers ----------------------------------------------------------
 
@@ -352,14 +353,25 @@ class Agent:
                     delay = 0
                 stop.wait(delay)
         finally:
-            self._stop_deadline = time.monotonic() + self.config.kafka.send_timeout_s
+            grace = 0.0 if self._hurried else self.config.kafka.send_timeout_s
+            self._stop_deadline = time.monotonic() + grace
             self._wake.set()                # let the sender see the stop at once
             if self.sender is not None:
-                sending.join(self._stop_deadline + STOP_MARGIN_S - time.monotonic())
+                # joined a bit at a time: a second signal (hurry) shortens the wait
+                while sending.is_alive() and \
+                        time.monotonic() < self._stop_deadline + STOP_MARGIN_S:
+                    sending.join(0.2)
                 if sending.is_alive():
                     log.warning("Kafka did not answer within the grace period; %d messages "
                                 "stay in the spool for the next start",
                                 self.spool.backlog if self.spool is not None else 0)
+
+    def hurry(self) -> None:
+        """A second stop signal: the grace period for delivery ends now (what is not
+        delivered stays in the spool; three Ctrl-C still waited the whole 30 s)."""
+        self._hurried = True
+        if self._stop_deadline is not None:
+            self._stop_deadline = time.monotonic() - STOP_MARGIN_S
 
     def _send_loop(self, stop: threading.Event) -> None:
         assert self.sender is not None and self.spool is not None

@@ -124,6 +124,11 @@ def _serve(config: Any) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
+        if stop.is_set():   # a second signal: no more waiting for Kafka
+            logging.getLogger("gpuledger.agent").warning(
+                "signal %d again: stopping without waiting for Kafka; what is spooled is "
+                "sent at the next start", signum)
+            agent.hurry()
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
