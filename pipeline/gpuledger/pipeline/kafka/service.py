@@ -346,12 +346,12 @@ class KafkaProcessorService:
         self.offsets: dict[Key, int] = {}
         """The next offset to read of every input partition (telemetry held, globals)."""
         self.rebalance_failure: Exception | None = None
-        self.unfinished: list[int] = []
-        """Telemetry partitions a batch run (``--exit-when-idle``) exited without: no live
-        instance had processed them to their end."""
         """What a rebalance callback failed with (an unreadable checkpoint): kept, not
         raised inside the client (kafka-python would only log it, with a traceback), and
         raised by the loop right after the poll, before any record is handled."""
+        self.unfinished: list[int] = []
+        """Telemetry partitions a batch run (``--exit-when-idle``) exited without: no live
+        instance had processed them to their end."""
         self._seek_globals()
         gone = self.store.prune_globals(max(GLOBALS_IDLE_S, 10 * o.checkpoint_interval_s),
                                         time.time())
