@@ -160,7 +160,12 @@ def test_topics_are_created_once(kafka: Broker) -> None:
     settings = _settings(kafka)
     first = create_topics(settings, telemetry_partitions=4)
     assert set(first.values()) == {"created"}
-    assert set(create_topics(settings).values()) == {"exists"}
+    assert set(create_topics(settings, telemetry_partitions=4).values()) == {"exists"}
+    # asked for another count, the existing topic is left as it is, and said so
+    again = create_topics(settings)
+    assert again.pop(settings.topics.telemetry).startswith(
+        "exists, with 4 partitions (not 12: an existing topic is left as it is")
+    assert set(again.values()) == {"exists"}
     consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
     try:
         assert consumer.partitions_for_topic(settings.topics.telemetry) == {0, 1, 2, 3}
