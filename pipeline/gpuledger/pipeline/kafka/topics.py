@@ -70,7 +70,7 @@ def create_topics(settings: KafkaSettings, telemetry_partitions: int = 12,
                 # "exists" alone hid a topic of another size than asked
                 result[spec.name] = "exists" if have == spec.partitions else (
                     f"exists, with {have} partitions (not {spec.partitions}: an existing "
-                    "topic is left as it is; docs/kafka.md, Partitions)")
+                    "topic is left as it is; docs/kafka.md, Topics created again)")
                 continue
             try:
                 admin.create_topics([NewTopic(spec.name, spec.partitions, replication,
