@@ -25,6 +25,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from gpuledger.cli.main import _need_pipeline, _proc_config, _progress
 
     _need_pipeline()
+    import duckdb
+
     from gpuledger.pipeline.compaction import newest_hour, orphans
     from gpuledger.pipeline.generations import read_manifests
     from gpuledger.pipeline.store import StoreError, open_store
@@ -76,10 +78,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
                 days += warehouse.compact_unit(unit, before, on_day=one_more)
         try:
             warehouse.publish_catalog()
-        except Exception as exc:  # the store went away while the views were built
-            if not isinstance(exc, OSError | StoreError) and \
-                    type(exc).__module__.split(".")[0] not in ("duckdb", "_duckdb"):
-                raise
+        except (duckdb.Error, OSError, StoreError) as exc:  # the store went away meanwhile
             text = " ".join(str(exc).split())[:300]
             raise CliError(f"{store.url}: the days are compacted and published, but the "
                            f"catalog readers use could not be built ({text}); run compact "

@@ -65,10 +65,10 @@ def check_location(location: str | Path) -> str | Path:
     if parts.query or parts.fragment:
         raise StoreError(f"{display(location)}: no query or fragment expected "
                          "(settings come from the AWS_* variables)")
-    bucket = parts.netloc.rsplit("@", 1)[-1]
-    if bucket != bucket.lower():  # (urlsplit's hostname lower-cased it: another bucket)
+    written = parts.netloc.split(":", 1)[0]  # (no credentials here: refused above)
+    if written != parts.hostname:  # urlsplit's hostname lower-cased it: another bucket
         raise StoreError(f"{location}: bucket names are lower case (S3 has no bucket "
-                         f"{bucket!r}); write s3://{bucket.lower()}{parts.path}")
+                         f"{written!r}); write s3://{parts.hostname}{parts.path}")
     segments = parts.path.rstrip("/").split("/")[1:]
     if "" in segments:
         raise StoreError(f"{display(location)}: an empty part in the prefix ('//'): S3 "
@@ -78,7 +78,7 @@ def check_location(location: str | Path) -> str | Path:
         raise StoreError(f"{display(location)}: '.' and '..' are not folders in an S3 "
                          "prefix (the request's signature was refused, read as wrong "
                          "credentials); write the prefix as it is")
-    url = f"s3://{bucket}{parts.path.rstrip('/')}"
+    url = f"s3://{parts.hostname}{parts.path.rstrip('/')}"
     if _PATTERN.search(url):
         raise StoreError(f"{display(url)}: {_PATTERN_WHY}")
     return url
