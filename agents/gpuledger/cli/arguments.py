@@ -99,6 +99,13 @@ TERMINAL_COLUMNS_MIN = 40
 characters)."""
 
 
+_WAREHOUSE_WHAT = ("warehouse: a folder or s3://bucket/prefix (S3 settings and credentials "
+                   "from the AWS_* variables, docs/warehouse.md); default: ")
+WAREHOUSE_HELP = _WAREHOUSE_WHAT + "warehouse.url of the configuration, else ./warehouse"
+"""``--warehouse`` of a command that takes ``--config``."""
+READ_WAREHOUSE_HELP = _WAREHOUSE_WHAT + "GPULEDGER_WAREHOUSE__URL, else ./warehouse"
+"""``--warehouse`` of a reader without ``--config`` (query, report)."""
+
 TERMINAL_COLUMNS_MAX = 10_000
 """The widest ``--width``: the report pads its rules to the width (10⁸ ran past 200 s,
 writing gigabytes)."""

@@ -23,7 +23,9 @@ from typing import Any
 
 from gpuledger.cli.arguments import (
     INT32_MAX,
+    READ_WAREHOUSE_HELP,
     SIMULATED_HOURS_MAX,
+    WAREHOUSE_HELP,
     add_replace,
     file_name_part,
     non_negative,
@@ -38,9 +40,6 @@ from gpuledger.cli.log_setup import configure as configure_logging
 from gpuledger.http_url import redacted
 
 DEFAULT_WAREHOUSE = Path("warehouse")
-WAREHOUSE_HELP = ("warehouse: a folder or s3://bucket/prefix (S3 settings and credentials from "
-                  "the AWS_* variables, docs/warehouse.md); default: warehouse.url of the "
-                  "configuration, else ./warehouse")
 
 
 _need_pipeline = need_pipeline
@@ -160,8 +159,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
     from gpuledger.pipeline.demo import check_for_demo, clear_demo
 
-    if check_for_demo(args.warehouse):
-        cleared = clear_demo(args.warehouse)
+    earlier = check_for_demo(args.warehouse)
+    if earlier is not None:
+        cleared = clear_demo(earlier)
         if cleared and not args.quiet:
             print(f"replacing the earlier demo's warehouse in {args.warehouse} "
                   f"({cleared:,} file(s) deleted)", file=sys.stderr)
@@ -697,8 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit status 130).")
     p.add_argument("sql", help="the query ('-' reads it from standard input)")
     p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
-                   help=WAREHOUSE_HELP.replace("warehouse.url of the configuration",
-                                               "GPULEDGER_WAREHOUSE__URL"))
+                   help=READ_WAREHOUSE_HELP)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (default table). csv and json are written as the "
                    "rows come, in bounded memory; a table is sized from every row, so it "

@@ -26,9 +26,9 @@ class DemoRefused(CliError):
     """A warehouse the demo must not write its simulated facts into (one line)."""
 
 
-def check_for_demo(location: str | Path) -> bool:
-    """The demo writes simulated jobs and GPUs: into an empty warehouse, or one a demo
-    wrote (True: :func:`clear_demo` it first). A warehouse holding other facts
+def check_for_demo(location: str | Path) -> Store | None:
+    """The demo writes simulated jobs and GPUs: into an empty warehouse (None), or one a
+    demo wrote (its store, for :func:`clear_demo`). A warehouse holding other facts
     (ingested, imported, the Kafka service's) is refused, in one line, before anything
     is written: the simulated facts went in beside them (another day) or replaced them
     (the same day), with exit status 0. Reads only (a location that does not exist yet
@@ -36,13 +36,13 @@ def check_for_demo(location: str | Path) -> bool:
     try:
         store = open_store(location, create=False)
         if store.exists(DEMO_MARK):
-            return True
+            return store
         snapshot = read_snapshot(store)
     except FileNotFoundError:
-        return False
+        return None
     tables = sorted(t for t, files in snapshot.files.items() if files)
     if not tables:
-        return False
+        return None
     raise DemoRefused(
         f"{store.url}: holds facts the demo did not write ({', '.join(tables[:3])}"
         f"{', …' if len(tables) > 3 else ''}): the demo writes a simulated cluster's "
@@ -51,13 +51,12 @@ def check_for_demo(location: str | Path) -> bool:
         f"mark ({DEMO_MARK}): delete that warehouse to run the demo into it again")
 
 
-def clear_demo(location: str | Path) -> int:
-    """Delete what an earlier demo wrote at ``location`` (its mark last, so that a clear
+def clear_demo(store: Store) -> int:
+    """Delete what an earlier demo wrote in ``store`` (its mark last, so that a clear
     cut short is done again by the next demo); the number of files deleted. A second
     demo replaced only the hours it simulated: a 2 h demo, then a 0.5 h one, left the
     first run's second hour and its ended jobs beside the new run, and the summary the
     demo printed added them up."""
-    store = open_store(location, create=False)
     entries = [e.path for e in store.list("") if e.path != DEMO_MARK]
     for path in entries:
         store.delete(path)

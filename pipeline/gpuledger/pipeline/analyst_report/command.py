@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuledger.cli.arguments import (
+    READ_WAREHOUSE_HELP,
     TERMINAL_COLUMNS_MIN,
     iso_time,
     positive,
@@ -96,8 +97,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "pipeline/gpuledger/pipeline/analyst_report/sections.py, over the views of "
         "sql/20_analyst.sql (docs/analyst-guide.md).")
     p.add_argument("--warehouse", default=None, metavar="PATH|s3://BUCKET/PREFIX",
-                   help="warehouse: a folder or s3://bucket/prefix (docs/warehouse.md; "
-                   "default: GPULEDGER_WAREHOUSE__URL, else ./warehouse)")
+                   help=READ_WAREHOUSE_HELP)
     p.add_argument("--html", type=_html_file, default=None, metavar="FILE",
                    help="also write the report as a self-contained HTML file with charts "
                    "(- : the HTML alone, on stdout)")
