@@ -232,6 +232,42 @@ def test_a_partition_without_its_section_is_rebuilt_from_the_topics(
     assert_same_facts(root, tmp_path / "reference", SPARSE)
 
 
+def test_an_old_section_of_partition_0_taken_by_an_instance_far_ahead_loses_nothing(
+    kafka: Broker, tmp_path: Path,
+) -> None:
+    """The owner (partition 0) was killed after a checkpoint 30 minutes into the history;
+    the instance that takes it over had run its own partitions to the end, 2.5 hours
+    on, and pruned its books to the last hour. Partition 0's section is then closed
+    with books that no longer hold the jobs that ended in between: before, its GPUs
+    were free where the jobs held them and the cluster's fragmentation and demand
+    were of an emptier cluster (a probe: `kill -9` of the owner while the other
+    instance caught up). Now the books are read again from the start of the global
+    topics first, and every fact is the embedded run's."""
+    sim = SimConfig(hours=3.0, seed=5, cluster=parse_cluster(SMALL))
+    run_demo(sim, ProcessorConfig(), tmp_path / "reference")
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    batches = list(simulate(sim))
+    root = tmp_path / "wh"
+    cmd = _process_cmd(kafka, settings, root, "old", "--instance-id", "x",
+                       "--exit-when-idle", "2", "--no-alerts")
+    sections = root / "state" / "old"
+    for first, part in ((True, batches[:3]), (False, batches[3:])):
+        sink = KafkaSink(settings)
+        for batch in part:
+            sink.publish_batch(batch)
+        sink.close()
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        if first:   # partition 0's section as the killed owner left it
+            old = (sections / "partition-p000.checkpoint").read_bytes()
+    (sections / "partition-p000.checkpoint").write_bytes(old)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "books hold no history before" in again.stderr, again.stderr[-3000:]
+    assert_same_facts(root, tmp_path / "reference", SPARSE)
+
+
 @pytest.mark.parametrize("partitions", [4, 2])
 def test_topics_created_again_are_refused_not_skipped(
     kafka: Broker, tmp_path: Path, partitions: int,

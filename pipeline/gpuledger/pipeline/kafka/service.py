@@ -420,6 +420,9 @@ class KafkaProcessorService:
             self._check_offset(tele, sec.offsets[tele], self.store.store.url_of(
                 self.store.partition_path(partition)))
         self._read_globals_to(sec.offsets)
+        if self._books_short_of(partition, sec):
+            self._rebuild_books(partition, sec)
+            return
         checkpoint.merge_section(self.engine, sec)
         if tele in sec.offsets:
             self.offsets[tele] = sec.offsets[tele]
@@ -559,19 +562,38 @@ class KafkaProcessorService:
                 f"topic's end ({end:,}): the topic was deleted and created again, or lost "
                 "data, since the checkpoint was written")
 
-    def _rebuild_books(self, partition: int) -> None:
-        """Take ``partition``, which has no checkpoint section (never checkpointed: its
-        holder died first; or its file was moved aside), when the engine's books no
-        longer hold the history before ``engine.pruned_to``: closed from the topic's
-        start with those books, its jobs' GPUs read as unaccounted (−6.7 % allocated
-        GPU-minutes in a probe). The partitions held keep their state (saved as
-        sections and taken back); the books are read again from the start of the global
-        topics; the new partition starts where the engine started."""
+    def _books_short_of(self, partition: int, sec: checkpoint.Section) -> bool:
+        """Whether the engine's books lack history that ``sec`` needs to close from
+        where it stopped: they were pruned past that point, and read past the section's
+        own books (the jobs its nodes ran then, which ended in between, are forgotten
+        here and not in the section's history). Partition 0 closes the cluster-wide
+        facts, which need every node's jobs: its section's history is of its own nodes,
+        so any pruning past its point is short."""
+        pruned = self.engine.pruned_to
+        start = sec.closed or self.engine.started
+        if pruned is None or start is None or start >= pruned:
+            return False
+        if partition == 0 and self.engine.config.cluster_facts:
+            return True
+        skip = (self.settings.topics.telemetry, self.settings.topics.attempt_parts)
+        return any(v > sec.offsets.get(k, 0) for k, v in self.offsets.items()
+                   if k[0] not in skip)
+
+    def _rebuild_books(self, partition: int, sec: checkpoint.Section | None = None) -> None:
+        """Take ``partition`` when the engine's books no longer hold the history it
+        needs (before ``engine.pruned_to``): it has no checkpoint section (never
+        checkpointed: its holder died first; or its file was moved aside), or its
+        section closed before that point (``_books_short_of``). Closed with those books,
+        its jobs' GPUs read as unaccounted or free (−6.7 % allocated GPU-minutes in a
+        probe). The partitions held keep their state (saved as sections and taken
+        back); the books are read again from the start of the global topics; the new
+        partition then starts from its section, or where the engine started."""
         topics = self.settings.topics
-        log.warning("partition %d of %s has no checkpoint section, and this instance's "
-                    "books hold no history before %s: reading the global topics again from "
-                    "their start to rebuild them", partition, topics.telemetry,
-                    self.engine.pruned_to)
+        what = ("has no checkpoint section" if sec is None else
+                f"is taken from a checkpoint closed until {sec.closed or self.engine.started}")
+        log.warning("partition %d of %s %s, and this instance's books hold no history "
+                    "before %s: reading the global topics again from their start to "
+                    "rebuild them", partition, topics.telemetry, what, self.engine.pruned_to)
         held = sorted(self.engine.held - {partition})
         for p in held:
             self.store.save_partition(self.engine, p, self._section_offsets(p))
@@ -584,6 +606,9 @@ class KafkaProcessorService:
         self._ends_stale = True
         for p in held:
             self.add_partition(p)
+        if sec is not None:
+            self.add_partition(partition)   # the books hold everything now
+            return
         self.engine.start_partition(partition, None)
         self.offsets.pop((topics.telemetry, partition), None)
         log.info("partition %d of %s: from the start, with books rebuilt", partition,
