@@ -40,6 +40,7 @@ def _job_rows(rng: random.Random, n: int) -> pl.DataFrame:
         "telemetry_samples": [rng.choice([0, 6, 6, 6]) for _ in range(n)],
         "mem_used_mib": [rng.uniform(0, 80000) for _ in range(n)],
         "job_mem_mib": [rng.uniform(0, 40000) for _ in range(n)],
+        "state": [rng.choice(["allocated_busy"] * 5 + ["unavailable"]) for _ in range(n)],
     })
 
 
@@ -73,10 +74,11 @@ def test_job_usage_is_the_same_however_the_minutes_are_stepped(seed: int) -> Non
         assert job_usage.attempt_usage(acc, config).sort("job_id").equals(attempts)
     # and the facts are what the rows say, within half a unit per row
     bound = rows.height * 0.5 / fixed.UNITS_PER_HOUR
-    seen = rows.filter(pl.col("telemetry_samples") > 0)
+    charged = rows.filter(pl.col("state") != "unavailable")  # the GPU's time, not the job's
+    seen = charged.filter(pl.col("telemetry_samples") > 0)
     used = (seen["share"] * seen["n_minutes"] * seen["activity"]).sum() / 60
     assert attempts["used_gpu_hours"].sum() == pytest.approx(used, rel=0, abs=bound)
-    alloc = (rows["share"] * rows["n_minutes"]).sum() / 60
+    alloc = (charged["share"] * charged["n_minutes"]).sum() / 60
     assert attempts["allocated_gpu_hours"].sum() == pytest.approx(alloc, rel=0, abs=bound)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import polars as pl
 import pytest
 from conftest import Facts
 from events import alloc, at, inventory, job, series
@@ -161,3 +162,46 @@ def test_running_and_pending_jobs_land_in_the_snapshot(process: Callable[..., Fa
     by = {r["job_id"]: r for r in snap.iter_rows(named=True)}
     assert by["r"]["allocated_gpu_hours"] == pytest.approx(10 / 60)
     assert by["w"]["started_at"] is None
+
+
+@pytest.mark.parametrize("outage", ["unhealthy", "xid", "down"])
+def test_minutes_a_held_gpu_was_unavailable_are_not_the_jobs(
+        process: Callable[..., Facts], outage: str) -> None:
+    """j1 holds GPU 0 from 10:05 to 10:35 at 50 %; from 10:20 to 10:40 the GPU is
+    unavailable (listed unhealthy, an XID error in each minute, or its node down with no
+    telemetry). Those minutes are the GPU's `unavailable` time in the roll-ups; the
+    attempt charged them as allocated (0.5 GPU-h against the team's 0.25), and a node
+    down as no telemetry the team's rows did not have (a probe)."""
+    from datetime import timedelta
+
+    from events import telemetry
+    recs: list[dict[str, object]] = [inventory("n1", at(0), gpus=1)]
+    if outage == "unhealthy":
+        recs += [inventory("n1", at(20), gpus=1, unhealthy=[0]),
+                 inventory("n1", at(40), gpus=1)]
+    if outage == "down":
+        recs += [inventory("n1", at(20), gpus=1, health="down"),
+                 inventory("n1", at(40), gpus=1)]
+    recs += [job("submitted", "j1", at(0), gpus=1, team="nlp"),
+             job("started", "j1", at(5), allocation=alloc("n1", 0)),
+             job("finished", "j1", at(35))]
+    for i in range(60 * 6):
+        t = at(0) + timedelta(seconds=10 * i)
+        if outage == "down" and at(20) <= t < at(40):
+            continue
+        xid = 1 if outage == "xid" and at(20) <= t < at(40) else 0
+        recs.append(telemetry("n1", 0, t, sm=0.5 if at(5) <= t < at(35) else 0.0,
+                              jobs=["j1"] if at(5) <= t < at(35) else [], seq=i,
+                              xid_errors=xid))
+    facts = process(recs)
+    att = facts.table("job_attempts").row(0, named=True)
+    assert att["allocated_gpu_hours"] == pytest.approx(15 / 60)     # 10:05-10:20
+    assert att["used_gpu_hours"] == pytest.approx(0.5 * 15 / 60)
+    assert att["no_telemetry_gpu_hours"] == pytest.approx(0.0)
+    assert att["job_gpu_hours"] == pytest.approx(30 / 60)           # held 30 minutes
+    hourly = facts.table("gpu_hourly").filter(pl.col("team") == "nlp")
+    assert hourly["allocated_gpu_hours"].sum() == pytest.approx(att["allocated_gpu_hours"])
+    assert hourly["used_gpu_hours"].sum() == pytest.approx(att["used_gpu_hours"])
+    assert hourly["no_telemetry_gpu_hours"].sum() == pytest.approx(0.0)
+    assert hourly["unavailable_gpu_hours"].sum() == pytest.approx(15 / 60)
+    assert hourly["job_gpu_hours"].sum() == pytest.approx(att["job_gpu_hours"])

@@ -7,6 +7,9 @@ accumulators become one ``job_attempts`` row. The summed accumulators are intege
 (``fixed.py``), so a fact does not depend on how the minutes were stepped:
 
 - ``allocated_gpu_hours`` = Σ share / 60 (a 30 s attempt on 8 whole GPUs: 4 GPU-minutes)
+  over the minutes its GPU was not ``unavailable`` (unhealthy, an XID, its node down):
+  those minutes are the GPU's unavailable time in the roll-ups, not the job's, so a
+  team's jobs add up to the team's row
 - ``job_gpu_hours`` = Σ seconds held / 3600 per GPU, whatever the fraction (pods × GPUs)
 - ``observed_gpu_hours`` = the allocated share of minutes with telemetry;
   ``no_telemetry_gpu_hours`` = allocated − observed (activity unknown: neither idle nor
@@ -61,9 +64,11 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
     ``job_mem_mib``: the job's own processes' memory on a shared GPU, null if unknown)."""
     t = config.thresholds
     act = pl.col("activity")
-    seen = (pl.col("telemetry_samples") > 0) & act.is_not_null()
+    charged = pl.col("state") != "unavailable"
+    sampled = (pl.col("telemetry_samples") > 0) & act.is_not_null()
+    seen = sampled & charged
     weight = pl.col("share") * pl.col("n_minutes")
-    units = fixed.units(weight)
+    units = fixed.units(pl.when(charged).then(weight).otherwise(0.0))
     frac = pl.col("fraction")
     mem = pl.when(frac >= 1.0).then(pl.col("mem_used_mib")).otherwise(pl.col("job_mem_mib"))
     return engines.kept_frame(job_rows.group_by(ACC_KEYS).agg(
@@ -78,7 +83,7 @@ def minute_usage(job_rows: pl.LazyFrame, config: ProcessorConfig) -> pl.DataFram
         units.filter(seen & ~below(act, t.idle_activity) & below(act, t.efficient_activity))
         .sum().alias("inefficient_min"),
         units.filter(seen).sum().alias("observed_min"),
-        mem.filter(seen).max().alias("mem_peak_mib"),
+        mem.filter(sampled).max().alias("mem_peak_mib"),
     ).select(ACC_SCHEMA.names()).cast(dict(ACC_SCHEMA)))  # type: ignore[arg-type]
 
 
