@@ -120,3 +120,39 @@ def test_frag_node_uses_each_nodes_own_size(process: Callable[..., Facts]) -> No
     assert row["frag_node"] == pytest.approx(1 - 13 / 20)
     assert row["frag_8"] == pytest.approx(1 - 8 / 20)
     assert row["frag_4"] == pytest.approx(1 - (4 + 8 + 4) / 20)   # b, d, e: 4 + 8 + 4
+
+
+@pytest.mark.parametrize("outage", ["down", "drained"])
+def test_a_pool_with_no_healthy_node_keeps_its_minutes(
+        process: Callable[..., Facts], outage: str) -> None:
+    """The pool's one node is down (or drained) from 10:20 to 10:40 while a 2-GPU job
+    waits. Those minutes kept no `frag_minute` row: the pool's fragmentation had a hole,
+    and the pending job was not counted there (25 pending job-minutes against
+    `pending_minute`'s 45, a probe). Now each minute has its row, with no free GPU."""
+    off = {"health": "down"} if outage == "down" else {"schedulable": False}
+    recs: list[dict[str, object]] = [
+        inventory("n0", at(0), gpus=1), inventory("n0", at(20), gpus=1, **off),
+        inventory("n0", at(40), gpus=1),
+        job("submitted", "hold", at(0), gpus=1),
+        job("started", "hold", at(0), allocation=alloc("n0", 0)),
+        job("submitted", "wait", at(0), gpus=2),
+        job("checkpointed", "hold", at(45))]
+    facts = process(recs)
+    frag = facts.table("frag_minute").sort("minute")
+    assert frag.height == 45
+    gone = frag.filter((pl.col("minute") >= at(20)) & (pl.col("minute") < at(40)))
+    assert gone.height == 20
+    assert gone["free_gpus"].to_list() == [0] * 20
+    assert gone["healthy_nodes"].to_list() == [0] * 20
+    assert gone["pending_jobs"].to_list() == [1] * 20
+    assert frag["pending_jobs"].sum() == facts.table("pending_minute")["pending_jobs"].sum()
+
+
+def test_only_jobs_of_no_gpu_pending_weigh_nothing(process: Callable[..., Facts]) -> None:
+    """Only a 0-GPU job pending: the demand-weighted rate was 0 / 0 (NaN, written so);
+    now such jobs weigh nothing, and the rate falls back to the sizes started."""
+    recs = [*_layout([]), job("submitted", "cpu-only", at(0), gpus=0)]
+    row = process(recs).table("frag_minute").row(0, named=True)
+    assert row["pending_jobs"] == 1
+    assert row["demand_source"] == "started_1d"
+    assert row["frag_demand"] == pytest.approx((5 + 7 + 4 * 0.5 + 8) / 24)

@@ -126,10 +126,19 @@ def node_segments(node_runs: pl.DataFrame, busy: pl.LazyFrame) -> pl.LazyFrame:
 
 def histogram(segments: pl.LazyFrame) -> pl.DataFrame:
     """Per minute, pool, card type and node size: how many schedulable, healthy nodes
-    have each number of free GPUs (``nodes``)."""
-    ok = segments.filter(pl.col("node_ok"))
-    return engines.step_frame(sweep_minutes(ok, BIN, "u", "v").select(
-        to_time(pl.col("minute")).alias("minute"), *BIN, pl.col("n").alias("nodes")))
+    have each number of free GPUs (``nodes``). A pool and card type whose nodes are all
+    down or drained in a minute keeps a row there, with no free GPU and no node: its
+    minute of fragmentation says so, and its pending jobs are counted in it (they were
+    left out with the row)."""
+    ok = sweep_minutes(segments.filter(pl.col("node_ok")), BIN, "u", "v").select(
+        "minute", *BIN, pl.col("n").alias("nodes"))
+    out = segments.filter(~pl.col("node_ok")).with_columns(pl.lit(0, pl.Int64).alias("free"))
+    none_ok = sweep_minutes(out, BIN, "u", "v").select(
+        "minute", *BIN, pl.lit(0, pl.Int64).alias("nodes")).unique().join(
+        ok, on=["minute", "pool", "card_type"], how="anti", nulls_equal=True)
+    return engines.step_frame(pl.concat([ok, none_ok.select(ok.collect_schema().names())],
+                                        how="vertical_relaxed").select(
+        to_time(pl.col("minute")).alias("minute"), *BIN, "nodes"))
 
 
 def cluster_facts(node_runs: pl.DataFrame, allocations: pl.DataFrame,

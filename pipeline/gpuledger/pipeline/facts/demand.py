@@ -63,7 +63,9 @@ def blocked_jobs(pending: pl.DataFrame, hist: pl.DataFrame) -> pl.DataFrame:
 
 
 def _frag_for_sizes(hist: pl.DataFrame, weights: pl.DataFrame, source: str) -> pl.DataFrame:
-    """frag(g) per minute, pool, card type and size g, weighted by g × jobs."""
+    """frag(g) per minute, pool, card type and size g, weighted by g × jobs (jobs of no
+    GPU weigh nothing: with only those, the weighted mean was 0 / 0, NaN)."""
+    weights = weights.filter(pl.col("gpus") > 0)
     sizes = weights.select([*_KEYS, "gpus"]).unique()
     k = pl.min_horizontal(pl.col("gpus"), pl.col("node_gpus"))
     per = hist.join(sizes, on=_KEYS, how="inner").group_by([*_KEYS, "gpus"]).agg(
