@@ -254,12 +254,79 @@ def test_matches_the_warehouse(tmp_path: Path) -> None:
     gm = read_table(tmp_path / "wh", "gpu_minute")
     last = gm.filter(pl.col("minute") == pl.col("minute").max())
     assert one(s, "gpuledger_facts_minute_timestamp_seconds") == last["minute"][0].timestamp()
-    want = dict(last.group_by("state").len().iter_rows())
+    parts = by_share(last)
+    want = dict(parts.group_by("state").agg(pl.col("gpus").sum()).filter(
+        pl.col("gpus") > 0).iter_rows())
     got: dict[str, float] = {}
     for key, v in pick(s, "gpuledger_gpus").items():
         state = dict(key)["state"]
         got[state] = got.get(state, 0) + v
-    assert got == {k: float(v) for k, v in want.items()}
+    assert got == pytest.approx(want)
+    assert sum(got.values()) == pytest.approx(last.height)      # every GPU once
+    allocated = sum(pick(s, "gpuledger_allocated_gpus").values())
+    assert allocated == pytest.approx(parts.filter(pl.col("held"))["gpus"].sum())
+
+
+def by_share(last: pl.DataFrame) -> pl.DataFrame:
+    """A minute's ``gpu_minute`` rows split as the roll-ups split a GPU-minute: the held
+    part (``alloc_fraction``, at most 1) in the row's state, ``used`` = part × activity,
+    the rest free (or unavailable). Columns: pool, state, held, gpus, used."""
+    part = pl.min_horizontal(pl.col("alloc_fraction"), pl.lit(1.0))
+    rest = pl.when(~pl.col("allocated")).then(pl.col("state")).when(
+        (pl.col("state") == "unavailable") | ~pl.col("schedulable")).then(
+        pl.lit("unavailable")).otherwise(pl.lit("free"))
+    return pl.concat([
+        last.filter(pl.col("allocated")).select(
+            "pool", "state", pl.lit(True).alias("held"), part.alias("gpus"),
+            (part * pl.col("activity").fill_null(0.0)).alias("used")),
+        last.select("pool", rest.alias("state"), pl.lit(False).alias("held"),
+                    (1.0 - part).alias("gpus"), pl.lit(0.0).alias("used"))])
+
+
+def test_a_shared_gpu_counts_by_share_and_each_team_its_part(tmp_path: Path) -> None:
+    """One GPU held 0.5 by team a's job and 0.25 by team b's, one held 0.5 by a's other
+    job, at 40 %: the fleet gauges counted each held GPU as one whole allocated GPU of
+    one team (2 where the jobs held 1.25, a probe), and used GPUs unweighted."""
+    proc, exporter = _processor(tmp_path)
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=2, pool="infer")]
+    for job_id, team, gpu, fraction in (("a1", "a", 0, 0.5), ("b1", "b", 0, 0.25),
+                                        ("a2", "a", 1, 0.5)):
+        recs += [job("submitted", job_id, at(0), gpus=1, team=team, queue="q"),
+                 job("started", job_id, at(0), allocation=alloc("n1", gpu,
+                                                                  fraction=fraction))]
+    recs += series("n1", 0, at(0), 15, sm=0.4, mem=1_000.0, jobs=["a1", "b1"])
+    recs += series("n1", 1, at(0), 15, sm=0.4, mem=1_000.0, jobs=["a2"])
+    proc.process(frames(recs))
+    s = samples(exporter)
+    assert one(s, "gpuledger_allocated_gpus", team="a") == pytest.approx(0.5 * 0.75 / 0.75
+                                                                          + 0.5)
+    assert one(s, "gpuledger_allocated_gpus", team="b") == pytest.approx(0.25)
+    assert one(s, "gpuledger_used_gpus", team="a") == pytest.approx(1.0 * 0.4)
+    assert one(s, "gpuledger_used_gpus", team="b") == pytest.approx(0.25 * 0.4)
+    assert one(s, "gpuledger_gpus", state="free") == pytest.approx(0.25 + 0.5)
+    assert sum(pick(s, "gpuledger_gpus").values()) == pytest.approx(2.0)
+    assert sum(pick(s, "gpuledger_job_allocated_gpus").values()) == pytest.approx(1.25)
+
+
+def test_label_values_empty_or_with_control_characters(tmp_path: Path) -> None:
+    """A team given as "" was exported as team="", the boards' mark of a GPU no job
+    holds; control characters went raw into the exposition (and alert texts)."""
+    proc, exporter = _processor(tmp_path)
+    recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=2)]
+    for job_id, team, gpu in (("e", "", 0), ("c", "ops\x1b[31m\u2028x", 1)):
+        recs += [job("submitted", job_id, at(0), gpus=1, team=team, queue=""),
+                 job("started", job_id, at(0), allocation=alloc("n1", gpu))]
+    recs += series("n1", 0, at(0), 15, sm=0.4, jobs=["e"])
+    recs += series("n1", 1, at(0), 15, sm=0.4, jobs=["c"])
+    proc.process(frames(recs))
+    text = exporter.render().decode()
+    assert "\x1b" not in text and "\u2028" not in text
+    s = samples(exporter)
+    teams = {dict(k)["team"] for k in pick(s, "gpuledger_allocated_gpus")}
+    assert teams == {"unknown", "ops\ufffd[31m\ufffdx"}
+    assert {dict(k)["queue"] for k in pick(s, "gpuledger_allocated_gpus")} == {"unknown"}
+    info = {dict(k)["job_id"]: dict(k)["team"] for k in pick(s, "gpuledger_job_info")}
+    assert info == {"e": "unknown", "c": "ops\ufffd[31m\ufffdx"}
 
 
 def test_the_exposition_passes_promtool_check_metrics(tmp_path: Path) -> None:

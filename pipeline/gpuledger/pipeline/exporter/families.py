@@ -17,13 +17,27 @@ REQUESTED_CARD = "requested_card_type"
 def label_exprs(labels: Sequence[str], empty: Sequence[str] = (),
                 any_card: bool = False) -> list[pl.Expr]:
     """Label columns as strings; nulls become ``unknown`` (or ``""`` for ``empty``, and
-    ``any`` for ``requested_card_type`` when ``any_card``)."""
+    ``any`` for ``requested_card_type`` when ``any_card``), and so does an empty value
+    where empty means something else (``team=""`` is a GPU no job holds, not a job
+    whose team was given as ""). Control characters (C0, DEL, C1, the line and
+    paragraph separators) become U+FFFD: they went raw into the exposition, and from
+    there into alert notifications."""
     def fill(c: str) -> str:
         if c in empty:
             return ""
         return ANY_CARD if any_card and c == REQUESTED_CARD else UNKNOWN
 
-    return [pl.col(c).cast(pl.String).fill_null(fill(c)) for c in labels]
+    def label(c: str) -> pl.Expr:
+        text = pl.col(c).cast(pl.String).str.replace_all(CONTROL, "\ufffd")
+        if c not in empty:
+            text = text.replace("", None)
+        return text.fill_null(fill(c)).alias(c)
+
+    return [label(c) for c in labels]
+
+
+CONTROL = "[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
+"""The characters no label value keeps (a regular expression)."""
 
 
 def gauge(name: str, doc: str, frame: pl.DataFrame, labels: Sequence[str],
