@@ -318,3 +318,42 @@ def test_default_folder_when_installed_is_the_current_directorys(
     assert main(["dashboards", "push", "--url", grafana.url]) == 0
     posts = [c for c in grafana.calls if c[1] == "/api/dashboards/db"]
     assert len(posts) == len(UIDS)
+
+
+def test_a_grafana_that_trickles_its_answer_is_given_up(boards: Path) -> None:
+    """A server that sends its answer a byte a second never trips a read timeout: the
+    push waited forever (a probe killed it after 60 s). The whole push has a deadline."""
+    import socket
+    import time
+
+    from gpuledger.pipeline.dashboards.push import PushError, push_boards
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\n\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b" ")
+            except OSError:
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    board = json.loads(next(boards.glob("*.json")).read_text())
+    began = time.monotonic()
+    try:
+        with pytest.raises(PushError, match=r"no whole answer within 1\.5 s \(0\.5 s for each "
+                                            r"of its 3 requests\)"):
+            push_boards(url, "t0ken", {board["uid"]: board}, timeout_s=0.5)
+    finally:
+        stop.set()
+        listener.close()
+    assert time.monotonic() - began < 5

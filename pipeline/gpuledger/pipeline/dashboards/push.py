@@ -11,6 +11,7 @@ request's headers, and with them the token).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,13 +76,41 @@ class _LastResponse:
 def push_boards(url: str, token: str, boards: Mapping[str, Json],
                 folder_uid: str = FOLDER_UID, folder_title: str = FOLDER_TITLE,
                 timeout_s: float = 10.0) -> list[Pushed]:
-    """Create the folder when missing, then create or overwrite every board in it."""
+    """Create the folder when missing, then create or overwrite every board in it.
+
+    ``timeout_s`` bounds each read; the whole push has ``timeout_s`` per request it
+    makes (one per board and two for the folder): a server that trickles its answers a
+    byte at a time never trips a read timeout, and held the push forever (a probe)."""
     problem = http_url_problem(url)
     if problem:
         raise PushError(f"Grafana URL {redacted(url)!r}: {problem}")
     problem = uid_problem(folder_uid)
     if problem:
         raise PushError(f"folder uid {folder_uid!r}: {problem}")
+    done: list[list[Pushed]] = []
+    failed: list[BaseException] = []
+
+    def push() -> None:
+        try:
+            done.append(_push(url, token, boards, folder_uid, folder_title, timeout_s))
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=push, name="grafana-push", daemon=True)
+    worker.start()
+    limit = timeout_s * (len(boards) + 2)
+    worker.join(limit)
+    if worker.is_alive():   # the daemon thread is left to the process's exit
+        raise PushError(f"Grafana at {redacted(url)}: no whole answer within {limit:g} s "
+                        f"({timeout_s:g} s for each of its {len(boards) + 2} requests); "
+                        "the boards answered before stay pushed")
+    if failed:
+        raise failed[0]
+    return done[0]
+
+
+def _push(url: str, token: str, boards: Mapping[str, Json], folder_uid: str,
+          folder_title: str, timeout_s: float) -> list[Pushed]:
     from grafana_client.api import GrafanaApi
     from grafana_client.client import GrafanaClientError, GrafanaException
     from niquests.exceptions import JSONDecodeError
