@@ -77,13 +77,16 @@ SELECT queue, pool, count(*) AS attempts,
        max(queue_wait_s) AS max_s
 FROM attempts WHERE queue_wait_s IS NOT NULL GROUP BY ALL;
 
--- Peak and p95 GPU memory per job and GPU (p95 over the GPU's minutes).
+-- Peak and p95 GPU memory per job and GPU (p95 over the GPU's minutes), from the minutes
+-- the job held the GPU alone: a GPU-minute shared by jobs names one of them (the largest
+-- share) and its memory is all of theirs (job_gpu.mem_peak_mib has a shared GPU's
+-- per-job peak, from the job's own processes).
 CREATE OR REPLACE VIEW job_gpu_memory AS
 SELECT job_id, attempt, node, gpu_index, any_value(card_type) AS card_type,
        max(mem_used_mib) AS mem_peak_mib,
        quantile_cont(mem_used_mib, 0.95) AS mem_p95_mib,
        max(mem_total_mib) AS mem_total_mib
-FROM gpu_minute WHERE job_id IS NOT NULL GROUP BY ALL;
+FROM gpu_minute WHERE job_id IS NOT NULL AND jobs_on_gpu = 1 GROUP BY ALL;
 
 -- Borrowing and reclaim per team.
 CREATE OR REPLACE VIEW borrowing AS

@@ -93,6 +93,16 @@ def test_shared_gpu_charges_each_job_its_fraction(process: Callable[..., Facts])
     gm = facts.table("gpu_minute")
     assert gm["alloc_fraction"].max() == 1.0
     assert gm["jobs_on_gpu"].max() == 2
+    # the per-minute memory view names no job of a shared GPU-minute: it named one (a)
+    # with the whole GPU's 12,000 MiB, and b not at all (a probe); job_gpu has each one's
+    from gpuledger.pipeline import query
+    con = query.connect(facts.root)
+    try:
+        assert con.sql("SELECT count(*) FROM job_gpu_memory").fetchall() == [(0,)]
+        peaks = con.sql("SELECT job_id, mem_peak_mib FROM job_gpu ORDER BY 1").fetchall()
+    finally:
+        con.close()
+    assert peaks == [("a", 6_000.0), ("b", 6_000.0)]
 
 
 def test_queue_wait_with_requeue_and_preemption_lost_work(process: Callable[..., Facts]) -> None:
