@@ -187,6 +187,39 @@ def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(
     assert short.len() == 400 and short.sum() * 3600 == pytest.approx(400 * 4)
 
 
+def test_a_record_years_before_the_bulk_only_updates_the_books(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A node's record and a long job's submission and start dated 400 days before a
+    1-hour burst: the run walked those days (a submission six years early wrote 2.1 GB
+    in 14 CPU-minutes before a probe killed it). The facts now begin 31 days before the
+    burst; the early records still give the node its capacity and the job its attempt,
+    charged from there."""
+    burst, early = at(0), at(-400 * 24 * 60)
+    recs = [inventory("n1", early, gpus=8), job("submitted", "long", early),
+            job("started", "long", early + timedelta(seconds=30),
+                allocation=alloc("n1", 0))]
+    for i in range(400):
+        t = burst + timedelta(seconds=9 * i)
+        recs += [job("submitted", f"s{i}", t),
+                 job("started", f"s{i}", t + timedelta(seconds=1),
+                     allocation=alloc("n1", 1 + i % 7)),
+                 job("finished", f"s{i}", t + timedelta(seconds=5))]
+    recs.append(job("finished", "long", burst + timedelta(minutes=61)))
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(jsonl(recs))
+    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    assert result.rejects.is_empty()
+    assert "the facts begin at" in caplog.text and "31 days before it" in caplog.text
+    attempts = read_table(tmp_path / "wh", "job_attempts")
+    long = attempts.filter(pl.col("job_id") == "long")["allocated_gpu_hours"].item()
+    assert long * 3600 == pytest.approx(31 * 86400 + 61 * 60, abs=60)
+    short = attempts.filter(pl.col("job_id") != "long")["allocated_gpu_hours"]
+    assert short.len() == 400 and short.sum() * 3600 == pytest.approx(400 * 4)
+    hourly = read_table(tmp_path / "wh", "gpu_hourly")
+    assert hourly["hour"].min() >= burst - timedelta(days=31, hours=1)
+    assert hourly["gpu_hours"].sum() == pytest.approx(8 * (31 * 24 + 2), rel=0.01)
+
+
 def test_allocations_no_inventory_knows_are_counted_and_said(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Not charged, as documented, but no longer silent: a 2-GPU job on a node with no

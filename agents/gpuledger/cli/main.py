@@ -327,7 +327,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
               file=sys.stderr)
     shown = rej.head(args.show_rejects)
     for source, line, reason in shown.select("source", "line", "reason").iter_rows():
-        print(f"{source}:{line}: {reason}", file=sys.stderr)
+        print(f"{source}:{line}: {reason}" if line is not None else f"{source}: {reason}",
+              file=sys.stderr)
     if rej.height > shown.height:
         where = "--show-rejects N to see them" if result.nothing else "SELECT * FROM rejects"
         print(f"... and {rej.height - shown.height:,} more ({where})", file=sys.stderr)

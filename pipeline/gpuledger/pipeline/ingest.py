@@ -683,10 +683,13 @@ def feed_in_time_order(
     on_progress: Callable[[float], None] | None = None,
     until: datetime | None = None,
     before_flush: Callable[[], None] | None = None,
+    begin: datetime | None = None,
 ) -> None:
     """Feed validated frames to ``processor`` in event-time slices, then flush (every
     minute before ``until`` when given, else up to the newest event); ``before_flush``
-    runs once every slice is in, before the flush."""
+    runs once every slice is in, before the flush. ``begin``: the slices start there,
+    the events before it all in the first (the processor began there: they only update
+    its books)."""
     # (an importer's frames come in time order: not sorted again, but in one chunk, as
     # the sort left them: sliced by day from several chunks, 14 days of a 10,240-GPU
     # cluster took 30 % more CPU)
@@ -698,6 +701,8 @@ def feed_in_time_order(
         processor.flush(until)
         return
     first: datetime = min(f["time"][0] for f in ordered.values())
+    if begin is not None and begin > first:
+        first = begin
     last: datetime = max(f["time"][-1] for f in ordered.values())
     step = (telemetry_slice(ordered["telemetry"].height, last - first)
             if "telemetry" in ordered else HISTORY_SLICE)
@@ -725,10 +730,22 @@ def feed_in_time_order(
 OUTLIER_MARGIN = timedelta(days=7)
 """The least distance from the bulk of an ingest's event times at which an event is set
 aside as an outlier (``set_aside_outliers``)."""
+EARLY_FACTS = timedelta(days=31)
+"""How far before the bulk of an ingest's event times its facts may start, at least: an
+earlier job or inventory record only updates the books (``set_aside_outliers``)."""
+
+
+@dataclass(frozen=True)
+class Outliers:
+    """What :func:`set_aside_outliers` found: the rejects, and where the facts begin
+    when early records would have them start far before the bulk (else None)."""
+
+    rejects: pl.DataFrame
+    begin: datetime | None = None
 
 
 def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: ProcessorConfig
-                       ) -> tuple[dict[RecordType, pl.DataFrame], pl.DataFrame]:
+                       ) -> tuple[dict[RecordType, pl.DataFrame], Outliers]:
     """Events far outside the input's own time range are set aside as rejects, with their
     reason: telemetry further before its 1st percentile of event times than
     ``windows.max_behind_s``, and any event after its 99th than ``windows.max_ahead_s``,
@@ -739,11 +756,14 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     for being early: a node's record written when it joined, or a long job's submission
     and start, precede the bulk of a history by days (setting them aside left the nodes
     without capacity and the jobs without attempts); the run then covers that time, and
-    a warning says so."""
+    a warning says so. Up to :data:`EARLY_FACTS` (or the margin, if more): one earlier
+    (a submission dated six years early) made the run walk those years, writing
+    gigabytes of empty facts; the facts then begin there, and such records only update
+    the books (the node's capacity, the job's attempt), as a window of a history does."""
     times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
         if any(not f.is_empty() for f in frames.values()) else None
     if times is None or times.height < 20:
-        return frames, pl.DataFrame(schema=REJECT_SCHEMA)
+        return frames, Outliers(pl.DataFrame(schema=REJECT_SCHEMA))
     lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
                           pl.col("time").quantile(0.99, "higher").alias("h")).row(0)
     w = config.windows
@@ -754,6 +774,8 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     kept: dict[RecordType, pl.DataFrame] = {}
     out: list[pl.DataFrame] = []
     before = pl.col("time") < pl.lit(early).cast(TIME_DTYPE)
+    start = (lo - max(EARLY_FACTS, margin)).replace(second=0, microsecond=0)
+    begin: datetime | None = None
     for kind, frame in frames.items():
         outside = pl.col("time") > pl.lit(late).cast(TIME_DTYPE)
         if kind == "telemetry":
@@ -762,10 +784,20 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
             early_rows = frame.filter(before)
             if early_rows.height:
                 first = early_rows["time"].min()
-                log.warning("%s %s record(s) come %.1f days before the bulk of the input "
-                            "(1st percentile %s): the facts cover the time between",
-                            early_rows.height, kind, (lo - first).total_seconds()
-                            / 86400, f"{lo:%Y-%m-%d %H:%M} UTC")
+                days = (lo - first).total_seconds() / 86400
+                if first < start:
+                    begin = start
+                    log.warning("%s %s record(s) come up to %.1f days before the bulk of "
+                                "the input (1st percentile %s): the facts begin at %s, "
+                                "%.0f days before it, and the records before that only "
+                                "update the books", early_rows.height, kind, days,
+                                f"{lo:%Y-%m-%d %H:%M} UTC", f"{start:%Y-%m-%d %H:%M} UTC",
+                                (lo - start).total_seconds() / 86400)
+                else:
+                    log.warning("%s %s record(s) come %.1f days before the bulk of the "
+                                "input (1st percentile %s): the facts cover the time "
+                                "between", early_rows.height, kind, days,
+                                f"{lo:%Y-%m-%d %H:%M} UTC")
         bad = frame.filter(outside)
         kept[kind] = frame.filter(~outside) if not bad.is_empty() else frame
         if bad.is_empty():
@@ -779,7 +811,7 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
             pl.lit(kind).alias("record_type"), pl.lit("ingest").alias("source"),
             pl.lit(None, pl.Int64).alias("line"), reason.alias("reason"),
             pl.Series("raw", encode_jsonl(bad, kind).decode().splitlines(), pl.String)))
-    return kept, pl.concat(out) if out else pl.DataFrame(schema=REJECT_SCHEMA)
+    return kept, Outliers(pl.concat(out) if out else pl.DataFrame(schema=REJECT_SCHEMA), begin)
 
 
 def ingest(
@@ -807,8 +839,8 @@ def ingest(
     }
     all_rejects = pl.concat(rejects) if rejects else pl.DataFrame(schema=REJECT_SCHEMA)
     frames, outliers = set_aside_outliers(frames, config)
-    if not outliers.is_empty():
-        all_rejects = pl.concat([all_rejects, outliers])
+    if not outliers.rejects.is_empty():
+        all_rejects = pl.concat([all_rejects, outliers.rejects])
     events = _event_span(frames)
     if events is None:  # nothing to process: the warehouse is left as it was
         return IngestResult({k: 0 for k in frames}, all_rejects, Counters(), None,
@@ -816,7 +848,11 @@ def ingest(
     processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
     states = ingest_states(processor)
     first, newest = events
+    if outliers.begin is not None:
+        first = outliers.begin
     continued = continue_previous(processor, states, first, afresh, last=newest)
+    if continued is None and outliers.begin is not None:
+        processor.begin_at(outliers.begin)
     never_ingested = read_origin(states) is None
     if continued is None and not afresh and never_ingested:
         # nothing was ingested here before: facts in these hours came from elsewhere
@@ -836,7 +872,8 @@ def ingest(
         nonlocal open_from
         open_from = save_inside_last_minute(processor, states, run, continued)
 
-    feed_in_time_order(processor, frames, on_progress, before_flush=before_flush)
+    feed_in_time_order(processor, frames, on_progress, before_flush=before_flush,
+                       begin=outliers.begin)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     stale = read_origin(states, "stale_from")
     if continued is None and closed and _forget_later(states, max(closed)):
