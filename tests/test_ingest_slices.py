@@ -253,3 +253,23 @@ def test_a_piece_inside_one_minute_keeps_the_state_it_went_on_from(tmp_path: Pat
     again = _ingest(tmp_path, "b", "pieces")      # the short piece again: the same state
     assert again.continued_from == short.continued_from
     assert again.counters.duplicate_samples == 0
+
+
+def test_an_older_piece_starting_inside_a_last_minute_is_refused_with_the_reason(
+        tmp_path: Path) -> None:
+    """Four pieces, the second starting inside the first's last minute; the second run
+    again once two pieces closed further: the state inside the first's last minute is
+    gone (kept for the two pieces closed furthest), so it is refused, and the reason says
+    that. It said "the one before it was pruned: those of 8 runs are kept" after three
+    runs (a probe)."""
+    _whole(tmp_path, 10)
+    _split(tmp_path / "events", "2026-01-05T00:20:25", tmp_path / "p1", tmp_path / "r1")
+    _split(tmp_path / "r1", "2026-01-05T00:50:00", tmp_path / "p2", tmp_path / "r2")
+    _split(tmp_path / "r2", "2026-01-05T01:20:00", tmp_path / "p3", tmp_path / "p4")
+    for name in ("p1", "p2", "p3", "p4"):
+        _ingest(tmp_path, name, "pieces")
+    with pytest.raises(IngestRefused, match=re.escape(
+            "(it starts inside the last minute of the piece that closed at 2026-01-05 "
+            "00:21 UTC, and a state inside a piece's last minute is kept for the 2 pieces "
+            "closed furthest only)")):
+        _ingest(tmp_path, "p2", "pieces")

@@ -282,13 +282,19 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
         if not fitting:
             origin = read_origin(root)
             if states and origin is not None and first > origin:
+                inside = [x.closed for x in states
+                          if x.closed - timedelta(minutes=1) <= first < x.closed]
+                why = (f"it starts inside the last minute of the piece that closed at "
+                       f"{inside[0]:%Y-%m-%d %H:%M} UTC, and a state inside a piece's last "
+                       f"minute is kept for the {INSIDE_KEPT} pieces closed furthest only"
+                       if inside else f"the one before it was pruned: those of "
+                       f"{KEEP_STATES} runs are kept")
                 raise IngestRefused(
                     f"the input starts at {first:%Y-%m-%d %H:%M:%S} UTC, inside the history "
                     f"already ingested ({origin:%Y-%m-%d %H:%M} to "
                     f"{states[0].closed:%Y-%m-%d %H:%M} UTC), and no saved state closes at "
-                    f"or before that (the one before it was pruned: those of {KEEP_STATES} runs "
-                    f"are kept): {ON_ITS_OWN}. Ingest from an earlier piece on, or the whole "
-                    "history; --afresh does it anyway")
+                    f"or before that ({why}): {ON_ITS_OWN}. Ingest from an earlier piece "
+                    "on, or the whole history; --afresh does it anyway")
             end = states[0].closed if states else None
             if origin is not None and end is not None and last is not None \
                     and first < origin and last < end - timedelta(minutes=1) \
