@@ -266,6 +266,7 @@ def test_a_partition_nobody_read_taken_over_beside_a_read_one_loses_nothing(
     a = _engine(tmp_path, count, {0})
     for batch in batches[:cut]:
         _feed(a, batch, count)
+    a.warehouse.sync()   # A stops here: its writes land before another takes over
     read = checkpoint.section(a, 0, {})
     assert read.closed is not None and a.started is not None and read.closed > a.started
     c = _engine(tmp_path, count, set())
@@ -368,7 +369,10 @@ def test_the_owner_taken_over_reads_the_parts_its_own_partitions_sent(
         read = len(topic)
     assert sec is not None and position < len(topic)
     assert any(not p.filter(pl.col("kind") == "ended").is_empty() for p in topic[position:])
-    # B is gone; A takes partition 0 from B's section
+    # B is gone (its last writes landed: a background publish of B's racing A's was a
+    # "published by another writer" failure on a loaded machine); A takes partition 0
+    # from B's section
+    b.warehouse.sync()
     checkpoint.merge_section(a, sec)
     assert a.owner and a.held == {0, 1}
     for parts in topic[position:]:      # the parts topic from the section's position
