@@ -72,11 +72,72 @@ def test_images_are_pinned() -> None:
     assert tested and SERVICES["kafka"]["image"] == f"apache/kafka:{tested.group(1)}"
 
 
+def _interpolated(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's ``${VAR:-default}`` / ``${VAR}``, with ``env`` as the shell's variables."""
+    env = env or {}
+
+    def one(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(3) or ""
+        return env.get(name) or default
+    return re.sub(r"\$\{([A-Z_]+)(:-([^}]*))?\}", one, value)
+
+
 def test_kafka_is_kraft_single_node() -> None:
     env = SERVICES["kafka"]["environment"]
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
     assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_kafka_does_not_create_topics_on_first_use() -> None:
+    """With Kafka's default auto.create.topics.enable=true, an agent or the feed started
+    before `topics` made gpu.inventory.v1 with one partition and no compaction."""
+    assert SERVICES["kafka"]["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+
+
+@pytest.mark.parametrize("shell", [{}, {"KAFKA_EXTERNAL_HOST": "gpu-head.example",
+                                        "KAFKA_EXTERNAL_PORT": "19094",
+                                        "KAFKA_EXTERNAL_BIND": "0.0.0.0"}])
+def test_kafka_has_an_external_listener_published_on_the_host(shell: dict[str, str]) -> None:
+    """Agents and bridges outside compose (docs/agent.md) reach the broker: a listener of
+    its own, published on the host and advertised at the address they connect to (the
+    internal one advertises kafka:9092, a name only compose's network resolves)."""
+    kafka = SERVICES["kafka"]
+    env = {k: _interpolated(str(v), shell) for k, v in kafka["environment"].items()}
+    listeners = dict(x.split("://") for x in env["KAFKA_LISTENERS"].split(","))
+    advertised = dict(x.split("://") for x in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    protocols = dict(x.split(":") for x in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(listeners) == {"PLAINTEXT", "CONTROLLER", "EXTERNAL"} <= set(protocols)
+    assert set(advertised) == {"PLAINTEXT", "EXTERNAL"}
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "PLAINTEXT"
+    container_port = listeners["EXTERNAL"].rsplit(":", 1)[1]
+    [published] = [_interpolated(p, shell) for p in kafka["ports"]]
+    bind, host_port, target = published.rsplit(":", 2)
+    assert target == container_port
+    host, port = advertised["EXTERNAL"].rsplit(":", 1)
+    assert port == host_port == shell.get("KAFKA_EXTERNAL_PORT", "9094")
+    assert host == shell.get("KAFKA_EXTERNAL_HOST", "localhost")
+    assert bind == shell.get("KAFKA_EXTERNAL_BIND", "127.0.0.1")
+    # no name a gpuledger command would read as one of its GPULEDGER_KAFKA_* settings
+    text = (REPO / "docker-compose.yml").read_text()
+    assert not re.search(r"\$\{GPULEDGER_", text)
+    # the docs say how to reach it from the host
+    docs = (REPO / "docs/deployment.md").read_text()
+    assert "localhost:9094" in docs and "KAFKA_EXTERNAL_HOST" in docs
+
+
+def test_stop_grace_periods_outlast_the_services_own_limits() -> None:
+    """Docker sends SIGKILL after stop_grace_period (10 s by default): the processor's own
+    limit after SIGTERM is STOP_GRACE_S (60 s), and a grace of 60 s killed it first."""
+    from gpuledger.pipeline.kafka.service import STOP_GRACE_S
+
+    def seconds(value: str) -> float:
+        m = re.fullmatch(r"(\d+)(s|m)", value)
+        assert m, value
+        return float(m.group(1)) * (60 if m.group(2) == "m" else 1)
+    assert seconds(SERVICES["processor"]["stop_grace_period"]) >= STOP_GRACE_S + 10
+    for name in ("kafka", "feed", "diagnose"):
+        assert seconds(SERVICES[name]["stop_grace_period"]) >= 30, name
 
 
 def test_every_mounted_path_exists() -> None:
@@ -265,11 +326,11 @@ def test_grafana_provisioning_points_at_the_boards_and_the_warehouse() -> None:
 def test_every_port_is_published_on_loopback_only() -> None:
     published = 0
     for name, svc in SERVICES.items():
-        for port in svc.get("ports", []):
+        for port in map(_interpolated, svc.get("ports", [])):  # compose's defaults
             assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
             assert len(port.split(":")) == 3, (name, port)
             published += 1
-    assert published >= 4  # processor, Prometheus, Alertmanager, Grafana
+    assert published >= 5  # Kafka, processor, Prometheus, Alertmanager, Grafana
 
 
 def test_the_grafana_password_must_be_set() -> None:
