@@ -156,6 +156,58 @@ def test_the_kafka_demo_gives_the_embedded_demos_facts_and_diagnosis(
     assert_frame_equal(got, want, check_exact=False, rel_tol=1e-9, abs_tol=1e-8)
 
 
+def test_topics_a_broker_made_on_first_use_are_unfit_and_said(kafka: Broker) -> None:
+    """A broker with auto.create.topics.enable (compose's used to be) made the topics an
+    agent published to before `topics create` ran: one partition, the broker's 7-day
+    retention, no compaction. `topics create` said only "exists, with 1 partitions" and
+    exited 0, and inventory was deleted after a week. It now says each unfit
+    configuration with the command that fixes it, and exits 2; once fixed, 0."""
+
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+
+    settings = _settings(kafka)
+    t = settings.topics
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:   # what auto-creation makes: the broker's defaults
+        admin.create_topics([NewTopic(t.telemetry, 1, 1), NewTopic(t.inventory, 1, 1),
+                             NewTopic(t.jobs, 3, 1, topic_configs={"retention.ms": "3600000"})])
+        prefix = t.telemetry.split("gpu.telemetry.v1")[0]
+        cmd = [sys.executable, "-m", "gpuledger.cli.main", "topics", "create", "--kafka",
+               kafka.bootstrap, "--topic-prefix", prefix]
+        said = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert said.returncode == 2, said.stdout + said.stderr
+        lines = dict(x.split(": ", 1) for x in said.stdout.splitlines())
+        inventory = lines[t.inventory]
+        assert "UNFIT for gpuledger: cleanup.policy=delete (gpuledger's: compact)" in inventory
+        assert (f"kafka-configs.sh --bootstrap-server {kafka.bootstrap} --alter --entity-type "
+                f"topics --entity-name {t.inventory} --add-config cleanup.policy=compact,"
+                "retention.ms=-1") in inventory
+        assert "delete the topic and run `gpuledger topics create` again" in inventory
+        # one hour of scheduler events where gpuledger keeps 7 days: unfit
+        assert "UNFIT for gpuledger: retention.ms=3600000 (1 h; gpuledger's: 604800000, " \
+            "7 days)" in lines[t.jobs]
+        # telemetry: another count (said, as before) and a longer retention (a note)
+        telemetry = lines[t.telemetry]
+        assert telemetry.startswith("exists, with 1 partitions (not 12: ")
+        assert "retention.ms=604800000 (7 days; gpuledger's: 86400000, 1 day)" in telemetry
+        assert "UNFIT" not in telemetry
+        assert lines[t.dead_letters] == "created"
+        last = said.stderr.strip().splitlines()[-1]
+        assert last.startswith("gpuledger: error: 2 existing topic(s) unfit for gpuledger: ")
+        assert t.inventory in last and t.jobs in last and "Traceback" not in said.stderr
+        # the fix it gives, applied: nothing unfit is left
+        admin.alter_configs([
+            ConfigResource(ConfigResourceType.TOPIC, t.inventory,
+                           {"cleanup.policy": "compact", "retention.ms": "-1"}),
+            ConfigResource(ConfigResourceType.TOPIC, t.jobs, {"retention.ms": "604800000"})])
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "UNFIT" not in again.stdout and f"{t.jobs}: exists\n" in again.stdout
+        assert f"{t.inventory}: exists, with 1 partitions (not 3: " in again.stdout
+    finally:
+        admin.close()
+
+
 def test_topics_are_created_once(kafka: Broker) -> None:
     settings = _settings(kafka)
     first = create_topics(settings, telemetry_partitions=4)

@@ -10,6 +10,7 @@ from gpuledger.cli.errors import CliError
 
 if TYPE_CHECKING:
     from gpuledger.pipeline.kafka.settings import KafkaSettings
+    from gpuledger.pipeline.kafka.topics import TopicsReport
 
 
 @contextlib.contextmanager
@@ -30,7 +31,7 @@ def unreachable_said(bootstrap: str | None) -> Iterator[None]:
 
 
 def topics_created(settings: KafkaSettings, telemetry_partitions: int = 12,
-                   replication: int = 1) -> dict[str, str]:
+                   replication: int = 1) -> TopicsReport:
     """``create_topics``, its failures as one line: ``cannot reach Kafka at …`` or
     ``cannot create topics on …: the reason``."""
     from gpuledger.pipeline.kafka.topics import create_topics

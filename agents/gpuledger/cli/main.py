@@ -384,6 +384,13 @@ def cmd_topics(args: argparse.Namespace) -> int:
     result = topics_created(settings, args.telemetry_partitions, args.replication)
     for topic, what in result.items():
         print(f"{topic}: {what}")
+    unfit = result.unfit
+    if unfit:
+        sys.stdout.flush()
+        raise CliError(f"{len(unfit)} existing topic(s) unfit for gpuledger: "
+                       f"{', '.join(unfit)} (each line above says why and how to fix it; "
+                       "a broker that creates topics on first use made them before "
+                       "`topics create` ran?)")
     return 0
 
 
