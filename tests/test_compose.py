@@ -10,6 +10,7 @@ the feed loops, and .dockerignore keeps the build context small."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import http.client
 import json
@@ -536,3 +537,71 @@ def test_a_real_alertmanager_delivers_to_the_example_webhook(
     finally:
         am.terminate()
         am.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def _alertmanager(tmp_path: Path, hook_port: int) -> Iterator[str]:
+    """The compose Alertmanager configuration run by the real Alertmanager, with only the
+    webhook's address and the wait times changed; yields its base URL."""
+    mounts = {t: s for s, t in _mounts(SERVICES["alertmanager"])}
+    config = yaml.safe_load((REPO / mounts["/etc/alertmanager/alertmanager.yml"]).read_text())
+    for r in config["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = re.sub(r"//[^/]+/", f"//127.0.0.1:{hook_port}/", w["url"])
+    config["route"].update(group_wait="2s", group_interval="1s")
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
+    am_port, cluster_port = _free_port(), _free_port()
+    am = subprocess.Popen(["prometheus-alertmanager", f"--config.file={tmp_path / 'am.yml'}",
+                           f"--storage.path={tmp_path / 'data'}",
+                           f"--web.listen-address=127.0.0.1:{am_port}",
+                           f"--cluster.listen-address=127.0.0.1:{cluster_port}"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{am_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/-/ready", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "alertmanager did not start"
+                time.sleep(0.2)
+        yield base
+    finally:
+        am.terminate()
+        am.wait(timeout=10)
+
+
+def test_a_job_alert_of_both_engines_is_delivered_once(
+        tmp_path: Path, webhook: tuple[int, subprocess.Popen[str]]) -> None:
+    """GpuJobLowUtilisation fired by the Prometheus rule and by the processor's engine
+    (its labels: source, card_type; Prometheus': requested_card_type, job, instance)
+    reached the receiver twice. The processor's is delivered; the Prometheus one of the
+    same job attempt is inhibited, and still delivered for a job the engine has not
+    posted."""
+    hook_port, hook = webhook
+    common = {"alertname": "GpuJobLowUtilisation", "severity": "warning", "team": "vision",
+              "pool": "train", "queue": "prod"}
+    engine = {**common, "job_id": "1000123", "attempt": "0", "source": "gpuledger-processor",
+              "card_type": "H100"}
+    prom = {**common, "job_id": "1000123", "attempt": "0", "job": "gpuledger",
+            "instance": "processor:9108", "requested_card_type": "H100"}
+    prom_only = {**prom, "job_id": "1000456"}
+    alerts = [{"labels": labels, "annotations": {"summary": f"job {labels['job_id']}"}}
+              for labels in (engine, prom, prom_only)]
+    with _alertmanager(tmp_path, hook_port) as base:
+        req = urllib.request.Request(f"{base}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                     headers={"Content-Type": "application/json"})
+        assert urllib.request.urlopen(req, timeout=5).status == 200
+        assert hook.stdout is not None
+        raw = b""   # os.read, not readline: select cannot see lines a text buffer holds
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([hook.stdout], [], [], 0.5)
+            if ready:
+                raw += os.read(hook.stdout.fileno(), 65536)
+        got = raw.decode().splitlines()
+    firing = sorted(x for x in got if x.startswith("firing GpuJobLowUtilisation "))
+    assert len(firing) == 2, got
+    assert "job_id=1000123" in firing[0] and "source=gpuledger-processor" in firing[0]
+    assert "job_id=1000456" in firing[1] and "source=" not in firing[1]
