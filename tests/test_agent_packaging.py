@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,24 @@ def test_agent_once_without_heavy_libraries(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert len(out["telemetry"]) == 3 and out["inventory"]["node"] == "n1"
+
+
+def test_the_simulator_source_without_the_pipeline_extra_is_one_line(tmp_path: Path) -> None:
+    """deploy/agent.Dockerfile installs the agent extra only: the simulator source ended
+    in a ModuleNotFoundError (numpy) traceback, exit 1, where `process` says in one line
+    that it needs the pipeline extra, exit 2."""
+    code = ("import sys\n"
+            f"for name in {HEAVY!r}:\n"
+            "    sys.modules[name] = None\n"
+            "from gpuledger.cli.main import main\n"
+            "sys.exit(main(['agent', '--once']))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(GPULEDGER_AGENT__SOURCE="simulator", GPULEDGER_AGENT__NODE="h100-001",
+               GPULEDGER_AGENT__SPOOL__PATH=str(tmp_path / "spool"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "source simulator: needs the pipeline extra (pip install 'gpuledger[pipeline]')" \
+        in line, line

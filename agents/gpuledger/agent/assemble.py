@@ -38,6 +38,9 @@ def build_source(config: AgentConfig) -> Any:
     s = config.simulator
     try:
         return SimulatorSource(node, config.interval_s, s.cluster, s.seed, s.hours)
+    except ImportError as exc:  # the simulator (NumPy, Polars) is imported when it is built
+        raise SourceError("source simulator: needs the pipeline extra "
+                          f"(pip install 'gpuledger[pipeline]'): {exc}") from None
     except (SimulatorNodeError, OSError, ValueError) as exc:
         raise SourceError(f"source simulator: {exc}") from None
 
