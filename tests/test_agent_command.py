@@ -378,3 +378,28 @@ def test_a_second_signal_ends_the_wait_for_kafka(tmp_path: Path,
     assert "again: stopping without waiting for Kafka" in err
     assert "Traceback" not in err
     assert any(p.stat().st_size for p in spool.glob("*.seg"))
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "0.0.0.0:0", ":0"])
+def test_the_banner_names_the_metrics_bind_address(tmp_path: Path, listen: str) -> None:
+    """The start line said `metrics :PORT` whether the agent listened on the loopback only
+    or on every interface; it says the address it is bound to."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(GPULEDGER_AGENT__SOURCE="simulator", GPULEDGER_AGENT__NODE="h100-001",
+               GPULEDGER_AGENT__SIMULATOR__HOURS="0.1",
+               GPULEDGER_AGENT__SPOOL__PATH=str(tmp_path / "spool"),
+               GPULEDGER_AGENT__METRICS__LISTEN=listen,
+               GPULEDGER_AGENT__KAFKA__SEND_TIMEOUT_S="0.5",
+               GPULEDGER_KAFKA_BOOTSTRAP="127.0.0.1:1")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuledger.cli.main", "agent"], env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert banner.startswith("gpuledger agent: node h100-001, source simulator"), banner
+    host = listen.rsplit(":", 1)[0] or "0.0.0.0"
+    port = banner.rsplit(f", metrics {host}:", 1)[1].strip()
+    assert port.isdigit() and int(port) > 0, banner

@@ -119,8 +119,11 @@ def _serve(config: Any) -> int:
             _remove_empty(created)
             raise CliError(f"metrics.listen: cannot listen on {config.metrics.listen}: "
                            f"{exc.strerror or exc}") from None
-        logging.getLogger("gpuledger.agent").info(
-            "self-metrics on http://%s:%d/metrics", host or "0.0.0.0", server.port)
+        bound = host or "0.0.0.0"
+        if ":" in bound and not bound.startswith("["):
+            bound = f"[{bound}]"
+        bound = f"{bound}:{server.port}"   # where it listens: the loopback or every interface
+        logging.getLogger("gpuledger.agent").info("self-metrics on http://%s/metrics", bound)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -135,7 +138,7 @@ def _serve(config: Any) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(f"gpuledger agent: node {agent.node}, source {config.source}, "
           f"kafka {settings.bootstrap} ({settings.topics.telemetry}), spool "
-          f"{config.spool.path}" + (f", metrics :{server.port}" if server else ""),
+          f"{config.spool.path}" + (f", metrics {bound}" if server else ""),
           file=sys.stderr, flush=True)
     try:
         agent.run(stop)
