@@ -193,3 +193,18 @@ attribution: {slurm: {job_id: "slurm-{id}"}, kubernetes: {job_id: "{namespace}.{
 metrics: {listen: "[::1]:0"}
 """), {})
     assert c.dcgm_exporter.url.startswith("https://")
+
+
+@pytest.mark.parametrize(("var", "meant"), [
+    ("GPULEDGER_AGENT_INTERVAL_S", "GPULEDGER_AGENT__INTERVAL_S"),
+    ("GPULEDGER_AGENTS__INTERVAL_S", "GPULEDGER_AGENT__INTERVAL_S"),
+    ("GPULEDGER_AGNET__KAFKA__BATCH", "GPULEDGER_AGENT__KAFKA__BATCH"),
+])
+def test_a_near_miss_of_the_agent_prefix_is_refused(var: str, meant: str) -> None:
+    """Variables meant for the agent but not of its form were ignored in silence."""
+    with pytest.raises(AgentConfigError, match=f"{var}: not an agent setting.*did you mean "
+                       f"{meant}"):
+        load_agent_config(None, {var: "5"})
+    # the processor's and other gpuledger variables are not the agent's business
+    load_agent_config(None, {"GPULEDGER_ALERTS__FOR_S": "60", "GPULEDGER_WAREHOUSE": "/w",
+                             "GPULEDGER_KAFKA_BOOTSTRAP": "k:9092"})

@@ -3,11 +3,12 @@ line naming the variable, before any broker is contacted."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from gpuledger.pipeline.kafka.settings import KafkaSettingsError, load_settings
+from gpuledger.pipeline.kafka.settings import KNOWN_VARIABLES, KafkaSettingsError, load_settings
 
 SASL = {"GPULEDGER_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
         "GPULEDGER_KAFKA_SASL_USERNAME": "u"}
@@ -55,3 +56,32 @@ def test_a_ca_file_is_checked_at_start(tmp_path: Path) -> None:
 ])
 def test_a_bootstrap_port_out_of_range_is_refused(bootstrap: str, says: str) -> None:
     assert _refused({}, bootstrap) == says
+
+
+@pytest.mark.parametrize(("var", "says"), [
+    ("GPULEDGER_KAFKA_BOOTSTRAPP", "did you mean GPULEDGER_KAFKA_BOOTSTRAP?"),
+    ("GPULEDGER_KAFKA_SESSION_TIMEOUT", "did you mean GPULEDGER_KAFKA_SESSION_TIMEOUT_MS?"),
+    ("GPULEDGER_KAFKA_COMPRESION", "did you mean GPULEDGER_KAFKA_COMPRESSION?"),
+    ("GPULEDGER_KAFKA_ZZZ", "known: GPULEDGER_KAFKA_{BOOTSTRAP, "),
+])
+def test_an_unknown_kafka_variable_is_refused_naming_the_closest(var: str, says: str) -> None:
+    """A misspelt GPULEDGER_KAFKA_* variable was ignored in silence (a misspelt
+    GPULEDGER_SECTION__KEY is refused)."""
+    with pytest.raises(KafkaSettingsError, match=re.escape(f"{var}: unknown Kafka variable")
+                       + ".*" + re.escape(says)):
+        load_settings("k:9092", {var: "1"})
+
+
+def test_every_kafka_variable_the_code_and_docs_name_is_known() -> None:
+    """No GPULEDGER_KAFKA_* name read by the code or given in the docs is refused."""
+    repo = Path(__file__).resolve().parents[1]
+    named: set[str] = set()
+    for folder in ("agents", "pipeline", "docs", "tests", "scripts", "deploy"):
+        for path in (repo / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".sh", ".yml", ".yaml", ".service", ".env"):
+                named |= set(re.findall(r"GPULEDGER_KAFKA_[A-Z0-9_]*[A-Z0-9]",
+                                        path.read_text(encoding="utf-8", errors="replace")))
+    examples = {"GPULEDGER_KAFKA_BOOTSTRAPP", "GPULEDGER_KAFKA_SESSION_TIMEOUT",
+                "GPULEDGER_KAFKA_COMPRESION", "GPULEDGER_KAFKA_ZZZ"}  # the typos above
+    named = {n for n in named if not n.startswith("GPULEDGER_KAFKA__")} - examples
+    assert named and named <= KNOWN_VARIABLES, named - KNOWN_VARIABLES

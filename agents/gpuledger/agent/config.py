@@ -318,6 +318,25 @@ def _env_overrides(raw: dict[str, Any], environ: dict[str, str],
     return merged
 
 
+def _refuse_near_misses(environ: dict[str, str]) -> None:
+    """A variable meant for the agent but not of the form ``GPULEDGER_AGENT__<KEY>``
+    (``GPULEDGER_AGENT_INTERVAL_S``, ``GPULEDGER_AGENTS__INTERVAL_S``) was ignored in
+    silence: refused, naming the variable it was likely meant to be."""
+    import difflib
+
+    for var in sorted(environ):
+        if not var.upper().startswith("GPULEDGER_") or var.startswith(ENV_PREFIX):
+            continue
+        rest = var[len("GPULEDGER_"):]
+        head = rest.split("_", 1)[0]
+        if not head or difflib.SequenceMatcher(None, head.upper(), "AGENT").ratio() < 0.8:
+            continue
+        key = rest[len(head):].lstrip("_")
+        meant = ENV_PREFIX + key if key else ENV_PREFIX + "<KEY>"
+        raise AgentConfigError(f"{var}: not an agent setting; the form is "
+                               f"GPULEDGER_AGENT__<KEY> (did you mean {meant}?)")
+
+
 def _naming_variable(message: str, origins: dict[str, str]) -> str:
     """``message`` with the variable that set its key, when one did."""
     key = message.partition(":")[0]
@@ -346,7 +365,9 @@ def load_agent_config(path: Path | None = None,
         if not isinstance(raw, dict):
             raise AgentConfigError(f"{path}: expected a mapping at the top level")
     origins: dict[str, str] = {}
-    raw = _env_overrides(raw, dict(os.environ) if environ is None else environ, origins)
+    env = dict(os.environ) if environ is None else environ
+    _refuse_near_misses(env)
+    raw = _env_overrides(raw, env, origins)
     try:
         config: AgentConfig = _build("", AgentConfig, raw)
         validate(config)

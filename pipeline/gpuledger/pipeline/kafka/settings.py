@@ -141,12 +141,51 @@ def _secret(environ: dict[str, str], name: str) -> str | None:
     return value
 
 
+KAFKA_ENV_PREFIX = "GPULEDGER_KAFKA_"
+# Every GPULEDGER_KAFKA_* name something reads: the settings above, the service's
+# timeouts and knobs (cli/main.py, kafka/service.py, kafka/log_setup), and the test
+# suite's broker (tests/kafka_broker.py, scripts/kafka-jars.sh).
+KNOWN_VARIABLES = frozenset(KAFKA_ENV_PREFIX + name for name in (
+    "BOOTSTRAP", "SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME",
+    "SASL_USERNAME_FILE", "SASL_PASSWORD", "SASL_PASSWORD_FILE", "SSL_CAFILE",
+    "TOPIC_PREFIX", "CLIENT", "CLIENT_LOG", "COMPRESSION", "MAX_POLL_SAMPLES",
+    "SESSION_TIMEOUT_MS", "HEARTBEAT_INTERVAL_MS", "MAX_POLL_INTERVAL_MS",
+    "REQUEST_TIMEOUT_MS",
+    "HOME", "VERSION", "CERT_TOOL", "CDS", "JAVA_OPTS"))
+
+
+def unknown_variables(environ: dict[str, str]) -> list[str]:
+    """Each ``GPULEDGER_KAFKA_*`` variable of ``environ`` that nothing reads, said with the
+    closest known name: a misspelt one (``GPULEDGER_KAFKA_BOOTSTRAPP``,
+    ``GPULEDGER_KAFKA_SESSION_TIMEOUT`` for ``…_MS``) was ignored in silence, where a
+    misspelt ``GPULEDGER_SECTION__KEY`` is refused. ``GPULEDGER_KAFKA__*`` is the
+    configuration's form (refused there: no section ``kafka``)."""
+    import difflib
+
+    out = []
+    for var in sorted(environ):
+        if (not var.startswith(KAFKA_ENV_PREFIX) or var.startswith(KAFKA_ENV_PREFIX + "_")
+                or var in KNOWN_VARIABLES):
+            continue
+        names = sorted(v.removeprefix(KAFKA_ENV_PREFIX) for v in KNOWN_VARIABLES)
+        close = difflib.get_close_matches(var.removeprefix(KAFKA_ENV_PREFIX), names, n=1,
+                                          cutoff=0.6)
+        out.append(f"{var}: unknown Kafka variable" + (
+            f" (did you mean {KAFKA_ENV_PREFIX}{close[0]}?)" if close else
+            f" (known: {KAFKA_ENV_PREFIX}{{{', '.join(names)}}}; docs/kafka.md)"))
+    return out
+
+
 def load_settings(bootstrap: str | None = None,
                   environ: dict[str, str] | None = None,
                   given_by: str = "pass --kafka HOST:PORT") -> KafkaSettings:
     """Settings from ``bootstrap`` (e.g. ``--kafka``) and the environment, validated.
-    ``given_by``: how the caller's user gives a bootstrap, for the error without one."""
+    ``given_by``: how the caller's user gives a bootstrap, for the error without one.
+    An unknown ``GPULEDGER_KAFKA_*`` variable is refused, naming the closest known one."""
     env = dict(os.environ) if environ is None else environ
+    unknown = unknown_variables(env)
+    if unknown:
+        raise KafkaSettingsError("; ".join(unknown))
     servers = bootstrap or env.get("GPULEDGER_KAFKA_BOOTSTRAP")
     if not servers:
         raise KafkaSettingsError(f"no Kafka bootstrap: {given_by} or set "
