@@ -198,15 +198,25 @@ def alerting_rules(config: ProcessorConfig) -> dict[str, Any]:
         },
         {
             "alert": "GpuledgerDeadLetters",
-            "expr": "sum(rate(gpuledger_rejected_records_total[5m])) > 0\n",
+            # the counter counts every rejected record (the rejects table); the Kafka
+            # dead-letter topic gets only what cannot be decoded (a probe: rejected job
+            # events fired it, "…go to the dead-letter topic", while the topic held none)
+            "expr": ("sum by (record_type) (rate(gpuledger_rejected_records_total[5m])) "
+                     "> 0\n"),
             "for": duration(a.for_s), "keep_firing_for": keep,
             "labels": {"severity": "info"},
             "annotations": {
-                "summary": "gpuledger is rejecting input",
-                "description": "{{ $value | humanize }} bad records per second go to the "
-                               "dead-letter topic.",
-                "recommendation": ("Read the reasons in the dead-letter topic (or the "
-                                   "rejects table) and fix the sending agent or bridge."),
+                "summary": "gpuledger is rejecting {{ $labels.record_type }} records",
+                "description": ("{{ $value | humanize }} {{ $labels.record_type }} records "
+                                "per second are rejected and left out of the facts; the "
+                                "rejects table says why for each. Only records that cannot "
+                                "be decoded also go to the Kafka dead-letter topic "
+                                "(gpuledger_kafka_dead_letters_total)."),
+                "recommendation": ("Read the reasons: gpuledger query \"SELECT reason, "
+                                   "count(*) FROM rejects WHERE record_type = '{{ "
+                                   "$labels.record_type }}' GROUP BY ALL\" (and the reason "
+                                   "header of the dead-letter topic's records), and fix the "
+                                   "sending agent, bridge or scheduler export."),
             },
         },
     ]
