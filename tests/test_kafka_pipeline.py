@@ -208,6 +208,31 @@ def test_topics_a_broker_made_on_first_use_are_unfit_and_said(kafka: Broker) -> 
         admin.close()
 
 
+def test_topics_help_names_every_topic_and_a_refusal_is_one_line(kafka: Broker) -> None:
+    """`topics --help` named 4 of the 6 topics it creates; `--replication 3` on one broker
+    printed kafka-python's request dump cut at 200 characters, without the reason."""
+    from gpuledger.pipeline.kafka.settings import KafkaSettings
+    from gpuledger.pipeline.kafka.topics import topic_specs
+
+    helped = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "topics", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    text = " ".join(helped.stdout.split())
+    for spec in topic_specs(KafkaSettings(bootstrap="k:9092")):
+        assert spec.name in text, spec.name
+    prefix = f"r{uuid.uuid4().hex[:8]}."
+    refused = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "topics", "create",
+                              "--kafka", kafka.bootstrap, "--topic-prefix", prefix,
+                              "--replication", "3"], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and refused.stdout == ""
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("gpuledger: error: Kafka refused the request (InvalidReplication"
+                           f"FactorError: topic {prefix}gpu.telemetry.v1: "), line
+    # the broker's own reason (Kafka 4: "…The target replication factor of 3 cannot be
+    # reached because only 1 broker(s) are registered…"), not the request's dump
+    assert "replication factor of 3" in line and "Request" not in line, line
+
+
 def test_topics_are_created_once(kafka: Broker) -> None:
     settings = _settings(kafka)
     first = create_topics(settings, telemetry_partitions=4)

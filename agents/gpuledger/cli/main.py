@@ -582,9 +582,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
 
     p = sub.add_parser("topics", help="Kafka topics: create them",
-                       description="Create gpuledger's topics (telemetry, inventory, "
-                       "scheduler events, dead letters) with their partitions, retention and "
-                       "compaction; existing topics are left as they are.")
+                       description="Create gpuledger's six topics (gpu.telemetry.v1, "
+                       "gpu.inventory.v1, sched.events.v1, gpuledger.deadletter.v1, "
+                       "gpuledger.attempt-parts.v1, gpuledger.alerts.v1; with --topic-prefix "
+                       "before each) with their partitions, retention and compaction "
+                       "(docs/kafka.md, Topics). Existing topics are left as they are, "
+                       "compared with these: another partition count is said; another "
+                       "cleanup policy or a shorter retention is unfit, said with the fix, "
+                       "exit status 2.")
     p.add_argument("action", choices=("create",), help="what to do")
     kafka_args(p)
     p.add_argument("--telemetry-partitions", type=positive(int, "--telemetry-partitions"),

@@ -192,7 +192,7 @@ def unreachable(bootstrap: str, exc: BaseException,
         return None
     refused = _refusal(exc)
     if refused:
-        return ServiceStartError(f"{refused} ({error_text(exc, 200)})")
+        return ServiceStartError(f"{refused} ({_refusal_reason(exc)})")
     reason = first_reason(held or [])
     return ServiceStartError(f"cannot reach Kafka at {bootstrap} ({error_text(exc, 200)}"
                              f"{'; ' + reason if reason else ''})")
@@ -212,6 +212,22 @@ def _refusal(exc: BaseException) -> str | None:
             and "Authentication" not in type(exc).__name__):
         return "Kafka refused the request"
     return None
+
+
+def _refusal_reason(exc: BaseException) -> str:
+    """A broker's refusal in one line: the error's name and the broker's own message
+    (kafka-python's text is the request and response dumped whole, cut at 200 characters
+    in the middle of the request: `--replication 3` on one broker said nothing of why)."""
+    import re
+
+    said = re.findall(r"error_message='((?:[^'\\]|\\.)+)'", str(exc))
+    why = said[0] if said else getattr(exc, "description", None)
+    if not why:
+        return error_text(exc, 200)
+    names = re.findall(r"CreatableTopicResult\([^)]*?name='([^']+)'[^)]*?error_code=[1-9]",
+                       str(exc))
+    topic = f"topic {names[0]}: " if names else ""
+    return f"{type(exc).__name__}: {topic}{why}"
 
 
 @contextlib.contextmanager
