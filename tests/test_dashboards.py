@@ -587,3 +587,32 @@ def test_interpolation_as_grafana_does_it() -> None:
         "x IN ('a','b.c') AND l=~\"(a|b\\.c)\" AND j = 'o''k' AND k=\"o'k\" "
         "AND t >= '2026-01-05T00:00:00Z' AND t <= '2026-01-05T03:00:00Z' "
         "AND u < '2026-01-05T03:00:00Z' AND 30000 > 0")
+
+
+def test_generate_script_check_writes_nothing_and_refuses_other_arguments(
+        tmp_path: Path) -> None:
+    """`python dashboards/generate.py --check` ignored its arguments and rewrote the
+    files. --check writes nothing and exits 2 naming a board that differs (as `gpuledger
+    dashboards generate --check`); another argument is refused; with none it writes the
+    boards."""
+    import shutil
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "generate.py"
+    shutil.copy(repo / "dashboards" / "generate.py", script)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                              text=True, timeout=120)
+    assert run("--bogus").returncode == 2
+    assert not list(tmp_path.glob("*.json"))
+    wrote = run()
+    assert wrote.returncode == 0, wrote.stderr
+    assert {p.stem for p in tmp_path.glob("*.json")} == set(UIDS)
+    assert run("--check").returncode == 0
+    board = tmp_path / f"{UIDS[0]}.json"
+    board.write_text("{}", encoding="utf-8")
+    checked = run("--check")
+    assert checked.returncode == 2 and str(board) in checked.stdout, checked.stdout
+    assert board.read_text(encoding="utf-8") == "{}"   # not rewritten
