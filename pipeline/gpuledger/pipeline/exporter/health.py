@@ -33,7 +33,9 @@ class HealthCollector:
         yield counter("gpuledger_records", "Records received, by record type.",
                       dict(c.records_in), "record_type")
         yield counter("gpuledger_rejected_records",
-                      "Records rejected (dead letters), by record type.", dict(c.rejected),
+                      "Records rejected, by record type, each with its reason in the rejects "
+                      "table (only undecodable ones also go to the dead-letter topic).",
+                      dict(c.rejected),
                       "record_type")
         yield counter("gpuledger_late_events",
                       "Events that arrived after their minute had closed, by record type.",
