@@ -62,6 +62,10 @@ def cmd_feed(args: argparse.Namespace) -> int:
              settings.bootstrap)
 
     def publish(minute: Minute) -> None:
+        if minute.replayed:
+            log.info("the first minute carries %d job events of the timeline before it "
+                     "(the history an earlier run may have sent: duplicates count once)",
+                     minute.replayed)
         sink.publish_batch(minute.batch)
 
     try:
@@ -93,8 +97,12 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         description="Simulated node agents and scheduler: publish telemetry, inventory and "
         "job events of the simulated cluster to Kafka minute by minute as the (scaled) "
         "wall clock passes, so that a running processor, Prometheus and Grafana show a "
-        "live cluster. The first minute goes out at once; the simulation is planned a "
-        "day at a time, each day a new episode of the cluster (docs/deployment.md). "
+        "live cluster. The first minute goes out at once. The simulated timeline is "
+        "anchored to the calendar, a UTC day per episode of the cluster (its seed and "
+        "job ids from the day), so a restarted feed goes on with the same jobs; its "
+        "first minute sends again the history of the jobs still open or ended in the "
+        "last 23 hours, which ends those that ended while it was down (duplicates of "
+        "what an earlier run sent count once; docs/deployment.md). "
         "No record is ever dated ahead of the wall clock: with --speed above 1 the "
         "simulated clock starts in the past (by --hours × (1 − 1/speed)) and reaches "
         "about now at the end; with --loop it then goes on in real time. Topics are "

@@ -1,20 +1,33 @@
-"""The feed's simulation, planned lazily: one episode of at most a day at a time.
+"""The feed's simulation: one timeline, anchored to the calendar, planned a day at a time.
 
-Planning a simulated span runs the scheduler model over all of it first (a week of the
-built-in cluster takes minutes), so the feed cuts its span into *episodes* of at most
-:data:`EPISODE_HOURS` and plans each one only when its first minute is needed: the first
-message goes out within a second or two for any ``--hours``, and ``loop`` goes on
-forever. Episode ``n`` is the simulator's run of its hours from its own start with seed
-``seed + n`` (the cluster loaded from its first minute, as always); its job ids are
-moved up by ``n × 1,000,000`` so that they never collide with an earlier episode's. At
-an episode's end every job still pending or running there gets a ``cancelled`` event
+The timeline is cut into *episodes* on a fixed grid of :data:`EPISODE_HOURS` from the
+Unix epoch (a UTC day each): episode ``k`` covers ``[k·E, (k+1)·E)`` and is always the
+simulator's run of that whole span with seed ``seed + k`` (the cluster loaded from its
+first minute, as always), its job ids moved up by ``k × 1,000,000`` so that they never
+collide with another episode's. The timeline therefore depends on the seed, the cluster
+and the sample interval only, not on when a run started: a run (a restarted one too)
+publishes the timeline's minutes from its ``start``, and any minute that two runs publish
+is the same records (the nodes' sequence numbers included). Each episode is planned only
+when its first needed minute comes (a day of the built-in cluster plans in under a
+second), the telemetry of minutes before ``start`` is never synthesised.
+
+At an episode's end every job still pending or running gets a ``cancelled`` event
 (reason :data:`END_REASON`), stamped with the next episode's start, before that
 episode's first events: the GPUs are free again when the next episode's jobs take them.
+
+The first minute a run publishes also carries the timeline's history that a consumer
+needs to agree with it (:func:`history`): each node's last inventory before ``start``,
+and every event before ``start`` of the jobs of this episode and the one before that
+are still open at ``start`` or ended within :data:`REPLAY_HOURS` of it. A run cannot
+tell whether an earlier one published them, so it sends them again: where an earlier
+run did, they are duplicates (same job, event and time), which the processor counts
+once; where it did not (the feed was down, or this is the first run), they tell the
+processor what happened meanwhile, jobs that ended included, so no job of an earlier
+run is left running for ever.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -22,11 +35,16 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from gpuledger.contract.schema import JOB_END_EVENTS
-from gpuledger.pipeline.columns import TIME_DTYPE
+from gpuledger.pipeline.columns import TIME_DTYPE, empty_frame
 from gpuledger.pipeline.simulate import SimConfig, simulate
+from gpuledger.pipeline.simulate.run import EPOCH
 
 EPISODE_HOURS = 24.0
 JOB_ID_STEP = 1_000_000
+REPLAY_HOURS = 23.0
+"""How far back the first minute of a run sends ended jobs again: below the processor's
+``windows.ended_job_memory_s`` (a day by default), which keeps ended jobs so that a
+repeated event stays a harmless duplicate."""
 END_REASON = "simulated episode ended (gpuledger feed starts the next one)"
 
 Batch = dict[str, pl.DataFrame]
@@ -34,38 +52,98 @@ Batch = dict[str, pl.DataFrame]
 
 @dataclass(frozen=True)
 class Minute:
-    """One published minute: its batch and the end of the simulated span it covers."""
+    """One published minute: its batch and the end of the simulated span it covers;
+    ``replayed``: how many job events of the batch are history (:func:`history`)."""
 
     batch: Batch
     end: datetime
+    replayed: int = 0
+
+
+def episode_of(t: datetime) -> int:
+    """The episode whose span holds ``t``."""
+    return (t - EPOCH) // timedelta(hours=EPISODE_HOURS)
+
+
+def episode_start(k: int) -> datetime:
+    return EPOCH + k * timedelta(hours=EPISODE_HOURS)
+
+
+def _episode(sim: SimConfig, k: int, telemetry_from: int = 0) -> Iterator[Batch]:
+    """Episode ``k``'s batches (module doc); none of telemetry before ``telemetry_from``."""
+    config = replace(sim, start=episode_start(k), hours=EPISODE_HOURS, seed=sim.seed + k)
+    for batch in simulate(config, telemetry_from=telemetry_from):
+        yield _renumber(batch, k * JOB_ID_STEP)
 
 
 def episodes(sim: SimConfig, loop: bool = False) -> Iterator[Minute]:
-    """Batches of ``sim.chunk_minutes`` from ``sim.start`` for ``sim.hours`` (forever
-    with ``loop``), planned one episode at a time (module doc)."""
-    per = min(sim.hours, EPISODE_HOURS)
-    count = math.inf if loop else math.ceil(sim.hours / per - 1e-9)
+    """The timeline's batches of ``sim.chunk_minutes`` from ``sim.start`` for
+    ``sim.hours`` (forever with ``loop``), the first with the history (module doc)."""
+    step = timedelta(minutes=sim.chunk_minutes)
+    stop = None if loop else sim.start + timedelta(hours=sim.hours)
+    k = episode_of(sim.start)
+    skip = (sim.start - episode_start(k)) // step
+    jobs_before, inventory_before = _previous(sim, k)
+    earlier, inventory = [jobs_before], [inventory_before]
     closing: pl.DataFrame | None = None
-    n = 0
-    start = sim.start
-    while n < count:
-        hours = per if loop else min(per, sim.hours - n * per)
-        config = replace(sim, start=start, hours=hours, seed=sim.seed + n)
-        step = timedelta(minutes=sim.chunk_minutes)
-        end = start
+    first = True
+    while True:
+        t0, t1 = episode_start(k), episode_start(k + 1)
         seen: list[pl.DataFrame] = []
-        for batch in simulate(config):
-            if n:
-                batch = _renumber(batch, n * JOB_ID_STEP)
+        for i, batch in enumerate(_episode(sim, k, skip)):
+            seen.append(batch["job"])
+            if i < skip:  # before the run's start: history only
+                earlier.append(batch["job"])
+                inventory.append(batch["inventory"])
+                continue
+            if stop is not None and t0 + i * step >= stop:
+                return
+            replayed = 0
+            if first:
+                jobs, inv = history(pl.concat(earlier), pl.concat(inventory), sim.start)
+                batch = {**batch, "job": pl.concat([jobs, batch["job"]]),
+                         "inventory": pl.concat([inv, batch["inventory"]])}
+                replayed, first = jobs.height, False
+                earlier, inventory = [], []
             if closing is not None:
                 batch = {**batch, "job": pl.concat([closing, batch["job"]])}
                 closing = None
-            seen.append(batch["job"])
-            end = min(end + step, start + timedelta(hours=hours))
-            yield Minute(batch, end)
-        closing = _open_jobs(pl.concat(seen), end)
-        start = end
-        n += 1
+            yield Minute(batch, min(t0 + (i + 1) * step, t1), replayed)
+        closing = _open_jobs(pl.concat(seen), t1)
+        k, skip = k + 1, 0
+
+
+def _previous(sim: SimConfig, k: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every job event of episode ``k − 1``, its closing ``cancelled`` events included,
+    and its inventory."""
+    batches = list(_episode(sim, k - 1, telemetry_from=1 << 62))
+    events = pl.concat([b["job"] for b in batches])
+    return (pl.concat([events, _open_jobs(events, episode_start(k))]),
+            pl.concat([empty_frame("inventory"), *(b["inventory"] for b in batches)]))
+
+
+def history(jobs: pl.DataFrame, inventory: pl.DataFrame, start: datetime
+            ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Of the timeline's events before ``start`` (in time order), what a run's first
+    minute sends again (module doc): the events of the jobs still open at ``start`` or
+    ended within :data:`REPLAY_HOURS` of it, and the inventory.
+
+    Of a job requeued, only its ``submitted`` and its last attempt's events go (those
+    after its last ``requeued``): the processor takes a repeated ``started`` as a
+    duplicate only while the job holds the GPUs of that start, so an earlier attempt's
+    ``started`` sent again would be refused as a second start on other GPUs."""
+    since = start - timedelta(hours=REPLAY_HOURS)
+    last = jobs.group_by("job_id", maintain_order=True).last()
+    keep = last.filter(~pl.col("event").is_in(list(JOB_END_EVENTS))
+                       | (pl.col("time") >= since))["job_id"]
+    numbered = jobs.with_row_index("_row")
+    requeued = numbered.filter(pl.col("event") == "requeued").group_by("job_id").agg(
+        pl.col("_row").max().alias("_requeued"))
+    kept = numbered.filter(pl.col("job_id").is_in(keep.implode())).join(
+        requeued, on="job_id", how="left").filter(
+        pl.col("_requeued").is_null() | (pl.col("_row") > pl.col("_requeued"))
+        | (pl.col("event") == "submitted"))
+    return kept.sort("_row").select(jobs.columns), inventory
 
 
 def _renumber(batch: Batch, offset: int) -> Batch:

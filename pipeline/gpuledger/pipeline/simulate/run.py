@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 
 from gpuledger.contract.schema import RECORD_TYPES
+from gpuledger.pipeline.columns import empty_frame
 from gpuledger.pipeline.simulate.cluster import ClusterSpec, load_cluster
 from gpuledger.pipeline.simulate.layout import Layout, build_layout
 from gpuledger.pipeline.simulate.records import inventory_frame, job_frame
@@ -116,8 +117,12 @@ def plan(config: SimConfig) -> Plan:
     )
 
 
-def simulate(config: SimConfig) -> Iterator[dict[str, pl.DataFrame]]:
-    """Yield batches ``{"telemetry", "inventory", "job"}`` in time order (module doc)."""
+def simulate(config: SimConfig, telemetry_from: int = 0) -> Iterator[dict[str, pl.DataFrame]]:
+    """Yield batches ``{"telemetry", "inventory", "job"}`` in time order (module doc).
+
+    ``telemetry_from``: the batches before that one carry no telemetry (it is not
+    synthesised, which is most of the cost; the nodes' sequence numbers go on as if it
+    were, so every later batch is the same as without it)."""
     p = plan(config)
     sched = p.schedule
     jobs_all = job_frame(sched.events, p.jobs, p.layout, p.origin_ms)
@@ -136,8 +141,11 @@ def simulate(config: SimConfig) -> Iterator[dict[str, pl.DataFrame]]:
     for i in range(p.batches):
         lo = sched.start_s + i * p.chunk_s
         hi = min(lo + p.chunk_s, sched.end_s)
+        if i < telemetry_from:
+            synth.skip(lo, hi)
         yield {
-            "telemetry": synth.chunk(i, lo, hi),
+            "telemetry": synth.chunk(i, lo, hi) if i >= telemetry_from
+            else empty_frame("telemetry"),
             "inventory": _slice(inv_all, inv_t, lo, hi),
             "job": _slice(jobs_all, job_t, lo, hi),
         }

@@ -337,6 +337,18 @@ class TelemetrySynth:
                 xid[np.flatnonzero(rows)[0], g] = 1
         return healthy.ravel(), xid.ravel()
 
+    def skip(self, lo_s: int, hi_s: int) -> None:
+        """What :meth:`chunk` leaves behind for ``lo_s <= t < hi_s`` (the nodes' sequence
+        numbers) without synthesising it."""
+        dt = self.interval_s
+        k0 = -(-(lo_s - self.start_s) // dt)
+        k1 = -(-(min(hi_s, self.end_s) - self.start_s) // dt)
+        if k1 <= k0:
+            return
+        times = self.start_s + np.arange(k0, k1, dtype=np.int64) * dt
+        up = self._node_up(times, times.size)
+        self.node_seq += (up * self.layout.node_gpus[None, :]).sum(axis=0)
+
     def _node_up(self, times: np.ndarray, n_k: int) -> np.ndarray:
         up = np.ones((n_k, self.layout.node_count), dtype=bool)
         for n, t0, t1 in self.down:
