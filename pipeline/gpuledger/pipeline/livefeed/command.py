@@ -17,6 +17,18 @@ from gpuledger.cli.log_setup import configure as configure_logging
 
 log = logging.getLogger("gpuledger.feed")
 
+PRODUCER_OPTIONS: dict[str, Any] = {"delivery_timeout_ms": 7 * 86_400_000,
+                                    "max_block_ms": 7 * 86_400_000}
+"""While the broker is away the producer keeps every message and retries: its default
+delivery timeout (2 min) expired the queued minutes in silence (a probe: two minutes of
+telemetry and four job events lost in a 170 s outage); a full buffer blocks the feed."""
+UNCONFIRMED_S = 30.0
+"""Nothing confirmed for this long, with messages waiting: the outage is said (once)."""
+STOP_FLUSH_S = 20.0
+"""At a stop, how long the messages still waiting may take (compose's grace is 30 s)."""
+END_FLUSH_S = 600.0
+"""At the end of the hours fed, how long they may take (an outage then)."""
+
 
 def cmd_feed(args: argparse.Namespace) -> int:
     try:
@@ -56,7 +68,8 @@ def cmd_feed(args: argparse.Namespace) -> int:
         stopping[0] = True
 
     signal.signal(signal.SIGTERM, on_term)
-    sink = KafkaSink(settings)
+    sink = KafkaSink(settings, **PRODUCER_OPTIONS)
+    watch = DeliveryWatch(sink)
     log.info("feeding %g simulated hours%s from %s at %gx real time to %s", sim.hours,
              " and on (--loop)" if args.loop else "", start.isoformat(), args.speed,
              settings.bootstrap)
@@ -66,18 +79,73 @@ def cmd_feed(args: argparse.Namespace) -> int:
             log.info("the first minute carries %d job events of the timeline before it "
                      "(the history an earlier run may have sent: duplicates count once)",
                      minute.replayed)
+        _check_delivery(sink)
         sink.publish_batch(minute.batch)
 
+    n = -1
     try:
         n = feed(episodes(sim, loop=args.loop), publish, chunk_s=60.0, speed=args.speed,
                  stop=lambda: stopping[0], not_before=lambda m: m.end.timestamp())
     except KeyboardInterrupt:
-        n = -1
+        pass
     finally:
-        sink.close()
-    print(f"published {max(n, 0):,} minute batches ({sink.messages:,} messages) "
-          f"to {settings.bootstrap}")
+        flushed = sink.close(STOP_FLUSH_S if stopping[0] or n < 0 else END_FLUSH_S)
+        watch.stop()
+    _check_delivery(sink)
+    print(f"published {max(n, 0):,} minute batches ({sink.delivered:,} messages "
+          f"confirmed) to {settings.bootstrap}")
+    if not flushed:
+        raise CliError(f"{sink.waiting:,} message(s) not confirmed by Kafka at "
+                       f"{settings.bootstrap} at the end: they are lost (the broker is "
+                       "unreachable)")
     return 0
+
+
+def _check_delivery(sink: Any) -> None:
+    """A message the broker refused for good stops the feed in one line (a restart
+    policy then acts)."""
+    if sink.failed:
+        raise CliError(f"Kafka refused {sink.failed:,} message(s) ({sink.first_error}): "
+                       "the feed stops")
+
+
+class DeliveryWatch:
+    """Says an outage once, and its end once: nothing confirmed for
+    :data:`UNCONFIRMED_S` while messages wait or a send waits (for the broker's
+    metadata, or room in a full buffer), then a confirmation again. A thread of its
+    own: a send blocked on the broker holds the feed's thread."""
+
+    def __init__(self, sink: Any, every_s: float = 0.5) -> None:
+        import threading
+
+        self.sink = sink
+        self.every_s = every_s
+        self._done = threading.Event()
+        self._said = 0.0
+        self._thread = threading.Thread(target=self._run, name="feed-delivery", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        while not self._done.wait(self.every_s):
+            s, now = self.sink, time.monotonic()
+            blocked = s.sending_since is not None and now - s.sending_since > UNCONFIRMED_S
+            quiet = now - s.last_delivery > UNCONFIRMED_S
+            if not self._said and quiet and (s.waiting or blocked):
+                self._said = now
+                log.warning("Kafka has confirmed nothing for %.0f s (%d message(s) "
+                            "waiting): the feed holds them and waits, nothing is dropped; "
+                            "it says when they are delivered", now - s.last_delivery,
+                            s.waiting)
+            elif self._said and s.last_delivery > self._said:
+                log.warning("Kafka confirms again after %.0f s: the messages held through "
+                            "the outage are delivered", now - self._said)
+                self._said = 0.0
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=2)
 
 
 def simulated_start(now: datetime, hours: float, speed: float) -> datetime:
@@ -107,7 +175,9 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
         "simulated clock starts in the past (by --hours × (1 − 1/speed)) and reaches "
         "about now at the end; with --loop it then goes on in real time. Topics are "
         "created when missing; security from GPULEDGER_KAFKA_* variables "
-        "(docs/kafka.md). SIGTERM stops after the current minute.")
+        "(docs/kafka.md). Through a broker outage every message is held and sent "
+        "when the broker is back (the outage and its end are said). SIGTERM stops after "
+        "the current minute.")
     p.add_argument("--kafka", metavar="BOOTSTRAP", default=None,
                    help="HOST:PORT[,HOST:PORT] (default $GPULEDGER_KAFKA_BOOTSTRAP)")
     p.add_argument("--topic-prefix", default=None, help="prefix for the topic names")
