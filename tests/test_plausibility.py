@@ -5,7 +5,7 @@ Each is set aside with its reason and counted; the good facts stay as they are."
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from fact_views import assert_same_facts
 
 from gpuledger.cli.main import main
 from gpuledger.pipeline.config import ProcessorConfig
-from gpuledger.pipeline.ingest import ingest
+from gpuledger.pipeline.ingest import IngestResult, ingest
 from gpuledger.pipeline.partitions import Partitioning
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.warehouse import Warehouse, read_table
@@ -159,15 +159,12 @@ def test_partitions_read_hours_apart_while_catching_up_are_not_ahead(tmp_path: P
     assert read_table(tmp_path / "wh", "rejects").is_empty()
 
 
-def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A node's record and a long job's submission and start, 8 days before a 1-hour
-    burst of short jobs: set aside as outliers before, so the node had no capacity, every
-    job was charged 0 and the long one had no attempt. Kept now, with a warning; the
-    long job holds its GPU for the whole 8 days and an hour."""
-    burst = at(8 * 24 * 60)
-    recs = [inventory("n1", at(0), gpus=8), job("submitted", "long", at(0)),
-            job("started", "long", at(0, 30), allocation=alloc("n1", 0))]
+def _early_and_burst(tmp_path: Path, early: datetime, burst: datetime) -> IngestResult:
+    """Ingest a node's record and a long job's submission and start at ``early``, then a
+    1-hour burst of 400 short jobs from ``burst`` (the long one ends 61 min into it)."""
+    recs = [inventory("n1", early, gpus=8), job("submitted", "long", early),
+            job("started", "long", early + timedelta(seconds=30),
+                allocation=alloc("n1", 0))]
     for i in range(400):  # the three early records are below the 1st percentile
         t = burst + timedelta(seconds=9 * i)
         recs += [job("submitted", f"s{i}", t),
@@ -177,7 +174,16 @@ def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(
     recs.append(job("finished", "long", burst + timedelta(minutes=61)))
     path = tmp_path / "history.jsonl"
     path.write_bytes(jsonl(recs))
-    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    return ingest([path], tmp_path / "wh", ProcessorConfig())
+
+
+def test_inventory_and_a_long_jobs_start_days_before_a_burst_are_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A node's record and a long job's submission and start, 8 days before a 1-hour
+    burst of short jobs: set aside as outliers before, so the node had no capacity, every
+    job was charged 0 and the long one had no attempt. Kept now, with a warning; the
+    long job holds its GPU for the whole 8 days and an hour."""
+    result = _early_and_burst(tmp_path, at(0), at(8 * 24 * 60))
     assert result.rejects.is_empty()
     assert "come 8.0 days before the bulk of the input" in caplog.text
     attempts = read_table(tmp_path / "wh", "job_attempts")
@@ -194,20 +200,8 @@ def test_a_record_years_before_the_bulk_only_updates_the_books(
     in 14 CPU-minutes before a probe killed it). The facts now begin 31 days before the
     burst; the early records still give the node its capacity and the job its attempt,
     charged from there."""
-    burst, early = at(0), at(-400 * 24 * 60)
-    recs = [inventory("n1", early, gpus=8), job("submitted", "long", early),
-            job("started", "long", early + timedelta(seconds=30),
-                allocation=alloc("n1", 0))]
-    for i in range(400):
-        t = burst + timedelta(seconds=9 * i)
-        recs += [job("submitted", f"s{i}", t),
-                 job("started", f"s{i}", t + timedelta(seconds=1),
-                     allocation=alloc("n1", 1 + i % 7)),
-                 job("finished", f"s{i}", t + timedelta(seconds=5))]
-    recs.append(job("finished", "long", burst + timedelta(minutes=61)))
-    path = tmp_path / "history.jsonl"
-    path.write_bytes(jsonl(recs))
-    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    burst = at(0)
+    result = _early_and_burst(tmp_path, at(-400 * 24 * 60), burst)
     assert result.rejects.is_empty()
     assert "the facts begin at" in caplog.text and "31 days before it" in caplog.text
     attempts = read_table(tmp_path / "wh", "job_attempts")
