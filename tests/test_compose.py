@@ -498,29 +498,7 @@ def test_a_real_alertmanager_delivers_to_the_example_webhook(
     webhook's address and the wait times changed: an alert posted to its API (as the
     processor's --alert-webhook does, and Prometheus) comes out of the example receiver."""
     hook_port, hook = webhook
-    mounts = {t: s for s, t in _mounts(SERVICES["alertmanager"])}
-    config = yaml.safe_load((REPO / mounts["/etc/alertmanager/alertmanager.yml"]).read_text())
-    for r in config["receivers"]:
-        for w in r.get("webhook_configs", []):
-            w["url"] = re.sub(r"//[^/]+/", f"//127.0.0.1:{hook_port}/", w["url"])
-    config["route"].update(group_wait="1s", group_interval="1s")
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    am_port, cluster_port = _free_port(), _free_port()
-    am = subprocess.Popen(["prometheus-alertmanager", f"--config.file={tmp_path / 'am.yml'}",
-                           f"--storage.path={tmp_path / 'data'}",
-                           f"--web.listen-address=127.0.0.1:{am_port}",
-                           f"--cluster.listen-address=127.0.0.1:{cluster_port}"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{am_port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/-/ready", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "alertmanager did not start"
-                time.sleep(0.2)
+    with _alertmanager(tmp_path, hook_port) as base:
         alert = [{"labels": {"alertname": "GpuJobLowUtilisation", "severity": "warning",
                              "job_id": "1000123", "team": "vision", "pool": "train"},
                   "annotations": {"summary": "job 1000123 used 4 % of its GPUs for 30 min"}}]
@@ -534,9 +512,6 @@ def test_a_real_alertmanager_delivers_to_the_example_webhook(
         assert line.startswith("firing GpuJobLowUtilisation "), line
         assert "job_id=1000123" in line and "team=vision" in line
         assert "used 4 % of its GPUs" in line
-    finally:
-        am.terminate()
-        am.wait(timeout=10)
 
 
 @contextlib.contextmanager
