@@ -152,3 +152,25 @@ def test_two_starts_of_one_job_at_one_time_give_the_same_facts_in_any_order(
         rejects = r.table("rejects")
         assert rejects.height == 1
         assert "again at the same time with other GPUs" in rejects["reason"][0]
+
+
+def test_a_job_history_sent_again_is_duplicates_and_its_new_attempt(
+        process: Callable[..., Facts]) -> None:
+    """A feed restarted after its job was preempted and started again on another GPU
+    sends the job's whole history again. The first attempt's `started` was refused as
+    a second start on other GPUs (the job held its new attempt's GPUs by then), or, sent
+    only from the new attempt on, the new `started` while the book still ran the first:
+    one of the two attempts lost either way. Now the events seen are duplicates."""
+    first = [inventory("n1", at(0), gpus=2), job("submitted", "j", at(0)),
+             job("started", "j", at(1), allocation=alloc("n1", 0))]
+    whole = [job("submitted", "j", at(0)),
+             job("started", "j", at(1), allocation=alloc("n1", 0)),
+             job("preempted", "j", at(5)), job("requeued", "j", at(5, 30)),
+             job("started", "j", at(7), allocation=alloc("n1", 1))]
+    end = [job("finished", "j", at(10)), job("submitted", "later", at(12))]
+    facts = process(batches=[first, whole, whole, end])
+    assert facts.table("rejects").is_empty()
+    attempts = facts.table("job_attempts").sort("attempt")
+    assert attempts["attempt"].to_list() == [0, 1]
+    assert attempts["allocated_gpu_hours"].to_list() == pytest.approx([4 / 60, 3 / 60])
+    assert facts.processor.jobs.counters.duplicates == 2 + 5

@@ -128,22 +128,15 @@ def history(jobs: pl.DataFrame, inventory: pl.DataFrame, start: datetime
     minute sends again (module doc): the events of the jobs still open at ``start`` or
     ended within :data:`REPLAY_HOURS` of it, and the inventory.
 
-    Of a job requeued, only its ``submitted`` and its last attempt's events go (those
-    after its last ``requeued``): the processor takes a repeated ``started`` as a
-    duplicate only while the job holds the GPUs of that start, so an earlier attempt's
-    ``started`` sent again would be refused as a second start on other GPUs."""
+    A job's whole history goes, every attempt: a job preempted and started again while
+    no feed ran gets its preemption and new start, and its earlier attempts' events are
+    duplicates to a processor that has them (only its last attempt went, and its new
+    ``started`` was refused: the job was still running its earlier attempt there)."""
     since = start - timedelta(hours=REPLAY_HOURS)
     last = jobs.group_by("job_id", maintain_order=True).last()
     keep = last.filter(~pl.col("event").is_in(list(JOB_END_EVENTS))
                        | (pl.col("time") >= since))["job_id"]
-    numbered = jobs.with_row_index("_row")
-    requeued = numbered.filter(pl.col("event") == "requeued").group_by("job_id").agg(
-        pl.col("_row").max().alias("_requeued"))
-    kept = numbered.filter(pl.col("job_id").is_in(keep.implode())).join(
-        requeued, on="job_id", how="left").filter(
-        pl.col("_requeued").is_null() | (pl.col("_row") > pl.col("_requeued"))
-        | (pl.col("event") == "submitted"))
-    return kept.sort("_row").select(jobs.columns), inventory
+    return jobs.filter(pl.col("job_id").is_in(keep.implode())), inventory
 
 
 def _renumber(batch: Batch, offset: int) -> Batch:

@@ -330,7 +330,11 @@ class JobBook:
             self.jobs[job_id] = job
         key = (kind, time)
         if key in job.seen:
-            if kind == "started" and _gpus(ev) != _gpus({"allocation": job.allocation}):
+            # a repeated start of the attempt the job is in must name its GPUs; one of an
+            # earlier attempt (a history sent again) is a duplicate: it was refused as a
+            # second start on other GPUs
+            if kind == "started" and job.started_at == time \
+                    and _gpus(ev) != _gpus({"allocation": job.allocation}):
                 raise OutOfOrder(f"started for job {job_id!r} again at the same time with "
                                  "other GPUs (the first, in allocation order, is kept)")
             self.counters.duplicates += 1
