@@ -16,8 +16,8 @@ At an episode's end every job still pending or running gets a ``cancelled`` even
 episode's first events: the GPUs are free again when the next episode's jobs take them.
 
 The first minute a run publishes also carries the timeline's history that a consumer
-needs to agree with it (:func:`history`): each node's last inventory before ``start``,
-and every event before ``start`` of the jobs of this episode and the one before that
+needs to agree with it: the inventory records of this episode and the one before, up
+to ``start``, and (:func:`history`) every event before ``start`` of their jobs that
 are still open at ``start`` or ended within :data:`REPLAY_HOURS` of it. A run cannot
 tell whether an earlier one published them, so it sends them again: where an earlier
 run did, they are duplicates (same job, event and time), which the processor counts
@@ -100,9 +100,9 @@ def episodes(sim: SimConfig, loop: bool = False) -> Iterator[Minute]:
                 return
             replayed = 0
             if first:
-                jobs, inv = history(pl.concat(earlier), pl.concat(inventory), sim.start)
+                jobs = history(pl.concat(earlier), sim.start)
                 batch = {**batch, "job": pl.concat([jobs, batch["job"]]),
-                         "inventory": pl.concat([inv, batch["inventory"]])}
+                         "inventory": pl.concat([*inventory, batch["inventory"]])}
                 replayed, first = jobs.height, False
                 earlier, inventory = [], []
             if closing is not None:
@@ -122,11 +122,10 @@ def _previous(sim: SimConfig, k: int) -> tuple[pl.DataFrame, pl.DataFrame]:
             pl.concat([empty_frame("inventory"), *(b["inventory"] for b in batches)]))
 
 
-def history(jobs: pl.DataFrame, inventory: pl.DataFrame, start: datetime
-            ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Of the timeline's events before ``start`` (in time order), what a run's first
+def history(jobs: pl.DataFrame, start: datetime) -> pl.DataFrame:
+    """Of the timeline's job events before ``start`` (in time order), what a run's first
     minute sends again (module doc): the events of the jobs still open at ``start`` or
-    ended within :data:`REPLAY_HOURS` of it, and the inventory.
+    ended within :data:`REPLAY_HOURS` of it.
 
     A job's whole history goes, every attempt: a job preempted and started again while
     no feed ran gets its preemption and new start, and its earlier attempts' events are
@@ -136,7 +135,7 @@ def history(jobs: pl.DataFrame, inventory: pl.DataFrame, start: datetime
     last = jobs.group_by("job_id", maintain_order=True).last()
     keep = last.filter(~pl.col("event").is_in(list(JOB_END_EVENTS))
                        | (pl.col("time") >= since))["job_id"]
-    return jobs.filter(pl.col("job_id").is_in(keep.implode())), inventory
+    return jobs.filter(pl.col("job_id").is_in(keep.implode()))
 
 
 def _renumber(batch: Batch, offset: int) -> Batch:
