@@ -27,6 +27,8 @@ CONTROL_ESCAPES = ({c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)]}
 escapes: a value from the input (a Slurm job name, a team) written raw to a terminal
 broke its table's row at a newline, and its escape sequences (``ESC[31m``) ran in the
 terminal."""
+CONTROL_PATTERN = "[" + "".join(f"\\x{{{c:x}}}" for c in sorted(CONTROL_ESCAPES)) + "]"
+"""The characters of :data:`CONTROL_ESCAPES` as a regular expression (Polars' syntax)."""
 
 
 def printable(text: str) -> str:

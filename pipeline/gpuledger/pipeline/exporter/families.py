@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import polars as pl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from gpuledger.pipeline.terminal_fit import CONTROL_PATTERN
+
 MIB = 1_048_576.0
 UNKNOWN = "unknown"
 ANY_CARD = "any"
@@ -28,16 +30,13 @@ def label_exprs(labels: Sequence[str], empty: Sequence[str] = (),
         return ANY_CARD if any_card and c == REQUESTED_CARD else UNKNOWN
 
     def label(c: str) -> pl.Expr:
-        text = pl.col(c).cast(pl.String).str.replace_all(CONTROL, "\ufffd")
+        text = pl.col(c).cast(pl.String).str.replace_all(CONTROL_PATTERN, "\ufffd")
         if c not in empty:
             text = text.replace("", None)
         return text.fill_null(fill(c)).alias(c)
 
     return [label(c) for c in labels]
 
-
-CONTROL = "[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
-"""The characters no label value keeps (a regular expression)."""
 
 
 def gauge(name: str, doc: str, frame: pl.DataFrame, labels: Sequence[str],

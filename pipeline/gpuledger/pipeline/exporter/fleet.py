@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuledger.pipeline.exporter.families import gauge
 from gpuledger.pipeline.exporter.snapshot import Snapshot
-from gpuledger.pipeline.facts.gpu_state import ALLOCATED_STATES
+from gpuledger.pipeline.facts.gpu_state import ALLOCATED_STATES, rest_state
 
 ALLOC_LABELS = ["pool", "card_type", "team", "queue"]
 
@@ -77,7 +77,10 @@ def gpu_parts(gpu: pl.DataFrame, allocations: pl.DataFrame,
         "pool", "card_type", "node", "gpu_index", state.alias("state"),
         pl.col("allocated").fill_null(False).alias("allocated"), held.alias("_held"),
         "team", "queue", pl.col("activity").fill_null(0.0).alias("activity"),
-        (pl.col("schedulable").fill_null(True)).alias("schedulable"))
+        (pl.col("schedulable").fill_null(True)).alias("schedulable"),
+        # a held GPU-minute is unavailable exactly where its GPU or node was unhealthy
+        # (gpu_state.classify tests that first)
+        (state == "unavailable").alias("unhealthy"))
     teams = _team_fractions(allocations, attributes)
     gpu_key = ["node", "gpu_index"]
     mine = rows.filter(pl.col("allocated")).join(teams, on=gpu_key, how="left")
@@ -92,15 +95,9 @@ def gpu_parts(gpu: pl.DataFrame, allocations: pl.DataFrame,
         (pl.col("gpus") * pl.col("activity")).alias("used"),
         pl.col("team").replace("", None).fill_null("unknown"),
     ).drop("activity")
-    # the part no job held: the minute's own state when nothing was held; else
-    # unavailable where the GPU or its node is (the allocated part's state says so
-    # first), free otherwise
-    rest_state = (pl.when(~pl.col("allocated")).then(pl.col("state"))
-                  .when((pl.col("state") == "unavailable") | ~pl.col("schedulable"))
-                  .then(pl.lit("unavailable")).otherwise(pl.lit("free")))
     rest = rows.select(
         "pool", "card_type", pl.lit(None, pl.String).alias("team"),
-        pl.lit(None, pl.String).alias("queue"), rest_state.alias("state"),
+        pl.lit(None, pl.String).alias("queue"), rest_state().alias("state"),
         (1.0 - pl.col("_held")).alias("gpus"), pl.lit(0.0).alias("used"),
     ).filter(pl.col("gpus") > 0)
     return pl.concat([held_parts.select(rest.columns), rest], how="vertical_relaxed")
