@@ -347,3 +347,31 @@ def test_diagnose_of_a_bucket_that_is_no_warehouse_says_so_in_one_line(
             else "does not exist" in refused.stderr), refused.stderr
     # the progress bar is not drawn before the refusal
     assert "diagnosing" not in refused.stderr
+
+
+def test_a_damaged_object_is_named_by_query_and_report(s3: S3Server,
+                                                       events: list[Path]) -> None:
+    """An object cut short after it was published: the reader's error names it (DuckDB
+    alone said "Failed to read … from Python file", naming no object)."""
+    url = s3.bucket() + "/damaged"
+    env = _env(s3)
+    for key, value in s3.env().items():
+        os.environ[key] = value
+    try:
+        ingest(events, url, ProcessorConfig())
+        store = open_store(url)
+        victim = sorted(o for o in published_files(url).values()
+                        if o.startswith("facts/gpu_hourly/date="))[0]
+        whole = store.read(victim)
+        assert whole is not None and len(whole) > 300
+        store.write(victim, whole[:300])
+    finally:
+        for key in s3.env():
+            os.environ.pop(key, None)
+    for args in (("query", "SELECT sum(allocated_gpu_hours) FROM gpu_hourly"), ("report",)):
+        done = _cli(*args, "--warehouse", url, env=env)
+        assert done.returncode == 2, done.stdout
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert f"{url}/{victim}: damaged" in lines[0]
+        assert f"holds 300 bytes where the generation's manifest says {len(whole)}" in lines[0]

@@ -714,9 +714,24 @@ def _objects(store: Store, sizes: dict[str, int]) -> Any:
                 return super()._open(path, mode, block_size, **kwargs)
             data = self._whole(bare)
             if data is not None:
+                _check_size(bare, len(data))
                 return ObjectFile(data, len(data))
             source = self.fs.open_input_file(bare)
+            try:
+                _check_size(bare, source.size())
+            except OSError:
+                source.close()
+                raise
             return ObjectFile(source, source.size())
+
+    def _check_size(bare: str, size: int) -> None:
+        """An object whose size is not its manifest's is damaged (cut short, replaced):
+        say which, rather than DuckDB's short read of a nameless "Python file"."""
+        expected = sizes.get(bare)
+        if expected is not None and expected != size:
+            raise OSError(f"s3://{bare}: damaged: it holds {size} bytes where the "
+                          f"generation's manifest says {expected} (cut short or replaced "
+                          "since it was written)")
 
     return Objects(store.fs)
 
