@@ -313,6 +313,26 @@ def test_ecc_and_nvlink_counters_become_deltas_and_rates(tmp_path: Path,
     assert_valid(recs)
 
 
+def test_a_step_of_the_wall_clock_makes_no_rate_up(tmp_path: Path,
+                                                   fake_nvml_lib: Path) -> None:
+    """NTP steps the wall clock back an hour between two collections, then forward
+    again: the samples carry the wall time, the rates the 10 s that passed."""
+    nv_tx = 138
+    sc = Scenario(gpus=1)
+    gpu(sc, 0)
+    for step, value in enumerate([0, 100_000, 200_000, 300_000]):
+        sc.at(step, "g0", f"field.{nv_tx}", value)
+    walls = [START, START + timedelta(seconds=10), START - timedelta(seconds=3580),
+             START + timedelta(seconds=30)]
+    out = run(tmp_path, fake_nvml_lib, sc, steps=[0, 1, 2, 3],
+              times=[t.isoformat() for t in walls])
+    recs = [c[0] for c in out["collects"]]
+    assert [r["time"] for r in recs] == [
+        t.strftime("%Y-%m-%dT%H:%M:%S.000Z") for t in walls]
+    for rec in recs[1:]:
+        assert rec["nvlink_tx_bytes_s"] == pytest.approx(100_000 * 1024 / INTERVAL)
+
+
 def test_a_field_file_chooses_what_is_collected(tmp_path: Path, fake_nvml_lib: Path) -> None:
     fields = tmp_path / "fields.yaml"
     fields.write_text(yaml.safe_dump({

@@ -11,6 +11,8 @@ Started by ``fake_nvml.drive`` in a subprocess whose LD_LIBRARY_PATH holds the f
     pool        when given, an inventory record is taken after every collection
     fields      a field file for the source (default: the packaged one)
     counts      fake-driver keys whose query counts to report at the end
+    times       the wall time of each collection, ISO 8601 (default: start + interval ×
+                step); the source's monotonic clock still reads start + interval × step
     sleep_s     when given, the steps are not set: the driver advances them by itself
                 (FAKE_NVML_STEP_S) and drive.py sleeps this long between collections
 
@@ -42,8 +44,13 @@ def main() -> None:
 
     from gpuledger.agent.sources.nvml import NvmlSource, NvmlUnavailable
 
+    times = [datetime.fromisoformat(t) for t in plan.get("times", [])]
+    ticks = [start.timestamp() + interval * step for step in steps]
+    clock = iter(ticks)
     try:
-        source = NvmlSource(plan.get("node", "node-1"), plan.get("fields"))
+        source = NvmlSource(plan.get("node", "node-1"), plan.get("fields"),
+                            **({} if plan.get("sleep_s") is not None
+                               else {"clock": lambda: next(clock)}))
     except NvmlUnavailable as err:
         print(json.dumps({"error": {"type": type(err).__name__, "message": str(err)}}))
         return
@@ -53,7 +60,7 @@ def main() -> None:
             lib.fake_nvml_set_step(ctypes.c_uint(step))
         elif n > 0:
             time.sleep(float(plan["sleep_s"]))
-        when = start + timedelta(seconds=interval * step)
+        when = times[n] if times else start + timedelta(seconds=interval * step)
         out["collects"].append(source.collect(when))
         if plan.get("pool"):
             out["inventories"].append(source.inventory(plan["pool"], when))

@@ -33,7 +33,9 @@ import contextlib
 import ctypes
 import logging
 import math
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -131,7 +133,11 @@ class _Device:
 class NvmlSource:
     """Contract telemetry and inventory records from the node's GPUs through NVML."""
 
-    def __init__(self, node: str, fields: str | Path | None = None) -> None:
+    def __init__(self, node: str, fields: str | Path | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock`` times the readings a counter rate divides by: a monotonic clock, so
+        that a step of the wall clock (NTP, a VM resumed) makes no rate up."""
+        self._clock = clock
         try:
             import pynvml  # type: ignore[import-untyped,unused-ignore]
         except ImportError as err:
@@ -284,7 +290,7 @@ class NvmlSource:
         """One sample per GPU (and per MIG device), as contract telemetry records."""
         when = (now or datetime.now(UTC)).astimezone(UTC)
         stamp = when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
-        seconds = when.timestamp()
+        seconds = self._clock()
         self._drain_events()
         out: list[dict[str, Any]] = []
         for gpu in self._gpus:
