@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kafka_broker import Broker, broker_from_env, start_broker
@@ -62,3 +63,21 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield broker
     finally:
         _release()
+
+
+def topic_messages(bootstrap: str, *topics: str, idle_ms: int = 5000) -> list[Any]:
+    """Every message of ``topics`` from their start (kafka-python's records: ``topic``,
+    ``key``, ``value``, ``headers``…), read until they stay quiet ``idle_ms``."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None,
+                             auto_offset_reset="earliest", consumer_timeout_ms=idle_ms)
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+def topic_values(bootstrap: str, topic: str, idle_ms: int = 5000) -> list[bytes]:
+    """Every value of ``topic`` from its start (:func:`topic_messages`)."""
+    return [m.value for m in topic_messages(bootstrap, topic, idle_ms=idle_ms)]

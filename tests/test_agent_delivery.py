@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from kafka_broker import Broker, start_broker
-from kafka_fixtures import kafka  # noqa: F401  (a fixture)
+from kafka_fixtures import kafka, topic_values  # noqa: F401  (a fixture)
 
 from gpuledger.agent.sender import Sender
 from gpuledger.agent.spool import Spool
@@ -82,12 +82,7 @@ def test_outage_and_restart_lose_nothing(tmp_path: Path,
         assert 3 <= len(said) <= 5, said
         assert said[-1].startswith("delivery works again after "), said
 
-        consumer = KafkaConsumer(TOPIC, bootstrap_servers=broker.bootstrap,
-                                 auto_offset_reset="earliest", consumer_timeout_ms=5000)
-        try:
-            got = [json.loads(m.value) for m in consumer]
-        finally:
-            consumer.close()
+        got = [json.loads(v) for v in topic_values(broker.bootstrap, TOPIC)]
         seqs = sorted(m["seq"] for m in got)
         assert seqs == list(range(seq))               # every one, exactly once
         for node in range(4):                          # and in order per node (partition)
@@ -151,10 +146,5 @@ def test_a_message_kafka_refuses_for_its_size_is_set_aside_and_the_rest_go_on(
     assert len(said) == 1 and said[0].startswith(
         f"message 2 ({topic}, 204,801 bytes) set aside, kept in "), said
     assert "message.max.bytes" in said[0]
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    try:
-        got = [m.value for m in consumer]
-    finally:
-        consumer.close()
+    got = topic_values(kafka.bootstrap, topic)
     assert got == [b"m0", b"m1", b"m3", b"m4", b"m5"]

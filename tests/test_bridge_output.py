@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_fixtures import topic_messages
 
 from gpuledger.bridges.mapping import Mapping
 from gpuledger.bridges.output import (
@@ -98,7 +99,6 @@ def test_state_file_errors(tmp_path: Path) -> None:
 
 
 def test_kafka_spool_sink_to_a_real_broker_exactly_once(tmp_path: Path, kafka: Any) -> None:
-    from kafka import KafkaConsumer
     from kafka.admin import KafkaAdminClient, NewTopic
 
     prefix = f"t{uuid.uuid4().hex[:8]}."
@@ -137,11 +137,8 @@ def test_kafka_spool_sink_to_a_real_broker_exactly_once(tmp_path: Path, kafka: A
     bridge(FileSink(clean), tmp_path / "clean.state").poll(now=1.0)
     expected = lines(clean)
 
-    consumer = KafkaConsumer(jobs_topic, inv_topic, bootstrap_servers=kafka.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000,
-                             group_id=None)
-    got = [(m.topic, m.key.decode(), json.loads(m.value)) for m in consumer]
-    consumer.close()
+    got = [(m.topic, m.key.decode(), json.loads(m.value))
+           for m in topic_messages(kafka.bootstrap, jobs_topic, inv_topic, idle_ms=3000)]
     assert sorted(json.dumps(r, sort_keys=True) for _, _, r in got) == \
         sorted(json.dumps(r, sort_keys=True) for r in expected)
     for topic, key, record in got:

@@ -24,6 +24,7 @@ import pytest
 from fact_views import assert_same_facts
 from kafka import KafkaConsumer, KafkaProducer
 from kafka_broker import Broker
+from kafka_fixtures import topic_messages
 from polars.testing import assert_frame_equal
 from test_simulate import SMALL
 from test_wire_decode import damaged_views
@@ -347,12 +348,7 @@ def test_malformed_messages_go_to_dead_letters_and_the_rest_goes_through(
     producer.close()
     service = _process(settings, tmp_path / "wh")
     assert service.stats.dead_letters == 8
-    consumer = KafkaConsumer(t.dead_letters, bootstrap_servers=kafka.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    try:
-        dead = list(consumer)
-    finally:
-        consumer.close()
+    dead = topic_messages(kafka.bootstrap, t.dead_letters)
     assert len(dead) == 8
     reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
     assert any(f"came on partition {(home + 1) % 4}; its node's partition is {home}" in r

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from kafka_broker import Broker
-from kafka_fixtures import kafka  # noqa: F401
+from kafka_fixtures import kafka, topic_values  # noqa: F401
 
 from gpuledger.cli.main import main
 from gpuledger.contract.schema import JOB_END_EVENTS
@@ -249,7 +249,6 @@ def test_feed_waits_through_a_broker_outage_and_loses_no_minute(
     minutes and four job events lost in a probe's 170 s outage). Now the producer keeps
     them: the feed says the outage once and its end once, and every minute arrives."""
     import pyarrow as pa
-    from kafka import KafkaConsumer
 
     from gpuledger.pipeline.livefeed import command
 
@@ -290,12 +289,7 @@ def test_feed_waits_through_a_broker_outage_and_loses_no_minute(
     assert sum("has confirmed nothing for" in m for m in said) == 1, said
     assert sum("Kafka confirms again" in m for m in said) == 1, said
     topic = Topics().prefixed(prefix).telemetry
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
-    try:
-        values = [m.value for m in consumer]
-    finally:
-        consumer.close()
+    values = topic_values(kafka.bootstrap, topic)
     minutes: set[datetime] = set()
     for v in values:
         times = pa.ipc.open_stream(v).read_all().column("time").to_pylist()
