@@ -488,6 +488,31 @@ def test_an_output_on_a_full_disk_is_one_line(warehouse: Path, command: list[str
                            "device\n"), proc.stderr
 
 
+@pytest.mark.parametrize("fmt", ["csv", "json", "table"])
+def test_an_output_cut_short_by_a_filling_disk_is_an_error(warehouse: Path, fmt: str,
+                                                           tmp_path: Path) -> None:
+    """A probe wrote ``query --format csv`` to a disk that filled part way: 8 KiB of
+    2.3 MB written, exit 0, nothing said (CPython's buffered stdout took the short
+    write as the whole). A file size limit cuts the output the same way."""
+    import resource
+
+    limit = 4 << 20
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / f"out.{fmt}"
+    sql = "SELECT 1 AS n, repeat('x', 5000000) AS pad"  # one write past the limit
+    with open(out, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "query",
+                               "--format", fmt, "--warehouse", str(warehouse), sql],
+                              stdout=f, stderr=subprocess.PIPE, text=True, timeout=120,
+                              preexec_fn=capped)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "gpuledger: error: cannot write the output: File too large\n"
+    assert out.stat().st_size == limit
+
+
 def test_duckdbs_advice_to_change_a_setting_is_left_out(
         warehouse: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A query nested 5,000 deep was refused with DuckDB's advice 'Use "SET

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuledger.cli import whole_writes
 from gpuledger.cli.arguments import (
     INT32_MAX,
     READ_WAREHOUSE_HELP,
@@ -769,12 +770,14 @@ def _duckdb_interrupted(exc: RuntimeError) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    whole_writes.install()
     try:
         parser = build_parser()
         args = _parsed(parser, argv)
         if hasattr(args, "warehouse"):
             args.warehouse = warehouse_location(args.warehouse, getattr(args, "config", None))
         code: int = args.func(args)
+        sys.stdout.flush()  # a full disk is said here, not at the interpreter's exit
         return code
     except CliError as exc:
         print(f"gpuledger: error: {exc}", file=sys.stderr)
