@@ -513,6 +513,23 @@ def test_an_output_cut_short_by_a_filling_disk_is_an_error(warehouse: Path, fmt:
     assert out.stat().st_size == limit
 
 
+def test_times_are_utc_whatever_the_machines_zone(warehouse: Path) -> None:
+    """A probe ran ``query`` under ``TZ=America/Los_Angeles``: ``minute::date`` counted a
+    day's minutes from 08:00 UTC, literals without an offset were read as Pacific time,
+    and times came out as -08:00; the guide says times are UTC, and ``SET`` is refused."""
+    sql = ("SELECT epoch(TIMESTAMPTZ '2026-01-05 00:00') AS e, "
+           "(TIMESTAMPTZ '2026-01-05 23:30Z')::date AS d, "
+           "TIMESTAMPTZ '2026-01-05 12:00Z' AS t, "
+           "(TIMESTAMPTZ '2026-01-05 12:00Z' AT TIME ZONE 'Europe/Berlin') AS berlin")
+    proc = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "query", "--format",
+                           "csv", "--warehouse", str(warehouse), sql],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TZ": "America/Los_Angeles"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "e,d,t,berlin", "1767571200.0,2026-01-05,2026-01-05T12:00:00+00:00,2026-01-05T13:00:00"]
+
+
 def test_duckdbs_advice_to_change_a_setting_is_left_out(
         warehouse: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A query nested 5,000 deep was refused with DuckDB's advice 'Use "SET

@@ -140,13 +140,14 @@ def _sweep_left_behind() -> None:
 
 
 def connect(warehouse: str | Path, threads: int | None = None,
-            timezone: str | None = None) -> duckdb.DuckDBPyConnection:
+            timezone: str = "UTC") -> duckdb.DuckDBPyConnection:
     """A read-only, locked-down connection to the warehouse's newest published generation
     (see the module's doc); a folder or an ``s3://`` warehouse.
 
     ``threads`` (DuckDB's worker threads; default one per core) and ``timezone`` (how
-    ``TIMESTAMPTZ`` values are shown and bucketed; default the machine's) are set here
-    because the configuration cannot be changed afterwards.
+    ``TIMESTAMPTZ`` values are shown, cast to dates and bucketed; default UTC, whatever
+    the machine's ``TZ``: under ``TZ=America/Los_Angeles`` a day's minutes were counted
+    from 08:00 UTC) are set here because the configuration cannot be changed afterwards.
     """
     try:
         store, snapshot = open_snapshot(warehouse)
@@ -179,8 +180,7 @@ def connect(warehouse: str | Path, threads: int | None = None,
     facts = store.url_of(FACTS).replace("'", "''")
     con.execute(f"SET allowed_directories = ['{facts}/']")
     con.execute("SET enable_external_access = false")
-    if timezone is not None:
-        con.execute("SET TimeZone = ?", [timezone])
+    con.execute("SET TimeZone = ?", [timezone])
     con.execute("SET lock_configuration = true")
     return con
 
@@ -538,9 +538,9 @@ def close_connection(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def run(warehouse: str | Path, sql: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        timezone: str = "UTC") -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run a read-only query on ``warehouse``; column names and rows."""
-    con = connect(warehouse)
+    con = connect(warehouse, timezone=timezone)
     try:
         check_read_only(con, sql)
         return fetch(con, sql, timeout_s)
@@ -551,10 +551,10 @@ def run(warehouse: str | Path, sql: str, timeout_s: float | None = DEFAULT_TIMEO
 @contextlib.contextmanager
 def run_stream(warehouse: str | Path, sql: str,
                timeout_s: float | None = DEFAULT_TIMEOUT_S, deadline: float | None = None,
-               ) -> Iterator[Stream]:
+               timezone: str = "UTC") -> Iterator[Stream]:
     """Run a read-only query on ``warehouse``; its rows a chunk at a time (:func:`stream`),
     for the ``with`` block, which stops the query if it still runs when the block ends."""
-    con = connect(warehouse)
+    con = connect(warehouse, timezone=timezone)
     try:
         check_read_only(con, sql)
         with stream(con, sql, timeout_s, deadline) as rows:

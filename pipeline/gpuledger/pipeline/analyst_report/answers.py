@@ -143,7 +143,7 @@ def answer_all(warehouse: Path, since: datetime | None = None, until: datetime |
                timeout_s: float | None = query.DEFAULT_TIMEOUT_S) -> Report:
     """Each section's rows, in order, and the window they cover; ``timeout_s`` bounds
     each query (Ctrl-C interrupts it too)."""
-    con = query.connect(warehouse, timezone="UTC")  # time buckets and times in UTC
+    con = query.connect(warehouse)  # time buckets and times in UTC (its default)
     asked = (since, until)
     since, until = whole_hours(since, until)
     try:
