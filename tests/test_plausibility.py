@@ -397,3 +397,30 @@ def test_samples_before_a_nodes_first_inventory_say_so(tmp_path: Path) -> None:
     assert reasons.len() > 0
     assert reasons.str.starts_with("no inventory for node 'n1'").all(), reasons.to_list()
     assert reasons.str.contains("at that time").any()   # read after its record came
+
+
+def test_no_minute_after_the_processors_clock_is_closed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A probe ingested one node whose clock ran 50 minutes ahead (within the hour ahead
+    that input may be): its GPUs' minutes were closed, and a running job charged, up to
+    50 minutes past the wall clock. Neither the watermark nor the end of the input closes
+    a minute that is not over; those after it stay open for the next run."""
+    now = at(30, 20)
+    skew = timedelta(minutes=50)
+    recs = [inventory("n0", at(0), gpus=1), job("submitted", "j", at(0), gpus=1),
+            job("started", "j", at(2), allocation=alloc("n0", 0))]
+    recs += series("n0", 0, at(0) + skew, 30, sm=0.5)   # to 10:80, by the node's clock
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "wh"), now=lambda: now)
+    batch = frames(recs)
+    proc.process(batch)
+    assert proc.closed_until is not None and proc.closed_until <= at(30)
+    proc.flush()
+    assert proc.closed_until == at(30)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("the input runs to 2026-01-05 11:20 UTC, 0:50:00 after this machine's "
+               "clock (10:30 UTC): the minutes from 10:30 on are not closed" in m
+               for m in said) == 1, said
+    facts = Facts(tmp_path / "wh", proc)
+    assert facts.table("gpu_minute")["minute"].max() == at(29)
+    running = facts.table("running_attempts").row(0, named=True)
+    assert running["allocated_gpu_hours"] == pytest.approx(28 / 60)

@@ -461,6 +461,8 @@ def save_inside_last_minute(processor: Processor, root: Store, run: Run,
     start = newest.replace(second=0, microsecond=0)
     if start == newest or closed > start or (continued is not None and start <= continued):
         return None
+    if start > processor.now_minute():  # not over: the run leaves it open anyway
+        return None
     if closed < start:
         processor.close_until(start)
     # the run's states are counted once both are saved (a re-run's first one, beside the

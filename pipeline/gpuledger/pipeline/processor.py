@@ -186,6 +186,7 @@ class Processor:
         self._uncharged_said = 0
         self._rejected_said = 0
         self._late_said = (0, 0)
+        self._ahead_said = False
         self._now = now or (lambda: datetime.now(UTC))
         self.inventory = InventoryBook()
         self.jobs = JobBook(config.windows.ended_job_memory_s)
@@ -656,7 +657,7 @@ class Processor:
             newest = min(self.node_time.values(), default=fleet)
         if newest is None and not self.telemetry_clock:
             newest = self.max_other_time
-        return None if newest is None else newest - lateness
+        return None if newest is None else min(newest, self._now()) - lateness
 
     def catching_up(self, behind: bool) -> bool:
         """More input is waiting (``behind``) and what was read is past input: its
@@ -782,12 +783,36 @@ class Processor:
 
     # -- closing minutes -------------------------------------------------------------
 
+    def now_minute(self) -> datetime:
+        """The start of the processor's own clock's current minute: no minute from it on
+        is over, whatever a clock ahead stamped on its records."""
+        return _floor_minute(self._now())
+
+    def _not_past_now(self, end: datetime) -> datetime:
+        """``end``, or :meth:`now_minute` when ``end`` is after it (a node 50 min ahead
+        had its GPUs' minutes closed, and a running job charged, up to 50 min past the
+        wall clock). The records after it stay open, in the saved state."""
+        now = self.now_minute()
+        if end <= now:
+            return end
+        if not self._ahead_said:
+            self._ahead_said = True
+            log.warning("the input runs to %s, %s after this machine's clock (%s): the "
+                        "minutes from %s on are not closed, as they are not over (a clock "
+                        "ahead, or local times read as UTC?); they stay open for the next "
+                        "run to close",
+                        f"{end:%Y-%m-%d %H:%M} UTC", end - now, f"{now:%H:%M} UTC",
+                        f"{now:%H:%M}")
+        return now
+
     def close_until(self, end: datetime) -> None:
         """Close all minutes before ``end`` in every partition held, in steps: while
         telemetry is buffered, at most an hour from where the last step ended, or the rest
         if less than ``DENSE_TAIL`` would be left (a step has a fixed cost: an hourly batch
         whose watermark is past a whole hour closes in one step, not two); without
-        telemetry, up to a day from the hour it starts in."""
+        telemetry, up to a day from the hour it starts in. Never past
+        :meth:`now_minute`."""
+        end = self._not_past_now(end)
         closed = self.closed_until
         assert closed is not None
         while closed < end:
