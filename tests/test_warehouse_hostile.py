@@ -158,6 +158,71 @@ def test_temporary_files_of_killed_writers_are_swept_by_compact(
     assert open_store(root).sweep_temporary() == []
 
 
+def _generations(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "manifests" / "warehouse").glob("*.json"))
+
+
+def test_a_commit_that_fails_in_compact_says_nothing_was_published(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found with a disk full at the manifest's write: compact said "the days are
+    compacted and published, but the catalog … could not be built (…/000000000007.json:
+    cannot write: No space left on device)", and generation 7 did not exist. It says
+    now that the commit failed and nothing was published; a run after publishes it."""
+    from gpuledger.pipeline.store import Store
+
+    root = _published(tmp_path / "wh")
+    before = _generations(root)
+    create = Store.create
+
+    def full(self: Store, path: str, data: bytes) -> None:
+        if path.startswith("manifests/warehouse/0"):       # not its retired log
+            raise StoreIOError(f"{self.url_of(path)}: cannot write: No space left on device")
+        create(self, path, data)
+
+    monkeypatch.setattr(Store, "create", full)
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    err = capsys.readouterr().err
+    name = f"{root}/manifests/warehouse/{int(before[-1][:-5]) + 1:012d}.json"
+    assert err == (f"gpuledger: error: {root}: the commit failed ({name}: cannot write: No "
+                   "space left on device); nothing published, readers see the warehouse as "
+                   "before; run gpuledger compact again\n"), err
+    assert _generations(root) == before
+    monkeypatch.setattr(Store, "create", create)
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 0
+    assert len(_generations(root)) > len(before)
+
+
+def test_a_compact_beaten_by_another_writer_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by running two compacts at once: the loser said the days were compacted
+    and published, wrapping "generation 7 … was published by another writer meanwhile".
+    It says now that the other writer published first and nothing of its own was."""
+    from gpuledger.pipeline.store import Store
+
+    root = _published(tmp_path / "wh")
+    generation = int(_generations(root)[-1][:-5]) + 1
+    create = Store.create
+    theirs = Manifest("warehouse", 0, {}).to_bytes()
+
+    def beaten(self: Store, path: str, data: bytes) -> None:
+        if path.startswith("manifests/warehouse/0"):
+            create(self, path, theirs)       # the other writer, an instant before
+        create(self, path, data)
+
+    monkeypatch.setattr(Store, "create", beaten)
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpuledger: error: {root}: another writer published generation "
+                   f"{generation} of unit 'warehouse' meanwhile (a second compact, or an "
+                   "ingest or import); nothing published, readers see the warehouse as "
+                   "before; run gpuledger compact again once that writer is done\n"), err
+
+
 def test_a_second_writer_of_a_unit_is_stopped_not_overwriting(tmp_path: Path) -> None:
     store = open_store(tmp_path / "wh")
     first, second = Publisher(store, retain_s=0), Publisher(store, retain_s=0)

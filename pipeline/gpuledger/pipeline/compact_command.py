@@ -13,9 +13,13 @@ import time
 from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuledger.cli.arguments import iso_time
 from gpuledger.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from gpuledger.pipeline.warehouse import Warehouse
 
 BUSY_S = 60.0
 """A unit whose manifest is younger than this is taken to have a writer."""
@@ -76,13 +80,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
         with _progress("compacting", not args.quiet) as update, warehouse.compaction_round():
             for unit in sorted(manifests):
                 days += warehouse.compact_unit(unit, before, on_day=one_more)
+        _commit(warehouse)
         try:
             warehouse.publish_catalog()
         except (duckdb.Error, OSError, StoreError) as exc:  # the store went away meanwhile
-            text = " ".join(str(exc).split())[:300]
             raise CliError(f"{store.url}: the days are compacted and published, but the "
-                           f"catalog readers use could not be built ({text}); run compact "
-                           "again to build it") from None
+                           f"catalog readers use could not be built ({_text(exc)}); run "
+                           "compact again to build it") from None
     retired = warehouse.publisher.expire_retired(sorted(manifests))
     removed = 0
     for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s,
@@ -98,6 +102,59 @@ def cmd_compact(args: argparse.Namespace) -> int:
           + (f"; deleted {len(swept)} temporary file(s) of writers killed mid-write"
              if swept else ""))
     return 0
+
+
+def _text(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _commit(warehouse: Warehouse) -> None:
+    """Publish the compacted days (the next generation of each unit they changed); a
+    failure is one line that says what readers see now."""
+    from gpuledger.pipeline.generations import WriterConflict
+    from gpuledger.pipeline.store import StoreError
+
+    publisher = warehouse.publisher
+    units = sorted(publisher.changed)
+    try:
+        publisher.commit(wait=True)
+    except (OSError, StoreError) as exc:
+        url = warehouse.store.url
+        done = _published(warehouse, units)
+        if isinstance(exc, WriterConflict):
+            what = (f"another writer published generation {exc.generation} of unit "
+                    f"{exc.unit!r} meanwhile (a second compact, or an ingest or import)")
+            todo = "run gpuledger compact again once that writer is done"
+        else:
+            what = f"the commit failed ({_text(exc)})"
+            todo = "run gpuledger compact again"
+        if done:
+            raise CliError(f"{url}: {what}: unit(s) {', '.join(done)} published, "
+                           f"{', '.join(u for u in units if u not in done)} not; "
+                           f"{todo}") from None
+        if done is None:
+            raise CliError(f"{url}: {what}, and whether anything was published could not "
+                           f"be read back; {todo}") from None
+        raise CliError(f"{url}: {what}; nothing published, readers see the warehouse as "
+                       f"before; {todo}") from None
+
+
+def _published(warehouse: Warehouse, units: list[str]) -> list[str] | None:
+    """Which of ``units`` a failed commit published: the manifest of the generation it
+    was writing is in the store with this writer's bytes (None: the store cannot say)."""
+    from gpuledger.pipeline.generations import manifest_path
+    from gpuledger.pipeline.store import StoreError
+
+    done = []
+    for unit in units:
+        manifest = warehouse.publisher.manifests[unit]
+        try:
+            there = warehouse.store.read(manifest_path(unit, manifest.generation))
+        except (OSError, StoreError):
+            return None
+        if there == manifest.to_bytes():
+            done.append(unit)
+    return done
 
 
 def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]

@@ -332,6 +332,20 @@ def read_snapshot(store: Store) -> Snapshot:
     return Snapshot({t: sorted(v) for t, v in files.items()}, generations, sizes)
 
 
+class WriterConflict(StoreError):
+    """Another writer published a unit's next generation first: this commit published
+    nothing of that unit (nor of the units after it)."""
+
+    def __init__(self, url: str, unit: str, generation: int) -> None:
+        super().__init__(
+            f"{url}: generation {generation} of unit {unit!r} was published by another "
+            "writer meanwhile: two processes write this unit (two ingest or import runs "
+            "into one warehouse, or compact --force beside one); this one stops, its last "
+            "step unpublished")
+        self.unit = unit
+        self.generation = generation
+
+
 class Publisher:
     """A writer's side: uploads objects, then commits its units' manifests in order.
 
@@ -567,11 +581,7 @@ class Publisher:
                     self.store.create(retired.path, retired.to_bytes())
                 self.store.create(manifest_path(name, generation), data)
             except StoreConflict:
-                raise StoreError(
-                    f"{self.store.url}: generation {generation} of unit {name!r} was "
-                    "published by another writer meanwhile: two processes write this unit "
-                    "(two ingest or import runs into one warehouse, or compact --force "
-                    "beside one); this one stops, its last step unpublished") from None
+                raise WriterConflict(self.store.url, name, generation) from None
         self._release_done()
         now = self.clock()
         self._delete_retired(done, {r.path for _n, _g, _d, r in blobs if r is not None})
