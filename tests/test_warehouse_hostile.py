@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -221,6 +222,77 @@ def test_a_compact_beaten_by_another_writer_says_so(
                    f"{generation} of unit 'warehouse' meanwhile (a second compact, or an "
                    "ingest or import); nothing published, readers see the warehouse as "
                    "before; run gpuledger compact again once that writer is done\n"), err
+
+
+def _hourly(root: Path) -> list[str]:
+    """The hourly files the newest generation names."""
+    files = read_manifests(open_store(root))["warehouse"].files
+    return sorted(k for k in files if re.search(r"T\d\d\.parquet$", k))
+
+
+def test_days_compact_puts_off_are_counted_and_fail_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found running compact as a user who may not run the interpreter: every day was put
+    off ("child process did not start"), each with "tried again at the next commit" (a
+    one-shot command has none), and it said "compacted 0 table-day(s)", exit status 0.
+    It counts them now, says the first reason and to run it again, exit status 2."""
+    from gpuledger.pipeline import sort_worker
+
+    root = _published(tmp_path / "wh")
+    hourly = _hourly(root)
+    monkeypatch.setattr(sort_worker.sys, "executable", str(tmp_path / "no-python"))
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    out, err = capsys.readouterr()
+    tables = len({name.rsplit("/", 1)[0] for name in hourly})    # its table-days
+    assert out.startswith(f"compacted 0 table-day(s) before 2026-01-07T00:00Z and put off "
+                          f"{tables} in {root}; "), out
+    assert err.startswith(f"gpuledger: error: {root}: {tables} table-day(s) put off, their "
+                          "hourly files stay (the first, facts/"), err
+    assert err.endswith(f": the compaction's child process did not start ({tmp_path}/"
+                        "no-python: No such file or directory)); run gpuledger compact "
+                        "again\n"), err
+    assert "next commit" not in out + err and err.count("\n") == 1
+    assert _hourly(root) == hourly
+    monkeypatch.undo()
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 0
+    assert _hourly(root) == []
+
+
+def test_a_day_put_off_for_a_full_spill_folder_names_the_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found with $TMPDIR on a 100 KB tmpfs: a day put off said "the spill folder failed:
+    OSError: [Errno 28] …" (which folder?), then "compacted 8 table-day(s)", exit 0."""
+    import errno
+    import tempfile
+
+    from gpuledger.pipeline import warehouse
+
+    root = _published(tmp_path / "wh")
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    sort = warehouse.Warehouse._sorted_day
+    calls: list[str] = []
+
+    def full(self: Warehouse, table: str, day: str, *args: object, **kw: object) -> object:
+        calls.append(day)
+        if len(calls) == 1:
+            raise warehouse._SpillFailed from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return sort(self, table, day, *args, **kw)
+
+    monkeypatch.setattr(warehouse.Warehouse, "_sorted_day", full)
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert f"compacted {len(calls) - 1} table-day(s) before 2026-01-07T00:00Z and put off 1 " \
+        in out, out
+    assert err == (f"gpuledger: error: {root}: 1 table-day(s) put off, their hourly files "
+                   f"stay (the first, {calls[0]}: the spill folder {spill} ($TMPDIR) failed: "
+                   "No space left on device); run gpuledger compact again\n"), err
 
 
 def test_a_second_writer_of_a_unit_is_stopped_not_overwriting(tmp_path: Path) -> None:

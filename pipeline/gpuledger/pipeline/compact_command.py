@@ -65,6 +65,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
             before = newest - timedelta(seconds=config.warehouse.compact_after_s)
     days = 0
+    put_off: list[tuple[str, str]] = []
     if before is not None:
         from gpuledger.pipeline.compaction import days_to_compact
 
@@ -79,7 +80,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
         # a bar over the table-days (a month's backlog is minutes of work: it was silent)
         with _progress("compacting", not args.quiet) as update, warehouse.compaction_round():
             for unit in sorted(manifests):
-                days += warehouse.compact_unit(unit, before, on_day=one_more)
+                days += warehouse.compact_unit(unit, before, on_day=one_more,
+                                               put_off=put_off)
         _commit(warehouse)
         try:
             warehouse.publish_catalog()
@@ -96,11 +98,16 @@ def cmd_compact(args: argparse.Namespace) -> int:
     swept = store.sweep_temporary()
     warehouse.close()
     what = "no hourly files to compact" if before is None else \
-        f"compacted {days} table-day(s) before {before.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+        f"compacted {days} table-day(s) before {before.astimezone(UTC):%Y-%m-%dT%H:%MZ}" \
+        + (f" and put off {len(put_off)}" if put_off else "")
     print(f"{what} in {store.url}; removed {retired} object(s) replaced more than "
           f"{config.warehouse.retain_s:g} s ago and {removed} object(s) no generation names"
           + (f"; deleted {len(swept)} temporary file(s) of writers killed mid-write"
              if swept else ""))
+    if put_off:
+        day, why = put_off[0]
+        raise CliError(f"{store.url}: {len(put_off)} table-day(s) put off, their hourly files "
+                       f"stay (the first, {day}: {why}); run gpuledger compact again")
     return 0
 
 

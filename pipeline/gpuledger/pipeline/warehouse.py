@@ -24,6 +24,7 @@ import functools
 import hashlib
 import io
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -95,6 +96,16 @@ def parquet_bytes(frame: pl.DataFrame, row_group_size: int | None = None) -> byt
 
 class _SpillFailed(Exception):
     """The spill folder (``$TMPDIR``) failed; the cause is the ``OSError``."""
+
+
+def _spill_failure(exc: BaseException | None) -> str:
+    """Why the spill folder failed, naming it (the system's temporary folder)."""
+    try:
+        folder = tempfile.gettempdir()
+    except OSError:  # none usable: the one the user meant
+        folder = os.environ.get("TMPDIR", "?")
+    why = getattr(exc, "strerror", None) or exc
+    return f"the spill folder {folder} ($TMPDIR) failed: {why}"
 
 
 class Warehouse:
@@ -416,23 +427,32 @@ class Warehouse:
         self._retire_sorter(0.0)
 
     def compact_unit(self, unit: str, before: datetime,
-                     on_day: Callable[[], None] | None = None) -> int:
+                     on_day: Callable[[], None] | None = None,
+                     put_off: list[tuple[str, str]] | None = None) -> int:
         """Rewrite each closed day (ending at or before ``before``) of ``unit`` held in
         hourly parts into one object per table; returns the number of days rewritten.
-        ``on_day`` is called after each table-day (done or put off)."""
+        ``on_day`` is called after each table-day (done or put off). A day put off (its
+        hours stay) is a warning that the next commit tries again, or, given ``put_off``,
+        appended there as (the day's object, why) for the caller to say."""
         manifest = self.publisher.unit(unit)
         done = 0
         for (table, day), hours in sorted(compaction.days_to_compact(manifest, before).items()):
-            if self._compact_day(unit, manifest, table, day, hours):
+            failed = self._compact_day(unit, manifest, table, day, hours)
+            if failed is None:
                 done += 1
+            elif put_off is not None:
+                put_off.append(failed)
+            else:
+                log.warning("compaction of %s put off, its hourly files stay (%s); tried "
+                            "again at the next commit", *failed)
             if on_day is not None:
                 on_day()
         return done
 
     def _compact_day(self, unit: str, manifest: Manifest, table: str, day: datetime,
-                     hours: list[str]) -> bool:
+                     hours: list[str]) -> tuple[str, str] | None:
         """One table-day of :meth:`compact_unit` (``manifest``: the unit's, as it was
-        when the round began); False when put off (the hours stay)."""
+        when the round began); put off (the hours stay): the day's object and why."""
         suffix = "" if unit == "warehouse" else unit
         day_path = self.part_path(table, day, False, suffix)
         paths = ([day_path] if day_path in manifest.files else []) + hours
@@ -442,18 +462,12 @@ class Warehouse:
         try:
             self._sorted_day(table, day_path, paths, suffix)
         except _SpillFailed as failure:  # $TMPDIR full or unwritable: the hours stay
-            exc = failure.__cause__
-            log.warning("compaction of %s put off, its hourly files stay (the spill "
-                        "folder failed: %s: %s); tried again at the next commit",
-                        day_path, type(exc).__name__, exc)
-            return False
+            return day_path, _spill_failure(failure.__cause__)
         except SortWorkerDied as exc:
-            log.warning("compaction of %s put off, its hourly files stay (%s); tried "
-                        "again at the next commit", day_path, exc)
-            return False
+            return day_path, str(exc)
         for h in hours:
             self.publisher.drop(unit, h)
-        return True
+        return None
 
     def _sorted_day(self, table: str, day: str, paths: list[str], suffix: str | None,
                     sort_by: list[str] | None = None, more: list[bytes] | None = None,
