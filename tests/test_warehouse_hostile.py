@@ -295,6 +295,79 @@ def test_a_day_put_off_for_a_full_spill_folder_names_the_folder(
                    "No space left on device); run gpuledger compact again\n"), err
 
 
+def _left_behind(base: Path, pids: tuple[int, int]) -> tuple[list[Path], list[Path]]:
+    """Folders of killed compactions and catalog builds: of the dead pid ``pids[0]``
+    untouched for two hours, and those to keep (of the live pid ``pids[1]``, and the dead
+    one's touched just now: another PID namespace's?)."""
+    old = time.time() - 7200
+    dead: list[Path] = []
+    kept: list[Path] = []
+    for prefix in ("gpuledger-compact-", "gpuledger-catalog-"):
+        for pid, kind, when, tag in ((pids[0], dead, old, "d"), (pids[1], kept, old, "a"),
+                                     (pids[0], kept, None, "y")):
+            folder = base / f"{prefix}{pid}-{tag}"
+            folder.mkdir()
+            (folder / "00000.parquet").write_bytes(b"spill")
+            if when is not None:
+                os.utime(folder, (when, when))
+            kind.append(folder)
+    return dead, kept
+
+
+def test_spill_folders_of_killed_compactions_and_catalog_builds_are_swept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by killing compact (kill -9) part-way: each kill left a gpuledger-compact-*
+    folder in $TMPDIR (spill Parquet, up to ~250 MB a day's table on 576 GPUs), a killed
+    demo a gpuledger-catalog-* one, and nothing ever removed them. Their names hold the
+    owner's pid now, and the next compaction or catalog build removes those of processes
+    that are gone, untouched for an hour (the sweep of readers' folders, shared)."""
+    import subprocess
+    import sys
+    import tempfile
+    from datetime import UTC, datetime
+
+    from gpuledger.pipeline import warehouse
+
+    root = _published(tmp_path / "wh")
+    base = tmp_path / "tmp"
+    base.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, kept = _left_behind(base, (gone.pid, os.getppid()))
+    used: list[str] = []
+    footer, views = warehouse._check_footer, warehouse.build_views
+
+    def spill(file: Path, named: str) -> None:
+        used.append(file.parent.name)
+        footer(file, named)
+
+    def built(path: Path, *args: object) -> None:
+        used.append(path.parent.name)
+        views(path, *args)
+
+    monkeypatch.setattr(warehouse, "_check_footer", spill)
+    monkeypatch.setattr(warehouse, "build_views", built)
+    wh = Warehouse(root)
+    assert wh.compact_unit("warehouse", datetime(2026, 1, 7, tzinfo=UTC)) > 0
+    assert [f.exists() for f in dead] == [False, True]     # compaction's, not the catalog's
+    wh.publish_catalog()
+    wh.close()
+    assert not any(f.exists() for f in dead) and all(f.exists() for f in kept)
+    assert sorted(p.name for p in base.iterdir()) == sorted(f.name for f in kept)
+    assert {name.rsplit("-", 1)[0] for name in used} == \
+        {f"gpuledger-compact-{os.getpid()}", f"gpuledger-catalog-{os.getpid()}"}
+    # the command counts those it removed
+    for folder in kept:
+        shutil.rmtree(folder)
+    dead, kept = _left_behind(base, (gone.pid, os.getppid()))
+    assert main(["compact", "--force", "--warehouse", str(root)]) == 0
+    assert capsys.readouterr().out.endswith(
+        f"; removed 2 folder(s) of compactions and catalog builds killed mid-way from {base}\n")
+    assert not any(f.exists() for f in dead) and all(f.exists() for f in kept)
+
+
 def test_a_second_writer_of_a_unit_is_stopped_not_overwriting(tmp_path: Path) -> None:
     store = open_store(tmp_path / "wh")
     first, second = Publisher(store, retain_s=0), Publisher(store, retain_s=0)

@@ -9,6 +9,7 @@ the same partitions (a unit's manifest has one writer at a time).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC
@@ -31,10 +32,11 @@ def cmd_compact(args: argparse.Namespace) -> int:
     _need_pipeline()
     import duckdb
 
+    from gpuledger.pipeline import temp_folders
     from gpuledger.pipeline.compaction import newest_hour, orphans
     from gpuledger.pipeline.generations import read_manifests
     from gpuledger.pipeline.store import StoreError, open_store
-    from gpuledger.pipeline.warehouse import Warehouse
+    from gpuledger.pipeline.warehouse import CATALOG_PREFIX, COMPACT_PREFIX, Warehouse
 
     config = _proc_config(args)
     # looked at before anything is made: a wrong path must not leave a folder behind
@@ -57,6 +59,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
                        f"{BUSY_S:.0f} s ago: another writer seems to be at work (a "
                        "processor compacts its own days; wait for an ingest or import to "
                        "end); --force to go on anyway")
+    # in $TMPDIR, the folders of compactions and catalog builds killed mid-way (each
+    # compaction and build sweeps them too; here they are counted)
+    spills = temp_folders.sweep(COMPACT_PREFIX) + temp_folders.sweep(CATALOG_PREFIX)
     before = args.before
     if before is None:
         newest = newest_hour(manifests.values())
@@ -103,7 +108,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
     print(f"{what} in {store.url}; removed {retired} object(s) replaced more than "
           f"{config.warehouse.retain_s:g} s ago and {removed} object(s) no generation names"
           + (f"; deleted {len(swept)} temporary file(s) of writers killed mid-write"
-             if swept else ""))
+             if swept else "")
+          + (f"; removed {len(spills)} folder(s) of compactions and catalog builds killed "
+             f"mid-way from {tempfile.gettempdir()}" if spills else ""))
     if put_off:
         day, why = put_off[0]
         raise CliError(f"{store.url}: {len(put_off)} table-day(s) put off, their hourly files "

@@ -40,11 +40,9 @@ import csv
 import io
 import json
 import math
-import os
 import queue
 import re
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -58,6 +56,7 @@ from typing import Any
 import duckdb
 from rich.cells import cell_len
 
+from gpuledger.pipeline import temp_folders
 from gpuledger.pipeline.store import Store, StoreError
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.terminal_fit import printable
@@ -111,32 +110,8 @@ def _one_line(exc: BaseException) -> str:
 
 SPILL_PREFIX = "gpuledger-query-"
 """A reader's folder in the temporary directory (its views database, DuckDB's spill):
-``gpuledger-query-<pid>-<random>``, removed when its connection goes."""
-
-
-SPILL_LEFT_S = 3600.0
-"""A reader's folder untouched this long, whose process is gone, is removed by the next
-reader (the age guards a /tmp shared with another PID namespace, where a live reader's
-process is not seen)."""
-
-
-def _sweep_left_behind() -> None:
-    """Remove the folders of readers whose process is gone: one killed (SIGTERM, SIGKILL)
-    never removed its own, about 0.5 MB each."""
-    base = Path(tempfile.gettempdir())
-    now = time.time()
-    for folder in base.glob(f"{SPILL_PREFIX}*-*"):
-        pid = folder.name[len(SPILL_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            if now - folder.stat().st_mtime < SPILL_LEFT_S:
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except (OSError, OverflowError):  # another user's process, gone already, not a pid
-            continue
+``gpuledger-query-<pid>-<random>``, removed when its connection goes, or, left by a
+reader that was killed, by a later one (``temp_folders.sweep``)."""
 
 
 def connect(warehouse: str | Path, threads: int | None = None,
@@ -156,8 +131,8 @@ def connect(warehouse: str | Path, threads: int | None = None,
     if not snapshot.generations and not all(
             store.exists(f"{FACTS}/{t}/{SCHEMA_FILE}") for t in TABLE_SCHEMAS):
         raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published yet)")
-    _sweep_left_behind()
-    spill = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
+    temp_folders.sweep(SPILL_PREFIX)
+    spill = temp_folders.make(SPILL_PREFIX)
     config: dict[str, Any] = {"autoinstall_known_extensions": False,
                               "autoload_known_extensions": False,
                               "temp_directory": spill}

@@ -39,7 +39,7 @@ import duckdb
 import polars as pl
 from polars.datatypes import DataTypeClass
 
-from gpuledger.pipeline import compaction, external_sort
+from gpuledger.pipeline import compaction, external_sort, temp_folders
 from gpuledger.pipeline.config import WarehouseOptions
 from gpuledger.pipeline.generations import (
     Manifest,
@@ -62,6 +62,11 @@ FLOAT_DECIMALS = 9
 CATALOG_UNITS = ("warehouse", "p000")
 """The catalog is rebuilt by the writer of these units (one writer, so that it never
 goes back to an older generation of another writer's files)."""
+COMPACT_PREFIX = "gpuledger-compact-"
+"""A compaction's spill folder in the temporary directory (``temp_folders``): a day of
+one table's objects, its buckets and the day's file."""
+CATALOG_PREFIX = "gpuledger-catalog-"
+"""The folder a catalog is built in before its upload (``temp_folders``)."""
 SORT_CHILD_IDLE_S = 30.0
 """Compaction's child process is kept this long after its round for the next one
 (``Warehouse.compaction_round``): an import of the openb trace compacts 149 days, and a
@@ -483,8 +488,9 @@ class Warehouse:
         there and uploaded from the file. ``keep``: per object, then per file of ``more``,
         which rows to take. Only a failure of that folder raises ``_SpillFailed``; the
         store's errors are its own."""
+        temp_folders.sweep(COMPACT_PREFIX)  # those of compactions killed mid-way
         try:
-            folder = tempfile.TemporaryDirectory(prefix="gpuledger-compact-")
+            folder = temp_folders.owned(COMPACT_PREFIX)
         except OSError as exc:
             raise _SpillFailed from exc
         with folder as tmp:
@@ -577,6 +583,7 @@ class Warehouse:
             self._build_catalog()
 
     def _build_catalog(self) -> None:
+        temp_folders.sweep(CATALOG_PREFIX)  # those of builds killed mid-way
         snapshot = read_snapshot(self.store)
         statements = catalog_statements(self.store, snapshot)
         # the storage format is part of what was built: a catalog of an earlier release,
@@ -585,7 +592,7 @@ class Warehouse:
         stamp = f".{CATALOG}.sha256"
         if self.store.read(stamp) == digest.encode() and self.store.exists(CATALOG):
             return
-        with tempfile.TemporaryDirectory(prefix="gpuledger-catalog-") as tmp:
+        with temp_folders.owned(CATALOG_PREFIX) as tmp:
             path = Path(tmp) / CATALOG
             build_views(path, self.store, snapshot, statements)
             self.store.write(CATALOG, path.read_bytes())
