@@ -3,7 +3,8 @@
 Fact files are **immutable objects** named after their content: the *logical* name of a
 part (``facts/gpu_minute/date=D/gpu_minute-DTHH-p003.parquet``, deterministic, as
 before) plus a digest of its bytes (``….<digest>.parquet``). Writing the same facts
-again gives the same object (re-runs are idempotent and upload nothing); new content
+again gives the same object (re-runs are idempotent and upload nothing, unless the
+object is missing or not of its recorded size: then it is written again); new content
 for a part (a partial hour completed, late rows merged, a snapshot refreshed, a day
 compacted) is a new object beside the old one.
 
@@ -363,6 +364,8 @@ class Publisher:
         """Each unit as its next commit will publish it (ahead of the store until then)."""
         self.changed: set[str] = set()
         self._uploads: dict[str, tuple[bytes, Future[None]]] = {}
+        self._intact_objects: set[str] = set()
+        """Objects this writer wrote, or found in the store with their manifest's size."""
         self._in_flight = 0
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(uploaders, thread_name_prefix="gpuledger-upload")
@@ -443,14 +446,37 @@ class Publisher:
     def _named_next(self, unit: str, logical: str, obj: str, size: int,
                     write: Callable[[str], None]) -> str:
         """``obj`` (``size`` bytes) made the next content of ``logical``, ``write``-ten
-        first; nothing when it already is (the same facts again)."""
+        first; nothing when it already is (the same facts again) and the object is
+        there whole: one named but missing, or of another size than the manifest
+        records (cut short, deleted by hand), is written again, so that processing its
+        hour again repairs it."""
         manifest = self.unit(unit)
-        if manifest.files.get(logical) == obj:
+        if manifest.files.get(logical) == obj \
+                and self._intact(obj, manifest.sizes.get(obj, size)):
             return obj
         write(obj)
+        with self._lock:
+            self._intact_objects.add(obj)
         self._replace(manifest, logical, obj)
         manifest.sizes[obj] = size
         return obj
+
+    def _intact(self, obj: str, size: int) -> bool:
+        """Whether the published object ``obj`` is in the store with ``size`` bytes: one
+        stat (or HEAD) of that object, once per writer (an object this writer wrote or
+        found whole is not asked about again; one being uploaded is taken as whole)."""
+        with self._lock:
+            if obj in self._intact_objects or obj in self._uploads:
+                return True
+        found = self.store.size(obj)
+        if found != size:
+            log.warning("%s: %s; written again", self.store.url_of(obj),
+                        "missing" if found is None else
+                        f"damaged ({found} bytes where the manifest says {size})")
+            return False
+        with self._lock:
+            self._intact_objects.add(obj)
+        return True
 
     def put_schema(self, path: str, data: bytes) -> None:
         """A fixed-name object every unit's readers need (a table's empty schema file):
@@ -603,6 +629,7 @@ class Publisher:
                         obj in m.files.values() for m in self.manifests.values())
                 if not keep:
                     self.store.delete(obj)
+                    self._intact_objects.discard(obj)
                     deleted += 1
             if entry.path not in not_written:
                 self.store.delete(entry.path)

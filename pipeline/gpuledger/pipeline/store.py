@@ -264,6 +264,17 @@ class Store:
         info = self.fs.get_file_info(self.full(path))
         return bool(info.type == pafs.FileType.File)
 
+    def size(self, path: str) -> int | None:
+        """The size of the file ``path`` in bytes, or None when there is none (one stat
+        of a local file, one HEAD request of an object)."""
+        try:
+            info = self.fs.get_file_info(self.full(path))
+        except OSError as exc:
+            if _missing(exc):
+                return None
+            raise self._failed("look at", path, exc) from None
+        return int(info.size or 0) if info.type == pafs.FileType.File else None
+
     def list(self, prefix: str) -> list[Entry]:
         """Every file under ``prefix`` (recursively), hidden temporary files left out. In a
         local folder, symbolic links below ``prefix`` are neither followed nor listed:

@@ -1,0 +1,100 @@
+"""A published fact object that is missing or damaged (cut short, deleted by hand, a
+disk that lost it): writing the same facts again repairs it, readers say what to do
+about it in one line, and a unit none of whose manifests can be read is refused, never
+taken for an empty warehouse."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import pytest
+from events import alloc, at, frames, inventory, job, series
+
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.generations import Publisher, read_manifests
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.store import Entry, Store, open_store
+from gpuledger.pipeline.warehouse import Warehouse, read_table
+
+LOGICAL = "facts/gpu_minute/date=2026-01-01/gpu_minute-2026-01-01T00.parquet"
+
+
+def _records() -> list[dict[str, object]]:
+    return [inventory("n1", at(0), gpus=2), job("submitted", "j", at(0)),
+            job("started", "j", at(1), allocation=alloc("n1", 0)),
+            job("finished", "j", at(50)),
+            *series("n1", 0, at(0), 60, sm=0.5, mem=1000.0, jobs=["j"])]
+
+
+def _process(root: Path) -> Path:
+    """Process the same hour of one node into ``root`` (a small real warehouse)."""
+    proc = Processor(ProcessorConfig(), Warehouse(root))
+    proc.process(frames(_records()), validated=True)
+    proc.flush()
+    proc.warehouse.close()
+    return root
+
+
+def _object(root: Path, table: str) -> Path:
+    """The published object of ``table``'s hour."""
+    files = read_manifests(open_store(root))["warehouse"].files
+    return root / next(o for k, o in files.items() if k.startswith(f"facts/{table}/date="))
+
+
+def test_processing_the_hour_again_rewrites_a_cut_or_missing_published_object(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by cutting a gpu_minute hour short and deleting a job_attempts hour, then
+    ingesting the input again with --afresh: the manifest already named objects of those
+    names (a digest of the same content), so nothing was written, the run said it
+    succeeded, and every later query of either table failed."""
+    root = _process(tmp_path / "wh")
+    cut, gone = _object(root, "gpu_minute"), _object(root, "job_attempts")
+    whole = cut.read_bytes()
+    minutes, attempts = read_table(root, "gpu_minute"), read_table(root, "job_attempts")
+    cut.write_bytes(whole[:1000])
+    gone.unlink()
+    _process(root)
+    assert cut.read_bytes() == whole and gone.exists()
+    assert read_table(root, "gpu_minute").equals(minutes)
+    assert read_table(root, "job_attempts").equals(attempts)
+    assert f"{cut}: damaged (1000 bytes where the manifest says {len(whole)}); " \
+           "written again" in caplog.text
+    assert f"{gone}: missing; written again" in caplog.text
+
+
+def test_an_object_named_again_is_looked_at_once_and_alone(tmp_path: Path) -> None:
+    """The check costs one stat (a HEAD on S3) of the object put, once per writer: never a
+    listing of the store, and nothing at all for an object this writer wrote itself."""
+    store = open_store(tmp_path / "wh")
+    first = Publisher(store, retain_s=0)
+    first.put("warehouse", LOGICAL, b"facts")
+    first.commit(wait=True)
+    first.close()
+    looked: list[str] = []
+    listed: list[str] = []
+
+    class Counting(Store):
+        def size(self, path: str) -> int | None:
+            looked.append(path)
+            return super().size(path)
+
+        def list(self, prefix: str) -> builtins.list[Entry]:
+            listed.append(prefix)
+            return super().list(prefix)
+
+    counting = Counting(store.fs, store.base, store.url, store.remote)
+    second = Publisher(counting, retain_s=0)
+    second.unit("warehouse")
+    listed.clear()
+    obj = second.put("warehouse", LOGICAL, b"facts")
+    second.put("warehouse", LOGICAL, b"facts")
+    assert looked == [obj] and listed == [] and second.objects_written == 0
+    assert second.commit(wait=True) == set()      # whole: nothing to publish
+    (tmp_path / "wh" / obj).write_bytes(b"fac")
+    third = Publisher(counting, retain_s=0)
+    assert third.put("warehouse", LOGICAL, b"facts") == obj and third.objects_written == 1
+    third.commit(wait=True)
+    assert (tmp_path / "wh" / obj).read_bytes() == b"facts"
+    second.close()
+    third.close()
