@@ -98,3 +98,63 @@ def test_an_object_named_again_is_looked_at_once_and_alone(tmp_path: Path) -> No
     assert (tmp_path / "wh" / obj).read_bytes() == b"facts"
     second.close()
     third.close()
+
+
+def _all_manifests_garbage(root: Path) -> int:
+    manifests = sorted((root / "manifests" / "warehouse").glob("*.json"))
+    for m in manifests:
+        m.write_text("garbage")
+    return len(manifests)
+
+
+@pytest.mark.parametrize("command", [
+    ["query", "--format", "csv", "select count(*) from gpu_minute"],
+    ["report"],
+    ["compact", "--force", "--quiet"],
+    ["diagnose", "--quiet", "--dry-run"],
+])
+def test_a_unit_none_of_whose_manifests_can_be_read_is_refused_never_empty(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    """Found by overwriting every manifest with garbage: query printed 0 (exit 0), report
+    said "no data in this window", compact "nothing published here", with one warning per
+    manifest on stderr."""
+    from gpuledger.cli.main import main
+
+    root = _process(tmp_path / "wh")
+    _process(root)  # a second generation: none of them can be read
+    n = _all_manifests_garbage(root)
+    assert n >= 1
+    assert main([*command, "--warehouse", str(root)]) == 2
+    out, err = capsys.readouterr()
+    newest = sorted((root / "manifests" / "warehouse").glob("*.json"))[-1]
+    assert err == (f"gpuledger: error: unit 'warehouse': none of its {n} manifest(s) can be "
+                   f"read (the newest: {newest}: not a gpuledger manifest (Expecting value: "
+                   f"line 1 column 1 (char 0))); restore {root}/manifests/warehouse/ from a "
+                   "backup: without them nothing of the unit can be read or written (the "
+                   "facts they name are under facts/)\n"), err
+    assert "0" not in out
+
+
+def test_a_writer_does_not_start_a_fresh_generation_over_unreadable_manifests(
+        tmp_path: Path) -> None:
+    from gpuledger.pipeline.store import StoreError
+
+    root = _process(tmp_path / "wh")
+    n = _all_manifests_garbage(root)
+    before = sorted(p.name for p in (root / "manifests" / "warehouse").iterdir())
+    with pytest.raises(StoreError, match=f"none of its {n} manifest"):
+        _process(root)
+    assert sorted(p.name for p in (root / "manifests" / "warehouse").iterdir()) == before
+
+
+def test_a_damaged_newest_manifest_still_falls_back_to_the_one_before(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gpuledger.cli.main import main
+
+    root = _process(tmp_path / "wh")
+    (root / "manifests" / "warehouse" / "000000000099.json").write_text("garbage")
+    assert main(["query", "--format", "csv", "--warehouse", str(root),
+                 "select count(*) > 0 AS some from gpu_minute"]) == 0
+    assert capsys.readouterr().out == "some\nTrue\n"
+    assert "000000000099.json: not a gpuledger manifest" in caplog.text

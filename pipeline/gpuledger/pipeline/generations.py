@@ -277,9 +277,14 @@ def published_units(store: Store) -> set[str]:
     return set(_listed(store))
 
 
-def _newest(store: Store, unit: str, generations: list[tuple[int, float]]) -> Manifest | None:
+def _newest(store: Store, unit: str, generations: list[tuple[int, float]],
+            again: bool = True) -> Manifest | None:
     """The newest whole manifest of ``unit``: one cut off mid-write (a store that lets
-    a dropped upload leave part of an object) is passed over for the one before."""
+    a dropped upload leave part of an object) is passed over for the one before, with a
+    warning. None when the unit has no manifest; a :class:`StoreError` when it has some
+    and none can be read: the unit is damaged, never taken for one with nothing
+    published (readers answered 0 rows, and a writer started again at generation 0)."""
+    passed: list[str] = []
     for generation, _t in generations:
         where = store.url_of(manifest_path(unit, generation))
         data = store.read(manifest_path(unit, generation))
@@ -290,11 +295,23 @@ def _newest(store: Store, unit: str, generations: list[tuple[int, float]]) -> Ma
             if found.unit != unit:
                 raise ValueError(f"{where}: a manifest of unit {found.unit!r} in the folder "
                                  f"of unit {unit!r}")
-            return found
         except ValueError as exc:
-            log.warning("%s; passed over for the generation before it", exc)
+            passed.append(str(exc))
             continue
-    return None
+        for why in passed:
+            log.warning("%s; passed over for the generation before it", why)
+        return found
+    if not generations:
+        return None
+    if not passed and again:  # every one deleted since the listing (a writer pruned)
+        return _newest(store, unit, _listed(store).get(unit, []), again=False)
+    folder = store.url_of(f"{MANIFESTS}/{unit}")
+    newest = passed[0] if passed else \
+        f"{store.url_of(manifest_path(unit, generations[0][0]))}: gone while being read"
+    raise StoreError(
+        f"unit {unit!r}: none of its {len(generations)} manifest(s) can be read (the "
+        f"newest: {newest}); restore {folder}/ from a backup: without them nothing of the "
+        "unit can be read or written (the facts they name are under facts/)")
 
 
 def read_manifests(store: Store) -> dict[str, Manifest]:
