@@ -647,6 +647,36 @@ def test_a_location_duckdb_would_read_as_a_pattern_is_refused(
     assert "s3://bucket/w[1]: the location holds" in capsys.readouterr().err
 
 
+CONTROL_WHY = ("the location holds a control character (a newline, a tab, …): the views "
+               "over its facts could not be built, so the facts written there could not be "
+               "read back (an ingest wrote them, then stopped with a traceback); use a "
+               "location without them\n")
+
+
+@pytest.mark.parametrize("name", ["r_nl\nwh", "tab\there", "del\x7f", "cr\r"])
+def test_a_location_with_a_control_character_is_refused_by_every_command(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found with `ingest --warehouse $'r_nl\\nwh'`: the facts were written, then building
+    the views failed with a traceback (duckdb ParserException), exit 1, and no reader
+    could read that warehouse. Refused in one line now, before anything is made, by the
+    writers and the readers alike."""
+    where = tmp_path / name
+    (tmp_path / "p.csv").write_text("name,created,gpus\np,2026-01-05T00:00:00Z,1\n")
+    (tmp_path / "j.jsonl").write_text("")
+    for command in (["ingest", str(tmp_path / "j.jsonl")],
+                    ["demo", "--hours", "0.1", "--quiet"],
+                    ["import", "pods", str(tmp_path / "p.csv")],
+                    ["query", "SELECT 1"], ["report"], ["compact", "--quiet"],
+                    ["diagnose", "--quiet"]):
+        assert main([*command, "--warehouse", str(where)]) == 2, command
+        err = capsys.readouterr().err
+        assert err == f"gpuledger: error: {str(where)!r}: {CONTROL_WHY}", (command, err)
+        assert not where.exists()
+    # an S3 prefix too: urlsplit drops tabs and newlines, which named another prefix
+    assert main(["query", "--warehouse", "s3://key:secret@bucket/a\nb", "SELECT 1"]) == 2
+    assert capsys.readouterr().err == f"gpuledger: error: 's3://bucket/a\\nb': {CONTROL_WHY}"
+
+
 @pytest.mark.parametrize(("location", "said"), [
     ("s3://wh//b", "an empty part in the prefix ('//')"),
     ("s3://wh/a/../a", "'.' and '..' are not folders in an S3 prefix"),

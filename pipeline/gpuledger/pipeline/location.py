@@ -45,6 +45,8 @@ def check_location(location: str | Path) -> str | Path:
     if not location.strip():
         raise StoreError("the warehouse location is empty: name a folder or "
                          "s3://bucket/prefix")
+    if _CONTROL.search(location):  # (before urlsplit, which drops tabs and newlines)
+        _readable_back(location, location)
     match = _SCHEME.match(location)
     if match is None:
         return _no_pattern(Path(location))
@@ -79,8 +81,7 @@ def check_location(location: str | Path) -> str | Path:
                          "prefix (the request's signature was refused, read as wrong "
                          "credentials); write the prefix as it is")
     url = f"s3://{parts.hostname}{parts.path.rstrip('/')}"
-    if _PATTERN.search(url):
-        raise StoreError(f"{display(url)}: {_PATTERN_WHY}")
+    _readable_back(url, url)
     return url
 
 
@@ -88,10 +89,31 @@ _PATTERN = re.compile(r"[*?\[]")
 _PATTERN_WHY = ("the location holds '*', '?' or '[': DuckDB reads such names as patterns, "
                 "so the facts written there could not be read back (a query read another "
                 "warehouse's files, or none); use a location without them")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_WHY = ("the location holds a control character (a newline, a tab, …): the views "
+                "over its facts could not be built, so the facts written there could not "
+                "be read back (an ingest wrote them, then stopped with a traceback); use a "
+                "location without them")
+
+
+def _readable_back(whole: str, given: str | Path) -> None:
+    """A :class:`StoreError` when the location ``whole`` (absolute) holds a character
+    its facts could not be read back through: a pattern character (:data:`_PATTERN`) or
+    a control character (:data:`_CONTROL`). ``given``: the location as given, named in
+    the message (a control character in it shown escaped, so the message stays one
+    line)."""
+    if _CONTROL.search(whole):
+        # (display()'s urlsplit drops tabs and newlines: the userinfo is cut here)
+        shown = repr(_USERINFO.sub(r"\1", given) if isinstance(given, str) else str(given))
+        raise StoreError(f"{shown}: {_CONTROL_WHY}")
+    if _PATTERN.search(whole):
+        raise StoreError(f"{display(given) if isinstance(given, str) else given}: "
+                         f"{_PATTERN_WHY}")
 
 
 def _no_pattern(path: Path) -> Path:
-    """``path``, unless its absolute form holds a pattern character (:data:`_PATTERN`)."""
-    if _PATTERN.search(str(path.expanduser().absolute())):
-        raise StoreError(f"{path}: {_PATTERN_WHY}")
+    """``path``, unless its absolute form holds a character its facts could not be read
+    back through (:func:`_readable_back`)."""
+    _readable_back(str(path.expanduser().absolute()), path)
     return path
