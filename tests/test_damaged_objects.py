@@ -158,3 +158,62 @@ def test_a_damaged_newest_manifest_still_falls_back_to_the_one_before(
                  "select count(*) > 0 AS some from gpu_minute"]) == 0
     assert capsys.readouterr().out == "some\nTrue\n"
     assert "000000000099.json: not a gpuledger manifest" in caplog.text
+
+
+REPAIR = "restore it, or ingest (or import) its hour again, which writes it anew"
+
+
+@pytest.mark.parametrize("command", [
+    ["query", "--format", "csv", "select count(*) from {table}"],
+    ["report"],
+    ["diagnose", "--quiet", "--dry-run"],
+])
+@pytest.mark.parametrize("damage", ["cut", "gone", "garbled"])
+def test_readers_say_a_published_object_is_missing_or_damaged_and_what_to_do(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+        damage: str) -> None:
+    """Found by cutting a gpu_minute hour short and deleting a job_attempts hour: query and
+    report printed DuckDB's "No files found that match the pattern …" or "No magic bytes
+    found at end of file …", diagnose Polars' "No such file or directory (os error 2):
+    ...g/facts/… (set POLARS_VERBOSE=1 to see full path)": the file, but not what to do."""
+    from gpuledger.cli.main import main
+
+    root = _process(tmp_path / "wh")
+    table = "gpu_minute" if command[0] == "diagnose" else "job_attempts"
+    victim = _object(root, table)
+    whole = victim.read_bytes()
+    if damage == "cut":
+        victim.write_bytes(whole[:1000])
+    elif damage == "gone":
+        victim.unlink()
+    else:  # the same size, not Parquet
+        victim.write_bytes(b"x" * len(whole))
+    args = [word.format(table=table) for word in command]
+    assert main([*args, "--warehouse", str(root)]) == 2
+    out, err = capsys.readouterr()
+    said = {
+        "cut": f"{victim}: damaged: it holds 1000 bytes where the generation's manifest says "
+               f"{len(whole)} (cut short or replaced since it was written); {REPAIR}",
+        "gone": f"{victim}: missing: the published generation names this object, but the "
+                f"store has none; {REPAIR}",
+        "garbled": f"{victim}: damaged: the published generation names this object, but it "
+                   f"is not a readable Parquet file; {REPAIR}",
+    }[damage]
+    assert err.endswith(f"gpuledger: error: {said}\n"), err
+    assert err.count("\n") == 1 and out == "", err
+
+
+@pytest.mark.parametrize("command", [["query", "select 1"], ["report"], ["compact"],
+                                     ["diagnose"]])
+def test_a_warehouse_path_that_is_a_file_is_said_alike_by_every_reader(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    """query and report said "not a gpuledger warehouse (nothing published yet)" where
+    compact and diagnose said "a file, not a warehouse folder"."""
+    from gpuledger.cli.main import main
+
+    afile = tmp_path / "wh"
+    afile.write_text("not a warehouse")
+    assert main([*command, "--quiet", "--warehouse", str(afile)] if command[0] != "query"
+                else [*command, "--warehouse", str(afile)]) == 2
+    assert capsys.readouterr().err == f"gpuledger: error: {afile}: a file, not a warehouse " \
+                                      "folder\n"

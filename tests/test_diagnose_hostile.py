@@ -181,7 +181,9 @@ def test_a_truncated_file_is_one_line_naming_it(wh: Path,
         assert main(["diagnose", "--warehouse", str(wh), "--quiet", *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1, err
-        assert str(bad.relative_to(wh)) in err and "not a readable Parquet file" in err
+        assert str(bad.relative_to(wh)) in err and "damaged: it holds 1000 bytes" in err
+        assert err.endswith("restore it, or ingest (or import) its hour again, which writes "
+                            "it anew"), err
     assert _units(wh) == before
 
 

@@ -69,6 +69,7 @@ from gpuledger.pipeline.warehouse import (
     catalog_statements,
     open_snapshot,
     statements_digest,
+    unreadable_object,
     views_mark,
 )
 
@@ -157,7 +158,25 @@ def connect(warehouse: str | Path, threads: int | None = None,
     con.execute("SET enable_external_access = false")
     con.execute("SET TimeZone = ?", [timezone])
     con.execute("SET lock_configuration = true")
+    _OPENED[con] = (store, snapshot.sizes)
     return con
+
+
+_OPENED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, tuple[Store, dict[str, int]]] \
+    = weakref.WeakKeyDictionary()
+"""The store of each connection :func:`connect` opened, and the sizes its generation's
+manifests record (:func:`unreadable`)."""
+
+
+def unreadable(con: duckdb.DuckDBPyConnection, exc: BaseException) -> str | None:
+    """The error ``exc`` of a query on ``con`` as one line saying what to do, when it
+    names a fact object the generation publishes that is missing or damaged
+    (``warehouse.unreadable_object``); None otherwise."""
+    opened = _OPENED.get(con)
+    if opened is None:
+        return None
+    store, sizes = opened
+    return unreadable_object(store, str(exc), sizes)
 
 
 def _published_views(store: Store, views: Path, digest: str,
@@ -417,6 +436,9 @@ class Stream:
                     self._ended = True
                     self._worker.join()
                 if kind == _ERROR:
+                    damaged = unreadable(self._con, value)
+                    if damaged is not None:
+                        raise QueryError(damaged)
                     if isinstance(value, duckdb.Error):
                         raise QueryError(_one_line(value))
                     raise QueryError(f"{type(value).__name__}: {_one_line(value)}")

@@ -25,6 +25,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -49,6 +50,7 @@ from gpuledger.pipeline.generations import (
     read_snapshot,
     unit_of,
 )
+from gpuledger.pipeline.location import check_location
 from gpuledger.pipeline.memory import PeriodicRelease
 from gpuledger.pipeline.sort_worker import SortWorker, SortWorkerDied
 from gpuledger.pipeline.store import Store, StoreError, open_store
@@ -907,10 +909,54 @@ def _fill(text: str, files: Any, mark: str = "{files:") -> str:
 
 
 def open_snapshot(location: str | Path) -> tuple[Store, Snapshot]:
-    """A reader's view of a warehouse: its store and the newest published generation."""
-    store = open_store(location, create=False)
+    """A reader's view of a warehouse: its store and the newest published generation. A
+    local path that is a file is a :class:`StoreError` (as ``compact`` and ``diagnose``
+    say it; the readers said "nothing published yet")."""
+    where = check_location(location)
+    if isinstance(where, Path) and where.expanduser().is_file():
+        raise StoreError(f"{where}: a file, not a warehouse folder")
+    store = open_store(where, create=False)
     store.check()
     return store, read_snapshot(store)
+
+
+_FACT_OBJECT = re.compile(
+    r"facts/[A-Za-z0-9_]+/(?:date=[0-9-]+/)?[^/'\"\s]+?\.[0-9a-f]{16}\.parquet")
+"""A published fact object's name (relative to the warehouse), in a reader's error."""
+_NOT_PARQUET = ("magic bytes", "par1", "out of specification", "not a parquet",
+                "corrupt", "footer", "invalid parquet", "damaged: it holds")
+"""Words of DuckDB's, Polars' and PyArrow's errors (lower case) for bytes that are not
+a Parquet file (and :func:`attach_store`'s own for an object of another size)."""
+REPAIR = "restore it, or ingest (or import) its hour again, which writes it anew"
+
+
+def unreadable_object(store: Store, text: str, sizes: Mapping[str, int]) -> str | None:
+    """A reader's error ``text`` (DuckDB's, Polars', PyArrow's) as one line saying what to
+    do, when it names a fact object of this warehouse that is missing or is not a Parquet
+    file: that the published generation names it, what is wrong, and how to repair it
+    (:data:`REPAIR`). ``sizes``: the sizes the manifests record. None when ``text``
+    names no fact object, or one that is there whole (a schema mismatch is no damage).
+    One stat (a HEAD on S3) of that object; query, report and diagnose say it alike."""
+    match = _FACT_OBJECT.search(text)
+    if match is None:
+        return None
+    obj = match.group(0)
+    url = store.url_of(obj)
+    try:
+        size = store.size(obj)
+    except StoreError:
+        return None
+    expected = sizes.get(obj)
+    if size is None:
+        return (f"{url}: missing: the published generation names this object, but the "
+                f"store has none; {REPAIR}")
+    if expected is not None and size != expected:
+        return (f"{url}: damaged: it holds {size} bytes where the generation's manifest "
+                f"says {expected} (cut short or replaced since it was written); {REPAIR}")
+    if any(word in text.lower() for word in _NOT_PARQUET):
+        return (f"{url}: damaged: the published generation names this object, but it is "
+                f"not a readable Parquet file; {REPAIR}")
+    return None
 
 
 def published_urls(location: str | Path, table: str) -> list[str]:

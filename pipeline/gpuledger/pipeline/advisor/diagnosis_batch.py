@@ -61,7 +61,7 @@ from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.generations import WHOLE, Manifest, read_manifests
 from gpuledger.pipeline.location import check_location
 from gpuledger.pipeline.store import Store, StoreError, open_store
-from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_in
+from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_in, unreadable_object
 
 TABLE = "job_diagnosis"
 UNIT = "diagnosis"
@@ -102,8 +102,10 @@ class _Reader:
     object fetched whole. Compacted days (read an hour at a time; one a partition) are
     kept while their hours are read, so each is fetched once, not 24 times."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, sizes: dict[str, int] | None = None) -> None:
         self.store = store
+        self.sizes = sizes or {}
+        """Object → its size, as the manifests record it."""
         self._days: dict[str, bytes] = {}
 
     def name(self, obj: str) -> str:
@@ -123,7 +125,8 @@ class _Reader:
         if data is None:
             data = self.store.read(obj)
             if data is None:
-                raise HistoryError(f"{self.name(obj)}: published, but not in the store "
+                raise HistoryError(unreadable_object(self.store, obj, self.sizes)
+                                   or f"{self.name(obj)}: published, but not in the store "
                                    "(deleted by hand?)")
             if not whole:
                 self._days[obj] = data
@@ -159,10 +162,15 @@ def warn_once() -> Iterator[None]:
         logger.removeFilter(once)
 
 
-def _read_failed(path: str, exc: BaseException) -> HistoryError:
-    """A fact file that cannot be read, in one line naming it."""
+def _read_failed(reader: _Reader, obj: str, exc: BaseException) -> HistoryError:
+    """A fact object that cannot be read, in one line naming it: missing or damaged, what
+    to do about it (as query and report say it, ``warehouse.unreadable_object``)."""
+    path = reader.name(obj)
     if isinstance(exc, PermissionError):
         return HistoryError(f"{path}: permission denied")
+    damaged = unreadable_object(reader.store, f"{obj}: {exc}", reader.sizes)
+    if damaged is not None:
+        return HistoryError(damaged)
     if isinstance(exc, OSError):
         return HistoryError(f"{path}: cannot be read ({exc.strerror or exc})")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -219,7 +227,7 @@ def _read_hour(reader: _Reader, hour: datetime, parts: list[_Part]) -> pl.DataFr
                           pl.scan_parquet(source).select(COLUMNS)
                           .filter((pl.col("minute") >= lo) & (pl.col("minute") < hi)).collect())
         except (OSError, pl.exceptions.PolarsError) as exc:
-            raise _read_failed(reader.name(p.obj), exc) from None
+            raise _read_failed(reader, p.obj, exc) from None
     return pl.concat(frames, how="vertical_relaxed").sort(HOUR_ORDER, maintain_order=True)
 
 
@@ -230,7 +238,7 @@ def _ended(reader: _Reader, files: dict[str, str]) -> pl.DataFrame:
             frames.append(pl.read_parquet(reader.source(f),
                                           columns=["job_id", "attempt", "ended_at"]))
         except (OSError, pl.exceptions.PolarsError) as exc:
-            raise _read_failed(reader.name(f), exc) from None
+            raise _read_failed(reader, f, exc) from None
     if not frames:
         return pl.DataFrame(schema={"job_id": pl.String(), "attempt": pl.Int64(),
                                     "ended_at": TIME_DTYPE})
@@ -326,7 +334,7 @@ def _diagnose(opened: OpenedWarehouse, write: bool, cfg: DiagnosisConfig,
                                "whose use is unknown (docs/metrics.md, 'No telemetry is not "
                                "waste')")
         raise HistoryError(f"{label}: no GPU-minutes to diagnose")
-    reader = _Reader(store)
+    reader = _Reader(store, {o: n for m in manifests.values() for o, n in m.sizes.items()})
     ended = _ended(reader, published)
     state = DiagnosisState()
     parts: list[pl.DataFrame] = []
@@ -400,6 +408,9 @@ def _attempts(where: str | Path, label: str) -> pl.DataFrame:
                    AS waste_gpu_hours
             FROM attempts WHERE started_at IS NOT NULL""").pl()
     except duckdb.Error as exc:
+        damaged = query.unreadable(con, exc)
+        if damaged is not None:
+            raise HistoryError(damaged) from None
         first = str(exc).strip().splitlines()[0]
         raise HistoryError(f"{label}: the attempts cannot be read ({first})") from None
     finally:

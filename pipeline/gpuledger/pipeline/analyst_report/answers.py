@@ -159,5 +159,10 @@ def answer_all(warehouse: Path, since: datetime | None = None, until: datetime |
                     timeout_s)
             out.append(Answer(section, columns, rows, chart_columns, chart_rows))
         return Report(window, out)
+    except duckdb.Error as exc:  # a missing or damaged fact object: say what to do
+        damaged = query.unreadable(con, exc)
+        if damaged is not None:
+            raise query.QueryError(damaged) from None
+        raise
     finally:
         query.close_connection(con)
