@@ -467,7 +467,7 @@ IMPORTER_CASES: list[ImporterCase] = [
     # sacct: a line that reads but says something impossible is left out and listed
     ImporterCase("sacct-end-before-start", "slurm-sacct",
                  _sacct(SACCT_ROW.replace(f"{_T}10:40:05", f"{_T}09:00:00")),
-                 ":2: End is before Start", status=0),
+                 f":2: End '{_T}09:00:00' is before Start", status=0),
     ImporterCase("sacct-unknown-state", "slurm-sacct",
                  _sacct(SACCT_ROW.replace("|COMPLETED|", "|BOGUS_STATE|")),
                  ":2: State 'BOGUS_STATE' is not a job state", status=0),

@@ -356,6 +356,23 @@ def test_a_time_after_the_import_is_a_bad_row(tmp_path: Path,
             "import (2026-01-05T00:15:00Z)")]
 
 
+def test_a_date_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    """'2026-02-29T10:00:00Z' was "neither ISO 8601 nor epoch seconds": it is ISO 8601,
+    of a day 2026 does not have. The bad row says so."""
+    path = tmp_path / "p.csv"
+    path.write_text("name,created,scheduled,deleted,gpus\n"
+                    "feb29,2026-02-29T10:00:00Z,,,1\n"
+                    "apr31,2026-01-05T10:00:00Z,2026-04-31T10:00:00,,1\n"
+                    "words,yesterday,,,1\n")
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    assert load_pods(path, now=now).bad_rows == [
+        (2, "created: '2026-02-29T10:00:00Z' is not a date: 2026 has no February 29 (not "
+            "a leap year)"),
+        (3, "scheduled: '2026-04-31T10:00:00' is not a date: April 2026 has 30 days, not "
+            "31"),
+        (4, "created: 'yesterday' is neither ISO 8601 nor epoch seconds")]
+
+
 def test_a_pod_list_without_pods_changes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A pod list of a header alone (an export that failed half-way), or of bad and

@@ -269,8 +269,11 @@ def test_lines_out_of_order_and_repeated_lines(
                         _probe("501", "00:00:00", "01:00:00", "00:30:00"),
                         _probe("502", "02:00:00", "01:00:00", "03:00:00"), good, good)
     assert "1 repeated identical line(s) dropped, 2 bad line(s)" in out, out
-    assert f"{tmp_path / 'sacct.txt'}:2: End is before Start" in out
-    assert f"{tmp_path / 'sacct.txt'}:3: Start is before Submit" in out
+    # the reason names the two times as the line has them
+    assert (f"{tmp_path / 'sacct.txt'}:2: End '{T}00:30:00' is before Start "
+            f"'{T}01:00:00'") in out, out
+    assert (f"{tmp_path / 'sacct.txt'}:3: Start '{T}01:00:00' is before Submit "
+            f"'{T}02:00:00'") in out, out
     got = _sql(root, "SELECT job_id, attempt, end_event, allocated_gpu_hours FROM attempts")
     assert got.rows() == [("503", 0, "finished", pytest.approx(20 / 60))]
 
@@ -303,6 +306,34 @@ def test_lines_that_say_something_impossible_are_left_out(
     assert "1 bad line(s)" in out and f"sacct.txt:2: {error}" in out, out
     assert "without a node list" not in out, out
     assert _sql(root, "SELECT job_id FROM attempts").rows() == [("602",)]
+
+
+def test_a_date_that_does_not_exist_is_a_bad_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2026 is not a leap year: '2026-02-29T23:00:00' is written as a time is, but names
+    no day. It stopped the whole import with "is not a time (expected
+    2026-01-05T10:00:00)", a format it has; now it is a bad line, as a local time the
+    zone skips is, saying why. Text that is not a time still stops the import."""
+    line = "{0}|{0}|x|a|u|gpu|n|1|{1}|{2}|{3}|COMPLETED|0:0|gres/gpu=1|gres/gpu=1|gpu-1"
+    root, out = _import(
+        tmp_path, capsys,
+        line.format("1", "2024-02-29T23:00:00", "2024-02-29T23:30:00", "2024-03-01T00:30:00"),
+        line.format("2", "2026-02-29T23:00:00", "2026-02-29T23:30:00", "2026-03-01T00:30:00"),
+        line.format("3", "2026-01-05T10:00:00", "2026-04-31T10:00:00", "2026-05-01T00:30:00"),
+        line.format("4", "2026-01-05T10:00:00", "2026-01-05T25:00:00", "2026-05-01T00:30:00"))
+    assert "3 bad line(s)" in out, out
+    for reason in ["3: Submit '2026-02-29T23:00:00' is not a date: 2026 has no February 29",
+                   "4: Start '2026-04-31T10:00:00' is not a date: April 2026 has 30 days, "
+                   "not 31",
+                   "5: Start '2026-01-05T25:00:00' is not a time of day: there is no hour 25"]:
+        assert f"sacct.txt:{reason}" in out, out
+    assert _sql(root, "SELECT job_id FROM attempts").rows() == [("1",)]
+    # --until the same way (refused: it is the command's, not a line's)
+    with pytest.raises(SystemExit):
+        main(["import", "slurm-sacct", str(tmp_path / "sacct.txt"), "--warehouse",
+              str(root), "--quiet", "--until", "2026-02-29T00:00:00"])
+    assert ("--until: '2026-02-29T00:00:00' is not a date: 2026 has no February 29"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("until", [[], ["--until", "2026-01-05T12:00"]])

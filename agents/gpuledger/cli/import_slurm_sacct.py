@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuledger.cli.arguments import add_replace, print_bad, whole_count
 from gpuledger.cli.errors import CliError, check_input_files
+from gpuledger.local_time import not_a_date
 
 
 def _timezone(text: str) -> Any:
@@ -29,8 +30,10 @@ def _until(text: str) -> datetime:
     try:
         return datetime.fromisoformat(text.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--until: {text!r} is not a time (expected "
-                                         "2026-01-06T00:00:00, as sacct's --endtime)") from None
+        impossible = not_a_date(text)
+        raise argparse.ArgumentTypeError(
+            f"--until: {text!r} " + (impossible or "is not a time (expected "
+                                     "2026-01-06T00:00:00, as sacct's --endtime)")) from None
 
 
 def _until_utc(args: argparse.Namespace) -> datetime | None:

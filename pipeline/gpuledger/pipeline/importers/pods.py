@@ -55,6 +55,7 @@ import polars as pl
 from gpuledger.bridges.mapping import Mapping
 from gpuledger.bridges.placement import MAX_GPUS_PER_NODE, Placer, Slot
 from gpuledger.contract.schema import JOB_TYPES
+from gpuledger.local_time import not_a_date
 from gpuledger.pipeline.columns import conform
 from gpuledger.pipeline.config import Limits, Windows
 from gpuledger.pipeline.importers.csv_text import header_and_rows
@@ -246,8 +247,10 @@ def _pod(n: int, row: dict[str, str], mapping: Mapping, now: datetime) -> _Pod |
         try:
             t = parse_time(row[name])
         except ValueError:
-            raise ValueError(f"{name}: {row[name]!r} is neither ISO 8601 nor epoch "
-                             "seconds") from None
+            # written as a time is, of a day that does not exist: say so
+            raise ValueError(f"{name}: {row[name]!r} "
+                             + (not_a_date(row[name])
+                                or "is neither ISO 8601 nor epoch seconds")) from None
         if t < MIN_TIME:
             raise ValueError(f"{name}: {row[name]!r} is before {MIN_TIME:%Y-%m-%d} (no "
                              "event is older)")

@@ -43,8 +43,9 @@ Rules:
   DEADLINE → ``failed`` with the state and exit code; RUNNING (End ``Unknown``) → no
   end; PENDING → submitted only; a last line in REQUEUED ends with ``requeued`` at its
   End (pending after);
-* a line with another state, times out of order, a local time that ``tz`` skips (DST
-  gap) or that is out of range in UTC, a GPU TRES count that is not a whole number,
+* a line with another state, times out of order, a date that does not exist
+  (``2026-02-29``), a local time that ``tz`` skips (DST gap) or that is out of range in
+  UTC, a GPU TRES count that is not a whole number,
   more GPUs on a node than any node has (``MAX_GPUS_PER_NODE``) or a malformed
   NodeList is left out and listed (``bad_lines``); a line identical to an earlier one
   is dropped and counted;
@@ -89,6 +90,7 @@ from gpuledger.bridges.slurm_parse import (
     parse_scontrol_nodes,
     parse_tres_gpus,
 )
+from gpuledger.local_time import not_a_date
 from gpuledger.pipeline.columns import conform, schema_of
 from gpuledger.pipeline.importers.csv_text import csv_rows
 from gpuledger.pipeline.validate import MIN_TIME
@@ -227,6 +229,9 @@ def _time(text: str, tz: tzinfo, where: str, column: str) -> datetime | None:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
+        impossible = not_a_date(text)
+        if impossible is not None:  # written as a time is, of a day that does not exist
+            raise _BadLine(f"{column} {text!r} {impossible}") from None
         raise SacctError(f"{where}: {column}: {text!r} is not a time (expected "
                          "2026-01-05T10:00:00)") from None
     try:
@@ -272,17 +277,30 @@ def _check_tres(text: str) -> None:
         seen.add(key)
 
 
-def _check_line(line: _Line) -> None:
-    """The state is one the importer knows and the times are in order."""
+def _out_of_order(submit: datetime, start: datetime | None, end: datetime | None
+                  ) -> tuple[str, str] | None:
+    """The first two times out of order (``("End", "Start")``: End is before Start), or
+    None."""
+    if start is not None and start < submit:
+        return "Start", "Submit"
+    if end is not None and start is not None and end < start:
+        return "End", "Start"
+    if end is not None and end < submit:
+        return "End", "Submit"
+    return None
+
+
+def _check_line(line: _Line, row: dict[str, str]) -> None:
+    """The state is one the importer knows and the times are in order (the reason names
+    the two times as the line has them)."""
     if line.state not in KNOWN_STATES:
         raise _BadLine(f"State {line.row['State'].strip()!r} is not a job state the "
                        f"importer knows ({', '.join(KNOWN_STATES)})")
-    if line.start is not None and line.start < line.submit:
-        raise _BadLine("Start is before Submit")
-    if line.end is not None and line.start is not None and line.end < line.start:
-        raise _BadLine("End is before Start")
-    if line.end is not None and line.end < line.submit:
-        raise _BadLine("End is before Submit")
+    wrong = _out_of_order(line.submit, line.start, line.end)
+    if wrong is not None:
+        later, earlier = wrong
+        raise _BadLine(f"{later} {row[later].strip()!r} is before {earlier} "
+                       f"{row[earlier].strip()!r}")
 
 
 PROGRESS_LINES = 10_000
@@ -297,15 +315,16 @@ def read_sacct(paths: Sequence[Path], tz: tzinfo = UTC,
 
     The import is refused whole (:class:`SacctError`, ``file:line: reason``) at the first
     unreadable line of any file: not UTF-8, a field over the CSV reader's limit, a file
-    that ends inside a line, a bad time, a GPU count, index list or node list no cluster
-    has. A job name holding ``|`` or a line break is read back whole (:func:`_records`;
+    that ends inside a line, text that is not a time, a GPU count, index list or node list no
+    cluster has. A job name holding ``|`` or a line break is read back whole (:func:`_records`;
     a record mended so that still does not read is a bad line: a job name is any
     user's to choose). A line that
-    reads but says something impossible (an unknown state, times out of order, a local
-    time the zone skips, a GPU count that is not a whole number or too large for its
-    nodes, a malformed node list) is left out and listed in ``bad_lines``; a line
-    identical to an earlier one is dropped and counted. ``on_progress`` gets the share of
-    the files' bytes read (about: counted from the fields)."""
+    reads but says something impossible (an unknown state, times out of order, a date
+    that does not exist, a local time the zone skips, a GPU count that is not a whole
+    number or too large for its nodes, a malformed node list) is left out and listed in
+    ``bad_lines``; a line identical to an earlier one is dropped and counted.
+    ``on_progress`` gets the share of the files' bytes read (about: counted from the
+    fields)."""
     result = SacctImport({}, files=len(paths))
     lines: list[_Line] = []
     seen: set[bytes] = set()
@@ -495,7 +514,7 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 submit=submit, start=_time(row["Start"], tz, where, "Start"),
                 end=_time(row["End"], tz, where, "End"), gpus=gpus, gpu_type=gpu_type,
                 nodes=nodes, indices=indices)
-            _check_line(line)
+            _check_line(line, row)
         except (SlurmParseError, SacctError) as exc:
             reason = str(exc).removeprefix(f"{where}: ")
             if mended is None:
