@@ -458,10 +458,42 @@ def test_tz_a_time_that_does_not_exist_is_a_bad_line(
     assert "2 bad line(s)" in out and "rejected" not in out, out
     assert "sacct.txt:4: Submit '0001-01-01T00:00:00' is out of range in UTC" in out, out
     assert ("sacct.txt:2: Start '2026-03-29T02:10:00' does not exist in time zone "
-            "Europe/Berlin (skipped by a daylight-saving change)") in out, out
+            "Europe/Berlin: the clocks jump from 02:00 to 03:00 on 2026-03-29") in out, out
     got = _sql(root, "SELECT job_id, started_at, allocated_gpu_hours FROM attempts")
     assert got.rows() == [("4", datetime(2026, 3, 29, 1, 10, tzinfo=UTC),
                            pytest.approx(0.5))]
+
+
+def test_tz_an_until_the_zone_skips_or_repeats_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--until 2025-03-30T02:30:00`` in Europe/Berlin (clocks jump 02:00 → 03:00) was
+    taken as 01:30 UTC, the same as 03:30, while a line with that time is a bad line;
+    02:30 on 2025-10-26 (clocks go back 03:00 → 02:00) was taken as its first occurrence
+    in silence. Both are refused in one line, nothing written; with its offset it goes."""
+    line = "1|1|x|a|u|gpu|n|1|{0}|{0}|{1}|COMPLETED|0:0|gres/gpu=1|gres/gpu=1|gpu-1"
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "\n"
+                    + line.format("2025-10-26T00:00:00", "2025-10-26T00:30:00") + "\n")
+    root = tmp_path / "wh"
+
+    def run(until: str) -> int:
+        return main(["import", "slurm-sacct", str(path), "--warehouse", str(root),
+                     "--quiet", "--tz", "Europe/Berlin", "--until", until])
+
+    assert run("2025-03-30T02:30:00") == 2
+    assert capsys.readouterr().err == (
+        "gpuledger: error: --until 2025-03-30T02:30:00 does not exist in time zone "
+        "Europe/Berlin: the clocks jump from 02:00 to 03:00 on 2025-03-30; give a time "
+        "that exists, or one with its offset\n")
+    assert run("2025-10-26T02:30:00") == 2
+    assert capsys.readouterr().err == (
+        "gpuledger: error: --until 2025-10-26T02:30:00 occurs twice in time zone "
+        "Europe/Berlin: the clocks go back from 03:00 to 02:00 on 2025-10-26; give it "
+        "with its offset: 2025-10-26T02:30:00+02:00 (the first, CEST) or "
+        "2025-10-26T02:30:00+01:00 (the second, CET)\n")
+    assert not root.exists()
+    assert run("2025-10-26T02:30:00+01:00") == 0
+    assert "--until" not in capsys.readouterr().err
 
 
 def test_an_attempt_followed_by_another_ends_at_its_end(

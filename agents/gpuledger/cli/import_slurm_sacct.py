@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuledger.cli.arguments import add_replace, print_bad, whole_count
 from gpuledger.cli.errors import CliError, check_input_files
-from gpuledger.local_time import not_a_date
+from gpuledger.local_time import change_at, clock_change, not_a_date
 
 
 def _timezone(text: str) -> Any:
@@ -43,6 +43,19 @@ def _until_utc(args: argparse.Namespace) -> datetime | None:
         return None
     until: datetime = args.until
     if until.tzinfo is None:
+        if args.tz is not None:
+            # a local time the zone skips or repeats names no one instant: refused, as a
+            # line's is left out (a skipped one read as the hour after, before 2026-12-07)
+            change = clock_change(until, args.tz)
+            first, second = (until.replace(tzinfo=args.tz, fold=f) for f in (0, 1))
+            if change is not None and change_at(until, args.tz) == "skipped":
+                raise CliError(f"--until {args.until.isoformat()} {change}; give a time "
+                               "that exists, or one with its offset")
+            if change is not None:
+                raise CliError(f"--until {args.until.isoformat()} {change}; give it with "
+                               f"its offset: {first.isoformat()} (the first, "
+                               f"{first.tzname()}) or {second.isoformat()} (the second, "
+                               f"{second.tzname()})")
         until = until.replace(tzinfo=args.tz or UTC)
     until = until.astimezone(UTC).replace(second=0, microsecond=0)
     if until > datetime.now(UTC):

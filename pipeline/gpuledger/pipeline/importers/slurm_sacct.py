@@ -90,7 +90,7 @@ from gpuledger.bridges.slurm_parse import (
     parse_scontrol_nodes,
     parse_tres_gpus,
 )
-from gpuledger.local_time import not_a_date
+from gpuledger.local_time import clock_change, not_a_date, zone_name
 from gpuledger.pipeline.columns import conform, schema_of
 from gpuledger.pipeline.importers.csv_text import csv_rows
 from gpuledger.pipeline.validate import MIN_TIME
@@ -238,9 +238,9 @@ def _time(text: str, tz: tzinfo, where: str, column: str) -> datetime | None:
         if value.tzinfo is None:
             local = value.replace(tzinfo=tz)
             if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != value:
-                raise _BadLine(f"{column} {text!r} does not exist in time zone "
-                               f"{getattr(tz, 'key', tz)} (skipped by a daylight-saving "
-                               "change)")
+                raise _BadLine(f"{column} {text!r} " + (
+                    clock_change(value, tz)
+                    or f"does not exist in time zone {zone_name(tz)}"))
             value = local
         return value.astimezone(UTC)
     except OverflowError:  # year 1 or 9999 moved past the calendar's ends
