@@ -7,7 +7,7 @@ file itself (Start − Submit per line; minutes whose middle lies in [Start, end
 from __future__ import annotations
 
 import csv
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -441,6 +441,43 @@ def test_tz_times_are_converted_to_utc_with_or_without_an_offset(
         ("1", utc("02:00:00"), utc("02:00:30"), utc("02:10:30"), pytest.approx(600)),
         ("2", utc("03:00:00"), utc("03:00:30"), utc("03:10:30"), pytest.approx(600)),
         ("3", utc("00:10:00"), utc("00:30:00"), utc("00:50:00"), pytest.approx(1200)),
+    ]
+
+
+def test_tz_a_repeated_hour_is_read_so_that_the_times_keep_their_order(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Europe/Berlin on 2026-10-25 repeats 02:00–02:59 (CEST, then CET). Job 2 started
+    at 02:50 CEST and ended at 02:10 CET, 20 minutes later: it was a bad line, "End is
+    before Start", every time of the hour read as the first occurrence. Each line's
+    times are now read in the occurrences that keep them in order (the first where both
+    do: job 3), counted; a line no reading puts in order (job 4) is a bad line that names
+    its times and the repeated hour."""
+    line = "{0}|{0}|x|a|u|gpu|n|1|{1}|{2}|{3}|COMPLETED|0:0|gres/gpu=1|gres/gpu=1|gpu-{0}"
+    day = "2026-10-25T"
+    root, out = _import_tz(
+        tmp_path, capsys, "Europe/Berlin",
+        line.format("1", f"{day}01:00:00", f"{day}01:30:00", f"{day}03:30:00"),
+        line.format("2", f"{day}02:40:00", f"{day}02:50:00", f"{day}02:10:00"),
+        line.format("3", f"{day}02:05:00", f"{day}02:30:00", f"{day}02:45:00"),
+        line.format("4", f"{day}02:50:00", f"{day}02:10:00", f"{day}02:05:00"))
+    assert ("1 bad line(s); 2 line(s) with times in a repeated hour (DST end), read as the "
+            "first occurrence, 1 of them with the second where the first put the line's "
+            "times out of order;") in out, out
+    assert (f"sacct.txt:5: Start '{day}02:10:00' is before Submit '{day}02:50:00', and no "
+            "reading of the hour Europe/Berlin repeats puts the line's times in order: "
+            f"Submit '{day}02:50:00', Start '{day}02:10:00', End '{day}02:05:00' occur "
+            "twice there (the clocks go back from 03:00 to 02:00 on 2026-10-25)") in out, out
+    got = _sql(root, "SELECT job_id, submitted_at, started_at, ended_at, "
+                     "allocated_gpu_hours * 60 FROM attempts ORDER BY job_id")
+
+    def utc(hms: str) -> datetime:
+        return datetime.fromisoformat(f"{day}{hms}").replace(tzinfo=UTC)
+
+    assert got.rows() == [
+        ("1", utc("00:00:00") - timedelta(hours=1), utc("00:00:00") - timedelta(minutes=30),
+         utc("02:30:00"), pytest.approx(180)),
+        ("2", utc("00:40:00"), utc("00:50:00"), utc("01:10:00"), pytest.approx(20)),
+        ("3", utc("00:05:00"), utc("00:30:00"), utc("00:45:00"), pytest.approx(15)),
     ]
 
 

@@ -122,6 +122,11 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f", {r.duplicates_dropped:,} repeated identical line(s) dropped"
              if r.duplicates_dropped else "")
           + (f", {len(r.bad_lines):,} bad line(s)" if r.bad_lines else "")
+          + (f"; {r.repeated_hour:,} line(s) with times in a repeated hour (DST end), "
+             "read as the first occurrence"
+             + (f", {r.repeated_hour_second:,} of them with the second where the first put "
+                "the line's times out of order" if r.repeated_hour_second else "")
+             if r.repeated_hour else "")
           + (f"; {r.names_mended:,} line(s) whose job name held a '|' or a line break, "
              "read back whole" if r.names_mended else "")
           + (f"; {r.attempts_merged:,} attempt(s) in more than one line (the line that "

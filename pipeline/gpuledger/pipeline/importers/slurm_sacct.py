@@ -58,14 +58,16 @@ Rules:
   their partition; it holds from the first event time validation accepts (not before
   2000: such an event is rejected alone);
 * times without an offset are read in ``tz`` (default UTC: export with ``TZ=UTC sacct``),
-  a time that occurs twice (DST fall-back) as its first occurrence; every time is
-  converted to UTC.
+  a time that occurs twice (DST fall-back) as the occurrence that keeps its line's times
+  in order, the first where both do (:func:`_times`), counted (``repeated_hour``); every
+  time is converted to UTC.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import re
 import sys
@@ -90,7 +92,7 @@ from gpuledger.bridges.slurm_parse import (
     parse_scontrol_nodes,
     parse_tres_gpus,
 )
-from gpuledger.local_time import clock_change, not_a_date, zone_name
+from gpuledger.local_time import change_at, clock_change, not_a_date, zone_name
 from gpuledger.pipeline.columns import conform, schema_of
 from gpuledger.pipeline.importers.csv_text import csv_rows
 from gpuledger.pipeline.validate import MIN_TIME
@@ -156,6 +158,11 @@ class SacctImport:
     jobs_before: int = 0
     """Going on from a history: jobs over before where it ended that its job book does
     not remember (exports that overlap by more than it keeps ended jobs): left out."""
+    repeated_hour: int = 0
+    """Lines with a local time that ``tz`` repeats (the hour the clocks go back)."""
+    repeated_hour_second: int = 0
+    """Of those, lines with such a time read as its second occurrence (winter time):
+    the first put the line's times out of order (:func:`_times`)."""
     names_mended: int = 0
     """Lines whose job name held a ``|`` or a line break (``--parsable2`` prints them as
     they are), read back whole (:func:`_records`)."""
@@ -219,32 +226,71 @@ class _BadLine(Exception):
     """A line that is left out, with the reason (the rest of the file is imported)."""
 
 
-def _time(text: str, tz: tzinfo, where: str, column: str) -> datetime | None:
-    """The time in UTC: with an offset as given, without one read in ``tz`` (a time
-    that occurs twice, at a fall-back, is its first occurrence: ``fold=0``). A local
-    time that ``tz`` skips (spring-forward gap) is a bad line."""
+def _parse(text: str, where: str, column: str) -> datetime | None:
+    """The time as written (naive without an offset), ``None`` when not yet
+    (``Unknown``). Text that is not a time stops the import (:class:`SacctError`); one
+    written as a time is, of a day that does not exist, is a bad line."""
     text = text.strip()
     if text in _UNSET:
         return None
     try:
-        value = datetime.fromisoformat(text)
+        return datetime.fromisoformat(text)
     except ValueError:
         impossible = not_a_date(text)
         if impossible is not None:  # written as a time is, of a day that does not exist
             raise _BadLine(f"{column} {text!r} {impossible}") from None
         raise SacctError(f"{where}: {column}: {text!r} is not a time (expected "
                          "2026-01-05T10:00:00)") from None
+
+
+def _utc(value: datetime, tz: tzinfo, column: str, text: str, fold: int = 0) -> datetime:
+    """``value`` in UTC: with an offset as given, without one read in ``tz`` (a time
+    that occurs twice, at a fall-back, as its ``fold``: 0 the first occurrence). A local
+    time that ``tz`` skips (spring-forward gap) is a bad line."""
     try:
         if value.tzinfo is None:
-            local = value.replace(tzinfo=tz)
+            local = value.replace(tzinfo=tz, fold=fold)
             if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != value:
-                raise _BadLine(f"{column} {text!r} " + (
+                raise _BadLine(f"{column} {text.strip()!r} " + (
                     clock_change(value, tz)
                     or f"does not exist in time zone {zone_name(tz)}"))
             value = local
         return value.astimezone(UTC)
     except OverflowError:  # year 1 or 9999 moved past the calendar's ends
-        raise _BadLine(f"{column} {text!r} is out of range in UTC") from None
+        raise _BadLine(f"{column} {text.strip()!r} is out of range in UTC") from None
+
+
+TIMES = ("Submit", "Start", "End")
+
+
+def _times(values: tuple[datetime, datetime | None, datetime | None], tz: tzinfo,
+           row: dict[str, str]
+           ) -> tuple[tuple[datetime, datetime | None, datetime | None], list[str], bool]:
+    """A line's Submit, Start and End in UTC, the columns whose local time ``tz``
+    repeats (the hour the clocks go back: each reads as the first occurrence, summer
+    time, or the second), and whether one was read as the second. Of the readings the
+    one that keeps the times in order is taken, the first occurrence preferred, Submit's
+    first (a job whose End is in winter time and Start in summer time, both written
+    02:xx, ran for minutes, not minus forty). When no reading does, the first
+    occurrences are given (:func:`_check_line` names the line)."""
+    repeated = [] if tz is UTC else [
+        c for c, v in zip(TIMES, values, strict=True)
+        if v is not None and v.tzinfo is None and change_at(v, tz) == "repeated"]
+    if not repeated:
+        submit, start, end = (None if v is None else _utc(v, tz, c, row[c])
+                              for c, v in zip(TIMES, values, strict=True))
+        assert submit is not None
+        return (submit, start, end), repeated, False
+    readings = []
+    for folds in itertools.product((0, 1), repeat=len(repeated)):
+        fold = dict(zip(repeated, folds, strict=True))
+        submit, start, end = (None if v is None else _utc(v, tz, c, row[c], fold.get(c, 0))
+                              for c, v in zip(TIMES, values, strict=True))
+        assert submit is not None
+        if _out_of_order(submit, start, end) is None:
+            return (submit, start, end), repeated, any(folds)
+        readings.append((submit, start, end))
+    return readings[0], repeated, False
 
 
 def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
@@ -290,17 +336,27 @@ def _out_of_order(submit: datetime, start: datetime | None, end: datetime | None
     return None
 
 
-def _check_line(line: _Line, row: dict[str, str]) -> None:
+def _check_line(line: _Line, row: dict[str, str], repeated: Sequence[str] = (),
+                tz: tzinfo = UTC) -> None:
     """The state is one the importer knows and the times are in order (the reason names
-    the two times as the line has them)."""
+    the two times as the line has them, and ``repeated``, those in an hour ``tz``
+    repeats, none of whose readings put them in order)."""
     if line.state not in KNOWN_STATES:
         raise _BadLine(f"State {line.row['State'].strip()!r} is not a job state the "
                        f"importer knows ({', '.join(KNOWN_STATES)})")
     wrong = _out_of_order(line.submit, line.start, line.end)
-    if wrong is not None:
-        later, earlier = wrong
-        raise _BadLine(f"{later} {row[later].strip()!r} is before {earlier} "
-                       f"{row[earlier].strip()!r}")
+    if wrong is None:
+        return
+    later, earlier = wrong
+    reason = f"{later} {row[later].strip()!r} is before {earlier} {row[earlier].strip()!r}"
+    if repeated:
+        change = clock_change(datetime.fromisoformat(row[repeated[0]].strip()), tz) or ""
+        reason += (f", and no reading of the hour {zone_name(tz)} repeats puts the line's "
+                   "times in order: "
+                   + ", ".join(f"{c} {row[c].strip()!r}" for c in repeated)
+                   + (" occurs" if len(repeated) == 1 else " occur") + " twice there"
+                   + (f" ({change.partition(': ')[2]})" if ": " in change else ""))
+    raise _BadLine(reason)
 
 
 PROGRESS_LINES = 10_000
@@ -490,8 +546,8 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
             if gpus <= 0:
                 result.cpu_only_skipped += 1
                 continue
-            submit = _time(row["Submit"], tz, where, "Submit")
-            if submit is None:
+            submitted = _parse(row["Submit"], where, "Submit")
+            if submitted is None:
                 raise SacctError(f"{where}: Submit is empty")
             hostlist = row.get("NodeList", "").strip()
             if hostlist not in _NO_NODES and not HOSTLIST.fullmatch(hostlist):
@@ -504,6 +560,9 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 raise _BadLine(f"{gpus:,} GPUs on {len(nodes):,} node(s) ({hostlist[:80]}): "
                                f"{per_node:,} on a node, more than a node can have "
                                f"({MAX_GPUS_PER_NODE:,})")
+            (submit, start, end), repeated, second = _times(
+                (submitted, _parse(row["Start"], where, "Start"),
+                 _parse(row["End"], where, "End")), tz, row)
             line = _Line(
                 # the same few accounts, users, partitions, states over and over: one
                 # string object each (a history's lines are all held at once)
@@ -511,10 +570,9 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 job_id=(row.get("JobIDRaw") or raw_id).strip() or raw_id,
                 state=sys.intern(row["State"].split()[0].upper()) if row["State"].strip()
                 else "",
-                submit=submit, start=_time(row["Start"], tz, where, "Start"),
-                end=_time(row["End"], tz, where, "End"), gpus=gpus, gpu_type=gpu_type,
+                submit=submit, start=start, end=end, gpus=gpus, gpu_type=gpu_type,
                 nodes=nodes, indices=indices)
-            _check_line(line, row)
+            _check_line(line, row, repeated, tz)
         except (SlurmParseError, SacctError) as exc:
             reason = str(exc).removeprefix(f"{where}: ")
             if mended is None:
@@ -526,6 +584,9 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
         except _BadLine as exc:
             result.bad_lines.append((where, str(exc)))
             continue
+        if repeated:
+            result.repeated_hour += 1
+            result.repeated_hour_second += second
         lines.append(line)
     return lines
 
