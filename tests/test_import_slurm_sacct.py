@@ -460,9 +460,9 @@ def test_tz_a_repeated_hour_is_read_so_that_the_times_keep_their_order(
         line.format("2", f"{day}02:40:00", f"{day}02:50:00", f"{day}02:10:00"),
         line.format("3", f"{day}02:05:00", f"{day}02:30:00", f"{day}02:45:00"),
         line.format("4", f"{day}02:50:00", f"{day}02:10:00", f"{day}02:05:00"))
-    assert ("1 bad line(s); 2 line(s) with times in a repeated hour (DST end), read as the "
-            "first occurrence, 1 of them with the second where the first put the line's "
-            "times out of order;") in out, out
+    assert ("1 bad line(s); times without an offset read in Europe/Berlin; 2 line(s) with "
+            "times in a repeated hour (DST end), read as the first occurrence, 1 of them "
+            "with the second where the first put the line's times out of order;") in out, out
     assert (f"sacct.txt:5: Start '{day}02:10:00' is before Submit '{day}02:50:00', and no "
             "reading of the hour Europe/Berlin repeats puts the line's times in order: "
             f"Submit '{day}02:50:00', Start '{day}02:10:00', End '{day}02:05:00' occur "
@@ -479,6 +479,36 @@ def test_tz_a_repeated_hour_is_read_so_that_the_times_keep_their_order(
         ("2", utc("00:40:00"), utc("00:50:00"), utc("01:10:00"), pytest.approx(20)),
         ("3", utc("00:05:00"), utc("00:30:00"), utc("00:45:00"), pytest.approx(15)),
     ]
+
+
+def test_the_zone_times_are_read_in_is_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site running the import where TZ=Europe/Berlin had 09:30 imported as 09:30 UTC
+    with no word of UTC or --tz. The summary says the zone; without --tz, a $TZ other
+    than UTC is warned about."""
+    path = tmp_path / "sacct.txt"
+    path.write_text(PROBE_HEADER + "\n" + _probe("1", "09:00:00", "09:30:00", "10:30:00")
+                    + "\n")
+
+    def run(*extra: str) -> tuple[str, str]:
+        assert main(["import", "slurm-sacct", str(path), "--warehouse",
+                     str(tmp_path / f"wh{len(extra)}"), "--quiet", *extra]) == 0
+        got = capsys.readouterr()
+        return got.out, got.err
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    out, err = run()
+    assert "; times without an offset read as UTC (--tz to change);" in out, out
+    assert err == ("gpuledger: warning: TZ is 'Europe/Berlin', but times without an "
+                   "offset (in the exports and --until) are read as UTC, not as $TZ: pass "
+                   "--tz Europe/Berlin if sacct printed them there\n")
+    out, err = run("--tz", "Europe/Berlin")
+    assert "; times without an offset read in Europe/Berlin;" in out and err == "", err
+    for utc in (":UTC", "Etc/UTC", "UTC0", "/usr/share/zoneinfo/UTC"):
+        monkeypatch.setenv("TZ", utc)
+        out, err = run("--replace")
+        assert "read as UTC (--tz to change)" in out and err == "", (utc, err)
 
 
 def test_tz_a_time_that_does_not_exist_is_a_bad_line(

@@ -6,6 +6,7 @@ Lean at import time: the pipeline (Polars, DuckDB) is loaded only when the comma
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,33 @@ def _until_utc(args: argparse.Namespace) -> datetime | None:
     return until
 
 
+UTC_NAMES = frozenset({
+    "", "UTC", "UTC0", "UTC+0", "UTC-0", "UCT", "GMT", "GMT0", "GMT+0", "GMT-0", "Z",
+    "ZULU", "UNIVERSAL", "GREENWICH", "ETC/UTC", "ETC/UCT", "ETC/GMT", "ETC/GMT0",
+    "ETC/GMT+0", "ETC/GMT-0", "ETC/UNIVERSAL", "ETC/ZULU", "ETC/GREENWICH"})
+"""``TZ`` values that name UTC (``:UTC`` and ``/usr/share/zoneinfo/UTC`` as well)."""
+
+
+def _tz_warning(tz: Any, environ: Any) -> str | None:
+    """The warning when no ``--tz`` is given but ``$TZ`` names a zone other than UTC: a
+    site that runs sacct and the import on one host in its own zone has its times read as
+    UTC, hours off, unless it says so."""
+    text = environ.get("TZ")
+    if tz is not None or text is None:
+        return None
+    name = text.strip().removeprefix(":").rpartition("zoneinfo/")[2]
+    if name.upper() in UTC_NAMES:
+        return None
+    try:
+        _timezone(name)
+        hint = f"--tz {name}"
+    except argparse.ArgumentTypeError:
+        hint = "--tz ZONE (e.g. Europe/Berlin)"
+    return (f"gpuledger: warning: TZ is {text!r}, but times without an offset (in the "
+            f"exports and --until) are read as UTC, not as $TZ: pass {hint} if sacct "
+            "printed them there")
+
+
 def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
     from gpuledger.cli.main import _need_pipeline, _proc_config, _progress
 
@@ -88,6 +116,9 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
         mapping = load_mapping(args.mapping)
     except MappingError as exc:
         raise CliError(f"mapping: {exc}") from None
+    warning = _tz_warning(args.tz, os.environ)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     until = _until_utc(args)
     try:
         with _progress("reading sacct", not args.quiet) as read:
@@ -122,6 +153,8 @@ def cmd_import_slurm_sacct(args: argparse.Namespace) -> int:
           + (f", {r.duplicates_dropped:,} repeated identical line(s) dropped"
              if r.duplicates_dropped else "")
           + (f", {len(r.bad_lines):,} bad line(s)" if r.bad_lines else "")
+          + ("; times without an offset read as UTC (--tz to change)" if args.tz is None
+             else f"; times without an offset read in {args.tz.key}")
           + (f"; {r.repeated_hour:,} line(s) with times in a repeated hour (DST end), "
              "read as the first occurrence"
              + (f", {r.repeated_hour_second:,} of them with the second where the first put "
