@@ -206,13 +206,16 @@ FROM per_minute p JOIN covered c ON c.bucket_start = time_bucket(bucket_interval
 GROUP BY 1, 2;
 
 -- Queue wait of the attempts that started in [since, until): by queue and GPU count
--- (level 'queue_gpus'), by GPU count alone ('gpus') and over all ('all'), in one pass.
+-- (level 'queue_gpus'), by GPU count alone ('gpus'), by team ('team'), by the card type
+-- the attempt got ('card_type') and over all ('all'), in one pass.
 -- pNN_s interpolate between the two nearest waits (quantile_cont), pNN_nearest_s are
 -- nearest-rank (quantile_disc), as in queue_wait (docs/metrics.md, "Percentiles").
 CREATE OR REPLACE MACRO queue_wait_between(since := NULL, until := NULL) AS TABLE
 SELECT CASE WHEN grouping(queue) = 0 THEN 'queue_gpus'
-            WHEN grouping(gpus) = 0 THEN 'gpus' ELSE 'all' END AS level,
-       queue, gpus, count(*) AS attempts,
+            WHEN grouping(gpus) = 0 THEN 'gpus'
+            WHEN grouping(team) = 0 THEN 'team'
+            WHEN grouping(card_type) = 0 THEN 'card_type' ELSE 'all' END AS level,
+       queue, gpus, team, card_type, count(*) AS attempts,
        avg(queue_wait_s) AS mean_s,
        quantile_cont(queue_wait_s, 0.5) AS p50_s,
        quantile_cont(queue_wait_s, 0.9) AS p90_s,
@@ -225,17 +228,29 @@ FROM attempts
 WHERE queue_wait_s IS NOT NULL
   AND started_at >= coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
   AND started_at < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ)
-GROUP BY GROUPING SETS ((queue, gpus), (gpus), ());
+GROUP BY GROUPING SETS ((queue, gpus), (gpus), (team), (card_type), ());
 
--- Do 8-GPU jobs wait longer? By queue and GPU count, by GPU count alone, and overall.
+-- Do 8-GPU jobs wait longer? By queue and GPU count, by GPU count alone, and overall;
+-- by team and by card type.
 CREATE OR REPLACE VIEW queue_wait_by_size AS
-SELECT * EXCLUDE (level) FROM queue_wait_between() WHERE level = 'queue_gpus';
+SELECT * EXCLUDE (level, team, card_type) FROM queue_wait_between()
+WHERE level = 'queue_gpus';
 
 CREATE OR REPLACE VIEW queue_wait_by_gpus AS
-SELECT * EXCLUDE (level, queue) FROM queue_wait_between() WHERE level = 'gpus';
+SELECT * EXCLUDE (level, queue, team, card_type) FROM queue_wait_between()
+WHERE level = 'gpus';
+
+CREATE OR REPLACE VIEW queue_wait_by_team AS
+SELECT * EXCLUDE (level, queue, gpus, card_type) FROM queue_wait_between()
+WHERE level = 'team';
+
+CREATE OR REPLACE VIEW queue_wait_by_card AS
+SELECT * EXCLUDE (level, queue, gpus, team) FROM queue_wait_between()
+WHERE level = 'card_type';
 
 CREATE OR REPLACE VIEW queue_wait_overall AS
-SELECT * EXCLUDE (level, queue, gpus) FROM queue_wait_between() WHERE level = 'all';
+SELECT * EXCLUDE (level, queue, gpus, team, card_type) FROM queue_wait_between()
+WHERE level = 'all';
 
 -- 5. Preemption: lost work ---------------------------------------------------------------
 -- Every preemption (an audit trail) with the requeue wait: the queue wait of the next

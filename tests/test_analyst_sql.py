@@ -362,6 +362,8 @@ def _nearest_rank(values: list[float], q: float) -> float:
 
 @pytest.mark.parametrize(("view", "keys"), [("queue_wait_by_gpus", ["gpus"]),
                                             ("queue_wait_by_size", ["queue", "gpus"]),
+                                            ("queue_wait_by_team", ["team"]),
+                                            ("queue_wait_by_card", ["card_type"]),
                                             ("queue_wait_overall", [])])
 def test_queue_wait_views_with_mean_and_both_percentiles(
         con: duckdb.DuckDBPyConnection, attempts: pl.DataFrame, view: str,
