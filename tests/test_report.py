@@ -331,6 +331,9 @@ def test_numbers_are_rounded_once_with_honest_precision(report: Report,
     assert number(1.667, 1) == "1.7" and number(1018.06, 1) == "1,018.1"
     assert number(0.004, 1) == "< 0.1" and number(0.0, 1) == "0.0"
     assert number(1e-12, 2) == "0.00" and number(84.3, 1) == "84.3"
+    # a half away from zero, as the value reads (a probe's 0.25 GPU-h showed as 0.2)
+    assert [number(v, 1) for v in (0.25, 0.35, -0.25, 2.45)] == ["0.3", "0.4", "-0.3", "2.5"]
+    assert number(2.675, 2) == "2.68" and number(0.5, 0) == "1"
     # the HTML shows the SQL's unrounded values rounded once: compare every numeric cell
     text = html_file.read_text(encoding="utf-8")
     tables = [t for t in _tables(text) if t["section"] == "waste_team"]

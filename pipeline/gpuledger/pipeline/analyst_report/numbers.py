@@ -8,7 +8,9 @@ that is not zero but rounds to zero prints as ``< 0.1``, not as a false 0.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, date, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from gpuledger.pipeline.analyst_report.sections import Column
@@ -18,10 +20,17 @@ NOISE = 1e-9
 
 
 def number(value: float, decimals: int) -> str:
-    """``value`` with ``decimals`` decimals and thousands separators."""
+    """``value`` with ``decimals`` decimals and thousands separators, a half rounded away
+    from zero as the value reads (0.25 → 0.3, 0.35 → 0.4: binary formatting gave 0.2
+    and 0.3, the first half to even, the second as 0.34999…)."""
     if abs(value) < NOISE:
         value = 0.0
-    text = f"{value:,.{decimals}f}"
+    if math.isfinite(value):
+        shown = Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-decimals),
+                                                     rounding=ROUND_HALF_UP)
+        text = f"{shown:,.{decimals}f}"
+    else:
+        text = f"{value:,.{decimals}f}"
     if value != 0 and float(text.replace(",", "")) == 0:
         step = f"{10.0 ** -decimals:.{decimals}f}"
         return f"< {step}" if value > 0 else f"> -{step}"
