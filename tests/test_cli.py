@@ -305,6 +305,8 @@ def test_an_alert_webhook_refused_for_its_credentials_does_not_show_them(
      "--start 0001-01-01T00:00Z: the simulation (with its 6 h warm-up) would begin"),
     (["simulate", "--start", "9999-12-31T23:00Z", "--hours", "2"],
      "the simulation would go past the year 9999"),
+    (["simulate", "--start", "2099-01-01T00:00Z", "--hours", "0.05", "--interval", "60"],
+     "ends at 2099-01-01T00:03Z, more than 3600 s after now: the processor rejects"),
     (["demo", "--hours", "0.1", "--topic-prefix", "zz"], "it needs --kafka"),
 ])
 def test_a_simulation_the_processor_would_reject_is_refused_up_front(
@@ -312,7 +314,8 @@ def test_a_simulation_the_processor_would_reject_is_refused_up_front(
 ) -> None:
     """(A demo starting in the future rejected every sample, 207,730 rejects, and then
     ended in a traceback: nothing to diagnose; --start before 2000 the same; simulate
-    wrote '+10000-01-01' times; --topic-prefix without --kafka was ignored.)"""
+    wrote '+10000-01-01' times, and from the future events that ingest then rejected, all
+    2,136 of them; --topic-prefix without --kafka was ignored.)"""
     out = tmp_path / "out"
     where = ["--warehouse", str(out)] if args[0] == "demo" else ["--out", str(out)]
     assert main([*args, *where, "--quiet"]) == 2

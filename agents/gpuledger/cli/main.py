@@ -84,9 +84,9 @@ def _start_time(text: str) -> datetime:
 def _sim_config(args: argparse.Namespace, future_s: float | None = None) -> Any:
     """The simulation the options ask for. Its events must be ones the processor takes:
     from 2000 on (``validate.MIN_TIME``), the cluster's warm-up included, to the end of
-    year 9999; processed now (the demo: ``future_s``, its ``windows.max_future_s``), not
-    ending more than that after the wall clock, or every later sample is rejected as
-    from the future."""
+    year 9999; processed now (``future_s``: the demo's ``windows.max_future_s``, or the
+    default one for ``simulate``, whose files an ingest reads), not ending more than that
+    after the wall clock, or every later sample is rejected as from the future."""
     from gpuledger.pipeline.simulate import SimConfig, load_cluster
     from gpuledger.pipeline.validate import MIN_TIME
 
@@ -262,9 +262,11 @@ def _ops_finish(ops: Any) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     _need_pipeline()
+    from gpuledger.pipeline.config import Windows
     from gpuledger.pipeline.simulate import simulate, write_jsonl
 
-    sim = _sim_config(args)
+    # (its events are for an ingest, now: those past its lead are all rejected)
+    sim = _sim_config(args, future_s=Windows().max_future_s)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -547,7 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--interval", type=positive(int, "--interval"), default=10,
                        help="telemetry sample interval in seconds (default 10)")
         p.add_argument("--start", type=_start_time, default=None,
-                       help="simulated start time, ISO 8601 UTC (default 2026-01-05T00:00Z)")
+                       help="simulated start time, ISO 8601 UTC (default 2026-01-05T00:00Z); "
+                       "the simulation may end at most windows.max_future_s after now "
+                       "(later events are rejected as from the future)")
         p.add_argument("--cluster", type=Path, default=None,
                        help="cluster spec YAML (default: the built-in 576-GPU cluster)")
 
