@@ -167,16 +167,61 @@ def test_a_damaged_saved_state_refuses_the_input_unless_afresh(
     assert alone.continued_from is None and sum(alone.counters.rejected.values()) > 0
 
 
-def test_a_piece_with_no_state_to_go_on_from_is_refused(history: Path,
-                                                        tmp_path: Path) -> None:
-    """pa's states gone (pruned): pb would be processed on its own. Refused; the whole
-    history still goes."""
-    wh = _copy(history, tmp_path)
-    shutil.rmtree(wh / INGEST_STATE / "until-2026-01-05T02-00-00Z")
-    shutil.rmtree(wh / INGEST_STATE / "until-2026-01-05T01-59-00Z")
-    with pytest.raises(IngestRefused, match="inside the history already ingested"):
+def test_a_piece_with_no_state_to_go_on_from_is_refused(
+        history: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pa's states pruned (room for one run's: pb's stay): pb again would be processed
+    on its own. Refused, saying so; the whole history still goes."""
+    monkeypatch.setattr(ingest_module, "KEEP_STATES", 1)
+    wh = tmp_path / "wh"
+    _ingest(history / "pa", wh)
+    _ingest(history / "pb", wh)
+    assert _states(wh) == ["until-2026-01-05T02-59-00Z", "until-2026-01-05T03-00-00Z"]
+    with pytest.raises(IngestRefused, match=(
+            "inside the history already ingested .* no saved state closes at or before "
+            r"that \(the one before it was pruned: those of 1 runs are kept\)")):
         _ingest(history / "pb", wh)
     assert _ingest(history / "events", wh).continued_from is None   # the whole: fine
+    assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_a_piece_with_records_older_than_the_history_s_end_says_which(
+        history: Path, tmp_path: Path) -> None:
+    """Found with a piece holding a job event that came late (dated in the piece before):
+    nothing closes at or before it, and it was refused saying the state before it was
+    pruned (there was one run: none was), and that --afresh does it anyway (which lost
+    the history's jobs and inventory: its samples rejected as of no known GPU). Now the
+    refusal names the record (file:line, its time) and the history's span, and offers only
+    the whole history again in one run, which gives the whole's facts; nothing changed."""
+    job_lines = (history / "pa" / "job.jsonl").read_text().splitlines()
+    moved = next(i for i, line in enumerate(job_lines)
+                 if "2026-01-05T01:00" <= json.loads(line)["time"] < "2026-01-05T01:50")
+    first, rest = tmp_path / "first", tmp_path / "next"
+    shutil.copytree(history / "pa", first)
+    shutil.copytree(history / "pb", rest)
+    (first / "job.jsonl").write_text("".join(
+        f"{line}\n" for i, line in enumerate(job_lines) if i != moved))
+    late = rest / "late.jsonl"
+    late.write_text(job_lines[moved] + "\n")
+    when = datetime.fromisoformat(json.loads(job_lines[moved])["time"])
+    wh = tmp_path / "wh"
+    _ingest(first, wh)
+    before = views(wh)
+    with pytest.raises(IngestRefused) as refused:
+        _ingest(rest, wh)
+    said = str(refused.value)
+    assert said == (
+        "the input holds records older than the end of the history already ingested "
+        "(2026-01-05 00:00 to 2026-01-05 02:00 UTC) and than every saved state a piece can "
+        "go on from (the earliest closes at 2026-01-05 01:59 UTC), 1 in all, the first "
+        f"{late}:1 (a job record at {when:%Y-%m-%d %H:%M:%S} UTC): a later piece cannot add "
+        "them. Ingest the whole history again with this input, every file in one run (into "
+        "this warehouse or a new one)"), said
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    whole = ingest([*sorted(first.glob("*.jsonl")), *sorted(rest.glob("*.jsonl"))], wh,
+                   ProcessorConfig())
+    assert whole.continued_from is None
     assert_same_facts(wh, history / "whole", SPARSE)
 
 

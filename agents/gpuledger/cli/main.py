@@ -673,7 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process the files on their own, not going on from a saved state, "
                    "even where that replaces facts of their hours with theirs alone (an "
                    "input starting inside the ingested history with no state to go on "
-                   "from is refused without it)")
+                   "from is refused without it); the files' hours then lose the jobs and "
+                   "nodes of the history before them: records older than the history's "
+                   "end go in with the whole history again, in one run")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("import", help="import scheduler history (Slurm sacct, pod lists, "

@@ -14,16 +14,19 @@ it is fed (about 150 bytes per telemetry sample): split very long histories by d
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, cast
 
+import orjson
 import polars as pl
 
 from gpuledger.cli.errors import CliError
@@ -196,27 +199,58 @@ def _why(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def read_origin(root: Store, key: str = "first") -> datetime | None:
-    """Where the history ingested into the warehouse so far starts (``first``: its first
-    event) or how far it was closed (``closed``), or None (not known)."""
+def _origin_doc(root: Store) -> dict[str, Any] | None:
+    """``origin.json`` as read (None: none, or not readable)."""
     try:
         data = root.read(ORIGIN)
-        return None if data is None else datetime.fromisoformat(
-            json.loads(data)[key]).astimezone(UTC)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        doc = None if data is None else json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def read_origin(root: Store, key: str = "first") -> datetime | None:
+    """Where the history ingested into the warehouse so far starts (``first``: its first
+    event), from where its states are stale (``stale_from``) or where the earliest state
+    that was pruned closed (``pruned``), or None (not known, none)."""
+    doc = _origin_doc(root)
+    try:
+        return None if doc is None or doc.get(key) is None else datetime.fromisoformat(
+            doc[key]).astimezone(UTC)
+    except (ValueError, TypeError, AttributeError):
         return None
 
 
-def _keep_origin(root: Store, first: datetime, stale_from: datetime | None) -> None:
-    """Where the history starts (the earliest first event) and, when a run processed on
+def _keep_origin(root: Store, first: datetime, stale_from: datetime | None,
+                 pruned: datetime | None = None) -> None:
+    """Where the history starts (the earliest first event); when a run processed on
     its own deleted later states, from where (``stale_from``; a run continuing from that
-    point clears it)."""
+    point clears it); and where the earliest state pruned (``pruned``, :func:`save_state`)
+    closed, null while none was (the key is left out where an earlier release, which did
+    not record it, wrote the file: not known)."""
+    doc = _origin_doc(root)
     old_first = read_origin(root)
     first = first if old_first is None else min(first, old_first)
-    root.write(ORIGIN, json.dumps({
+    out: dict[str, Any] = {
         "first": first.astimezone(UTC).isoformat(),
         "stale_from": None if stale_from is None else stale_from.astimezone(UTC).isoformat(),
-    }).encode())
+    }
+    if doc is None or "pruned" in doc:
+        old_pruned = read_origin(root, "pruned")
+        least = min((t for t in (pruned, old_pruned) if t is not None), default=None)
+        out["pruned"] = None if least is None else least.astimezone(UTC).isoformat()
+    root.write(ORIGIN, json.dumps(out).encode())
+
+
+def _pruned_at_or_before(root: Store, states: list[SavedState], first: datetime) -> bool:
+    """Whether a saved state closed at or before ``first`` was pruned (``KEEP_STATES``);
+    where that was not recorded (an earlier release's warehouse), whether there are as
+    many runs' states as pruning leaves."""
+    doc = _origin_doc(root)
+    if doc is not None and "pruned" in doc:
+        pruned = read_origin(root, "pruned")
+        return pruned is not None and pruned <= first
+    return len(_pairs(states)) >= KEEP_STATES
 
 
 def _adopt_legacy(root: Store) -> None:
@@ -241,7 +275,9 @@ def _adopt_legacy(root: Store) -> None:
 def continue_previous(processor: Processor, root: Store, first: datetime,
                       afresh: bool = False, folder: str = INGEST_STATE,
                       remedy: str = "Ingest the whole history again, or pass --afresh",
-                      last: datetime | None = None) -> datetime | None:
+                      last: datetime | None = None,
+                      locate: Callable[[datetime], str | None] | None = None
+                      ) -> datetime | None:
     """Take a saved ingest state (its job and inventory books, open hours, usage so far)
     into ``processor``: the one closed furthest among those closed at or before the new
     input's first event, so that its jobs go on (a job started then, finished now) — also
@@ -256,7 +292,13 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
     unless ``afresh``; so is input that starts before the ingested history, whose newest
     event ``last`` is before that history's end, in an hour the history has (an earlier
     piece ingested after a later one, cut inside an hour: on its own, it replaced the
-    later piece's minutes in the hour they share, in silence). An older state is never
+    later piece's minutes in the hour they share, in silence). Where no state closed at
+    or before the input's first event was ever pruned, the input holds records older than
+    every point the history can go on from (a piece with events that came late, before
+    the first piece's end): the refusal names the first of them (``locate``: given the
+    earliest state's closed point, where the first record before it is, or None), and
+    offers only the whole history again, all files in one run (``--afresh`` would lose
+    the facts of its hours: the jobs running into it, the inventory). An older state is never
     taken instead: it would close the minutes between without their events; so an input
     that starts inside a piece ingested after the state that fits it (a run recorded as
     starting at or after that state's point, before this input) is refused too.
@@ -284,6 +326,19 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
             if states and origin is not None and first > origin:
                 inside = [x.closed for x in states
                           if x.closed - timedelta(minutes=1) <= first < x.closed]
+                if not inside and not _pruned_at_or_before(root, states, first):
+                    earliest = states[-1].closed
+                    which = None if locate is None else locate(earliest)
+                    raise IngestRefused(
+                        "the input holds records older than the end of the history "
+                        f"already ingested ({origin:%Y-%m-%d %H:%M} to "
+                        f"{states[0].closed:%Y-%m-%d %H:%M} UTC) and than every saved state "
+                        "a piece can go on from (the earliest closes at "
+                        f"{earliest:%Y-%m-%d %H:%M} UTC), "
+                        f"{which or f'the first at {first:%Y-%m-%d %H:%M:%S} UTC'}: a "
+                        "later piece cannot add them. Ingest the whole history again with "
+                        "this input, every file in one run (into this warehouse or a new "
+                        "one)")
                 why = (f"it starts inside the last minute of the piece that closed at "
                        f"{inside[0]:%Y-%m-%d %H:%M} UTC, and a state inside a piece's last "
                        f"minute is kept for the {INSIDE_KEPT} pieces closed furthest only"
@@ -388,16 +443,18 @@ def delete_state(root: Store, folder: str, which: str) -> None:
         root.fs.delete_dir(root.full(folder))
 
 
-def save_state(processor: Processor, root: Store, keep: int | None, run: Run) -> None:
+def save_state(processor: Processor, root: Store, keep: int | None, run: Run
+               ) -> datetime | None:
     """Save ``processor``'s state in the folder of its closed point (replacing a state
     saved there before: the same point, reached again), with the ``run`` that saved it,
     then (``keep`` given) let all but the states of ``keep`` runs go: the most recently
     written stay, and always the one closed furthest (the next piece of the history
-    continues from it)."""
+    continues from it). Returns where the earliest of the runs' states let go closed
+    (None: none was)."""
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     if not closed:  # nothing was closed: nothing to continue from
         processor.warehouse.sync()
-        return
+        return None
     folder = state_folder(max(closed))
     CheckpointStore(root.child(folder), "ingest").save(
         processor, {}, {p: {} for p in processor.held})
@@ -406,7 +463,7 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run) ->
     for name in _LEGACY:  # an earlier release's state that could not be read
         root.delete(name)
     if keep is None:
-        return
+        return None
     pairs = _pairs(saved_states(root))
     # a state inside a run's last minute serves the piece that starts there: kept for the
     # two runs closed furthest (the next piece, or the last one again), not for older
@@ -418,7 +475,7 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run) ->
             delete_state(root, inside.folder, "an old")
     pairs = [*pairs[:INSIDE_KEPT], *[pair[:1] for pair in pairs[INSIDE_KEPT:]]]
     if len(pairs) <= keep:
-        return
+        return None
     recent = sorted(pairs, key=lambda p: (max(s.written for s in p), p[0].closed),
                     reverse=True)
     kept = {pairs[0][0].folder} | {p[0].folder for p in pairs
@@ -427,10 +484,13 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run) ->
         if len(kept) >= keep:
             break
         kept.add(pair[0].folder)
+    pruned: datetime | None = None
     for pair in pairs:
         if pair[0].folder not in kept:
             for state in pair:
                 delete_state(root, state.folder, "an old")
+                pruned = state.closed if pruned is None else min(pruned, state.closed)
+    return pruned
 
 
 def _pairs(states: list[SavedState]) -> list[tuple[SavedState, ...]]:
@@ -822,6 +882,49 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     return kept, Outliers(pl.concat(out) if out else pl.DataFrame(schema=REJECT_SCHEMA), begin)
 
 
+def first_record_before(paths: Sequence[Path], before: datetime,
+                        frames: Mapping[RecordType, pl.DataFrame], rejects: pl.DataFrame
+                        ) -> str | None:
+    """Where the first record of ``paths`` (in file order) dated before ``before`` is,
+    among those ingest kept (``frames``; a rejected line, ``rejects``, or one set aside
+    outside its type's kept times is not), and how many there are:
+    ``1 in all, the first f.jsonl:721 (a job record at 2026-01-06 00:45:00 UTC)``. None:
+    none found (a file changed since, or cannot be read). Reads the files again: for a
+    refusal's message only."""
+    bad = {(src, line) for src, line in rejects.select("source", "line").iter_rows()
+           if line is not None}
+    kept = {kind: (cast(datetime, f["time"].min()), cast(datetime, f["time"].max()))
+            for kind, f in frames.items() if not f.is_empty()}
+    found: tuple[str, int, str, datetime] | None = None
+    count = 0
+    for path in paths:
+        source = str(path)
+        try:
+            with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as fh:
+                for number, line in enumerate(fh, 1):
+                    if b'"time"' not in line or (source, number) in bad:
+                        continue
+                    try:
+                        doc = orjson.loads(line)
+                        kind, when = doc["type"], datetime.fromisoformat(doc["time"])
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                        continue
+                    when = when if when.tzinfo else when.replace(tzinfo=UTC)
+                    if kind in kept and when < before \
+                            and kept[kind][0] <= when.replace(microsecond=when.microsecond
+                                                             // 1000 * 1000) <= kept[kind][1]:
+                        count += 1
+                        if found is None:
+                            found = (source, number, kind, when.astimezone(UTC))
+        except (OSError, EOFError, zlib.error):
+            return None
+    if found is None:
+        return None
+    source, number, kind, when = found
+    return (f"{count:,} in all, the first {source}:{number} (a {kind} record at "
+            f"{when:%Y-%m-%d %H:%M:%S} UTC)")
+
+
 def ingest(
     paths: Sequence[Path],
     warehouse: str | Path,
@@ -858,7 +961,9 @@ def ingest(
     first, newest = events
     if outliers.begin is not None:
         first = outliers.begin
-    continued = continue_previous(processor, states, first, afresh, last=newest)
+    continued = continue_previous(
+        processor, states, first, afresh, last=newest,
+        locate=lambda before: first_record_before(paths, before, frames, all_rejects))
     if continued is None and outliers.begin is not None:
         processor.begin_at(outliers.begin)
     never_ingested = read_origin(states) is None
@@ -888,8 +993,8 @@ def ingest(
         stale = max(closed)
     elif continued is not None and continued == stale:
         stale = None   # the history after it is being ingested again
-    save_state(processor, states, KEEP_STATES, run)
-    _keep_origin(states, first, stale)
+    pruned = save_state(processor, states, KEEP_STATES, run)
+    _keep_origin(states, first, stale, pruned)
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued,
                         closed_to=max(closed) if closed else None, open_from=open_from)
