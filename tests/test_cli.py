@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from events import at, inventory, iso
+from events import at, inventory, iso, job, jsonl
 from test_simulate import SMALL
 
 from gpuledger.cli.main import main
@@ -322,6 +322,24 @@ def test_a_simulation_the_processor_would_reject_is_refused_up_front(
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_records_dated_before_the_facts_begin_are_said_early_not_late(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(A probe: two submissions dated 26 years before the bulk of the input, which only
+    update the books, were printed as "late: 0 telemetry samples (kept in late_telemetry),
+    2 job events".) Counted apart, as early; the processor's late counts leave them out."""
+    recs = [inventory("n1", at(-400 * 24 * 60), gpus=2),
+            job("submitted", "old", at(-2 * 365 * 24 * 60)), inventory("n1", at(0), gpus=2)]
+    recs += [job("submitted", f"s{i}", at(i / 10)) for i in range(200)]
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(jsonl(recs))
+    assert main(["ingest", "--quiet", "--warehouse", str(tmp_path / "wh"), str(path)]) == 0
+    err = capsys.readouterr().err
+    assert ("early: 1 job event and 1 inventory record dated before 2025-12-05 10:00 UTC, "
+            "where the facts begin (far before the bulk of the input): they only updated the "
+            "books") in err, err
+    assert "late:" not in err, err
 
 
 def test_simulate_into_a_file_says_so(tmp_path: Path,

@@ -319,6 +319,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
               + ("" if closed.minute == 0 else
                  f" (the hour from {closed:%H}:00 is not whole yet: the next piece "
                  "rewrites it whole)"), file=sys.stderr)
+    early = [f"{n:,} {kind} {'event' if kind == 'job' else 'record'}{'' if n == 1 else 's'}"
+             for kind in ("job", "inventory") if (n := result.early.get(kind, 0))]
+    if early and result.facts_begin is not None:
+        print(f"early: {' and '.join(early)} dated before {result.facts_begin:%Y-%m-%d %H:%M} "
+              "UTC, where the facts begin (far before the bulk of the input): they only "
+              "updated the books", file=sys.stderr)
     c = result.counters
     if c.late_telemetry or c.late_job_events:
         print(f"late: {c.late_telemetry:,} telemetry samples (kept in late_telemetry), "

@@ -21,7 +21,7 @@ import logging
 import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, cast
@@ -107,6 +107,14 @@ class IngestResult:
     """The start of the last minute, when the newest event fell inside it: a state closed
     there was saved too, for a next piece that starts inside that minute
     (:func:`save_inside_last_minute`)."""
+    facts_begin: datetime | None = None
+    """Where the facts begin when early records (far before the bulk of the input,
+    :func:`set_aside_outliers`) would have had them start far earlier, else None."""
+    early: dict[str, int] = field(default_factory=dict)
+    """The ``job`` and ``inventory`` records dated before ``facts_begin``: they only
+    updated the books. The processor counts them as late (they come after the minute it
+    starts at); ``counters`` does not: its late counts are the records that came after
+    their minutes had closed."""
 
 
 @dataclass(frozen=True)
@@ -752,12 +760,13 @@ def feed_in_time_order(
     until: datetime | None = None,
     before_flush: Callable[[], None] | None = None,
     begin: datetime | None = None,
+    after_first: Callable[[], None] | None = None,
 ) -> None:
     """Feed validated frames to ``processor`` in event-time slices, then flush (every
     minute before ``until`` when given, else up to the newest event); ``before_flush``
     runs once every slice is in, before the flush. ``begin``: the slices start there,
     the events before it all in the first (the processor began there: they only update
-    its books)."""
+    its books); ``after_first`` runs once that first slice is processed."""
     # (an importer's frames come in time order: not sorted again, but in one chunk, as
     # the sort left them: sliced by day from several chunks, 14 days of a 10,240-GPU
     # cluster took 30 % more CPU)
@@ -787,6 +796,9 @@ def feed_in_time_order(
                 offsets[kind] = stop
         # the last slice's minutes are closed by the flush below, in the same pass
         processor.process(batch, validated=True, close=end <= last)
+        if after_first is not None:
+            after_first()
+            after_first = None
         start = end
         if on_progress is not None:
             on_progress(min((start - first).total_seconds() / total, 1.0))
@@ -964,8 +976,22 @@ def ingest(
     continued = continue_previous(
         processor, states, first, afresh, last=newest,
         locate=lambda before: first_record_before(paths, before, frames, all_rejects))
+    early: dict[str, int] = {}
+    take_early: Callable[[], None] | None = None
     if continued is None and outliers.begin is not None:
         processor.begin_at(outliers.begin)
+        c = processor.counters
+        counted = (c.late_job_events, c.late_inventory, c.late_job_max_ms,
+                   c.late_overcharged_ms, c.late_undercharged_ms)
+
+        def take_early() -> None:
+            # the first slice holds every record before the start, after which it closes:
+            # those its processor counted late are the early ones, and no other (a sample
+            # that early was set aside, the rest come at or after the start)
+            early.update(job=c.late_job_events - counted[0],
+                         inventory=c.late_inventory - counted[1])
+            (c.late_job_events, c.late_inventory, c.late_job_max_ms,
+             c.late_overcharged_ms, c.late_undercharged_ms) = counted
     never_ingested = read_origin(states) is None
     if continued is None and not afresh and never_ingested:
         # nothing was ingested here before: facts in these hours came from elsewhere
@@ -986,7 +1012,7 @@ def ingest(
         open_from = save_inside_last_minute(processor, states, run, continued)
 
     feed_in_time_order(processor, frames, on_progress, before_flush=before_flush,
-                       begin=outliers.begin)
+                       begin=outliers.begin, after_first=take_early)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     stale = read_origin(states, "stale_from")
     if continued is None and closed and _forget_later(states, max(closed)):
@@ -997,4 +1023,6 @@ def ingest(
     _keep_origin(states, first, stale, pruned)
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued,
-                        closed_to=max(closed) if closed else None, open_from=open_from)
+                        closed_to=max(closed) if closed else None, open_from=open_from,
+                        facts_begin=outliers.begin if take_early is not None else None,
+                        early=early)
