@@ -454,3 +454,34 @@ def test_rows_with_more_fields_unknown_nodes_and_bad_numbers_are_bad_rows(
     assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
                  "--warehouse", str(tmp_path / "w2")]) == 2
     assert (f"{nodes}:4: 5 fields, the header has 4" in capsys.readouterr().err)
+
+
+def test_a_pod_years_before_the_others_only_updates_the_books(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A probe imported sixteen pods, one created in 2024: the import walked the two
+    years between minute by minute, past 300 s, hundreds of files. Now the facts begin
+    31 days before the bulk (as an ingest's early records), a warning says so, and the
+    pod still running from 2024 is charged from there."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES_CSV)
+    path = tmp_path / "old.csv"
+    rows = ["name,created,scheduled,deleted,gpus",
+            "ancient,2024-02-29T10:00:00Z,2024-02-29T10:00:00Z,2026-01-05T02:00:00Z,1"]
+    rows += [f"p{i},2026-01-05T00:{i:02d}:00Z,2026-01-05T00:{i + 1:02d}:00Z,"
+             f"2026-01-05T01:{i:02d}:00Z,1" for i in range(5)]  # 5 GPUs beside it
+    path.write_text("\n".join(rows) + "\n")
+    wh = tmp_path / "wh"
+    assert main(["import", "pods", str(path), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(wh)]) == 0
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    begin = datetime(2025, 12, 5, 0, 0, tzinfo=UTC)   # the first quartile − 31 days
+    assert any("4 record(s) come up to 675.6 days before the bulk of the import" in m and
+               "the facts begin at 2025-12-05 00:00 UTC" in m for m in said), said
+    hours = _gpu_hours(wh)
+    held = (datetime(2026, 1, 5, 2, tzinfo=UTC) - begin).total_seconds() / 3600
+    assert hours["ancient"] == pytest.approx(held)
+    assert [hours[f"p{i}"] for i in range(5)] == [pytest.approx(59 / 60)] * 5, hours
+    _, first = query.run(wh, "SELECT min(minute) FROM gpu_minute")
+    assert first[0][0] == begin
+    days = {d.name for d in wh.rglob("date=*")}
+    assert min(days) == "date=2025-12-05", sorted(days)[:3]   # nothing of the two years

@@ -585,6 +585,11 @@ def import_history(
         good[kind] = ok  # type: ignore[index]
     if let_go:
         frames.clear()
+    begin = None
+    if processor.started is None:
+        begin = import_begin(good)
+        if begin is not None:
+            processor.begin_at(begin)
     span = _import_span(processor, good, until)
     if span is None or (until is None and processor.started is None
                         and not has_jobs(good)):
@@ -598,8 +603,35 @@ def import_history(
         refuse_replacing(processor.warehouse.store, span, digest, sources=sources)
     # recorded before it writes: a run killed part way is run again without --replace
     record_import(processor.warehouse.store, span, digest, sources)
-    feed_in_time_order(processor, good, on_progress, until, before_flush)
+    feed_in_time_order(processor, good, on_progress, until, before_flush, begin=begin)
     return rejected
+
+
+def import_begin(frames: Mapping[RecordType, pl.DataFrame]) -> datetime | None:
+    """Where an import's facts begin when a few of its records come far before the rest
+    (a pod list of sixteen pods, one created two years before the others, had the import
+    walk those two years minute by minute: more than five minutes, hundreds of files),
+    else None. Far is more than :data:`EARLY_FACTS`, and twice the spread of the middle
+    half of its event times, before their first quartile: a history spread over months
+    begins where it does. The records before it only update the books (the pod's
+    attempt, the node's capacity), as the early records of an ingest do
+    (:func:`set_aside_outliers`); a warning says so."""
+    times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
+        if any(not f.is_empty() for f in frames.values()) else None
+    if times is None:
+        return None
+    first, q1, q3 = times.select(pl.col("time").min(),
+                                 pl.col("time").quantile(0.25, "lower").alias("q1"),
+                                 pl.col("time").quantile(0.75, "higher").alias("q3")).row(0)
+    start: datetime = (q1 - max(EARLY_FACTS, 2 * (q3 - q1))).replace(second=0, microsecond=0)
+    if first >= start:
+        return None
+    early = times.filter(pl.col("time") < start).height
+    log.warning("%d record(s) come up to %.1f days before the bulk of the import (first "
+                "quartile %s): the facts begin at %s, and the records before that only "
+                "update the books", early, (q1 - first).total_seconds() / 86400,
+                f"{q1:%Y-%m-%d %H:%M} UTC", f"{start:%Y-%m-%d %H:%M} UTC")
+    return start
 
 
 def has_jobs(frames: Mapping[Any, pl.DataFrame]) -> bool:
