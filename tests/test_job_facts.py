@@ -67,6 +67,47 @@ def test_memory_peak_held_requested_and_oversized(process: Callable[..., Facts])
     assert ("j1", "reduce_gpus") in kinds                         # 1 of 3 GPUs idle
 
 
+def test_gpu_and_memory_advice_counts_only_the_gpus_that_reported(
+        process: Callable[..., Facts]) -> None:
+    """Job r holds 4 GPUs for 30 minutes: n1/0 idle, n1/1 at 0.9, both at 1,000 MiB;
+    n2/0 and n2/1 never report. Allocated 2.0 GPU-h, observed 1.0: 1 of the 2 observed
+    GPUs idled (not "1 of 4"), and the stakes are taken on the 1.0 observed GPU-h."""
+    recs = [inventory("n1", at(0), gpus=2), inventory("n2", at(0), gpus=2)]
+    recs += [job("submitted", "r", at(0), gpus=4),
+             job("started", "r", at(0), allocation=alloc("n1", 0, 1) + alloc("n2", 0, 1)),
+             job("finished", "r", at(30))]
+    recs += series("n1", 0, at(0), 30, sm=0.0, mem=1_000.0)
+    recs += series("n1", 1, at(0), 30, sm=0.9, mem=1_000.0)
+    facts = process(recs)
+    att = facts.table("job_attempts").row(0, named=True)
+    assert att["allocated_gpu_hours"] == pytest.approx(2.0)
+    assert att["observed_gpu_hours"] == pytest.approx(1.0)
+    assert (att["gpus_observed"], att["idle_gpus"]) == (2, 1)
+    rec = {r["kind"]: r for r in facts.table("recommendations").iter_rows(named=True)}
+    reduce = rec["reduce_gpus"]
+    assert reduce["gpu_hours"] == pytest.approx(1.0 * 1 / 2)    # observed × idle / observed
+    assert reduce["evidence"] == "1 of 2 observed GPUs stayed idle (2 more had no telemetry)"
+    assert reduce["recommendation"] == "request 3 GPUs"          # the unknown two are kept
+    memory = rec["right_size_memory"]
+    assert memory["gpu_hours"] == pytest.approx(1.0 * (1 - 1_000 / 81_559))
+
+
+def test_no_gpu_advice_when_the_only_idle_doubt_is_missing_telemetry(
+        process: Callable[..., Facts]) -> None:
+    """4 GPUs, 2 report at 0.9, 2 never report: "2 of 4 idle" was advised before."""
+    recs = [inventory("n1", at(0), gpus=4)]
+    recs += [job("submitted", "s", at(0), gpus=4),
+             job("started", "s", at(0), allocation=alloc("n1", 0, 1, 2, 3)),
+             job("finished", "s", at(30))]
+    recs += series("n1", 0, at(0), 30, sm=0.9, mem=60_000.0)
+    recs += series("n1", 1, at(0), 30, sm=0.9, mem=60_000.0)
+    facts = process(recs)
+    att = facts.table("job_attempts").row(0, named=True)
+    assert (att["gpus_observed"], att["idle_gpus"]) == (2, 0)
+    kinds = {r["kind"] for r in facts.table("recommendations").iter_rows(named=True)}
+    assert "reduce_gpus" not in kinds
+
+
 def test_shared_gpu_charges_each_job_its_fraction(process: Callable[..., Facts]) -> None:
     recs = [inventory("n1", at(0), gpus=1, card="L40S-48GB", mem=46_068.0)]
     for j in ("a", "b"):

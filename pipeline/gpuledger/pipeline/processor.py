@@ -1258,7 +1258,9 @@ class Processor:
             pl.lit(t.idle_activity).alias("idle_threshold"),
             pl.lit(t.efficient_activity).alias("efficient_threshold"),
         )
-        return out.select(TABLE_SCHEMAS["job_attempts"].names())
+        # gpus_no_telemetry is not stored: the recommendations' evidence reads it
+        return out.select(*TABLE_SCHEMAS["job_attempts"].names(),
+                          pl.col("gpus_no_telemetry").fill_null(0))
 
     def _count_sequence(self, telem: pl.DataFrame) -> None:
         gaps = sequence_gaps(telem)

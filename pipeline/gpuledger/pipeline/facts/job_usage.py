@@ -17,6 +17,10 @@ accumulators become one ``job_attempts`` row. The summed accumulators are intege
 - ``used_gpu_hours``      = Σ share · activity / 60
 - ``idle_gpu_hours`` / ``inefficient_gpu_hours``: the observed share whose activity was
   below the idle / efficiency threshold; ``waste_gpu_hours`` = observed − used
+- ``gpus_observed``: the GPUs with telemetry in at least one of the job's charged minutes;
+  ``idle_gpus``: those of them whose mean activity was below the idle threshold;
+  ``gpus_no_telemetry`` (not a stored column: the recommendations' evidence): GPUs
+  charged to the job that never reported, whose use is unknown
 - ``mem_peak_mib``: the highest memory used on any of its GPUs (a shared GPU charges
   the job only its own processes' memory); ``mem_held_mib`` = card memory · fraction of
   that GPU; *memory over-sized* when peak < ``memory_oversized_ratio`` · held
@@ -141,7 +145,9 @@ def attempt_usage(acc: pl.DataFrame, config: ProcessorConfig) -> pl.DataFrame:
         pl.col("mem_peak_mib").max().alias("mem_peak_mib"),
         pl.col("_held").max().alias("mem_held_mib"),
         pl.col("card_type").drop_nulls().first().alias("held_card_type"),
-        pl.len().alias("gpus_observed"),
+        (pl.col("observed_min") > 0).sum().alias("gpus_observed"),
+        ((pl.col("observed_min") == 0) & (pl.col("alloc_min") > 0)).sum()
+        .alias("gpus_no_telemetry"),
         below(pl.col("_gpu_act"), t.idle_activity).sum().alias("idle_gpus"),
     )
     return out.with_columns(

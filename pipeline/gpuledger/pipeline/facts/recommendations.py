@@ -7,7 +7,8 @@ what is at stake, so teams can sort by it. Rules:
 ================== ==============================================================
 ``right_size_card`` card mismatch: the job would fit a slower card tier
 ``right_size_memory`` memory over-sized: peak < 25 % of the memory it held
-``reduce_gpus``    at least 25 % of the job's GPUs stayed idle (multi-GPU jobs)
+``reduce_gpus``    at least 25 % of the job's observed GPUs stayed idle (at least two
+                   observed)
 ``improve_efficiency`` busy-but-inefficient: mean activity under the efficiency threshold
 ``release_idle``   an interactive job idle for more than half of its GPU-hours
 ``preemption_candidate`` running, preemptible, borrowed or low priority, checkpointable
@@ -50,6 +51,8 @@ def for_attempts(attempts: pl.DataFrame, config: ProcessorConfig) -> pl.DataFram
         return pl.DataFrame(schema=REC_SCHEMA)
     a = attempts.filter(pl.col("observed_gpu_hours") > 0)
     act = pl.col("used_gpu_hours") / pl.col("observed_gpu_hours")
+    no_tel = pl.col("gpus_no_telemetry").fill_null(0) if "gpus_no_telemetry" in a.columns \
+        else pl.lit(0)
     rules: list[tuple[str, pl.Expr, pl.Expr, pl.Expr, pl.Expr]] = [
         (
             "right_size_card",
@@ -64,22 +67,29 @@ def for_attempts(attempts: pl.DataFrame, config: ProcessorConfig) -> pl.DataFram
         (
             "right_size_memory",
             pl.col("memory_oversized"),
-            pl.col("allocated_gpu_hours") * (1 - pl.col("mem_peak_ratio")),
+            # the hours whose memory was seen: a GPU that never reported may have used it
+            pl.col("observed_gpu_hours") * (1 - pl.col("mem_peak_ratio")),
             pl.lit("peak memory ") + _num(pl.col("mem_peak_mib"), 0) + pl.lit(" MiB of ")
             + _num(pl.col("mem_held_mib"), 0) + pl.lit(" MiB held (")
-            + _pct(pl.col("mem_peak_ratio")) + pl.lit(")"),
+            + _pct(pl.col("mem_peak_ratio")) + pl.lit(") over ")
+            + _num(pl.col("observed_gpu_hours"), 2) + pl.lit(" observed GPU-hours"),
             pl.lit("request about ") + _num(pl.col("mem_peak_mib") * 1.25, 0)
             + pl.lit(" MiB per GPU, or share the GPU (MIG / fractional)"),
         ),
         (
             "reduce_gpus",
+            # observed GPUs only: a GPU without telemetry is neither idle nor busy
             (pl.col("gpus_observed") > 1)
             & (pl.col("idle_gpus") >= t.reduce_gpus_idle_share * pl.col("gpus_observed"))
             & (pl.col("idle_gpus") < pl.col("gpus_observed")),
-            pl.col("allocated_gpu_hours") * pl.col("idle_gpus") / pl.col("gpus_observed"),
+            pl.col("observed_gpu_hours") * pl.col("idle_gpus") / pl.col("gpus_observed"),
             _num(pl.col("idle_gpus"), 0) + pl.lit(" of ") + _num(pl.col("gpus_observed"), 0)
-            + pl.lit(" GPUs stayed idle"),
-            pl.lit("request ") + _num(pl.col("gpus_observed") - pl.col("idle_gpus"), 0)
+            + pl.lit(" observed GPUs stayed idle")
+            + pl.when(no_tel > 0).then(
+                pl.lit(" (") + _num(no_tel, 0) + pl.lit(" more had no telemetry)"))
+            .otherwise(pl.lit("")),
+            pl.lit("request ")
+            + _num(pl.col("gpus_observed") + no_tel - pl.col("idle_gpus"), 0)
             + pl.lit(" GPUs"),
         ),
         (
