@@ -215,6 +215,35 @@ def test_running_and_pending_jobs_land_in_the_snapshot(process: Callable[..., Fa
     assert by["w"]["started_at"] is None
 
 
+def _candidates_case(*extra: dict[str, object]) -> list[dict[str, object]]:
+    """One 8-GPU node: run4 (preemptible, checkpointable, borrowed) holds 4 GPUs from
+    10:00; h100 (preemptible, 2 GPUs of H100) waits from 10:05; a submission at 10:10
+    closes the facts there. No telemetry: candidates are scheduler facts."""
+    return [inventory("n1", at(0), gpus=8),
+            job("submitted", "run4", at(0), gpus=4, preemptible=True),
+            job("started", "run4", at(0), allocation=alloc("n1", 0, 1, 2, 3), borrowed=True),
+            job("submitted", "h100", at(5), gpus=2, preemptible=True),
+            *extra,
+            job("submitted", "tick", at(10), gpus=1)]
+
+
+def test_candidates_stake_the_gpu_hours_held_or_waited_so_far(
+        process: Callable[..., Facts]) -> None:
+    """The candidates' gpu_hours were the GPU count (4.0 and 2.0)."""
+    cands = process(_candidates_case()).table("candidates")
+    by = {r["job_id"]: r for r in cands.iter_rows(named=True)}
+    assert set(by) == {"run4", "h100"}
+    run4, h100 = by["run4"], by["h100"]
+    assert run4["kind"] == "preemption_candidate"
+    assert run4["gpu_hours"] == pytest.approx(4 * 10 / 60)      # held 10:00–10:10
+    assert run4["evidence"] == ("priority 50, borrowed, checkpointable, 4 GPUs, "
+                                "0.67 GPU-h since its start (no checkpoint yet)")
+    assert h100["kind"] == "backfill_candidate"
+    assert h100["gpu_hours"] == pytest.approx(2 * 5 / 60)       # waited 10:05–10:10
+    assert h100["evidence"] == ("needs 2 GPUs, largest free block 4 on H100-SXM5-80GB, "
+                                "pending 5 min")
+
+
 @pytest.mark.parametrize("outage", ["unhealthy", "xid", "down"])
 def test_minutes_a_held_gpu_was_unavailable_are_not_the_jobs(
         process: Callable[..., Facts], outage: str) -> None:

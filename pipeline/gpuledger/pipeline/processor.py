@@ -1621,8 +1621,9 @@ class Processor:
         suffix = self.suffix(0)
         self.warehouse.write_snapshot("running_attempts", self._shape("running_attempts", snap),
                                       keys, suffix=suffix)
-        cands = recommendations.candidates(self.jobs.running_attempts(), self.last_free_blocks,
-                                           LOW_PRIORITY)  # not those whose end is read
+        cands = recommendations.candidates(  # not those whose end is read
+            self.jobs.running_attempts(), usage, self.last_free_blocks, LOW_PRIORITY,
+            self.closed_until)
         self.warehouse.write_snapshot("candidates", self._shape("candidates", cands),
                                       [*keys, "kind"], suffix=suffix)
 

@@ -18,6 +18,8 @@ what is at stake, so teams can sort by it. Rules:
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import polars as pl
 
 from gpuledger.pipeline.config import ProcessorConfig
@@ -122,37 +124,69 @@ def for_attempts(attempts: pl.DataFrame, config: ProcessorConfig) -> pl.DataFram
 
 
 def candidates(
-    running: pl.DataFrame, free_blocks: pl.DataFrame, low_priority: int
+    running: pl.DataFrame, usage: pl.DataFrame, free_blocks: pl.DataFrame,
+    low_priority: int, now: datetime | None,
 ) -> pl.DataFrame:
     """Preemption candidates (running) and back-fill candidates (pending).
 
-    ``running``: running-attempt rows; ``free_blocks``: latest ``largest_free_block``
-    per pool and card type. ``low_priority``: priorities at or below count as low.
+    ``running``: running-attempt rows; ``usage``: their usage so far (``job_usage.
+    attempt_usage``: ``allocated_gpu_hours`` up to the closed point); ``free_blocks``:
+    latest ``largest_free_block`` per pool and card type; ``low_priority``: priorities
+    at or below count as low; ``now``: the closed point (None: nothing closed yet).
+
+    GPU-hours at stake: a preemption candidate's are the GPU-hours its running attempt
+    has held so far (``allocated_gpu_hours``); a back-fill candidate's are the GPU-hours
+    it has waited for, requested GPUs × pending time up to ``now``.
     """
     if running.is_empty():
         return pl.DataFrame(schema=REC_SCHEMA)
+    now_expr = pl.lit(now, dtype=running.schema["queued_at"])
+    hours = pl.duration(hours=1)
+
+    def since(col: str) -> pl.Expr:
+        """Hours from ``col`` to ``now``, none before it."""
+        if now is None:
+            return pl.lit(0.0)
+        return pl.max_horizontal((now_expr - pl.col(col)) / hours, pl.lit(0.0))
+
+    held = usage.select("job_id", "attempt", "allocated_gpu_hours")
     run = running.filter(
         pl.col("started_at").is_not_null()
         & pl.col("preemptible").fill_null(False)
         & pl.col("checkpointable").fill_null(False)
         & (pl.col("borrowed").fill_null(False) | (pl.col("priority") <= low_priority))
+    ).join(held, on=["job_id", "attempt"], how="left").with_columns(
+        pl.coalesce("last_checkpoint_at", "started_at").alias("_since"),
+    ).with_columns(
+        (pl.col("allocated_gpus") * since("_since")).alias("_exposed"),
     ).select(
         "job_id", "attempt", "team", "queue", pl.lit("preemption_candidate").alias("kind"),
-        pl.col("allocated_gpus").cast(pl.Float64).alias("gpu_hours"),
+        pl.col("allocated_gpu_hours").fill_null(0.0).alias("gpu_hours"),
         (pl.lit("priority ") + pl.col("priority").cast(pl.String)
          + pl.when(pl.col("borrowed")).then(pl.lit(", borrowed")).otherwise(pl.lit(""))
-         + pl.lit(", checkpointable")).alias("evidence"),
+         + pl.lit(", checkpointable, ") + pl.col("allocated_gpus").cast(pl.String)
+         + pl.lit(" GPUs, ") + _num(pl.col("_exposed"), 2)
+         + pl.when(pl.col("last_checkpoint_at").is_null())
+         .then(pl.lit(" GPU-h since its start (no checkpoint yet)"))
+         .otherwise(pl.lit(" GPU-h since its last checkpoint"))).alias("evidence"),
         pl.lit("reclaim these GPUs first when guaranteed work waits").alias("recommendation"),
     )
     pend = running.filter(
         pl.col("started_at").is_null() & pl.col("preemptible").fill_null(False)
-    ).join(free_blocks, on=["pool", "card_type"], how="inner").filter(
-        pl.col("gpus") <= pl.col("largest_free_block")
-    ).select(
+    )
+    blocks = free_blocks.select(
+        "pool", "card_type", pl.col("card_type").alias("_card"), "largest_free_block")
+    fits = pend.join(blocks, on=["pool", "card_type"], how="inner")
+    back = fits.filter(pl.col("gpus") <= pl.col("largest_free_block")).select(
         "job_id", "attempt", "team", "queue", pl.lit("backfill_candidate").alias("kind"),
-        pl.col("gpus").cast(pl.Float64).alias("gpu_hours"),
-        (pl.lit("needs ") + pl.col("gpus").cast(pl.String) + pl.lit(" GPUs, largest free block ")
-         + pl.col("largest_free_block").cast(pl.String)).alias("evidence"),
+        (pl.col("gpus") * since("queued_at")).alias("gpu_hours"),
+        (pl.lit("needs ") + pl.col("gpus").cast(pl.String)
+         + pl.lit(" GPUs")
+         + pl.lit(", largest free block ") + pl.col("largest_free_block").cast(pl.String)
+         + pl.lit(" on ") + pl.col("_card").fill_null("?")
+         + pl.lit(", pending ")
+         + (since("queued_at") * 60).round(0).cast(pl.Int64).cast(pl.String) + pl.lit(" min"))
+        .alias("evidence"),
         pl.lit("start it now on idle capacity as preemptible back-fill").alias("recommendation"),
     )
-    return pl.concat([run, pend]).cast(dict(REC_SCHEMA))  # type: ignore[arg-type]
+    return pl.concat([run, back]).cast(dict(REC_SCHEMA))  # type: ignore[arg-type]
