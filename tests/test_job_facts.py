@@ -244,6 +244,42 @@ def test_candidates_stake_the_gpu_hours_held_or_waited_so_far(
                                 "pending 5 min")
 
 
+def test_a_pending_job_of_any_card_type_is_a_backfill_candidate(
+        process: Callable[..., Facts]) -> None:
+    """anyc accepts any card type of its pool: it had no row (an inner join on the card
+    type dropped it), while the same job asking for H100 had one."""
+    extra = job("submitted", "anyc", at(5), gpus=2, preemptible=True, card_type=None)
+    cands = process(_candidates_case(extra)).table("candidates")
+    by = {r["job_id"]: r for r in cands.iter_rows(named=True)}
+    assert set(by) == {"run4", "h100", "anyc"}
+    anyc = by["anyc"]
+    assert anyc["kind"] == "backfill_candidate"
+    assert anyc["gpu_hours"] == pytest.approx(2 * 5 / 60)
+    assert anyc["evidence"] == ("needs 2 GPUs of any card type, largest free block 4 on "
+                                "H100-SXM5-80GB, pending 5 min")
+
+
+def test_a_job_of_any_card_type_fits_a_block_of_one_card_type_not_their_sum() -> None:
+    """Two card types with 2 free each: a 2-GPU job fits, a 3-GPU job does not."""
+    from datetime import UTC, datetime
+
+    from gpuledger.pipeline.facts import recommendations
+    from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA
+    base = {c: None for c in ATTEMPT_SCHEMA.names()}
+    rows = [{**base, "job_id": j, "attempt": 0, "pool": "p", "gpus": g, "preemptible": True,
+             "queued_at": datetime(2026, 1, 5, 10, tzinfo=UTC)} for j, g in (("a", 2), ("b", 3))]
+    running = pl.DataFrame(rows, schema=ATTEMPT_SCHEMA)
+    free = pl.DataFrame({"pool": ["p", "p"], "card_type": ["A100", "L40S"],
+                         "largest_free_block": [2, 2]})
+    usage = pl.DataFrame(schema={"job_id": pl.String, "attempt": pl.Int64,
+                                 "allocated_gpu_hours": pl.Float64})
+    out = recommendations.candidates(running, usage, free, 10,
+                                     datetime(2026, 1, 5, 11, tzinfo=UTC))
+    assert out["job_id"].to_list() == ["a"]
+    assert out["gpu_hours"].to_list() == [pytest.approx(2.0)]     # 2 GPUs × 1 h pending
+    assert "largest free block 2 on A100" in out["evidence"][0]
+
+
 @pytest.mark.parametrize("outage", ["unhealthy", "xid", "down"])
 def test_minutes_a_held_gpu_was_unavailable_are_not_the_jobs(
         process: Callable[..., Facts], outage: str) -> None:

@@ -12,7 +12,8 @@ what is at stake, so teams can sort by it. Rules:
 ``improve_efficiency`` busy-but-inefficient: mean activity under the efficiency threshold
 ``release_idle``   an interactive job idle for more than half of its GPU-hours
 ``preemption_candidate`` running, preemptible, borrowed or low priority, checkpointable
-``backfill_candidate`` pending, preemptible, fits the largest free block now
+``backfill_candidate`` pending, preemptible, fits the largest free block now (of its
+                   card type; a job of any card type: of some card type of its pool)
 ================== ==============================================================
 """
 
@@ -176,12 +177,22 @@ def candidates(
     )
     blocks = free_blocks.select(
         "pool", "card_type", pl.col("card_type").alias("_card"), "largest_free_block")
-    fits = pend.join(blocks, on=["pool", "card_type"], how="inner")
+    # a job that accepts any card type of its pool runs on one of them: it fits when one
+    # of them has a free block as large as it needs; the largest block is its evidence
+    largest = blocks.sort(["largest_free_block", "_card"], descending=[True, False],
+                          nulls_last=True).group_by("pool", maintain_order=True).first()
+    fits = pl.concat([
+        pend.filter(pl.col("card_type").is_not_null()).join(
+            blocks, on=["pool", "card_type"], how="inner"),
+        pend.filter(pl.col("card_type").is_null()).join(
+            largest.drop("card_type"), on="pool", how="inner"),
+    ], how="diagonal_relaxed")
     back = fits.filter(pl.col("gpus") <= pl.col("largest_free_block")).select(
         "job_id", "attempt", "team", "queue", pl.lit("backfill_candidate").alias("kind"),
         (pl.col("gpus") * since("queued_at")).alias("gpu_hours"),
         (pl.lit("needs ") + pl.col("gpus").cast(pl.String)
-         + pl.lit(" GPUs")
+         + pl.when(pl.col("card_type").is_null()).then(pl.lit(" GPUs of any card type"))
+         .otherwise(pl.lit(" GPUs"))
          + pl.lit(", largest free block ") + pl.col("largest_free_block").cast(pl.String)
          + pl.lit(" on ") + pl.col("_card").fill_null("?")
          + pl.lit(", pending ")
