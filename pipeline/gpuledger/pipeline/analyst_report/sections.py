@@ -345,22 +345,28 @@ SECTIONS: tuple[Section, ...] = (
         "preemption", "preemption", "Preemption: lost work",
         "The cost of a preemption is the work since the last checkpoint, × its GPUs: who "
         "lost what?",
-        """SELECT team, count(*) AS preemptions,
-                  count(*) FILTER (WHERE borrowed) AS of_borrowed,
-                  count(*) FILTER (WHERE NOT coalesce(checkpointable, false))
+        """SELECT p.team, count(*) AS preemptions,
+                  count(*) FILTER (WHERE p.borrowed) AS of_borrowed,
+                  count(*) FILTER (WHERE NOT coalesce(p.checkpointable, false))
                       AS without_checkpoint,
-                  sum(lost_gpu_hours) AS lost, avg(requeue_wait_s) / 60 AS requeue_wait_min
-           FROM preemption_audit WHERE WINDOW(time)
-           GROUP BY team ORDER BY lost DESC, team""",
+                  sum(p.lost_gpu_hours) AS lost,
+                  avg(p.requeue_wait_s) / 60 AS requeue_wait_min,
+                  count(*) FILTER (WHERE n.status = 'pending') AS awaiting_restart
+           FROM (SELECT * FROM preemption_audit WHERE WINDOW(time)) p
+           LEFT JOIN attempts n ON n.job_id = p.job_id AND n.attempt = p.attempt + 1
+           GROUP BY p.team ORDER BY lost DESC, p.team""",
         (Column("team", "Team"), Column("preemptions", "Preemptions", 0),
          Column("of_borrowed", "On borrowed GPUs", 0),
          Column("without_checkpoint", "Without checkpoint", 0),
          Column("lost", "Lost work", 2, GPU_H),
          Column("requeue_wait_min", "Requeue wait", 1, "min, mean",
-                blank="not restarted yet")),
+                blank="not restarted yet",
+                blank_when=("awaiting_restart", "never restarted"))),
         Chart("bar", "team", ("lost",), "GPU-hours", labels=("lost work",)),
-        notes=("Requeue wait: the queue wait of the next attempt; “not restarted yet” "
-               "when none has started.",),
+        notes=("Requeue wait: the queue wait of the next attempt; when none has started, "
+               "“not restarted yet” while a requeued attempt is pending, “never "
+               "restarted” when none is (not requeued, or its next attempt ended "
+               "before it started).",),
     ),
     Section(
         "borrowing", "preemption", "Borrowing and reclaim",
