@@ -51,3 +51,15 @@ def test_requeue_wait_says_never_restarted_when_no_restart_can_come(
     assert rows["gone"].rstrip().endswith("never restarted")      # said: not restarted yet
     assert rows["waits"].rstrip().endswith("not restarted yet")   # w1 may still start
     assert rows["back"].split()[-1] == "5.0"                       # b1 waited 10:10–10:15
+
+
+def test_without_checkpoint_counts_preemptions_that_had_no_checkpoint(
+        preempted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every job here is checkpointable: the column counted checkpointable = false (0
+    everywhere); g1–g3 and w1 were preempted with no checkpoint in their attempt, b1
+    after one."""
+    rows = _preemption_rows(preempted, capsys)
+    # Preemptions, On borrowed GPUs, Without checkpoint
+    assert rows["gone"].split()[1:4] == ["3", "0", "3"]
+    assert rows["waits"].split()[1:4] == ["1", "0", "1"]
+    assert rows["back"].split()[1:4] == ["1", "0", "0"]

@@ -347,7 +347,7 @@ SECTIONS: tuple[Section, ...] = (
         "lost what?",
         """SELECT p.team, count(*) AS preemptions,
                   count(*) FILTER (WHERE p.borrowed) AS of_borrowed,
-                  count(*) FILTER (WHERE NOT coalesce(p.checkpointable, false))
+                  count(*) FILTER (WHERE p.last_checkpoint_at IS NULL)
                       AS without_checkpoint,
                   sum(p.lost_gpu_hours) AS lost,
                   avg(p.requeue_wait_s) / 60 AS requeue_wait_min,
@@ -363,7 +363,9 @@ SECTIONS: tuple[Section, ...] = (
                 blank="not restarted yet",
                 blank_when=("awaiting_restart", "never restarted"))),
         Chart("bar", "team", ("lost",), "GPU-hours", labels=("lost work",)),
-        notes=("Requeue wait: the queue wait of the next attempt; when none has started, "
+        notes=("Without checkpoint: preemptions with no checkpoint in the attempt before "
+               "them (they lost all of its work), whether the job could checkpoint or not.",
+               "Requeue wait: the queue wait of the next attempt; when none has started, "
                "“not restarted yet” while a requeued attempt is pending, “never "
                "restarted” when none is (not requeued, or its next attempt ended "
                "before it started).",),
