@@ -334,6 +334,8 @@ def test_numbers_are_rounded_once_with_honest_precision(report: Report,
     # a half away from zero, as the value reads (a probe's 0.25 GPU-h showed as 0.2)
     assert [number(v, 1) for v in (0.25, 0.35, -0.25, 2.45)] == ["0.3", "0.4", "-0.3", "2.5"]
     assert number(2.675, 2) == "2.68" and number(0.5, 0) == "1"
+    # a sum of facts rounded to 1e-9 (a probe: 7.7 in one table, 7.8 in another)
+    assert number(7.749999999, 1) == number(7.75, 1) == "7.8"
     # the HTML shows the SQL's unrounded values rounded once: compare every numeric cell
     text = html_file.read_text(encoding="utf-8")
     tables = [t for t in _tables(text) if t["section"] == "waste_team"]
