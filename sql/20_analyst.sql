@@ -207,7 +207,8 @@ GROUP BY 1, 2;
 
 -- Queue wait of the attempts that started in [since, until): by queue and GPU count
 -- (level 'queue_gpus'), by GPU count alone ('gpus'), by team ('team'), by the card type
--- the attempt got ('card_type') and over all ('all'), in one pass.
+-- the attempt got ('card_type': held_card_type, the one asked for where none is known)
+-- and over all ('all'), in one pass.
 -- pNN_s interpolate between the two nearest waits (quantile_cont), pNN_nearest_s are
 -- nearest-rank (quantile_disc), as in queue_wait (docs/metrics.md, "Percentiles").
 CREATE OR REPLACE MACRO queue_wait_between(since := NULL, until := NULL) AS TABLE
@@ -224,7 +225,7 @@ SELECT CASE WHEN grouping(queue) = 0 THEN 'queue_gpus'
        quantile_disc(queue_wait_s, 0.9) AS p90_nearest_s,
        quantile_disc(queue_wait_s, 0.99) AS p99_nearest_s,
        max(queue_wait_s) AS max_s
-FROM attempts
+FROM (SELECT * REPLACE (coalesce(held_card_type, card_type) AS card_type) FROM attempts)
 WHERE queue_wait_s IS NOT NULL
   AND started_at >= coalesce(since::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
   AND started_at < coalesce(until::TIMESTAMPTZ, 'infinity'::TIMESTAMPTZ)

@@ -92,12 +92,14 @@ def test_the_report_shows_no_telemetry_apart(mixed: Path,
 
 @pytest.fixture
 def waits(process: Callable[..., Facts]) -> Path:
-    """1-GPU attempts that waited 10, 20, 30, 40 and 100 s; 2-GPU ones 60 and 120 s."""
+    """1-GPU attempts that waited 10, 20, 30, 40 and 100 s; 2-GPU ones (of any card type)
+    60 and 120 s."""
     recs: list[dict[str, Any]] = [inventory("n1", at(0), gpus=8)]
     cases = [(1, 10), (1, 20), (1, 30), (1, 40), (1, 100), (2, 60), (2, 120)]
     for k, (gpus, wait) in enumerate(cases):
         job_id = f"j{k}"
-        recs += [job("submitted", job_id, at(0), gpus=gpus),
+        any_card = {"card_type": None} if gpus == 2 else {}   # any card of the pool
+        recs += [job("submitted", job_id, at(0), gpus=gpus, **any_card),
                  job("started", job_id, at(0) + timedelta(seconds=wait),
                      allocation=alloc("n1", *range(gpus))),
                  job("finished", job_id, at(5))]
@@ -128,6 +130,10 @@ def test_percentiles_interpolated_and_nearest_rank(waits: Path) -> None:
     by_size = _one(waits, "SELECT * FROM queue_wait_by_size WHERE gpus = 2")
     assert (by_size["queue"], by_size["p90_s"], by_size["p90_nearest_s"]) == \
         ("research", pytest.approx(114.0), 120)
+    # the 2-GPU jobs asked for no card type: grouped by the one they got
+    card = _one(waits, "SELECT * FROM queue_wait_by_card")
+    assert (card["card_type"], card["attempts"], card["p90_nearest_s"]) == \
+        ("H100-SXM5-80GB", 7, 120)
     queue = _one(waits, "SELECT * FROM queue_wait")
     assert (queue["mean_s"], queue["p90_s"], queue["p90_nearest_s"]) == \
         (pytest.approx(380 / 7), pytest.approx(108.0), 120)
