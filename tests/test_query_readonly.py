@@ -513,6 +513,18 @@ def test_an_output_cut_short_by_a_filling_disk_is_an_error(warehouse: Path, fmt:
     assert out.stat().st_size == limit
 
 
+def test_a_closed_standard_output_is_one_line(warehouse: Path) -> None:
+    """``gpuledger query … >&-`` (a probe): Python starts with ``sys.stdout`` None, and
+    the first write was an AttributeError traceback, exit 1."""
+    proc = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "query",
+                           "--warehouse", str(warehouse), "SELECT 1 AS one"],
+                          stderr=subprocess.PIPE, text=True, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "gpuledger: error: cannot write the output: standard output is " \
+        "closed\n"
+
+
 def test_times_are_utc_whatever_the_machines_zone(warehouse: Path) -> None:
     """A probe ran ``query`` under ``TZ=America/Los_Angeles``: ``minute::date`` counted a
     day's minutes from 08:00 UTC, literals without an offset were read as Pacific time,

@@ -813,9 +813,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-_OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF})
 """Write errors told in one line wherever they come from (the output, or a file a
-command writes that did not say so itself): a full disk, a quota, a file size limit."""
+command writes that did not say so itself): a full disk, a quota, a file size limit,
+standard output closed (``>&-``)."""
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the next ``write(2)`` raises the full disk's ``ENOSPC`` and the command says it.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -42,11 +43,25 @@ class WholeWrites(io.RawIOBase):
         return done
 
 
+class Closed(io.TextIOBase):
+    """Standard output when the process was started without one (``>&-``): Python then
+    sets ``sys.stdout`` to None, and the first ``print`` was a traceback."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
 def install() -> None:
     """Put :class:`WholeWrites` under ``sys.stdout`` when it is the process's own file
     descriptor (not a test's capture, not one a caller replaced), keeping its encoding,
-    its error handler and its line buffering."""
+    its error handler and its line buffering; :class:`Closed` when there is none."""
     out = sys.stdout
+    if out is None:
+        sys.stdout = Closed()
+        return
     try:
         fd = out.fileno()
     except (AttributeError, OSError, ValueError):
