@@ -490,6 +490,7 @@ def test_a_store_gone_while_compact_builds_the_catalog_is_one_line(
     from gpuledger.pipeline.warehouse import Warehouse
 
     root = _published(tmp_path / "wh")
+    tables = len({name.rsplit("/", 1)[0] for name in _hourly(root)})   # its table-days
     build = Warehouse.publish_catalog
 
     def gone(self: Warehouse, required: bool = True) -> str:
@@ -500,9 +501,37 @@ def test_a_store_gone_while_compact_builds_the_catalog_is_one_line(
     assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
                  "--warehouse", str(root)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"gpuledger: error: {root}: the days are compacted and published, but "
-                   "the catalog readers use could not be built (When reading information "
-                   "for key 'catalog.duckdb': AWS Error NETWORK_CONNECTION during GetObject "
-                   "operation); run compact again to build it\n"), err
+    assert err == (f"gpuledger: error: {root}: {tables} table-day(s) compacted and "
+                   "published; the catalog readers use could not be built (When reading "
+                   "information for key 'catalog.duckdb': AWS Error NETWORK_CONNECTION "
+                   "during GetObject operation); run gpuledger compact again\n"), err
     monkeypatch.setattr(Warehouse, "publish_catalog", build)
     assert main(["compact", "--force", "--quiet", "--warehouse", str(root)]) == 0
+
+
+def test_a_catalog_failure_after_days_put_off_says_what_was_done(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe ran compact with a $TMPDIR too small for anything: every day was put off,
+    then the catalog's build failed too, and it said "the days are compacted and
+    published" (none was) and nothing of the days put off."""
+    from gpuledger.pipeline import sort_worker
+    from gpuledger.pipeline.warehouse import Warehouse
+
+    root = _published(tmp_path / "wh")
+    hourly = _hourly(root)
+
+    def full(self: Warehouse, required: bool = True) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sort_worker.sys, "executable", str(tmp_path / "no-python"))
+    monkeypatch.setattr(Warehouse, "publish_catalog", full)
+    assert main(["compact", "--force", "--quiet", "--before", "2026-01-07T00:00Z",
+                 "--warehouse", str(root)]) == 2
+    err = capsys.readouterr().err
+    tables = len({name.rsplit("/", 1)[0] for name in hourly})
+    assert err.startswith(f"gpuledger: error: {root}: nothing compacted, {tables} put off, "
+                          "their hourly files stay (the first, facts/"), err
+    assert err.endswith("; the catalog readers use could not be built ([Errno 28] No space "
+                        "left on device); run gpuledger compact again\n"), err
+    assert "published" not in err and _hourly(root) == hourly

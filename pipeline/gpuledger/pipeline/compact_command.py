@@ -91,9 +91,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
         try:
             warehouse.publish_catalog()
         except (duckdb.Error, OSError, StoreError) as exc:  # the store went away meanwhile
-            raise CliError(f"{store.url}: the days are compacted and published, but the "
-                           f"catalog readers use could not be built ({_text(exc)}); run "
-                           "compact again to build it") from None
+            done = (f"{days} table-day(s) compacted and published" if days else
+                    "nothing compacted")
+            if put_off:
+                done += (f", {len(put_off)} put off, their hourly files stay (the first, "
+                         f"{put_off[0][0]}: {put_off[0][1]})")
+            raise CliError(f"{store.url}: {done}; the catalog readers use could not be "
+                           f"built ({_text(exc)}); run gpuledger compact again") from None
     retired = warehouse.publisher.expire_retired(sorted(manifests))
     removed = 0
     for path in orphans(store, read_manifests(store).values(), now - config.warehouse.retain_s,
