@@ -558,6 +558,11 @@ def test_tz_an_until_the_zone_skips_or_repeats_is_refused(
         "Europe/Berlin: the clocks go back from 03:00 to 02:00 on 2025-10-26; give it "
         "with its offset: 2025-10-26T02:30:00+02:00 (the first, CEST) or "
         "2025-10-26T02:30:00+01:00 (the second, CET)\n")
+    # before every event there can be (a probe: exit 0, every line into the job book)
+    assert run("2000-01-01T00:00") == 2
+    assert capsys.readouterr().err == (
+        "gpuledger: error: --until 2000-01-01T00:00:00: before 2000-01-01 (no event is "
+        "older; the export's --endtime)\n")
     assert not root.exists()
     assert run("2025-10-26T02:30:00+01:00") == 0
     assert "--until" not in capsys.readouterr().err

@@ -62,6 +62,13 @@ def _until_utc(args: argparse.Namespace) -> datetime | None:
     if until > datetime.now(UTC):
         raise CliError(f"--until {args.until.isoformat()}: after now (the export's "
                        "--endtime, a time that has passed)")
+    from gpuledger.pipeline.validate import MIN_TIME  # run time: the command loads it
+
+    if until < MIN_TIME:
+        # no event is older: every line would go into the job book, and nothing be
+        # written, exit 0 (a probe)
+        raise CliError(f"--until {args.until.isoformat()}: before "
+                       f"{MIN_TIME:%Y-%m-%d} (no event is older; the export's --endtime)")
     return until
 
 
