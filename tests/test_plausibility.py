@@ -415,12 +415,12 @@ def test_no_minute_after_the_processors_clock_is_closed(
     proc.process(batch)
     assert proc.closed_until is not None and proc.closed_until <= at(30)
     proc.flush()
-    assert proc.closed_until == at(30)
+    assert proc.closed_until == at(31)      # the current minute, as live input's
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert sum("the input runs to 2026-01-05 11:20 UTC, 0:50:00 after this machine's "
-               "clock (10:30 UTC): the minutes from 10:30 on are not closed" in m
+    assert sum("the input runs to 2026-01-05 11:20 UTC, 0:49:00 after this machine's "
+               "clock (10:30:20 UTC): the minutes from 10:31 on are not closed" in m
                for m in said) == 1, said
     facts = Facts(tmp_path / "wh", proc)
-    assert facts.table("gpu_minute")["minute"].max() == at(29)
+    assert facts.table("gpu_minute")["minute"].max() == at(30)
     running = facts.table("running_attempts").row(0, named=True)
-    assert running["allocated_gpu_hours"] == pytest.approx(28 / 60)
+    assert running["allocated_gpu_hours"] == pytest.approx(29 / 60)

@@ -529,7 +529,7 @@ def save_inside_last_minute(processor: Processor, root: Store, run: Run,
     start = newest.replace(second=0, microsecond=0)
     if start == newest or closed > start or (continued is not None and start <= continued):
         return None
-    if start > processor.now_minute():  # not over: the run leaves it open anyway
+    if start > processor.now_minute():  # not begun: the run leaves it open anyway
         return None
     if closed < start:
         processor.close_until(start)

@@ -784,33 +784,35 @@ class Processor:
     # -- closing minutes -------------------------------------------------------------
 
     def now_minute(self) -> datetime:
-        """The start of the processor's own clock's current minute: no minute from it on
-        is over, whatever a clock ahead stamped on its records."""
+        """The start of the processor's own clock's current minute."""
         return _floor_minute(self._now())
 
     def _not_past_now(self, end: datetime) -> datetime:
-        """``end``, or :meth:`now_minute` when ``end`` is after it (a node 50 min ahead
-        had its GPUs' minutes closed, and a running job charged, up to 50 min past the
-        wall clock). The records after it stay open, in the saved state."""
-        now = self.now_minute()
-        if end <= now:
+        """``end``, or the end of :meth:`now_minute` when ``end`` is after it: no minute
+        that begins after the processor's own clock is closed, whatever a clock ahead
+        stamped on its records (a node 50 min ahead had its GPUs' minutes closed, and a
+        running job charged, up to 50 min past the wall clock). The current minute
+        closes at the end of an input, as it did (live input that ends now). The records
+        after it stay open, in the saved state."""
+        limit = self.now_minute() + timedelta(minutes=1)
+        if end <= limit:
             return end
         if not self._ahead_said:
             self._ahead_said = True
             log.warning("the input runs to %s, %s after this machine's clock (%s): the "
-                        "minutes from %s on are not closed, as they are not over (a clock "
-                        "ahead, or local times read as UTC?); they stay open for the next "
-                        "run to close",
-                        f"{end:%Y-%m-%d %H:%M} UTC", end - now, f"{now:%H:%M} UTC",
-                        f"{now:%H:%M}")
-        return now
+                        "minutes from %s on are not closed, as they have not begun (a "
+                        "clock ahead, or local times read as UTC?); they stay open for the "
+                        "next run to close",
+                        f"{end:%Y-%m-%d %H:%M} UTC", end - limit,
+                        f"{self._now():%H:%M:%S} UTC", f"{limit:%H:%M}")
+        return limit
 
     def close_until(self, end: datetime) -> None:
         """Close all minutes before ``end`` in every partition held, in steps: while
         telemetry is buffered, at most an hour from where the last step ended, or the rest
         if less than ``DENSE_TAIL`` would be left (a step has a fixed cost: an hourly batch
         whose watermark is past a whole hour closes in one step, not two); without
-        telemetry, up to a day from the hour it starts in. Never past
+        telemetry, up to a day from the hour it starts in. Never past the end of
         :meth:`now_minute`."""
         end = self._not_past_now(end)
         closed = self.closed_until
