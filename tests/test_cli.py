@@ -668,10 +668,8 @@ def test_a_location_duckdb_would_read_as_a_pattern_is_refused(
     assert "s3://bucket/w[1]: the location holds" in capsys.readouterr().err
 
 
-CONTROL_WHY = ("the location holds a control character (a newline, a tab, …): the views "
-               "over its facts could not be built, so the facts written there could not be "
-               "read back (an ingest wrote them, then stopped with a traceback); use a "
-               "location without them\n")
+CONTROL_WHY = ("a warehouse location cannot hold control characters (a newline, a tab, "
+               "…: the views over its facts could not be built); use one without them\n")
 
 
 @pytest.mark.parametrize("name", ["r_nl\nwh", "tab\there", "del\x7f", "cr\r"])
@@ -680,7 +678,8 @@ def test_a_location_with_a_control_character_is_refused_by_every_command(
     """Found with `ingest --warehouse $'r_nl\\nwh'`: the facts were written, then building
     the views failed with a traceback (duckdb ParserException), exit 1, and no reader
     could read that warehouse. Refused in one line now, before anything is made, by the
-    writers and the readers alike."""
+    writers and the readers alike, saying only that (it told of facts written and an
+    ingest's traceback, though nothing had been written)."""
     where = tmp_path / name
     (tmp_path / "p.csv").write_text("name,created,gpus\np,2026-01-05T00:00:00Z,1\n")
     (tmp_path / "j.jsonl").write_text("")

@@ -91,10 +91,8 @@ _PATTERN_WHY = ("the location holds '*', '?' or '[': DuckDB reads such names as 
                 "warehouse's files, or none); use a location without them")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CONTROL_WHY = ("the location holds a control character (a newline, a tab, …): the views "
-                "over its facts could not be built, so the facts written there could not "
-                "be read back (an ingest wrote them, then stopped with a traceback); use a "
-                "location without them")
+_CONTROL_WHY = ("a warehouse location cannot hold control characters (a newline, a tab, "
+                "…: the views over its facts could not be built); use one without them")
 
 
 def _readable_back(whole: str, given: str | Path) -> None:
