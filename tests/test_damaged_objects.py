@@ -167,6 +167,7 @@ REPAIR = "restore it, or ingest (or import) its hour again, which writes it anew
     ["query", "--format", "csv", "select count(*) from {table}"],
     ["report"],
     ["diagnose", "--quiet", "--dry-run"],
+    ["whatif", "--quiet"],
 ])
 @pytest.mark.parametrize("damage", ["cut", "gone", "garbled"])
 def test_readers_say_a_published_object_is_missing_or_damaged_and_what_to_do(
@@ -175,7 +176,8 @@ def test_readers_say_a_published_object_is_missing_or_damaged_and_what_to_do(
     """Found by cutting a gpu_minute hour short and deleting a job_attempts hour: query and
     report printed DuckDB's "No files found that match the pattern …" or "No magic bytes
     found at end of file …", diagnose Polars' "No such file or directory (os error 2):
-    ...g/facts/… (set POLARS_VERBOSE=1 to see full path)": the file, but not what to do."""
+    ...g/facts/… (set POLARS_VERBOSE=1 to see full path)": the file, but not what to do.
+    whatif said DuckDB's "Invalid Input Error: File '…' too small to be a Parquet file"."""
     from gpuledger.cli.main import main
 
     root = _process(tmp_path / "wh")

@@ -310,7 +310,9 @@ def load_history(warehouse: str | Path, since: datetime | None = None,
         names = con.sql("SELECT DISTINCT team, pool, card_type, job_type FROM attempts"
                         ).fetchall()
     except duckdb.Error as exc:
-        raise HistoryError(f"{warehouse}: {exc}") from None
+        # a published object missing or damaged: said, with what to do, as query and
+        # report say it (DuckDB's "too small to be a Parquet file" named no repair)
+        raise HistoryError(query.unreadable(con, exc) or f"{warehouse}: {exc}") from None
     finally:
         con.close()
     grid = grid.with_columns(pl.col("minute").cast(TIME_DTYPE))
