@@ -182,8 +182,8 @@ def test_a_truncated_file_is_one_line_naming_it(wh: Path,
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1, err
         assert str(bad.relative_to(wh)) in err and "damaged: it holds 1000 bytes" in err
-        assert err.endswith("restore it, or ingest (or import) its hour again, which writes "
-                            "it anew"), err
+        assert err.endswith("restore it, or ingest (or import) the whole history again in "
+                            "one run, which writes it anew"), err
     assert _units(wh) == before
 
 

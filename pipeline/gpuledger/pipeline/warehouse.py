@@ -927,14 +927,25 @@ _NOT_PARQUET = ("magic bytes", "par1", "out of specification", "not a parquet",
                 "corrupt", "footer", "invalid parquet", "damaged: it holds")
 """Words of DuckDB's, Polars' and PyArrow's errors (lower case) for bytes that are not
 a Parquet file (and :func:`attach_store`'s own for an object of another size)."""
-REPAIR = "restore it, or ingest (or import) its hour again, which writes it anew"
+REPAIR = ("restore it, or ingest (or import) the whole history again in one run, which "
+          "writes it anew")
+"""What repairs a missing object, or a damaged one of a table each hour replaces whole:
+ingesting its hour alone is refused as older than the history's end (it said "ingest
+(or import) its hour again"); a run of the whole history puts every object again, and
+writes anew one missing or of another size (``generations._named_next``)."""
+REPAIR_MERGED = ("restore it, or ingest (or import) the whole history again into a new "
+                 "warehouse (a run into this one reads the object to merge rows into it, "
+                 "and stops on it)")
+"""What repairs a damaged object of a merged table (``processor.MERGED_TABLES``): a run
+of the history into the same warehouse reads the rows there first, and stops on them."""
 
 
 def unreadable_object(store: Store, text: str, sizes: Mapping[str, int]) -> str | None:
     """A reader's error ``text`` (DuckDB's, Polars', PyArrow's) as one line saying what to
     do, when it names a fact object of this warehouse that is missing or is not a Parquet
     file: that the published generation names it, what is wrong, and how to repair it
-    (:data:`REPAIR`). ``sizes``: the sizes the manifests record. None when ``text``
+    (:data:`REPAIR`, or :data:`REPAIR_MERGED` for a damaged object of a merged table).
+    ``sizes``: the sizes the manifests record. None when ``text``
     names no fact object, or one that is there whole (a schema mismatch is no damage).
     One stat (a HEAD on S3) of that object; query, report and diagnose say it alike."""
     match = _FACT_OBJECT.search(text)
@@ -947,15 +958,18 @@ def unreadable_object(store: Store, text: str, sizes: Mapping[str, int]) -> str 
     except StoreError:
         return None
     expected = sizes.get(obj)
+    from gpuledger.pipeline.processor import MERGED_TABLES  # (it imports this module)
+    merged = obj.split("/")[1] in MERGED_TABLES
     if size is None:
         return (f"{url}: missing: the published generation names this object, but the "
                 f"store has none; {REPAIR}")
     if expected is not None and size != expected:
         return (f"{url}: damaged: it holds {size} bytes where the generation's manifest "
-                f"says {expected} (cut short or replaced since it was written); {REPAIR}")
+                f"says {expected} (cut short or replaced since it was written); "
+                f"{REPAIR_MERGED if merged else REPAIR}")
     if any(word in text.lower() for word in _NOT_PARQUET):
         return (f"{url}: damaged: the published generation names this object, but it is "
-                f"not a readable Parquet file; {REPAIR}")
+                f"not a readable Parquet file; {REPAIR_MERGED if merged else REPAIR}")
     return None
 
 
