@@ -227,3 +227,51 @@ def test_a_warehouse_path_that_is_a_file_is_said_alike_by_every_reader(
                 else [*command, "--warehouse", str(afile)]) == 2
     assert capsys.readouterr().err == f"gpuledger: error: {afile}: a file, not a warehouse " \
                                       "folder\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["query", "--format", "csv", "select count(*) from gpu_minute"],
+    ["report", "--quiet"],
+    ["whatif", "--quiet"],
+    ["diagnose", "--quiet", "--dry-run"],
+])
+@pytest.mark.parametrize("gone", ["manifests", "the unit's manifests"])
+def test_facts_no_manifest_names_are_refused_never_an_empty_warehouse(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+        gone: str) -> None:
+    """Found with `rm W/manifests/warehouse/*.json` (or `rm -r W/manifests`): query
+    answered 0 rows and report "no data in this window", exit 0, while facts/ held every
+    data object. Every reader refuses it in one line now."""
+    import shutil
+
+    from gpuledger.cli.main import main
+
+    root = _process(tmp_path / "wh")
+    if gone == "manifests":
+        shutil.rmtree(root / "manifests")
+    else:
+        for manifest in (root / "manifests" / "warehouse").glob("*.json"):
+            manifest.unlink()
+    assert main([*command, "--warehouse", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"gpuledger: error: {root}: the facts are there but no manifest names "
+                   f"them ({root}/manifests/ deleted?): restore manifests/ from a backup, or "
+                   "ingest the whole history again into a new warehouse\n"), err
+    assert out == ""
+
+
+def test_a_warehouse_of_schema_files_alone_is_read_as_empty(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The listing looks past the tables' schema files: a warehouse with nothing
+    published but them is read as before (empty tables), not refused."""
+    from gpuledger.cli.main import main
+
+    root = _process(tmp_path / "wh")
+    for path in sorted((root / "facts").rglob("*"), reverse=True):
+        if path.is_file() and path.name != "_schema.parquet":
+            path.unlink()
+    import shutil
+    shutil.rmtree(root / "manifests")
+    assert main(["query", "--format", "csv", "select count(*) AS n from gpu_minute",
+                 "--warehouse", str(root)]) == 0
+    assert capsys.readouterr().out == "n\n0\n"

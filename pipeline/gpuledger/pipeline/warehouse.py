@@ -43,6 +43,7 @@ from polars.datatypes import DataTypeClass
 from gpuledger.pipeline import compaction, external_sort, temp_folders
 from gpuledger.pipeline.config import WarehouseOptions
 from gpuledger.pipeline.generations import (
+    MANIFESTS,
     Manifest,
     Publisher,
     Snapshot,
@@ -917,7 +918,23 @@ def open_snapshot(location: str | Path) -> tuple[Store, Snapshot]:
         raise StoreError(f"{where}: a file, not a warehouse folder")
     store = open_store(where, create=False)
     store.check()
-    return store, read_snapshot(store)
+    snapshot = read_snapshot(store)
+    if not snapshot.generations:
+        check_unnamed_facts(store)
+    return store, snapshot
+
+
+def check_unnamed_facts(store: Store) -> None:
+    """For a warehouse with no generation published: a :class:`StoreError` when
+    ``facts/`` still holds data objects (anything but the tables' schema files), which
+    no manifest names: its manifests were deleted (readers answered 0 rows and "no data
+    in this window", exit 0). One listing of ``facts/``, in that rare case only."""
+    for entry in store.list(FACTS):
+        if entry.path.rsplit("/", 1)[-1] != SCHEMA_FILE:
+            raise StoreError(
+                f"{store.url}: the facts are there but no manifest names them "
+                f"({store.url_of(MANIFESTS)}/ deleted?): restore {MANIFESTS}/ from a "
+                "backup, or ingest the whole history again into a new warehouse")
 
 
 _FACT_OBJECT = re.compile(

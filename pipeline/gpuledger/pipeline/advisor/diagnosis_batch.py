@@ -61,7 +61,13 @@ from gpuledger.pipeline.columns import TIME_DTYPE
 from gpuledger.pipeline.generations import WHOLE, Manifest, read_manifests
 from gpuledger.pipeline.location import check_location
 from gpuledger.pipeline.store import Store, StoreError, open_store
-from gpuledger.pipeline.warehouse import FACTS, Warehouse, published_in, unreadable_object
+from gpuledger.pipeline.warehouse import (
+    FACTS,
+    Warehouse,
+    check_unnamed_facts,
+    published_in,
+    unreadable_object,
+)
 
 TABLE = "job_diagnosis"
 UNIT = "diagnosis"
@@ -289,6 +295,8 @@ def open_warehouse(location: str | Path) -> OpenedWarehouse:
         store = open_store(where, create=False)
         store.check()
         manifests = read_manifests(store)
+        if not manifests:
+            check_unnamed_facts(store)
         if store.remote and not manifests:
             raise HistoryError(f"{store.url}: not a gpuledger warehouse (nothing published "
                                "yet)")
