@@ -572,3 +572,40 @@ def test_an_earlier_piece_after_a_later_one_is_refused(history: Path, tmp_path: 
                    *sorted((tmp_path / "late").glob("*.jsonl"))], wh, ProcessorConfig())
     assert both.continued_from is None
     assert_same_facts(wh, history / "whole", SPARSE)
+
+
+def test_a_piece_given_with_the_inventory_again_goes_on_from_the_history(
+        history: Path, tmp_path: Path) -> None:
+    """pa, then pb with pa's inventory.jsonl again (dated at the history's start, as a
+    whole inventory file is): the old records made pb start where the history starts,
+    so it was processed on its own and replaced pa's hours with nothing, exit 0. Now the
+    records the history already holds (the same node states) are left out: pb goes on
+    from the state at the cut and every view equals one ingest of the whole. The
+    inventory file alone changes nothing and deletes no state; one holding a node state
+    the history does not have is refused, naming it, and changes nothing."""
+    wh = tmp_path / "wh"
+    _ingest(history / "pa", wh)
+    states = _states(wh)
+    before = views(wh)
+    inventory = history / "pa" / "inventory.jsonl"
+    alone = ingest([inventory], wh, ProcessorConfig())
+    assert alone.nothing and alone.held == 21
+    assert _states(wh) == states
+    after = views(wh)
+    for name in VIEWS:
+        assert_frame_equal(after[name], before[name])
+    changed = tmp_path / "changed.jsonl"
+    lines = inventory.read_text().splitlines()
+    doc = json.loads(lines[1])
+    doc["schedulable"] = not doc["schedulable"]
+    changed.write_text("".join(f"{x}\n" for x in [lines[0], json.dumps(doc), *lines[2:]]))
+    with pytest.raises(IngestRefused, match=(
+            rf"inventory records that the history does not hold .* 1 in all, the first "
+            rf"{changed}:2 \(an? inventory record")):
+        ingest([*sorted((history / "pb").glob("*.jsonl")), changed], wh, ProcessorConfig())
+    assert _states(wh) == states
+    result = ingest([*sorted((history / "pb").glob("*.jsonl")), inventory], wh,
+                    ProcessorConfig())
+    assert _at_cut(result) and result.held == 21 and result.replaced_from is None
+    assert sum(result.counters.rejected.values()) == 0
+    assert_same_facts(wh, history / "whole", SPARSE)

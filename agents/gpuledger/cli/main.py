@@ -300,13 +300,27 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     with _progress("ingesting", not args.quiet) as update:
         result = ingest(args.files, args.warehouse, config, update, afresh=args.afresh)
     rej = result.rejects
-    if result.nothing:
+    if result.held and result.held_before is not None:
+        print(f"{result.held:,} inventory record(s) dated before "
+              f"{result.held_before:%Y-%m-%d %H:%M} UTC are node states the history in "
+              f"{args.warehouse}/ already holds: left out (they change nothing)",
+              file=sys.stderr)
+    if result.nothing and result.held:
+        print(f"nothing to ingest: the history already holds every record of the input "
+              f"({rej.height:,} bad line(s)); {args.warehouse}/ is left as it was",
+              file=sys.stderr)
+    elif result.nothing:
         print(f"nothing to ingest: no valid record in the input ({rej.height:,} bad "
               f"line(s)); {args.warehouse}/ is left as it was", file=sys.stderr)
     elif result.continued_from is not None:
         print(f"continuing from the state an earlier ingest into {args.warehouse}/ saved "
               f"when it had closed up to {result.continued_from:%Y-%m-%d %H:%M} UTC (its "
               "running jobs go on)", file=sys.stderr)
+    if result.replaced_from is not None:
+        print(f"processed on its own{' (--afresh)' if args.afresh else ''}: the facts "
+              f"{args.warehouse}/ held from {result.replaced_from:%Y-%m-%d %H:%M} UTC to the "
+              "input's end are replaced by this input's alone (the history's first piece "
+              "again, or the whole history)", file=sys.stderr)
     if not result.nothing:
         print(f"ingested {result.records['telemetry']:,} telemetry, "
               f"{result.records['job']:,} job and {result.records['inventory']:,} inventory "

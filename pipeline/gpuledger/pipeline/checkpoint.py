@@ -45,7 +45,7 @@ import pickle
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 import polars as pl
@@ -472,6 +472,11 @@ class CheckpointStore:
         load_global(processor, blob["state"])
         offsets: Offsets = blob["offsets"]
         return offsets
+
+    def read_global(self) -> dict[str, Any] | None:
+        """This instance's global part as saved (its books), without loading it."""
+        blob = self._read(self.global_path())
+        return None if blob is None else cast(dict[str, Any], blob["state"])
 
     def read_partition(self, partition: int) -> Section | None:
         blob = self._read(self.partition_path(partition))

@@ -39,6 +39,7 @@ from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.decode import decode_jsonl_files, encode_jsonl
 from gpuledger.pipeline.generations import read_manifests
 from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.state.inventory import INVENTORY_STATE_SCHEMA, InventoryBook
 from gpuledger.pipeline.store import Store
 from gpuledger.pipeline.validate import REJECT_SCHEMA, validate
 from gpuledger.pipeline.warehouse import Warehouse
@@ -115,6 +116,16 @@ class IngestResult:
     updated the books. The processor counts them as late (they come after the minute it
     starts at); ``counters`` does not: its late counts are the records that came after
     their minutes had closed."""
+    held: int = 0
+    """Inventory records dated before the point the input went on from that the history
+    already holds (the same node states, :func:`drop_held_inventory`): left out, as they
+    change nothing."""
+    held_before: datetime | None = None
+    """The point ``held`` counts the records before (the saved state's closed point)."""
+    replaced_from: datetime | None = None
+    """Where the input was processed on its own over the history already ingested here
+    (``--afresh``, or the history's first piece again): the facts of the hours from here
+    to its end are this input's alone."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,10 @@ class Run:
     id: str
     start: datetime
     """Its input's first event."""
+    inventory: frozenset[str] = frozenset()
+    """The inventory records the history up to its states holds (:func:`inventory_keys`:
+    also those its book pruned), written with them: a piece given with them again leaves
+    them out (:func:`drop_held_inventory`)."""
 
 
 @dataclass(frozen=True)
@@ -467,7 +482,8 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run
     CheckpointStore(root.child(folder), "ingest").save(
         processor, {}, {p: {} for p in processor.held})
     root.write(f"{folder}/{RUN_FILE}", json.dumps(
-        {"run": run.id, "from": run.start.astimezone(UTC).isoformat()}).encode())
+        {"run": run.id, "from": run.start.astimezone(UTC).isoformat(),
+         "inventory": sorted(run.inventory)}).encode())
     for name in _LEGACY:  # an earlier release's state that could not be read
         root.delete(name)
     if keep is None:
@@ -927,14 +943,15 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
 
 
 def first_record_before(paths: Sequence[Path], before: datetime,
-                        frames: Mapping[RecordType, pl.DataFrame], rejects: pl.DataFrame
-                        ) -> str | None:
+                        frames: Mapping[RecordType, pl.DataFrame], rejects: pl.DataFrame,
+                        held: set[tuple[str, datetime]] | None = None) -> str | None:
     """Where the first record of ``paths`` (in file order) dated before ``before`` is,
     among those ingest kept (``frames``; a rejected line, ``rejects``, or one set aside
     outside its type's kept times is not), and how many there are:
     ``1 in all, the first f.jsonl:721 (a job record at 2026-01-06 00:45:00 UTC)``. None:
-    none found (a file changed since, or cannot be read). Reads the files again: for a
-    refusal's message only."""
+    none found (a file changed since, or cannot be read). ``held``: the (node, time) of
+    inventory records left out as held already (:func:`drop_held_inventory`), not
+    counted. Reads the files again: for a refusal's message only."""
     bad = {(src, line) for src, line in rejects.select("source", "line").iter_rows()
            if line is not None}
     kept = {kind: (cast(datetime, f["time"].min()), cast(datetime, f["time"].max()))
@@ -954,6 +971,9 @@ def first_record_before(paths: Sequence[Path], before: datetime,
                     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                         continue
                     when = when if when.tzinfo else when.replace(tzinfo=UTC)
+                    if held and kind == "inventory" and (doc.get("node"), when.replace(
+                            microsecond=when.microsecond // 1000 * 1000)) in held:
+                        continue
                     if kind in kept and when < before \
                             and kept[kind][0] <= when.replace(microsecond=when.microsecond
                                                              // 1000 * 1000) <= kept[kind][1]:
@@ -967,6 +987,144 @@ def first_record_before(paths: Sequence[Path], before: datetime,
     source, number, kind, when = found
     return (f"{count:,} in all, the first {source}:{number} (a {kind} record at "
             f"{when:%Y-%m-%d %H:%M:%S} UTC)")
+
+
+_NODE_STATE = [c for c in INVENTORY_STATE_SCHEMA.names() if c != "time"]
+
+
+def inventory_keys(inventory: pl.DataFrame) -> set[str]:
+    """Each inventory record's node state and time, as a short digest."""
+    return set(_keys_in_order(inventory))
+
+
+def _inventory_of_run(root: Store, folder: str) -> set[str]:
+    """The inventory records a state's run recorded as held (none: an earlier
+    release's, or not readable)."""
+    try:
+        data = root.read(f"{folder}/{RUN_FILE}")
+        keys = None if data is None else json.loads(data).get("inventory")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return set()
+    return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
+
+
+def _keys_in_order(inventory: pl.DataFrame) -> list[str]:
+    rows = inventory.select(INVENTORY_STATE_SCHEMA.names()).with_columns(
+        pl.col("time").dt.strftime("%Y-%m-%dT%H:%M:%S%.3f")).rows()
+    return [hashlib.sha256(repr(r).encode()).hexdigest()[:24] for r in rows]
+
+
+def _state_book(root: Store, folder: str) -> pl.DataFrame | None:
+    """The inventory book of a saved state (None: it cannot be read)."""
+    try:
+        doc = CheckpointStore(root.child(folder), "ingest").read_global()
+        book = None if doc is None else doc.get("inventory")
+    except Exception:  # damaged, another release's: continue_previous says so
+        return None
+    return book.records if isinstance(book, InventoryBook) else None
+
+
+def _held(inventory: pl.DataFrame, book: pl.DataFrame) -> pl.Series:
+    """Whether each record of ``inventory`` is a node state ``book`` already holds: the
+    book's record of its node in effect at its time (the newest at or before it) has
+    the same attributes (inventory records are states: a repeat changes nothing)."""
+    names = INVENTORY_STATE_SCHEMA.names()
+    attrs = [c for c in _NODE_STATE if c != "node"]
+    left = inventory.select(names).with_row_index("_row").sort("node", "time")
+    right = (book.select(names).sort("node", "time")
+             .rename({c: f"_book_{c}" for c in attrs})
+             .with_columns(pl.lit(True).alias("_book_hit")))
+    joined = left.join_asof(right, on="time", by="node", strategy="backward",
+                            check_sortedness=False).sort("_row")
+    same = pl.all_horizontal([pl.col("_book_hit").fill_null(False)]
+                             + [pl.col(c).eq_missing(pl.col(f"_book_{c}")) for c in attrs])
+    return joined.select(same.alias("held")).to_series()
+
+
+def drop_held_inventory(frames: dict[RecordType, pl.DataFrame], root: Store
+                        ) -> tuple[dict[RecordType, pl.DataFrame], int, datetime | None,
+                                   set[tuple[str, datetime]]]:
+    """A piece given with the inventory file of the whole history again (its records
+    dated at the history's start, or any time before the state it goes on from): the
+    records before that state that the history already holds, the same node states as
+    its book's, are left out (they change nothing). Without this, those records made
+    the piece start where the history starts: it was processed on its own, as the whole
+    history, and replaced every hour before it with nothing, in silence; an inventory
+    file alone did that too, and deleted every later state.
+
+    The state is the one the piece's other records go on from (the one closed furthest
+    at or before its first telemetry or job record; for an inventory file alone, the
+    history's end), else the earliest saved (the piece is then refused by
+    :func:`continue_previous`, naming its first other record). Only for a piece that
+    does not itself start where the history starts (its other records come after the
+    history's first event: else it is the history's first piece again, processed on its
+    own as before). An inventory record before that state that the history does not
+    hold (a node state it never had there) is left in: :class:`IngestRefused` (by the
+    caller, naming it), as for any other older record.
+
+    Returns the frames (without the held records), how many were left out, the closed
+    point of the state they were compared with, and the held records' (node, time)."""
+    inventory = frames.get("inventory")
+    if inventory is None or inventory.is_empty():
+        return frames, 0, None, set()
+    states = saved_states(root)
+    if not states:
+        return frames, 0, None, set()
+    rest = [cast(datetime, f["time"].min()) for k, f in frames.items()
+            if k != "inventory" and not f.is_empty()]
+    if rest:
+        rest_first = min(rest)
+        origin = read_origin(root)
+        if origin is None or rest_first <= origin:
+            return frames, 0, None, set()
+        fitting = [s for s in states if s.closed <= rest_first]
+        state = fitting[0] if fitting else states[-1]
+    else:
+        state = states[0]
+    older = inventory.filter(pl.col("time") < state.closed)
+    if older.is_empty():
+        return frames, 0, None, set()
+    book = _state_book(root, state.folder)
+    if book is None:  # not readable: continue_previous says so where it matters
+        return frames, 0, None, set()
+    recorded = _inventory_of_run(root, state.folder)
+    known = pl.Series([k in recorded for k in _keys_in_order(inventory)], dtype=pl.Boolean)
+    held = (_held(inventory, book) | known) & (inventory["time"] < state.closed)
+    if not held.any():
+        return frames, 0, state.closed, set()
+    keys = {(n, t) for n, t in inventory.filter(held).select("node", "time").iter_rows()}
+    return ({**frames, "inventory": inventory.filter(~held)}, int(held.sum()),
+            state.closed, keys)
+
+
+def _refuse_older_inventory(paths: Sequence[Path], frames: Mapping[RecordType, pl.DataFrame],
+                            rejects: pl.DataFrame, root: Store, before: datetime | None,
+                            held: set[tuple[str, datetime]]) -> None:
+    """:class:`IngestRefused` where inventory records dated before the state the input
+    goes on from (``before``, :func:`drop_held_inventory`) are node states the history
+    does not hold there: processed on its own, the input would replace the history's
+    hours; going on, they would come after their minutes closed."""
+    inventory = frames.get("inventory")
+    if before is None or inventory is None \
+            or inventory.filter(pl.col("time") < before).is_empty():
+        return
+    states = saved_states(root)
+    origin = read_origin(root)
+    which = first_record_before(paths, before, frames, rejects, held)
+    span = ("" if origin is None or not states else
+            f" ({origin:%Y-%m-%d %H:%M} to {states[0].closed:%Y-%m-%d %H:%M} UTC)")
+    raise IngestRefused(
+        f"the input holds records older than the end of the history already ingested"
+        f"{span} and than the saved state it can go on from (closed at "
+        f"{before:%Y-%m-%d %H:%M} UTC), inventory records that the history does not hold"
+        f" (other node states), {which or 'the first ' + _first_at(inventory, before)}: a"
+        " later piece cannot add them. Ingest the whole history again with this input, "
+        "every file in one run (into this warehouse or a new one)")
+
+
+def _first_at(inventory: pl.DataFrame, before: datetime) -> str:
+    older = inventory.filter(pl.col("time") < before).sort("time")
+    return f"at {older['time'][0]:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def ingest(
@@ -993,21 +1151,31 @@ def ingest(
         k: pl.concat(v) if v else empty_frame(k) for k, v in parts.items()
     }
     all_rejects = pl.concat(rejects) if rejects else pl.DataFrame(schema=REJECT_SCHEMA)
-    frames, outliers = set_aside_outliers(frames, config)
-    if not outliers.rejects.is_empty():
-        all_rejects = pl.concat([all_rejects, outliers.rejects])
-    events = _event_span(frames)
-    if events is None:  # nothing to process: the warehouse is left as it was
+    if _event_span(frames) is None:  # nothing to process: the warehouse is left as it was
         return IngestResult({k: 0 for k in frames}, all_rejects, Counters(), None,
                             nothing=True)
     processor = Processor(config, Warehouse(warehouse, options=config.warehouse))
     states = ingest_states(processor)
+    held, held_before, held_keys = 0, None, set[tuple[str, datetime]]()
+    if not afresh:
+        frames, held, held_before, held_keys = drop_held_inventory(frames, states)
+        _refuse_older_inventory(paths, frames, all_rejects, states, held_before,
+                                held_keys)
+    if _event_span(frames) is None:  # the history holds every record: nothing is new
+        return IngestResult({k: 0 for k in frames}, all_rejects, Counters(), None,
+                            nothing=True, held=held, held_before=held_before)
+    frames, outliers = set_aside_outliers(frames, config)
+    if not outliers.rejects.is_empty():
+        all_rejects = pl.concat([all_rejects, outliers.rejects])
+    events = _event_span(frames)
+    assert events is not None
     first, newest = events
     if outliers.begin is not None:
         first = outliers.begin
     continued = continue_previous(
         processor, states, first, afresh, last=newest,
-        locate=lambda before: first_record_before(paths, before, frames, all_rejects))
+        locate=lambda before: first_record_before(paths, before, frames, all_rejects,
+                                                  held_keys))
     early: dict[str, int] = {}
     take_early: Callable[[], None] | None = None
     if continued is None and outliers.begin is not None:
@@ -1025,6 +1193,7 @@ def ingest(
             (c.late_job_events, c.late_inventory, c.late_job_max_ms,
              c.late_overcharged_ms, c.late_undercharged_ms) = counted
     never_ingested = read_origin(states) is None
+    replaced_from = None if continued is not None or never_ingested else floor_hour(first)
     if continued is None and not afresh and never_ingested:
         # nothing was ingested here before: facts in these hours came from elsewhere
         refuse_replacing(processor.warehouse.store, (floor_hour(first), newest), None,
@@ -1036,7 +1205,11 @@ def ingest(
     # the facts of imports in these hours become this ingest's
     _forget_imports(processor.warehouse.store, (floor_hour(first), newest))
     processor.add_rejects(all_rejects)
-    run = Run(uuid.uuid4().hex, first)
+    seen = inventory_keys(frames["inventory"])
+    if continued is not None:  # the history up to the state it goes on from, and this
+        fitting = [x for x in saved_states(states) if x.closed == continued]
+        seen |= _inventory_of_run(states, fitting[0].folder) if fitting else set()
+    run = Run(uuid.uuid4().hex, first, frozenset(seen))
     open_from: datetime | None = None
 
     def before_flush() -> None:
@@ -1057,4 +1230,5 @@ def ingest(
                         processor.counters, continued,
                         closed_to=max(closed) if closed else None, open_from=open_from,
                         facts_begin=outliers.begin if take_early is not None else None,
-                        early=early)
+                        early=early, held=held, held_before=held_before,
+                        replaced_from=replaced_from)
