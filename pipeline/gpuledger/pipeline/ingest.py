@@ -135,10 +135,6 @@ class Run:
     id: str
     start: datetime
     """Its input's first event."""
-    inventory: frozenset[str] = frozenset()
-    """The inventory records the history up to its states holds (:func:`inventory_keys`:
-    also those its book pruned), written with them: a piece given with them again leaves
-    them out (:func:`drop_held_inventory`)."""
 
 
 @dataclass(frozen=True)
@@ -482,8 +478,7 @@ def save_state(processor: Processor, root: Store, keep: int | None, run: Run
     CheckpointStore(root.child(folder), "ingest").save(
         processor, {}, {p: {} for p in processor.held})
     root.write(f"{folder}/{RUN_FILE}", json.dumps(
-        {"run": run.id, "from": run.start.astimezone(UTC).isoformat(),
-         "inventory": sorted(run.inventory)}).encode())
+        {"run": run.id, "from": run.start.astimezone(UTC).isoformat()}).encode())
     for name in _LEGACY:  # an earlier release's state that could not be read
         root.delete(name)
     if keep is None:
@@ -992,28 +987,6 @@ def first_record_before(paths: Sequence[Path], before: datetime,
 _NODE_STATE = [c for c in INVENTORY_STATE_SCHEMA.names() if c != "time"]
 
 
-def inventory_keys(inventory: pl.DataFrame) -> set[str]:
-    """Each inventory record's node state and time, as a short digest."""
-    return set(_keys_in_order(inventory))
-
-
-def _inventory_of_run(root: Store, folder: str) -> set[str]:
-    """The inventory records a state's run recorded as held (none: an earlier
-    release's, or not readable)."""
-    try:
-        data = root.read(f"{folder}/{RUN_FILE}")
-        keys = None if data is None else json.loads(data).get("inventory")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return set()
-    return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
-
-
-def _keys_in_order(inventory: pl.DataFrame) -> list[str]:
-    rows = inventory.select(INVENTORY_STATE_SCHEMA.names()).with_columns(
-        pl.col("time").dt.strftime("%Y-%m-%dT%H:%M:%S%.3f")).rows()
-    return [hashlib.sha256(repr(r).encode()).hexdigest()[:24] for r in rows]
-
-
 def _state_book(root: Store, folder: str) -> pl.DataFrame | None:
     """The inventory book of a saved state (None: it cannot be read)."""
     try:
@@ -1087,9 +1060,7 @@ def drop_held_inventory(frames: dict[RecordType, pl.DataFrame], root: Store
     book = _state_book(root, state.folder)
     if book is None:  # not readable: continue_previous says so where it matters
         return frames, 0, None, set()
-    recorded = _inventory_of_run(root, state.folder)
-    known = pl.Series([k in recorded for k in _keys_in_order(inventory)], dtype=pl.Boolean)
-    held = (_held(inventory, book) | known) & (inventory["time"] < state.closed)
+    held = _held(inventory, book) & (inventory["time"] < state.closed)
     if not held.any():
         return frames, 0, state.closed, set()
     keys = {(n, t) for n, t in inventory.filter(held).select("node", "time").iter_rows()}
@@ -1205,11 +1176,7 @@ def ingest(
     # the facts of imports in these hours become this ingest's
     _forget_imports(processor.warehouse.store, (floor_hour(first), newest))
     processor.add_rejects(all_rejects)
-    seen = inventory_keys(frames["inventory"])
-    if continued is not None:  # the history up to the state it goes on from, and this
-        fitting = [x for x in saved_states(states) if x.closed == continued]
-        seen |= _inventory_of_run(states, fitting[0].folder) if fitting else set()
-    run = Run(uuid.uuid4().hex, first, frozenset(seen))
+    run = Run(uuid.uuid4().hex, first)
     open_from: datetime | None = None
 
     def before_flush() -> None:
