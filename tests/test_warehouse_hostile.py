@@ -469,8 +469,8 @@ def test_a_damaged_hourly_file_stops_compact_in_one_line_naming_it(
     err = capsys.readouterr().err   # (the bar, where it stopped, then the line)
     assert err.endswith(f"\ngpuledger: error: {hour}: not a readable Parquet file (parquet: "
                         "File out of specification: The file must end with PAR1 or PARE): "
-                        "the day is not compacted; restore the object, or ingest its hour "
-                        "again\n"), err
+                        "the day is not compacted; restore it, or ingest (or import) the "
+                        "whole history again in one run, which writes it anew\n"), err
     assert "Traceback" not in err and "100.0%" not in err
     assert main(["compact", "--force", "--before", "2026-01-07T00:00Z",
                  "--warehouse", str(good)]) == 0

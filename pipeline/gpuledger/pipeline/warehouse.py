@@ -861,8 +861,12 @@ def _check_footer(file: Path, named: str) -> None:
         pl.read_parquet_schema(file)
     except Exception as exc:  # Polars' ComputeError, an OSError of the reader
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        from gpuledger.pipeline.processor import MERGED_TABLES  # (it imports this module)
+
+        table = re.search(r"(?:^|/)facts/([^/]+)/", named)
+        merged = table is not None and table.group(1) in MERGED_TABLES
         raise StoreError(f"{named}: not a readable Parquet file ({reason}): the day is "
-                         "not compacted; restore the object, or ingest its hour again") from None
+                         f"not compacted; {REPAIR_MERGED if merged else REPAIR}") from None
 
 
 def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
