@@ -275,3 +275,23 @@ def test_a_warehouse_of_schema_files_alone_is_read_as_empty(
     assert main(["query", "--format", "csv", "select count(*) AS n from gpu_minute",
                  "--warehouse", str(root)]) == 0
     assert capsys.readouterr().out == "n\n0\n"
+
+
+def test_a_damaged_object_a_run_merges_into_is_one_line_with_what_works(
+        tmp_path: Path) -> None:
+    """A helper garbled a job_attempts hour (a merged table) and processed the hour
+    again: the writer reads that object to merge rows into it, and stopped with Polars'
+    ComputeError traceback. Now a StoreError (one line at the command) names it and
+    says what works: a new warehouse."""
+    from gpuledger.pipeline.store import StoreError
+    from gpuledger.pipeline.warehouse import REPAIR_MERGED
+
+    root = _process(tmp_path / "wh")
+    garbled = _object(root, "job_attempts")
+    garbled.write_bytes(b"\0" * garbled.stat().st_size)   # its size, not Parquet
+    with pytest.raises(StoreError) as caught:
+        _process(root)
+    message = str(caught.value)
+    assert message.startswith(f"{root}/facts/job_attempts/date=2026-01-05/job_attempts-"
+                              "2026-01-05T10") and "not a readable Parquet file" in message
+    assert message.endswith(REPAIR_MERGED) and "\n" not in message

@@ -206,9 +206,16 @@ class Warehouse:
         return self.store.url_of(obj if isinstance(obj, str) else path)
 
     def read(self, path: str, suffix: str | None = None) -> pl.DataFrame | None:
-        """The published (or about to be) content of the logical file ``path``."""
+        """The published (or about to be) content of the logical file ``path``; a
+        :class:`StoreError` naming it when it is not Parquet (an ingest merging rows
+        into a damaged object stopped with Polars' traceback)."""
         data = self.read_bytes(path, suffix)
-        return None if data is None else pl.read_parquet(io.BytesIO(data))
+        if data is None:
+            return None
+        try:
+            return pl.read_parquet(io.BytesIO(data))
+        except Exception as exc:  # Polars' ComputeError, an OSError of the reader
+            raise StoreError(f"{self.store.url_of(path)}: {_unreadable(exc, path)}") from None
 
     def write_part(
         self, table: str, when: datetime, frame: pl.DataFrame, sort_by: list[str],
@@ -860,13 +867,20 @@ def _check_footer(file: Path, named: str) -> None:
     try:
         pl.read_parquet_schema(file)
     except Exception as exc:  # Polars' ComputeError, an OSError of the reader
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        from gpuledger.pipeline.processor import MERGED_TABLES  # (it imports this module)
+        raise StoreError(f"{named}: {_unreadable(exc, named, 'the day is not compacted')}"
+                         ) from None
 
-        table = re.search(r"(?:^|/)facts/([^/]+)/", named)
-        merged = table is not None and table.group(1) in MERGED_TABLES
-        raise StoreError(f"{named}: not a readable Parquet file ({reason}): the day is "
-                         f"not compacted; {REPAIR_MERGED if merged else REPAIR}") from None
+
+def _unreadable(exc: BaseException, named: str, what: str = "") -> str:
+    """Why the object ``named`` could not be read, and what repairs it (:data:`REPAIR`,
+    or :data:`REPAIR_MERGED` for an object of a merged table)."""
+    from gpuledger.pipeline.processor import MERGED_TABLES  # (it imports this module)
+
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    table = re.search(r"(?:^|/)facts/([^/]+)/", named)
+    merged = table is not None and table.group(1) in MERGED_TABLES
+    return (f"not a readable Parquet file ({reason})" + (f": {what}" if what else "")
+            + f"; {REPAIR_MERGED if merged else REPAIR}")
 
 
 def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
