@@ -232,7 +232,11 @@ def read_origin(root: Store, key: str = "first") -> datetime | None:
     """Where the history ingested into the warehouse so far starts (``first``: its first
     event), from where its states are stale (``stale_from``) or where the earliest state
     that was pruned closed (``pruned``), or None (not known, none)."""
-    doc = _origin_doc(root)
+    return _doc_time(_origin_doc(root), key)
+
+
+def _doc_time(doc: dict[str, Any] | None, key: str) -> datetime | None:
+    """The time ``doc[key]`` of an ``origin.json`` read, or None (none, not a time)."""
     try:
         return None if doc is None or doc.get(key) is None else datetime.fromisoformat(
             doc[key]).astimezone(UTC)
@@ -248,14 +252,14 @@ def _keep_origin(root: Store, first: datetime, stale_from: datetime | None,
     closed, null while none was (the key is left out where an earlier release, which did
     not record it, wrote the file: not known)."""
     doc = _origin_doc(root)
-    old_first = read_origin(root)
+    old_first = _doc_time(doc, "first")
     first = first if old_first is None else min(first, old_first)
     out: dict[str, Any] = {
         "first": first.astimezone(UTC).isoformat(),
         "stale_from": None if stale_from is None else stale_from.astimezone(UTC).isoformat(),
     }
     if doc is None or "pruned" in doc:
-        old_pruned = read_origin(root, "pruned")
+        old_pruned = _doc_time(doc, "pruned")
         least = min((t for t in (pruned, old_pruned) if t is not None), default=None)
         out["pruned"] = None if least is None else least.astimezone(UTC).isoformat()
     root.write(ORIGIN, json.dumps(out).encode())
@@ -267,7 +271,7 @@ def _pruned_at_or_before(root: Store, states: list[SavedState], first: datetime)
     many runs' states as pruning leaves."""
     doc = _origin_doc(root)
     if doc is not None and "pruned" in doc:
-        pruned = read_origin(root, "pruned")
+        pruned = _doc_time(doc, "pruned")
         return pruned is not None and pruned <= first
     return len(_pairs(states)) >= KEEP_STATES
 
@@ -627,8 +631,7 @@ def import_begin(frames: Mapping[RecordType, pl.DataFrame]) -> datetime | None:
     begins where it does. The records before it only update the books (the pod's
     attempt, the node's capacity), as the early records of an ingest do
     (:func:`set_aside_outliers`); a warning says so."""
-    times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
-        if any(not f.is_empty() for f in frames.values()) else None
+    times = _event_times(frames)
     if times is None:
         return None
     first, q1, q3 = times.select(pl.col("time").min(),
@@ -643,6 +646,12 @@ def import_begin(frames: Mapping[RecordType, pl.DataFrame]) -> datetime | None:
                 "update the books", early, (q1 - first).total_seconds() / 86400,
                 f"{q1:%Y-%m-%d %H:%M} UTC", f"{start:%Y-%m-%d %H:%M} UTC")
     return start
+
+
+def _event_times(frames: Mapping[RecordType, pl.DataFrame]) -> pl.DataFrame | None:
+    """The ``time`` column of every record of ``frames``, in one frame; None without any."""
+    times = [f.select("time") for f in frames.values() if not f.is_empty()]
+    return pl.concat(times) if times else None
 
 
 def has_jobs(frames: Mapping[Any, pl.DataFrame]) -> bool:
@@ -883,8 +892,7 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     (a submission dated six years early) made the run walk those years, writing
     gigabytes of empty facts; the facts then begin there, and such records only update
     the books (the node's capacity, the job's attempt), as a window of a history does."""
-    times = pl.concat([f.select("time") for f in frames.values() if not f.is_empty()]) \
-        if any(not f.is_empty() for f in frames.values()) else None
+    times = _event_times(frames)
     if times is None or times.height < 20:
         return frames, Outliers(pl.DataFrame(schema=REJECT_SCHEMA))
     lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
