@@ -760,9 +760,7 @@ def _objects(store: Store, sizes: dict[str, int]) -> Any:
         say which, rather than DuckDB's short read of a nameless "Python file"."""
         expected = sizes.get(bare)
         if expected is not None and expected != size:
-            raise OSError(f"s3://{bare}: damaged: it holds {size} bytes where the "
-                          f"generation's manifest says {expected} (cut short or replaced "
-                          "since it was written)")
+            raise OSError(f"s3://{bare}: {size_damage(size, expected)}")
 
     return Objects(store.fs)
 
@@ -872,15 +870,26 @@ def _check_footer(file: Path, named: str) -> None:
 
 
 def _unreadable(exc: BaseException, named: str, what: str = "") -> str:
-    """Why the object ``named`` could not be read, and what repairs it (:data:`REPAIR`,
-    or :data:`REPAIR_MERGED` for an object of a merged table)."""
+    """Why the object ``named`` could not be read, and what repairs it (:func:`_repair`)."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (f"not a readable Parquet file ({reason})" + (f": {what}" if what else "")
+            + f"; {_repair(named)}")
+
+
+def _repair(named: str) -> str:
+    """What repairs the damaged object ``named`` (a path or URL holding
+    ``facts/<table>/``): :data:`REPAIR_MERGED` for a merged table's, else :data:`REPAIR`."""
     from gpuledger.pipeline.processor import MERGED_TABLES  # (it imports this module)
 
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     table = re.search(r"(?:^|/)facts/([^/]+)/", named)
-    merged = table is not None and table.group(1) in MERGED_TABLES
-    return (f"not a readable Parquet file ({reason})" + (f": {what}" if what else "")
-            + f"; {REPAIR_MERGED if merged else REPAIR}")
+    return REPAIR_MERGED if table is not None and table.group(1) in MERGED_TABLES \
+        else REPAIR
+
+
+def size_damage(size: int, expected: int) -> str:
+    """What an object of ``size`` bytes is, whose manifest records ``expected``."""
+    return (f"damaged: it holds {size} bytes where the generation's manifest says "
+            f"{expected} (cut short or replaced since it was written)")
 
 
 def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
@@ -993,18 +1002,14 @@ def unreadable_object(store: Store, text: str, sizes: Mapping[str, int]) -> str 
     except StoreError:
         return None
     expected = sizes.get(obj)
-    from gpuledger.pipeline.processor import MERGED_TABLES  # (it imports this module)
-    merged = obj.split("/")[1] in MERGED_TABLES
     if size is None:
         return (f"{url}: missing: the published generation names this object, but the "
                 f"store has none; {REPAIR}")
     if expected is not None and size != expected:
-        return (f"{url}: damaged: it holds {size} bytes where the generation's manifest "
-                f"says {expected} (cut short or replaced since it was written); "
-                f"{REPAIR_MERGED if merged else REPAIR}")
+        return f"{url}: {size_damage(size, expected)}; {_repair(obj)}"
     if any(word in text.lower() for word in _NOT_PARQUET):
         return (f"{url}: damaged: the published generation names this object, but it is "
-                f"not a readable Parquet file; {REPAIR_MERGED if merged else REPAIR}")
+                f"not a readable Parquet file; {_repair(obj)}")
     return None
 
 
