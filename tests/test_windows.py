@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 import pytest
 from conftest import Facts
-from events import alloc, at, inventory, job, series
+from events import alloc, at, frames, inventory, job, series
 
 from gpuledger.pipeline import query
+from gpuledger.pipeline.config import ProcessorConfig
+from gpuledger.pipeline.processor import Processor
+from gpuledger.pipeline.warehouse import Warehouse
 
 
 def _base() -> list[dict[str, object]]:
@@ -174,3 +178,26 @@ def test_a_job_history_sent_again_is_duplicates_and_its_new_attempt(
     assert attempts["attempt"].to_list() == [0, 1]
     assert attempts["allocated_gpu_hours"].to_list() == pytest.approx([4 / 60, 3 / 60])
     assert facts.processor.jobs.counters.duplicates == 2 + 5
+
+
+def test_events_before_a_window_are_early_not_late(tmp_path: Path) -> None:
+    """A window of a history (``begin_at``) counts the events before its first minute
+    early, not late, while no minute is closed: they only update the books, and no
+    closed minute is wrong for them. Before, every one was counted late (and ingest
+    had to take them back out of the late counters by hand). An event before the window
+    that comes once minutes are closed is late: it changed what those minutes held."""
+    proc = Processor(ProcessorConfig(), Warehouse(tmp_path / "w"))
+    proc.begin_at(at(5))
+    proc.process(frames([inventory("n1", at(0), gpus=2), job("submitted", "j", at(1)),
+                         job("started", "j", at(2), allocation=alloc("n1", 0)),
+                         *series("n1", 0, at(5), 20, sm=0.5, jobs=["j"])]),
+                 validated=True)
+    c = proc.counters
+    assert (c.early_job_events, c.early_inventory) == (2, 1)
+    assert (c.late_job_events, c.late_inventory, c.late_job_max_ms) == (0, 0, 0)
+    assert proc.closed_until is not None and proc.closed_until > at(5)
+    proc.process(frames([job("finished", "j", at(4)), inventory("n1", at(4), gpus=2)]),
+                 validated=True)
+    assert (c.early_job_events, c.early_inventory) == (2, 1)
+    assert (c.late_job_events, c.late_inventory) == (1, 1)
+    assert c.late_overcharged_ms > 0   # j held its GPU in the closed minutes from 10:05

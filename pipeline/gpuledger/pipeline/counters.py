@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-GLOBAL = {"late_job_events", "late_inventory", "duplicate_job_events",
+GLOBAL = {"late_job_events", "late_inventory", "early_job_events", "early_inventory",
+          "duplicate_job_events",
           "out_of_order_job_events", "minutes_closed", "late_overcharged_ms",
           "late_undercharged_ms", "late_job_max_ms"}
 """Counters every shard counts alike: shards combine by their maximum, not their sum."""
@@ -21,6 +22,12 @@ class Counters:
     late_telemetry: int = 0
     late_job_events: int = 0
     late_inventory: int = 0
+    early_job_events: int = 0
+    """Job events dated before the processor's first minute that came before any minute
+    was closed (a window of a history, facts that begin after far-early records): they
+    update the books only, and no closed minute is wrong for them, so they are not late."""
+    early_inventory: int = 0
+    """Inventory records dated before the processor's first minute (as above)."""
     duplicate_samples: int = 0
     duplicate_job_events: int = 0
     out_of_order_job_events: int = 0

@@ -812,13 +812,12 @@ def feed_in_time_order(
     until: datetime | None = None,
     before_flush: Callable[[], None] | None = None,
     begin: datetime | None = None,
-    after_first: Callable[[], None] | None = None,
 ) -> None:
     """Feed validated frames to ``processor`` in event-time slices, then flush (every
     minute before ``until`` when given, else up to the newest event); ``before_flush``
     runs once every slice is in, before the flush. ``begin``: the slices start there,
     the events before it all in the first (the processor began there: they only update
-    its books); ``after_first`` runs once that first slice is processed."""
+    its books, and it counts them early)."""
     # (an importer's frames come in time order: not sorted again, but in one chunk, as
     # the sort left them: sliced by day from several chunks, 14 days of a 10,240-GPU
     # cluster took 30 % more CPU)
@@ -848,9 +847,6 @@ def feed_in_time_order(
                 offsets[kind] = stop
         # the last slice's minutes are closed by the flush below, in the same pass
         processor.process(batch, validated=True, close=end <= last)
-        if after_first is not None:
-            after_first()
-            after_first = None
         start = end
         if on_progress is not None:
             on_progress(min((start - first).total_seconds() / total, 1.0))
@@ -1155,22 +1151,9 @@ def ingest(
         processor, states, first, afresh, last=newest,
         locate=lambda before: first_record_before(paths, before, frames, all_rejects,
                                                   held_keys))
-    early: dict[str, int] = {}
-    take_early: Callable[[], None] | None = None
-    if continued is None and outliers.begin is not None:
-        processor.begin_at(outliers.begin)
-        c = processor.counters
-        counted = (c.late_job_events, c.late_inventory, c.late_job_max_ms,
-                   c.late_overcharged_ms, c.late_undercharged_ms)
-
-        def take_early() -> None:
-            # the first slice holds every record before the start, after which it closes:
-            # those its processor counted late are the early ones, and no other (a sample
-            # that early was set aside, the rest come at or after the start)
-            early.update(job=c.late_job_events - counted[0],
-                         inventory=c.late_inventory - counted[1])
-            (c.late_job_events, c.late_inventory, c.late_job_max_ms,
-             c.late_overcharged_ms, c.late_undercharged_ms) = counted
+    began = continued is None and outliers.begin is not None
+    if began:
+        processor.begin_at(cast(datetime, outliers.begin))
     never_ingested = read_origin(states) is None
     replaced_from = None if continued is not None or never_ingested else floor_hour(first)
     if continued is None and not afresh and never_ingested:
@@ -1192,7 +1175,7 @@ def ingest(
         open_from = save_inside_last_minute(processor, states, run, continued)
 
     feed_in_time_order(processor, frames, on_progress, before_flush=before_flush,
-                       begin=outliers.begin, after_first=take_early)
+                       begin=outliers.begin)
     closed = [processor.part_closed[p] for p in processor.held if p in processor.part_closed]
     stale = read_origin(states, "stale_from")
     if continued is None and closed and _forget_later(states, max(closed)):
@@ -1204,6 +1187,8 @@ def ingest(
     return IngestResult({k: f.height for k, f in frames.items()}, all_rejects,
                         processor.counters, continued,
                         closed_to=max(closed) if closed else None, open_from=open_from,
-                        facts_begin=outliers.begin if take_early is not None else None,
-                        early=early, held=held, held_before=held_before,
+                        facts_begin=outliers.begin if began else None,
+                        early={"job": processor.counters.early_job_events,
+                               "inventory": processor.counters.early_inventory},
+                        held=held, held_before=held_before,
                         replaced_from=replaced_from)

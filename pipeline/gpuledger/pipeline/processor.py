@@ -400,7 +400,11 @@ class Processor:
         if "inventory" in frames:
             inv = frames["inventory"]
             if closed is not None:
-                self.counters.late_inventory += inv.filter(pl.col("time") < closed).height
+                before = inv.filter(pl.col("time") < closed).height
+                if self._nothing_closed():
+                    self.counters.early_inventory += before
+                else:
+                    self.counters.late_inventory += before
             self._bump_other(inv)
             self.inventory.apply(inv)
         if "job" in frames:
@@ -419,6 +423,9 @@ class Processor:
         are late: counted, and since closed minutes are not rewritten, so is the
         allocated time those minutes got wrong each way (``facts/late_allocation.py``)."""
         late = jobs.filter(pl.col("time") < closed) if closed is not None else jobs.clear()
+        if self._nothing_closed():
+            self.counters.early_job_events += late.height
+            return self.jobs.apply(jobs)
         self.counters.late_job_events += late.height
         if late.is_empty() or closed is None or self.started is None:
             return self.jobs.apply(jobs)
@@ -433,6 +440,13 @@ class Processor:
         first: datetime = late["time"].min()  # type: ignore[assignment]
         c.late_job_max_ms = max(c.late_job_max_ms, int((closed - first).total_seconds() * 1000))
         return refused
+
+    def _nothing_closed(self) -> bool:
+        """Whether no minute is closed yet though the first minute is set (a window of a
+        history, :meth:`begin_at`): events before it then only update the books, and no
+        closed minute is wrong for them; they are early, not late."""
+        return (self.closed_until is not None and self.started is not None
+                and self.closed_until <= self.started)
 
     def _first_minute(self, frames: list[pl.DataFrame]) -> datetime:
         """Where the processor starts: the first minute of its first events, leaving out
