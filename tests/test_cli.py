@@ -336,7 +336,8 @@ def test_records_dated_before_the_facts_begin_are_said_early_not_late(
     path.write_bytes(jsonl(recs))
     assert main(["ingest", "--quiet", "--warehouse", str(tmp_path / "wh"), str(path)]) == 0
     err = capsys.readouterr().err
-    assert ("early: 1 job event and 1 inventory record dated before 2025-12-05 10:00 UTC, "
+    # the facts begin 31 days before the first quartile of the event times (10:04)
+    assert ("early: 1 job event and 1 inventory record dated before 2025-12-05 10:04 UTC, "
             "where the facts begin (far before the bulk of the input): they only updated the "
             "books") in err, err
     assert "late:" not in err, err

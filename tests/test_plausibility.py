@@ -198,20 +198,40 @@ def test_a_record_years_before_the_bulk_only_updates_the_books(
     """A node's record and a long job's submission and start dated 400 days before a
     1-hour burst: the run walked those days (a submission six years early wrote 2.1 GB
     in 14 CPU-minutes before a probe killed it). The facts now begin 31 days before the
-    burst; the early records still give the node its capacity and the job its attempt,
-    charged from there."""
+    first quartile of the event times (14 minutes into the burst); the early records
+    still give the node its capacity and the job its attempt, charged from there."""
     burst = at(0)
     result = _early_and_burst(tmp_path, at(-400 * 24 * 60), burst)
     assert result.rejects.is_empty()
     assert "the facts begin at" in caplog.text and "31 days before it" in caplog.text
     attempts = read_table(tmp_path / "wh", "job_attempts")
     long = attempts.filter(pl.col("job_id") == "long")["allocated_gpu_hours"].item()
-    assert long * 3600 == pytest.approx(31 * 86400 + 61 * 60, abs=60)
+    assert "first quartile 2026-01-05 10:14 UTC" in caplog.text
+    assert long * 3600 == pytest.approx(31 * 86400 + (61 - 14) * 60, abs=60)
     short = attempts.filter(pl.col("job_id") != "long")["allocated_gpu_hours"]
     assert short.len() == 400 and short.sum() * 3600 == pytest.approx(400 * 4)
     hourly = read_table(tmp_path / "wh", "gpu_hourly")
     assert hourly["hour"].min() >= burst - timedelta(days=31, hours=1)
     assert hourly["gpu_hours"].sum() == pytest.approx(8 * (31 * 24 + 2), rel=0.01)
+
+
+def test_a_few_records_one_of_them_far_early_do_not_walk_the_time_between(
+        tmp_path: Path) -> None:
+    """Ten records, one submission 200 days before the rest: ingest set nothing aside
+    under 20 records, so the run walked the 200 days minute by minute (a probe's one
+    six years early took 95 s) and wrote facts for all of them. The rule of imports
+    (quartiles, whatever the count) now applies: the facts begin 31 days before the
+    bulk, and the early submission only updates the books."""
+    recs = [job("submitted", "old", at(-200 * 24 * 60)), inventory("n1", at(0), gpus=1)]
+    recs += [job("submitted", f"s{i}", at(i)) for i in range(8)]
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(jsonl(recs))
+    result = ingest([path], tmp_path / "wh", ProcessorConfig())
+    assert result.facts_begin is not None
+    assert result.facts_begin >= at(0) - timedelta(days=31, minutes=1)
+    assert result.early == {"job": 1, "inventory": 0}
+    hourly = read_table(tmp_path / "wh", "gpu_hourly")
+    assert hourly["hour"].min() >= at(0) - timedelta(days=31, hours=1)
 
 
 def test_allocations_no_inventory_knows_are_counted_and_said(

@@ -352,16 +352,10 @@ def continue_previous(processor: Processor, root: Store, first: datetime,
                 if not inside and not _pruned_at_or_before(root, states, first):
                     earliest = states[-1].closed
                     which = None if locate is None else locate(earliest)
-                    raise IngestRefused(
-                        "the input holds records older than the end of the history "
-                        f"already ingested ({origin:%Y-%m-%d %H:%M} to "
-                        f"{states[0].closed:%Y-%m-%d %H:%M} UTC) and than every saved state "
-                        "a piece can go on from (the earliest closes at "
-                        f"{earliest:%Y-%m-%d %H:%M} UTC), "
-                        f"{which or f'the first at {first:%Y-%m-%d %H:%M:%S} UTC'}: a "
-                        "later piece cannot add them. Ingest the whole history again with "
-                        "this input, every file in one run (into this warehouse or a new "
-                        "one)")
+                    raise _older_than_history(
+                        origin, states[0].closed, "every saved state a piece can go on "
+                        f"from (the earliest closes at {earliest:%Y-%m-%d %H:%M} UTC)",
+                        which or f"the first at {first:%Y-%m-%d %H:%M:%S} UTC")
                 why = (f"it starts inside the last minute of the piece that closed at "
                        f"{inside[0]:%Y-%m-%d %H:%M} UTC, and a state inside a piece's last "
                        f"minute is kept for the {INSIDE_KEPT} pieces closed furthest only"
@@ -602,7 +596,7 @@ def import_history(
         frames.clear()
     begin = None
     if processor.started is None:
-        begin = import_begin(good)
+        begin = facts_begin(good, "import")
         if begin is not None:
             processor.begin_at(begin)
     span = _import_span(processor, good, until)
@@ -622,16 +616,23 @@ def import_history(
     return rejected
 
 
-def import_begin(frames: Mapping[RecordType, pl.DataFrame]) -> datetime | None:
-    """Where an import's facts begin when a few of its records come far before the rest
-    (a pod list of sixteen pods, one created two years before the others, had the import
-    walk those two years minute by minute: more than five minutes, hundreds of files),
-    else None. Far is more than :data:`EARLY_FACTS`, and twice the spread of the middle
-    half of its event times, before their first quartile: a history spread over months
-    begins where it does. The records before it only update the books (the pod's
-    attempt, the node's capacity), as the early records of an ingest do
-    (:func:`set_aside_outliers`); a warning says so."""
-    times = _event_times(frames)
+def facts_begin(frames: Mapping[RecordType, pl.DataFrame], what: str) -> datetime | None:
+    """Where the facts of an import or an ingest (``what``: "import", "input") begin
+    when a few of its records come far before the rest, else None. A pod list of sixteen
+    pods, one created two years before the others, had an import walk those two years
+    minute by minute (more than five minutes, hundreds of files); a submission dated six
+    years early made an ingest write gigabytes of empty facts. Far is more than
+    :data:`EARLY_FACTS`, and twice the spread of the middle half of the event times,
+    before their first quartile: a history spread over months begins where it does. The
+    records before it only update the books (the pod's attempt, the node's capacity; the
+    processor counts them early); a warning says so. One rule for every input, however
+    few its records (quartiles, not percentiles: the 1st percentile of sixteen times is
+    the first)."""
+    return _begin(_event_times(frames), what)
+
+
+def _begin(times: pl.DataFrame | None, what: str) -> datetime | None:
+    """:func:`facts_begin` of the event times ``times``."""
     if times is None:
         return None
     first, q1, q3 = times.select(pl.col("time").min(),
@@ -641,10 +642,11 @@ def import_begin(frames: Mapping[RecordType, pl.DataFrame]) -> datetime | None:
     if first >= start:
         return None
     early = times.filter(pl.col("time") < start).height
-    log.warning("%d record(s) come up to %.1f days before the bulk of the import (first "
-                "quartile %s): the facts begin at %s, and the records before that only "
-                "update the books", early, (q1 - first).total_seconds() / 86400,
-                f"{q1:%Y-%m-%d %H:%M} UTC", f"{start:%Y-%m-%d %H:%M} UTC")
+    log.warning("%d record(s) come up to %.1f days before the bulk of the %s (first "
+                "quartile %s): the facts begin at %s, %.0f days before it, and the records "
+                "before that only update the books", early,
+                (q1 - first).total_seconds() / 86400, what, f"{q1:%Y-%m-%d %H:%M} UTC",
+                f"{start:%Y-%m-%d %H:%M} UTC", (q1 - start).total_seconds() / 86400)
     return start
 
 
@@ -884,47 +886,38 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     for being early: a node's record written when it joined, or a long job's submission
     and start, precede the bulk of a history by days (setting them aside left the nodes
     without capacity and the jobs without attempts); the run then covers that time, and
-    a warning says so. Up to :data:`EARLY_FACTS` (or the margin, if more): one earlier
-    (a submission dated six years early) made the run walk those years, writing
-    gigabytes of empty facts; the facts then begin there, and such records only update
-    the books (the node's capacity, the job's attempt), as a window of a history does."""
+    a warning says so. Further before (:func:`facts_begin`, the rule of imports too), the
+    facts begin later, and such records only update the books (the node's capacity, the
+    job's attempt), as a window of a history does."""
     times = _event_times(frames)
+    begin = _begin(times, "input")
     if times is None or times.height < 20:
-        return frames, Outliers(pl.DataFrame(schema=REJECT_SCHEMA))
+        return frames, Outliers(pl.DataFrame(schema=REJECT_SCHEMA), begin)
     lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
                           pl.col("time").quantile(0.99, "higher").alias("h")).row(0)
     w = config.windows
     margin = max(hi - lo, OUTLIER_MARGIN)
-    early = lo - max(timedelta(seconds=w.max_behind_s), margin)
+    behind = lo - max(timedelta(seconds=w.max_behind_s), margin)
     late = hi + max(timedelta(seconds=w.max_ahead_s), margin)
     fmt = "%Y-%m-%dT%H:%M:%S%.3fZ"
     kept: dict[RecordType, pl.DataFrame] = {}
     out: list[pl.DataFrame] = []
-    before = pl.col("time") < pl.lit(early).cast(TIME_DTYPE)
-    start = (lo - max(EARLY_FACTS, margin)).replace(second=0, microsecond=0)
-    begin: datetime | None = None
+    before = pl.col("time") < pl.lit(behind).cast(TIME_DTYPE)
+    # no sample before the facts begin; other records there only update the books
+    facts = (pl.lit(True) if begin is None
+             else pl.col("time") >= pl.lit(begin).cast(TIME_DTYPE))
     for kind, frame in frames.items():
         outside = pl.col("time") > pl.lit(late).cast(TIME_DTYPE)
         if kind == "telemetry":
-            outside = outside | before
+            outside = outside | before | ~facts
         elif not frame.is_empty():
-            early_rows = frame.filter(before)
-            if early_rows.height:
-                first = early_rows["time"].min()
-                days = (lo - first).total_seconds() / 86400
-                if first < start:
-                    begin = start
-                    log.warning("%s %s record(s) come up to %.1f days before the bulk of "
-                                "the input (1st percentile %s): the facts begin at %s, "
-                                "%.0f days before it, and the records before that only "
-                                "update the books", early_rows.height, kind, days,
-                                f"{lo:%Y-%m-%d %H:%M} UTC", f"{start:%Y-%m-%d %H:%M} UTC",
-                                (lo - start).total_seconds() / 86400)
-                else:
-                    log.warning("%s %s record(s) come %.1f days before the bulk of the "
-                                "input (1st percentile %s): the facts cover the time "
-                                "between", early_rows.height, kind, days,
-                                f"{lo:%Y-%m-%d %H:%M} UTC")
+            between = frame.filter(before & facts)
+            if between.height:
+                log.warning("%s %s record(s) come %.1f days before the bulk of the input "
+                            "(1st percentile %s): the facts cover the time between",
+                            between.height, kind,
+                            (lo - between["time"].min()).total_seconds() / 86400,
+                            f"{lo:%Y-%m-%d %H:%M} UTC")
         bad = frame.filter(outside)
         kept[kind] = frame.filter(~outside) if not bad.is_empty() else frame
         if bad.is_empty():
@@ -1084,22 +1077,28 @@ def _refuse_older_inventory(paths: Sequence[Path], frames: Mapping[RecordType, p
             or inventory.filter(pl.col("time") < before).is_empty():
         return
     states = saved_states(root)
-    origin = read_origin(root)
     which = first_record_before(paths, before, frames, rejects, held)
-    span = ("" if origin is None or not states else
-            f" ({origin:%Y-%m-%d %H:%M} to {states[0].closed:%Y-%m-%d %H:%M} UTC)")
-    raise IngestRefused(
+    older = cast(datetime, inventory.filter(pl.col("time") < before)["time"].min())
+    raise _older_than_history(
+        read_origin(root), states[0].closed if states else None,
+        f"the saved state it can go on from (closed at {before:%Y-%m-%d %H:%M} UTC), "
+        "inventory records that the history does not hold (other node states)",
+        which or f"the first at {older:%Y-%m-%d %H:%M:%S} UTC")
+
+
+def _older_than_history(origin: datetime | None, end: datetime | None, than: str,
+                        which: str) -> IngestRefused:
+    """The refusal of an input holding records older than the end of the history
+    ingested (from ``origin`` to ``end``, when known) and than ``than`` (the saved
+    states it could go on from), the first of them ``which``: a later piece cannot add
+    them, only the whole history again can."""
+    span = ("" if origin is None or end is None else
+            f" ({origin:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC)")
+    return IngestRefused(
         f"the input holds records older than the end of the history already ingested"
-        f"{span} and than the saved state it can go on from (closed at "
-        f"{before:%Y-%m-%d %H:%M} UTC), inventory records that the history does not hold"
-        f" (other node states), {which or 'the first ' + _first_at(inventory, before)}: a"
-        " later piece cannot add them. Ingest the whole history again with this input, "
-        "every file in one run (into this warehouse or a new one)")
-
-
-def _first_at(inventory: pl.DataFrame, before: datetime) -> str:
-    older = inventory.filter(pl.col("time") < before).sort("time")
-    return f"at {older['time'][0]:%Y-%m-%d %H:%M:%S} UTC"
+        f"{span} and than {than}, {which}: a later piece cannot add them. Ingest the "
+        "whole history again with this input, every file in one run (into this warehouse "
+        "or a new one)")
 
 
 def ingest(
