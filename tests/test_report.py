@@ -714,3 +714,63 @@ def test_the_pages_charts_do_not_carry_the_last_digits_of_parallel_sums() -> Non
     two = {"charts": [{"series": [15.454166665999999, 2.0, None, "x", float("inf")]}]}
     assert json.dumps(_steady(one)) == json.dumps(_steady(two))
     assert _steady(one)["charts"][0]["series"] == [15.454166666, 2.0, None, "x", float("inf")]
+
+
+def _top_jobs_report(team: str, rows: int = 3) -> Report:
+    """A report of the top wasting jobs alone, made up (no warehouse): ``rows`` jobs of
+    the team ``team`` with figures of thousands."""
+    from gpuledger.pipeline.analyst_report.answers import Answer, Window
+
+    section = next(s for s in SECTIONS if s.key == "top_jobs")
+    columns = ["job_id", "attempt", "job_label", "team", "job_type", "card_type",
+               "held_card_type", "gpus", "allocated", "waste", "used_pct", "status"]
+    data = [(f"10000{24 + k}", 0, f"10000{24 + k}", team, "training", None,
+             "H100-SXM5-80GB", 8, 1282.34 + k, 1046.35 + k, 18.25, "finished")
+            for k in range(rows)]
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    return Report(Window(start, start + timedelta(hours=6)),
+                  [Answer(section, columns, data, columns, data)])
+
+
+@pytest.mark.parametrize("width", [40, 60, 80])
+def test_narrow_tables_keep_ids_and_figures_whole_and_name_what_they_leave_out(
+        width: int) -> None:
+    """At 40 and 60 columns rich cropped job ids ('1000024' as '100002') and split
+    figures over lines ('1,282.' over '3'); a 500-character team at 80 columns left the
+    figures one or two characters wide and dropped columns without naming them. Now the
+    name gives way (shortened with '…'), ids and figures are whole on one line, and a
+    column with no room is named under the table."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from gpuledger.pipeline.analyst_report.numbers import cell
+    from gpuledger.pipeline.analyst_report.terminal import print_report
+
+    team = "team-with-a-very-long-name-" * 18 + "END"
+    report = _top_jobs_report(team)
+    out = StringIO()
+    print_report(report, Console(file=out, width=width), top=TOP)
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert team not in text.replace("\n", "") and "team-wi" in text  # the name gave way
+    table, _, rest = text.partition("Also in the HTML report: ")
+    hidden = [t.strip() for t in rest.split(".\n")[0].replace("\n", " ").split(",")]
+    words = table.split()
+    a = report.answers[0]
+    for c in a.section.columns:
+        if not c.terminal:
+            continue
+        if c.title in hidden:
+            continue
+        for header_word in c.title.split():   # headers whole, never broken mid-word
+            assert header_word in words, (c.title, header_word)
+        for r in a.rows:
+            value = cell(r[a.columns.index(c.name)], c)
+            if c.numeric or c.key:
+                assert value in words, (c.name, value)  # whole, on one line
+    assert "1000024" in words
+    if width == 80:  # a long name takes no figure's room
+        assert not [c for c in a.section.columns if c.terminal and c.title in hidden]
+    if width == 40:  # no room for the figures of three columns: named
+        assert {"Allocated (GPU-h)", "Waste (GPU-h)", "Used of allocated (%)"} <= set(hidden)
