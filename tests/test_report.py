@@ -75,7 +75,11 @@ MEASURE = """<script>(function () {
     });
     out.svgs.push({chart: svg.parentNode.id, width: b.width, texts: texts, clipped: clipped,
                    lines: svg.querySelectorAll("path.series").length,
-                   bars: svg.querySelectorAll("rect.bar").length});
+                   bars: svg.querySelectorAll("rect.bar").length,
+                   barWidths: Array.prototype.map.call(svg.querySelectorAll("rect.bar"),
+                     function (r) { return r.getBoundingClientRect().width; }),
+                   titles: Array.prototype.map.call(svg.querySelectorAll("text > title"),
+                     function (t) { return t.textContent; })});
   });
   var pre = document.createElement("pre");
   pre.id = "layout";
@@ -443,9 +447,9 @@ def test_the_old_layout_check_can_fail(report: Report, tmp_path: Path,
     """The measurements above catch a clipped label: a chart script that rotates its
     labels past the SVG's edge is found out."""
     script = report_html._script().replace(
-        '"text-anchor": "end",\n                  "class": "label"',
+        '"text-anchor": "end",\n                              "class": "label"',
         '"text-anchor": "end", transform: "rotate(-35 " + (M.left - 8) + " " + '
-        '(y0 + rowH / 2 + 4) + ")",\n                  "class": "label"')
+        '(y0 + rowH / 2 + 4) + ")",\n                              "class": "label"')
     assert script != report_html._script()
     monkeypatch.setattr(report_html, "_script", lambda: script)
     out = tmp_path / "rotated.html"
@@ -774,3 +778,41 @@ def test_narrow_tables_keep_ids_and_figures_whole_and_name_what_they_leave_out(
         assert not [c for c in a.section.columns if c.terminal and c.title in hidden]
     if width == 40:  # no room for the figures of three columns: named
         assert {"Allocated (GPU-h)", "Waste (GPU-h)", "Used of allocated (%)"} <= set(hidden)
+
+
+def _waste_team_report(teams: list[str]) -> Report:
+    """A report of the waste by team alone, made up (no warehouse)."""
+    from gpuledger.pipeline.analyst_report.answers import Answer, Window
+
+    section = next(s for s in SECTIONS if s.key == "waste_team")
+    columns = ["team", "allocated", "used", "idle", "inefficient", "waste", "no_telemetry",
+               "used_pct", "idle_share_pct"]
+    data = [(team, 40.0 - k, 20.0, 5.0 + k, 10.0 - k, 15.0, 0.0, 50.0, 20.0)
+            for k, team in enumerate(teams)]
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    return Report(Window(start, start + timedelta(hours=6)),
+                  [Answer(section, columns, data, columns, data)])
+
+
+def test_a_long_name_leaves_the_charts_and_tables_their_room(tmp_path: Path) -> None:
+    """A 500-character team: the bar chart measured its label margin from the whole name
+    and drew every bar 0 wide (its ticks piled up at the right), and its table grew to
+    6,000 px. Now the chart's labels are shortened (the full name in their <title>) and
+    the table's names wrap."""
+    long = "team-with-a-very-long-name-" * 18 + "END"
+    report = _waste_team_report(["llm-core", long, "vision"])
+    page = tmp_path / "long.html"
+    page.write_text(report_html.render_html(report, "wh", datetime(2026, 1, 6), TOP),
+                    encoding="utf-8")
+    layout = open_in_chromium(page, tmp_path).layout
+    assert layout["scrollWidth"] <= WIDTH
+    (svg,) = layout["svgs"]
+    assert svg["clipped"] == []
+    assert svg["bars"] == 6 and min(svg["barWidths"]) > 20
+    labels = [t["text"] for t in svg["texts"] if t["cls"] == "label"]
+    assert labels[0] == "llm-core" and labels[2] == "vision"
+    shown = labels[1][:labels[1].index("…") + 1]    # (textContent: the label, its title)
+    assert len(shown) <= 32 and long.startswith(shown[:-1]) and labels[1] == shown + long
+    assert long in svg["titles"]
+    ticks = [t["text"] for t in svg["texts"] if t["cls"] == "tick"]
+    assert len(ticks) >= 3

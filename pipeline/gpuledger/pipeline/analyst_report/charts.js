@@ -49,6 +49,14 @@
     return w;
   }
 
+  /* A name as a chart shows it: at most `most` characters (a 500-character team took
+     the whole width and left the bars none); the full name goes in its <title>. */
+  var LABEL_MOST = 32;
+  function shortName(text, most) {
+    var chars = Array.from(text);
+    return chars.length > most ? chars.slice(0, most - 1).join("") + "\u2026" : text;
+  }
+
   function colour(series, i) { return series.colour || COLOURS[i % COLOURS.length]; }
 
   function legend(host, series) {
@@ -60,7 +68,8 @@
       var swatch = document.createElement("i");
       swatch.style.background = colour(s, i);
       item.appendChild(swatch);
-      item.appendChild(document.createTextNode(s.name));
+      item.appendChild(document.createTextNode(shortName(s.name, LABEL_MOST)));
+      item.title = s.name;
       box.appendChild(item);
     });
     host.appendChild(box);
@@ -83,8 +92,13 @@
     var rowH = spec.stacked || per === 1 ? 24 : 8 + 12 * per;
     var svg = el("svg", {width: W, height: 10, role: "img", "class": "chart-svg"}, host);
     el("title", {}, svg, spec.title);
-    var labelW = Math.max.apply(null, cats.map(function (c) {
-      return textWidth(svg, c, "label"); }).concat([0]));
+    var most = LABEL_MOST, shown, labelW;
+    do {  // labels take at most about 40 % of the width
+      shown = cats.map(function (c) { return shortName(c, most); });
+      labelW = Math.max.apply(null, shown.map(function (c) {
+        return textWidth(svg, c, "label"); }).concat([0]));
+      most -= 4;
+    } while (labelW > 0.4 * W && most >= 8);
     var M = {top: 8, right: 24, bottom: 40, left: Math.ceil(labelW) + 16};
     var plotW = W - M.left - M.right, plotH = rowH * cats.length;
     var H = M.top + plotH + M.bottom;
@@ -107,8 +121,9 @@
        svg, spec.unit);
     cats.forEach(function (cat, c) {
       var y0 = M.top + rowH * c, base = 0;
-      el("text", {x: M.left - 8, y: y0 + rowH / 2 + 4, "text-anchor": "end",
-                  "class": "label"}, svg, cat);
+      var label = el("text", {x: M.left - 8, y: y0 + rowH / 2 + 4, "text-anchor": "end",
+                              "class": "label"}, svg, shown[c]);
+      if (shown[c] !== cat) { el("title", {}, label, cat); }
       series.forEach(function (s, k) {
         var v = Math.max(s.values[c] || 0, 0);
         var bh = spec.stacked || per === 1 ? rowH - 8 : 10;

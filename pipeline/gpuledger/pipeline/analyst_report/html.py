@@ -25,13 +25,15 @@ table{border-collapse:collapse;margin:.5em 0 .6em;font-size:13px}
 th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:bottom}
 th{background:#f5f5f5;font-weight:600} th.n{text-align:right} th .u{white-space:nowrap}
 td{white-space:nowrap} td.n{text-align:right;font-variant-numeric:tabular-nums}
+td.t{white-space:normal;overflow-wrap:anywhere;min-width:6em;max-width:20em}
 td.blank{color:#777;font-style:italic} details{margin:0 0 1em} summary{cursor:pointer;
 color:#335}
 .chart-svg{display:block;max-width:100%} .chart-svg .grid{stroke:#e6e6e6}
 .chart-svg .axis{stroke:#999} .chart-svg .tick{font-size:11px;fill:#555}
 .chart-svg .label{font-size:12px;fill:#333} .chart-svg .unit{font-size:11px;fill:#333}
 .legend{margin:.2em 0 .4em} .legend span{margin-right:1em;font-size:12px;
-white-space:nowrap} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+display:inline-block;overflow-wrap:anywhere}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 #script-errors{color:#b00020;white-space:pre-wrap}
 """
 
@@ -107,7 +109,10 @@ def _rows_html(a: Answer, rows: list[tuple[Any, ...]]) -> str:
         tds = []
         named = dict(zip(a.columns, r, strict=True))
         for i, c in zip(index, columns, strict=True):
-            classes = [k for k, on in (("n", c.numeric), ("blank", r[i] is None)) if on]
+            # names (not ids, not figures) wrap: a 500-character team made tables 6,000 px
+            name = not c.numeric and not c.key and r[i] is not None
+            classes = [k for k, on in (("n", c.numeric), ("t", name), ("blank", r[i] is None))
+                       if on]
             attr = f' class="{" ".join(classes)}"' if classes else ""
             tds.append(f"<td{attr}>{html.escape(cell(r[i], c, named))}</td>")
         out.append(f"<tr>{''.join(tds)}</tr>")
