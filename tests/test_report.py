@@ -816,3 +816,46 @@ def test_a_long_name_leaves_the_charts_and_tables_their_room(tmp_path: Path) -> 
     assert long in svg["titles"]
     ticks = [t["text"] for t in svg["texts"] if t["cls"] == "tick"]
     assert len(ticks) >= 3
+
+
+NARROW = """<script>(function () {
+  var out = {innerWidth: window.innerWidth, scrollWidth: document.documentElement.scrollWidth,
+             tables: [], svgs: []};
+  document.querySelectorAll("table").forEach(function (t) {
+    var box = t.parentNode;
+    out.tables.push({scrolls: getComputedStyle(box).overflowX === "auto",
+                     right: box.getBoundingClientRect().right});
+  });
+  document.querySelectorAll("svg.chart-svg").forEach(function (svg) {
+    var r = svg.getBoundingClientRect(), vb = svg.viewBox.baseVal;
+    out.svgs.push({scale: r.width / vb.width, height: r.height,
+                   drawnHeight: r.width * vb.height / vb.width});
+  });
+  var pre = document.createElement("pre");
+  pre.id = "layout";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();</script>"""
+
+
+def test_a_narrow_window_scrolls_the_tables_and_keeps_the_charts_readable(
+        html_file: Path, tmp_path: Path) -> None:
+    """At 400 px the tables overflowed the page with nothing to scroll them, and the
+    charts, drawn 900 wide and shrunk, had 4-px text and empty bands above and below.
+    Each table now scrolls in its own box, and charts are drawn at the width they have
+    (at least 420: shrunk no more than a little), as tall as they are drawn."""
+    probe = tmp_path / "narrow.html"
+    probe.write_text(html_file.read_text(encoding="utf-8").replace("</body>",
+                                                                   NARROW + "</body>"),
+                     encoding="utf-8")
+    proc = _chromium_run(tmp_path, "--window-size=400,900", "--dump-dom", probe.as_uri())
+    m = re.search(r'<pre id="layout">(.*?)</pre>', proc.stdout, re.S)
+    assert m, proc.stderr[-2000:]
+    layout = json.loads(m.group(1))
+    assert layout["scrollWidth"] <= layout["innerWidth"] <= 500  # (headless: 500 at least)
+    assert layout["tables"] and all(t["scrolls"] and t["right"] <= layout["innerWidth"]
+                                    for t in layout["tables"])
+    assert layout["svgs"]
+    for svg in layout["svgs"]:
+        assert svg["scale"] >= 0.8                       # 11-px ticks stay 9 px or more
+        assert abs(svg["height"] - svg["drawnHeight"]) < 2   # no empty bands

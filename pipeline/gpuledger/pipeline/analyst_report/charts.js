@@ -10,7 +10,8 @@
   var NS = "http://www.w3.org/2000/svg";
   var COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
                  "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
-  var W = 900;
+  var W = 900;        // a chart's width: its box's, from MIN_W (it scrolls) to WIDEST
+  var WIDEST = 900, MIN_W = 420;
   var MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
                 "Nov", "Dec"];
   var HOUR = 3600 * 1000;
@@ -109,7 +110,8 @@
       return spec.stacked ? values.reduce(function (a, b) { return a + b; }, 0)
                           : Math.max.apply(null, values);
     });
-    var scale = niceTicks(Math.max.apply(null, totals.concat([0])), 6);
+    var scale = niceTicks(Math.max.apply(null, totals.concat([0])),
+                          Math.max(2, Math.min(6, Math.floor(plotW / 90))));
     function px(v) { return M.left + plotW * v / scale.max; }
     scale.ticks.forEach(function (v) {
       el("line", {x1: px(v), x2: px(v), y1: M.top, y2: M.top + plotH, "class": "grid"}, svg);
@@ -157,7 +159,7 @@
     var all = [];
     spec.series.forEach(function (s) { s.points.forEach(function (p) { all.push(p); }); });
     var scale = niceTicks(Math.max.apply(null, all.map(function (p) { return p[1]; })
-                                                  .concat([0])), 5);
+                                                  .concat([0])), W < 600 ? 4 : 5);
     var H = 300;
     var svg = el("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img",
                          "class": "chart-svg"}, host);
@@ -223,6 +225,9 @@
   var drawn = 0;
   payload.charts.forEach(function (spec) {
     var host = document.getElementById(spec.id);
+    // drawn at the width it has, so that its text keeps its size (a 900-wide drawing
+    // shrunk to 370 px had 4-px ticks and empty bands above and below)
+    W = Math.max(MIN_W, Math.min(WIDEST, Math.floor(host.clientWidth || WIDEST)));
     if (spec.kind === "line") { lines(host, spec); } else { bars(host, spec); }
     drawn += 1;
   });

@@ -28,7 +28,8 @@ td{white-space:nowrap} td.n{text-align:right;font-variant-numeric:tabular-nums}
 td.t{white-space:normal;overflow-wrap:anywhere;min-width:6em;max-width:20em}
 td.blank{color:#777;font-style:italic} details{margin:0 0 1em} summary{cursor:pointer;
 color:#335}
-.chart-svg{display:block;max-width:100%} .chart-svg .grid{stroke:#e6e6e6}
+.scroll{overflow-x:auto} .chart{overflow-x:auto}
+.chart-svg{display:block;max-width:100%;height:auto} .chart-svg .grid{stroke:#e6e6e6}
 .chart-svg .axis{stroke:#999} .chart-svg .tick{font-size:11px;fill:#555}
 .chart-svg .label{font-size:12px;fill:#333} .chart-svg .unit{font-size:11px;fill:#333}
 .legend{margin:.2em 0 .4em} .legend span{margin-right:1em;font-size:12px;
@@ -132,17 +133,20 @@ def _table(a: Answer, top: int) -> str:
                    for c in columns)
     thead = f"<thead><tr>{head}</tr></thead>"
     if not a.rows:
-        return (f'<table>{thead}<tbody><tr><td colspan="{len(columns)}" class="blank">'
-                f"{NO_ROWS}</td></tr></tbody></table>")
-    text = f"<table>{thead}<tbody>{_rows_html(a, a.rows[:top])}</tbody></table>"
+        return (f'<div class="scroll"><table>{thead}<tbody><tr><td colspan="{len(columns)}"'
+                f' class="blank">{NO_ROWS}</td></tr></tbody></table></div>')
+    # each table scrolls sideways in its own box: at 400 px they overflowed the page
+    text = (f'<div class="scroll"><table>{thead}<tbody>{_rows_html(a, a.rows[:top])}'
+            "</tbody></table></div>")
     rest = a.rows[top:]
     if rest:
         more = f"{len(rest):,} more rows"
         if len(a.rows) >= MAX_ROWS:
             more += f" (the first {MAX_ROWS:,} in all; the views of sql/20_analyst.sql have " \
                     "every one)"
-        text += (f"<details><summary>{html.escape(more)}</summary><table>{thead}<tbody>"
-                 f"{_rows_html(a, rest)}</tbody></table></details>")
+        text += (f"<details><summary>{html.escape(more)}</summary><div class=\"scroll\">"
+                 f"<table>{thead}<tbody>{_rows_html(a, rest)}</tbody></table></div>"
+                 "</details>")
     return text
 
 
