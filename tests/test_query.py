@@ -91,7 +91,7 @@ def test_cli_query_formats_and_errors(warehouse: Path, capsys: pytest.CaptureFix
     assert main(["query", "--warehouse", str(warehouse), "DELETE FROM gpu_minute"]) == 2
     assert "only read-only" in capsys.readouterr().err
     assert main(["query", "--warehouse", str(warehouse / "nope"), "SELECT 1"]) == 2
-    assert "not a gpuledger warehouse" in capsys.readouterr().err
+    assert f"{warehouse / 'nope'}: no such folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])

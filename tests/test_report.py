@@ -474,7 +474,11 @@ def test_a_broken_script_is_caught(report: Report, tmp_path: Path,
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "--warehouse", str(tmp_path / "nope")]) == 2
-    assert "not a gpuledger warehouse" in capsys.readouterr().err
+    # a mistyped path said 'not a gpuledger warehouse (nothing published yet)', as an
+    # empty folder does
+    assert f"{tmp_path / 'nope'}: no such folder" in capsys.readouterr().err
+    assert main(["report", "--warehouse", str(tmp_path)]) == 2
+    assert "not a gpuledger warehouse (nothing published yet)" in capsys.readouterr().err
     assert main(["report", "--warehouse", str(tmp_path), "--since", "2026-01-05T02:00Z",
                  "--until", "2026-01-05T01:00Z"]) == 2
     assert "--since must be before --until" in capsys.readouterr().err

@@ -57,6 +57,7 @@ import duckdb
 from rich.cells import cell_len
 
 from gpuledger.pipeline import temp_folders
+from gpuledger.pipeline.location import is_url
 from gpuledger.pipeline.store import Store, StoreError
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.terminal_fit import printable
@@ -131,6 +132,9 @@ def connect(warehouse: str | Path, threads: int | None = None,
         raise QueryError(str(exc)) from None
     if not snapshot.generations and not all(
             store.exists(f"{FACTS}/{t}/{SCHEMA_FILE}") for t in TABLE_SCHEMAS):
+        if not is_url(warehouse) and not Path(warehouse).expanduser().exists():
+            # a mistyped path read like an empty warehouse ("nothing published yet")
+            raise QueryError(f"{warehouse}: no such folder")
         raise QueryError(f"{store.url}: not a gpuledger warehouse (nothing published yet)")
     temp_folders.sweep(SPILL_PREFIX)
     spill = temp_folders.make(SPILL_PREFIX)
