@@ -863,3 +863,15 @@ def test_a_narrow_window_scrolls_the_tables_and_keeps_the_charts_readable(
     for svg in layout["svgs"]:
         assert svg["scale"] >= 0.8                       # 11-px ticks stay 9 px or more
         assert abs(svg["height"] - svg["drawnHeight"]) < 2   # no empty bands
+
+
+def test_the_data_span_rounds_half_up_as_every_number() -> None:
+    """15 minutes of data read 'Data: … (0.2 h)': the span was rounded by binary
+    formatting (half to even), the report's numbers by :func:`number` (half up)."""
+    from gpuledger.pipeline.analyst_report.answers import Window
+
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    assert Window(start, start + timedelta(minutes=15)).text().endswith("(0.3 h)")
+    assert Window(start, start + timedelta(minutes=45)).text().endswith("(0.8 h)")
+    assert Window(start, start + timedelta(days=4, hours=3)).text().endswith("(4.1 days)")
+    assert Window(start, start + timedelta(hours=6)).text().endswith("(6 h)")

@@ -11,7 +11,7 @@ from typing import Any
 import duckdb
 
 from gpuledger.pipeline import query
-from gpuledger.pipeline.analyst_report.numbers import when
+from gpuledger.pipeline.analyst_report.numbers import number, when
 from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, fill
 
 MAX_ROWS = 100
@@ -76,8 +76,9 @@ class Window:
         if start is None or end is None or end <= start:
             return "no data in this window"
         hours = (end - start).total_seconds() / 3600
+        # rounded as every number of the report (a half up: 15 minutes read "0.2 h")
         span = f"{hours:,.0f} h" if hours < 72 and hours == int(hours) else \
-            f"{hours:,.1f} h" if hours < 72 else f"{hours / 24:,.1f} days"
+            f"{number(hours, 1)} h" if hours < 72 else f"{number(hours / 24, 1)} days"
         return f"{when(start)} – {when(end)} UTC ({span})"
 
 
