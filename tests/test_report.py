@@ -259,7 +259,9 @@ def test_terminal_fits_80_columns_and_keeps_job_ids_whole(
         assert job_id in words, job_id                      # the whole id, as one word
     top_part = out.split("Top wasting jobs")[1].split("Why do big jobs wait")[0]
     assert top.rows[3][0] not in top_part.split()
-    assert f"… and {len(top.rows) - 3}" in top_part or "… and more rows" in top_part
+    # every overflow line counts the rows left out ('… and more rows' did not)
+    assert (f"… and {len(top.rows) - 3} more rows" if len(top.rows) < 100 else
+            f"… and at least {len(top.rows) - 3} more rows") in top_part
 
 
 def test_a_section_with_no_rows_says_so_in_one_line(
@@ -875,3 +877,17 @@ def test_the_data_span_rounds_half_up_as_every_number() -> None:
     assert Window(start, start + timedelta(minutes=45)).text().endswith("(0.8 h)")
     assert Window(start, start + timedelta(days=4, hours=3)).text().endswith("(4.1 days)")
     assert Window(start, start + timedelta(hours=6)).text().endswith("(6 h)")
+
+
+def test_the_overflow_line_of_a_full_table_counts_the_rows_left_out() -> None:
+    """A table that read its 100 rows said '… and more rows' with no count (the others:
+    '… and 15 more rows'); it says how many at least now."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from gpuledger.pipeline.analyst_report.terminal import print_report
+
+    out = StringIO()
+    print_report(_top_jobs_report("t", rows=100), Console(file=out, width=80), top=TOP)
+    assert "… and at least 90 more rows: the HTML report folds up to 100" in out.getvalue()

@@ -143,8 +143,9 @@ def print_report(report: Report, console: Console, top: int) -> None:
         if len(a.rows) > top:
             more = (f"… and {len(a.rows) - top:,} more rows: gpuledger report --html FILE "
                     "folds them under the table" if len(a.rows) < MAX_ROWS else
-                    f"… and more rows: the HTML report folds up to {MAX_ROWS:,} in all, the "
-                    "views of sql/20_analyst.sql have every one")
+                    # the section read MAX_ROWS rows: how many more there are is unknown
+                    f"… and at least {len(a.rows) - top:,} more rows: the HTML report folds "
+                    f"up to {MAX_ROWS:,} in all, the views of sql/20_analyst.sql have every one")
             console.print(more, style="dim", overflow="fold")
         if hidden and a.rows:
             console.print(f"Also in the HTML report: {', '.join(c.title for c in hidden)}.",
