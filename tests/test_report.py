@@ -891,3 +891,28 @@ def test_the_overflow_line_of_a_full_table_counts_the_rows_left_out() -> None:
     out = StringIO()
     print_report(_top_jobs_report("t", rows=100), Console(file=out, width=80), top=TOP)
     assert "… and at least 90 more rows: the HTML report folds up to 100" in out.getvalue()
+
+
+def test_right_to_left_overrides_in_names_are_isolated_or_shown() -> None:
+    """A job id and a team holding U+202E (right-to-left override) read reversed: in the
+    terminal the id '‮1000015' showed as '5100001', in HTML the override ran on over the
+    cells after it. The terminal shows the controls as escapes; HTML isolates each name
+    and id in <bdi>."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from gpuledger.pipeline.analyst_report.terminal import print_report
+
+    report = _top_jobs_report("e\u202eLT\u2066x\u2069")
+    a = report.answers[0]
+    rows = [("\u202e" + r[0], *r[1:]) for r in a.rows]
+    report = replace(report, answers=[replace(a, rows=rows)])
+    out = StringIO()
+    print_report(report, Console(file=out, width=120), top=TOP)
+    text = out.getvalue()
+    assert not {"\u202e", "\u2066", "\u2069"} & set(text)
+    assert "\\u202e1000024" in text.split() and "e\\u202eLT\\u2066x\\u2069" in text.split()
+    page = report_html.render_html(report, "wh", datetime(2026, 1, 6), TOP)
+    assert "<td><bdi>\u202e1000024</bdi></td>" in page
+    assert '<td class="t"><bdi>e\u202eLT\u2066x\u2069</bdi></td>' in page

@@ -132,8 +132,9 @@
         var y = spec.stacked || per === 1 ? y0 + 4 : y0 + 4 + 12 * k;
         var r = el("rect", {x: px(base), y: y, width: Math.max(px(base + v) - px(base), 0),
                             height: bh, fill: colour(s, k), "class": "bar"}, svg);
-        el("title", {}, r, cat + " — " + s.name + ": " + fmt(v, spec.decimals) + " " +
-           spec.unit);
+        // names isolated (U+2068 … U+2069): a right-to-left override read reversed
+        el("title", {}, r, "\u2068" + cat + "\u2069 — \u2068" + s.name + "\u2069: " +
+           fmt(v, spec.decimals) + " " + spec.unit);
         if (spec.stacked) { base += v; }
       });
     });

@@ -34,6 +34,7 @@ color:#335}
 .chart-svg .label{font-size:12px;fill:#333} .chart-svg .unit{font-size:11px;fill:#333}
 .legend{margin:.2em 0 .4em} .legend span{margin-right:1em;font-size:12px;
 display:inline-block;overflow-wrap:anywhere}
+.chart-svg .label,.legend span{unicode-bidi:isolate}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 #script-errors{color:#b00020;white-space:pre-wrap}
 """
@@ -115,7 +116,10 @@ def _rows_html(a: Answer, rows: list[tuple[Any, ...]]) -> str:
             classes = [k for k, on in (("n", c.numeric), ("t", name), ("blank", r[i] is None))
                        if on]
             attr = f' class="{" ".join(classes)}"' if classes else ""
-            tds.append(f"<td{attr}>{html.escape(cell(r[i], c, named))}</td>")
+            text = html.escape(cell(r[i], c, named))
+            if not c.numeric and r[i] is not None:  # each name and id isolated: one with
+                text = f"<bdi>{text}</bdi>"  # a right-to-left override read reversed
+            tds.append(f"<td{attr}>{text}</td>")
         out.append(f"<tr>{''.join(tds)}</tr>")
     return "".join(out)
 
