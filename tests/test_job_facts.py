@@ -92,6 +92,24 @@ def test_gpu_and_memory_advice_counts_only_the_gpus_that_reported(
     assert memory["gpu_hours"] == pytest.approx(1.0 * (1 - 1_000 / 81_559))
 
 
+def test_an_idle_notebook_is_weighed_on_the_hours_it_reported(
+        process: Callable[..., Facts]) -> None:
+    """An interactive job holds 2 GPUs for 30 minutes: n1/0 idle throughout, n1/1 never
+    reports. Idle 0.5 of 1.0 allocated GPU-hours was not "more than half", so it went
+    unadvised; of the 0.5 observed GPU-hours it was idle all 0.5."""
+    recs = [inventory("n1", at(0), gpus=2),
+            job("submitted", "nb", at(0), gpus=2, job_type="interactive"),
+            job("started", "nb", at(0), allocation=alloc("n1", 0, 1)),
+            job("finished", "nb", at(30))]
+    recs += series("n1", 0, at(0), 30, sm=0.0, mem=1_000.0)
+    facts = process(recs)
+    rec = {r["kind"]: r for r in facts.table("recommendations").iter_rows(named=True)}
+    idle = rec["release_idle"]
+    assert idle["gpu_hours"] == pytest.approx(0.5)
+    assert idle["evidence"] == ("0.5 of 0.5 observed GPU-hours idle "
+                                "(0.5 more without telemetry)")
+
+
 def test_no_gpu_advice_when_the_only_idle_doubt_is_missing_telemetry(
         process: Callable[..., Facts]) -> None:
     """4 GPUs, 2 report at 0.9, 2 never report: "2 of 4 idle" was advised before."""

@@ -10,7 +10,7 @@ what is at stake, so teams can sort by it. Rules:
 ``reduce_gpus``    at least 25 % of the job's observed GPUs stayed idle (at least two
                    observed)
 ``improve_efficiency`` busy-but-inefficient: mean activity under the efficiency threshold
-``release_idle``   an interactive job idle for more than half of its GPU-hours
+``release_idle``   an interactive job idle for more than half of its observed GPU-hours
 ``preemption_candidate`` running, preemptible, borrowed or low priority, checkpointable
 ``backfill_candidate`` pending, preemptible, fits the largest free block now (of its
                    card type; a job of any card type: of some card type of its pool)
@@ -106,11 +106,17 @@ def for_attempts(attempts: pl.DataFrame, config: ProcessorConfig) -> pl.DataFram
         ),
         (
             "release_idle",
+            # idle more than half the time it was seen: hours without telemetry are
+            # neither idle nor busy (they kept a notebook idle all it reported unadvised)
             (pl.col("job_type") == "interactive")
-            & (pl.col("idle_gpu_hours") > 0.5 * pl.col("allocated_gpu_hours")),
+            & (pl.col("idle_gpu_hours") > 0.5 * pl.col("observed_gpu_hours")),
             pl.col("idle_gpu_hours"),
             _num(pl.col("idle_gpu_hours")) + pl.lit(" of ")
-            + _num(pl.col("allocated_gpu_hours")) + pl.lit(" GPU-hours idle"),
+            + _num(pl.col("observed_gpu_hours")) + pl.lit(" observed GPU-hours idle")
+            + pl.when(pl.col("allocated_gpu_hours") > pl.col("observed_gpu_hours") + 1e-9)
+            .then(pl.lit(" (") + _num(pl.col("allocated_gpu_hours")
+                                      - pl.col("observed_gpu_hours"))
+                  + pl.lit(" more without telemetry)")).otherwise(pl.lit("")),
             pl.lit("add an idle timeout to notebooks, or move them to shared/fractional GPUs"),
         ),
     ]
