@@ -481,6 +481,36 @@ def test_tz_a_repeated_hour_is_read_so_that_the_times_keep_their_order(
     ]
 
 
+def test_tz_a_requeued_jobs_attempts_in_a_repeated_hour_come_one_after_another(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Europe/Berlin on 2026-10-25 repeats 02:00–02:59. Job 7 ran from 01:40 to 02:50
+    summer time (23:40–00:50 UTC), was requeued, submitted again at 02:10 and started
+    at 02:20 winter time (01:10, 01:20 UTC) and ended at 03:30 (02:30 UTC). Each line
+    read alone kept its own times in order with summer time, so the second attempt began
+    at 00:20 UTC, 30 minutes before the first ended: the first was cut to 40 minutes,
+    the second charged 130 (170 in all, 30 invented). The second line is now read in
+    winter time, after the first attempt's end: 70 + 70 minutes."""
+    line = "7|7|x|a|u|gpu|n|1|{0}|{1}|{2}|{3}|0:0|gres/gpu=1|gres/gpu=1|gpu-1"
+    day = "2026-10-25T"
+    root, out = _import_tz(
+        tmp_path, capsys, "Europe/Berlin",
+        line.format(f"{day}01:30:00", f"{day}01:40:00", f"{day}02:50:00", "REQUEUED"),
+        line.format(f"{day}02:10:00", f"{day}02:20:00", f"{day}03:30:00", "COMPLETED"))
+    assert "bad line" not in out, out
+    assert ("2 line(s) with times in a repeated hour (DST end), read as the first "
+            "occurrence, 1 of them with the second") in out, out
+    got = _sql(root, "SELECT attempt, started_at, ended_at, allocated_gpu_hours * 60 "
+                     "FROM attempts ORDER BY attempt")
+
+    def utc(hms: str) -> datetime:
+        return datetime.fromisoformat(f"{day}{hms}").replace(tzinfo=UTC)
+
+    assert got.rows() == [
+        (0, utc("00:00:00") - timedelta(minutes=20), utc("00:50:00"), pytest.approx(70)),
+        (1, utc("01:20:00"), utc("02:30:00"), pytest.approx(70)),
+    ]
+
+
 def test_the_zone_times_are_read_in_is_said(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,8 +59,9 @@ Rules:
   2000: such an event is rejected alone);
 * times without an offset are read in ``tz`` (default UTC: export with ``TZ=UTC sacct``),
   a time that occurs twice (DST fall-back) as the occurrence that keeps its line's times
-  in order, the first where both do (:func:`_times`), counted (``repeated_hour``); every
-  time is converted to UTC.
+  in order, the first where both do (:func:`_times`), and a requeued job's attempts
+  one after another (:func:`_in_turn`), counted (``repeated_hour``); every time is
+  converted to UTC.
 """
 
 from __future__ import annotations
@@ -220,6 +221,12 @@ class _Line:
     gpu_type: str | None
     nodes: list[str]
     indices: list[tuple[str, int]] | None
+    later: tuple[tuple[datetime, datetime | None, datetime | None], ...] = ()
+    second: bool = False
+    """Whether a time of the line is read as its second occurrence (counted once)."""
+    """Other readings of times in a repeated hour (DST end) that keep the line in order,
+    each with one more time read as its second occurrence (:func:`_times`): for an
+    attempt that, read as taken, begins before the one before it ended (:func:`_in_turn`)."""
 
 
 class _BadLine(Exception):
@@ -263,13 +270,17 @@ def _utc(value: datetime, tz: tzinfo, column: str, text: str, fold: int = 0) -> 
 TIMES = ("Submit", "Start", "End")
 
 
+_Times = tuple[datetime, datetime | None, datetime | None]
+
+
 def _times(values: tuple[datetime, datetime | None, datetime | None], tz: tzinfo,
            row: dict[str, str]
-           ) -> tuple[tuple[datetime, datetime | None, datetime | None], list[str], bool]:
+           ) -> tuple[_Times, list[str], bool, tuple[_Times, ...]]:
     """A line's Submit, Start and End in UTC, the columns whose local time ``tz``
     repeats (the hour the clocks go back: each reads as the first occurrence, summer
-    time, or the second), and whether one was read as the second. Of the readings the
-    one that keeps the times in order is taken, the first occurrence preferred, Submit's
+    time, or the second), whether one was read as the second, and the later readings
+    that keep the times in order too (for :func:`_in_turn`). Of the readings the one
+    that keeps the times in order is taken, the first occurrence preferred, Submit's
     first (a job whose End is in winter time and Start in summer time, both written
     02:xx, ran for minutes, not minus forty). When no reading does, the first
     occurrences are given (:func:`_check_line` names the line)."""
@@ -280,17 +291,19 @@ def _times(values: tuple[datetime, datetime | None, datetime | None], tz: tzinfo
         submit, start, end = (None if v is None else _utc(v, tz, c, row[c])
                               for c, v in zip(TIMES, values, strict=True))
         assert submit is not None
-        return (submit, start, end), repeated, False
-    readings = []
+        return (submit, start, end), repeated, False, ()
+    readings: list[tuple[_Times, bool]] = []
     for folds in itertools.product((0, 1), repeat=len(repeated)):
         fold = dict(zip(repeated, folds, strict=True))
         submit, start, end = (None if v is None else _utc(v, tz, c, row[c], fold.get(c, 0))
                               for c, v in zip(TIMES, values, strict=True))
         assert submit is not None
-        if _out_of_order(submit, start, end) is None:
-            return (submit, start, end), repeated, any(folds)
-        readings.append((submit, start, end))
-    return readings[0], repeated, False
+        readings.append(((submit, start, end), _out_of_order(submit, start, end) is None))
+    ordered = [r for r, ok in readings if ok]
+    if not ordered:
+        return readings[0][0], repeated, False, ()
+    taken = next(k for k, (_r, ok) in enumerate(readings) if ok)
+    return ordered[0], repeated, taken > 0, tuple(ordered[1:])
 
 
 def _gres_idx(text: str, nodes: list[str]) -> list[tuple[str, int]] | None:
@@ -560,7 +573,7 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 raise _BadLine(f"{gpus:,} GPUs on {len(nodes):,} node(s) ({hostlist[:80]}): "
                                f"{per_node:,} on a node, more than a node can have "
                                f"({MAX_GPUS_PER_NODE:,})")
-            (submit, start, end), repeated, second = _times(
+            (submit, start, end), repeated, second, later = _times(
                 (submitted, _parse(row["Start"], where, "Start"),
                  _parse(row["End"], where, "End")), tz, row)
             line = _Line(
@@ -571,7 +584,7 @@ def _read_file(path: Path, tz: tzinfo, result: SacctImport, seen: set[bytes],
                 state=sys.intern(row["State"].split()[0].upper()) if row["State"].strip()
                 else "",
                 submit=submit, start=start, end=end, gpus=gpus, gpu_type=gpu_type,
-                nodes=nodes, indices=indices)
+                nodes=nodes, indices=indices, later=later, second=second)
             _check_line(line, row, repeated, tz)
         except (SlurmParseError, SacctError) as exc:
             reason = str(exc).removeprefix(f"{where}: ")
@@ -687,6 +700,8 @@ def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
     shared: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
     for job_id, attempts in by_job.items():
         attempts.sort(key=lambda a: a.submit)
+        if len(attempts) > 1 and any(a.later for a in attempts):
+            _in_turn(attempts, result)
         attrs = job_attributes(mapping, _slurm_job(attempts))
         attrs = shared.setdefault(tuple(attrs.items()), attrs)
         job_events = [(attempts[0].submit, 0, job_id, "submitted", attrs)]
@@ -706,6 +721,29 @@ def _events(lines: list[_Line], result: SacctImport, mapping: Mapping,
         events += job_events
         runs += job_runs
     return _assemble(result, events, runs, mapping, known, placer, history)
+
+
+def _in_turn(attempts: list[_Line], result: SacctImport) -> None:
+    """Read a requeued job's times in a repeated hour (DST end) so that its attempts
+    come one after another: each line read alone takes the first occurrence where its
+    own times keep their order, so an attempt submitted again at 02:10 winter time,
+    after one that ended at 02:50 summer time, was read as starting 40 minutes before
+    that end (the first attempt cut short, the second charged an hour more: GPU-hours
+    invented). An attempt that, as read, is submitted before the one before it ended is
+    read in the first of its other orderly readings that comes after that end; counted
+    with the lines read as the second occurrence. In Submit order, sorted again."""
+    for k in range(1, len(attempts)):
+        a, before = attempts[k], attempts[k - 1]
+        end = before.end if before.end is not None else before.start
+        if end is None or a.submit >= end:
+            continue
+        fits = next((r for r in a.later if r[0] >= end), None)
+        if fits is not None:
+            a.submit, a.start, a.end = fits
+            a.later = ()
+            result.repeated_hour_second += not a.second
+            a.second = True
+    attempts.sort(key=lambda a: a.submit)
 
 
 def _after_history(history: History, job_id: str,
