@@ -201,6 +201,70 @@ def test_a_batch_exit_waits_for_the_partitions_of_a_killed_member(
     assert_same_facts(root, reference, SPARSE)
 
 
+def test_a_batch_exit_waits_for_a_member_killed_after_its_commit_before_its_flush(
+    kafka: Broker, reference: Path, tmp_path: Path,
+) -> None:
+    """Two instances with ``--exit-when-idle``; the owner (partition 0) is SIGKILLed
+    once it has read everything and committed the end of its partitions, before its
+    idle flush. Committed offsets at their end said "processed" to the survivor, which
+    exited 0 ("all input processed") with the owner's last hour and every cluster-wide
+    fact of it in the dead member's checkpoint only. A commit made after a flush says so
+    in its metadata; the survivor waits for the dead member's partitions, flushes them
+    and writes the facts of the whole input."""
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    root = tmp_path / "wh"
+    # the member killed flushes late and keeps its partitions 12 s after its death: the
+    # survivor, idle after 3 s, exited long before they came to it
+    base = ["--checkpoint-interval", "0.5", "--heartbeat-interval-ms", "2000", "--no-alerts"]
+    cmds = [_process_cmd(kafka, settings, root, "unflushed", *base, "--exit-when-idle", "30",
+                         "--session-timeout-ms", "12000"),
+            _process_cmd(kafka, settings, root, "unflushed", *base, "--exit-when-idle", "3",
+                         "--session-timeout-ms", "6000")]
+    env = {**os.environ, "GPULEDGER_KAFKA_CLIENT_LOG": "INFO"}
+    logs = [tmp_path / f"instance-{i}.log" for i in (1, 2)]
+    procs = [subprocess.Popen(cmds[0], env=env, stdout=open(logs[0], "wb"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT)]
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    ends_of = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
+    try:
+        deadline = time.monotonic() + 60    # the first holds partition 0 (the owner)
+        while 0 not in _holding(logs[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        procs.append(subprocess.Popen(cmds[1], env=env, stdout=open(logs[1], "wb"),  # noqa: SIM115
+                                      stderr=subprocess.STDOUT))
+        held = _split_between(logs)
+        dead = 0
+        assert 0 in held[dead], held
+        _publish_as_agents(settings)
+        tps = [TopicPartition(settings.topics.telemetry, p) for p in sorted(held[dead])]
+        ends = ends_of.end_offsets(tps)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:   # the owner committed its partitions' end
+            committed = admin.list_group_offsets({"unflushed": None}).get("unflushed", {})
+            if all(tp in committed and committed[tp].offset >= ends[tp] for tp in tps):
+                break
+            time.sleep(0.1)
+        assert "flushing" not in logs[dead].read_text()
+        procs[dead].send_signal(signal.SIGKILL)
+        procs[dead].wait()
+        survivor = procs[1 - dead]
+        assert survivor.wait(timeout=120) == 0, logs[1 - dead].read_text()[-3000:]
+    finally:
+        admin.close()
+        ends_of.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = logs[1 - dead].read_text()
+    assert _holding(logs[1 - dead]) == {0, 1, 2, 3}, text[-3000:]
+    assert "all input processed" in text
+    assert_same_facts(root, reference, SPARSE)
+
+
 def test_a_batch_exit_without_a_dead_members_partitions_says_so(
     kafka: Broker, tmp_path: Path,
 ) -> None:

@@ -49,8 +49,13 @@ def deployment_id(store: Store) -> str:
     return text
 
 
-def commit_metadata(deployment: str, now: float) -> str:
-    return f"{PREFIX} {deployment} {int(now)}"
+FLUSHED = "flushed"
+"""The last word of a commit made after a batch run's flush (``--exit-when-idle``) with
+no record read since: every minute of the partition up to that offset is written."""
+
+
+def commit_metadata(deployment: str, now: float, flushed: bool = False) -> str:
+    return f"{PREFIX} {deployment} {int(now)}" + (f" {FLUSHED}" if flushed else "")
 
 
 @dataclass(frozen=True)
@@ -60,15 +65,18 @@ class Claim:
     partition: int
     deployment: str
     age_s: float
+    flushed: bool = False
+    """Committed after a flush with nothing read since (:data:`FLUSHED`)."""
 
 
 def parse(partition: int, metadata: str | None, now: float) -> Claim | None:
     """The claim in a commit's metadata, or None when it is not one of ours. (librdkafka
     stores the metadata with its C string's terminating NUL: it is not part of it.)"""
     words = (metadata or "").rstrip("\x00").split()
-    if len(words) != 3 or words[0] != PREFIX or not words[2].isdigit():
+    if (len(words) not in (3, 4) or words[0] != PREFIX or not words[2].isdigit()
+            or words[3:] not in ([], [FLUSHED])):
         return None
-    return Claim(partition, words[1], max(0.0, now - int(words[2])))
+    return Claim(partition, words[1], max(0.0, now - int(words[2])), words[3:] == [FLUSHED])
 
 
 def others(claims: list[Claim], mine: str) -> list[Claim]:

@@ -366,6 +366,9 @@ class KafkaProcessorService:
         raised inside the client (kafka-python would only log it, with a traceback), and
         raised by the loop right after the poll, before any record is handled."""
         self.unfinished: list[int] = []
+        self._flushed_at: dict[int, int] = {}
+        """Per telemetry partition held, its offset at this instance's last flush (a
+        batch run's): its commits at that offset say it is flushed (``group_claim``)."""
         """Telemetry partitions a batch run (``--exit-when-idle``) exited without: no live
         instance had processed them to their end."""
         self._seek_globals()
@@ -651,6 +654,7 @@ class KafkaProcessorService:
                  partition, telemetry, self.offsets.get(tele))
         self.offsets.pop(tele, None)
         self.partition_time.pop(tele, None)
+        self._flushed_at.pop(partition, None)
 
     def _section_offsets(self, partition: int) -> dict[Key, int]:
         """The offsets a section of ``partition`` covers: its telemetry, the globals."""
@@ -752,23 +756,24 @@ class KafkaProcessorService:
             if limit is not None and idle >= limit:
                 if not self._flushed:
                     log.info("no input for %.0f s: flushing", limit)
-                    self.engine.flush()
+                    self._flush()
                     self._send_parts()
                     self._checkpoint()
                     self._flushed = True
                 if self._group_settled() and self._others_done(idle, limit):
                     behind = self._partitions_behind()
-                    if behind and idle < 10 * limit:
+                    if behind and idle < self._behind_wait_s(limit):
                         return False  # a dead member's partitions may yet come back here
-                    self.engine.flush()
+                    self._flush()
                     self._checkpoint()
                     if behind:
                         self.unfinished = behind
-                        log.warning("exiting with partition(s) %s of %s not processed to "
-                                    "their end by any live instance (a member that died "
-                                    "may hold them until its session times out): run "
-                                    "again to process them (%d telemetry message(s) read "
-                                    "here)", ", ".join(map(str, behind)),
+                        log.warning("exiting with partition(s) %s of %s not processed "
+                                    "and flushed to their end by any instance (a member "
+                                    "that died holds them until its session times out; "
+                                    "a live one without --exit-when-idle does not flush): "
+                                    "run again on this group to process them (%d telemetry "
+                                    "message(s) read here)", ", ".join(map(str, behind)),
                                     self.settings.topics.telemetry, self.stats.messages)
                     else:
                         log.info("all input processed: exiting (%d telemetry "
@@ -778,6 +783,21 @@ class KafkaProcessorService:
             self._checkpoint()
         self._log_progress()
         return False
+
+    def _flush(self) -> None:
+        """A batch run's flush: every minute closed and written; the offsets it covers
+        are marked flushed in this instance's next commits."""
+        self.engine.flush()
+        telemetry = self.settings.topics.telemetry
+        self._flushed_at = {p: self.offsets[(telemetry, p)] for p in self.engine.held
+                            if (telemetry, p) in self.offsets}
+
+    def _behind_wait_s(self, limit: float) -> float:
+        """How long a batch run waits for partitions no instance has flushed to their
+        end: ten idle periods, and at least twice a session and its heartbeats (a member
+        killed before its flush holds its partitions that long, then they come here)."""
+        o = self.options
+        return max(10 * limit, 2 * (o.session_timeout_ms + 2 * o.heartbeat_interval_ms) / 1000)
 
     def _seek_globals(self) -> None:
         """Load the engine's global state from the checkpoint and read the global topics
@@ -803,6 +823,7 @@ class KafkaProcessorService:
         self.partition_time = {}
         self._ends_stale = True
         self._flushed = False
+        self._flushed_at = {}
         self._seek_globals()
         for p in held:
             self.add_partition(p)
@@ -882,11 +903,14 @@ class KafkaProcessorService:
         return not self._partitions_behind(every=True)
 
     def _partitions_behind(self, every: bool = False) -> list[int]:
-        """The telemetry partitions whose group offset is short of their end: those not
-        held here (all with ``every``) whose holder has not committed their end. An
-        instance that exited on its own partitions' end said "all input processed" while
-        a killed member's partitions had not been read (its longer session timeout held
-        them), with exit status 0."""
+        """The telemetry partitions not flushed to their end: those not held here (all
+        with ``every``) whose holder has not committed their end after a flush (its
+        commit's metadata says so: ``group_claim.FLUSHED``). An instance that exited on
+        its own partitions' end said "all input processed" while a killed member's
+        partitions had not been read (its longer session timeout held them), with exit
+        status 0; and, on committed offsets alone, while a member killed after reading
+        to the end and before its flush had the last hour of its partitions (and the
+        cluster-wide facts) in its checkpoint only."""
         held = set() if every else self.engine.held
         rest = [p for p in range(self.partitions) if p not in held]
         if not rest:
@@ -902,9 +926,15 @@ class KafkaProcessorService:
             admin.close()
         tps = {p: self._tp(topic, p) for p in rest}
         ends = self.globals.end_offsets(list(tps.values()))
+        now = time.time()
+
+        def flushed(p: int, tp: Any) -> bool:
+            if tp not in committed or committed[tp].offset < ends[tp]:
+                return False
+            claim = group_claim.parse(p, committed[tp].metadata, now)
+            return claim is not None and claim.flushed
         return [p for p, tp in tps.items()   # an empty partition is done unless `every`
-                if (ends[tp] > 0 or every)
-                and (tp not in committed or committed[tp].offset < ends[tp])]
+                if (ends[tp] > 0 or every) and not flushed(p, tp)]
 
     def close(self) -> None:
         self.closing = True  # the final checkpoint is written; revocation needs none
@@ -1140,8 +1170,13 @@ class KafkaProcessorService:
         topic = self.settings.topics.telemetry
         try:
             owned = {tp.partition for tp in self.telemetry.assignment()}
-            meta = group_claim.commit_metadata(self.deployment, time.time())
-            commits = {self._tp(topic, p): OffsetAndMetadata(offs[(topic, p)], meta, -1)
+            now = time.time()
+
+            def meta(p: int, offset: int) -> str:
+                return group_claim.commit_metadata(self.deployment, now,
+                                                   self._flushed_at.get(p) == offset)
+            commits = {self._tp(topic, p): OffsetAndMetadata(
+                           offs[(topic, p)], meta(p, offs[(topic, p)]), -1)
                        for p, offs in per_partition.items()
                        if p in owned and (topic, p) in offs}
             if commits:  # bounded: a commit that cannot be made in a session is an outage
