@@ -16,6 +16,7 @@ import sys
 import time
 import types
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -498,3 +499,45 @@ def test_the_progress_line_gives_the_current_rate_and_quietens_when_idle(
         assert all(" rejected=7 " in line for line in lines), lines
     finally:
         service.close()
+
+
+def test_the_service_refuses_hours_another_writer_wrote_and_goes_on_after_earlier_ones(
+    kafka: Broker, tmp_path: Path,
+) -> None:
+    """`gpuledger ingest` of the records, then the service over the same records from
+    Kafka: it wrote every fact a second time beside the ingest's (gpu_minute rows
+    doubled), saying nothing. It refuses in one line, exit 2, writing no fact. After an
+    ingest of EARLIER hours the service goes on as before."""
+    from gpuledger.cli.main import main
+    from gpuledger.pipeline.simulate import simulate, write_jsonl
+
+    settings = _settings(kafka)
+    _publish(settings)
+    same = tmp_path / "same"
+    write_jsonl(simulate(_sim()), tmp_path / "records")
+    assert main(["ingest", *map(str, sorted((tmp_path / "records").glob("*.jsonl"))),
+                 "--warehouse", str(same), "--quiet"]) == 0
+    before = {p: p.read_bytes() for p in same.rglob("*") if p.is_file()
+              and "state" not in p.relative_to(same).parts}
+    done = subprocess.run([*_process_cmd(kafka, settings, same, "g", "--exit-when-idle", "2",
+                                         "--no-alerts")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpuledger: error: the warehouse") and \
+        "already holds facts in the hours this service's input covers" in last, last
+    assert "Traceback" not in done.stderr
+    after = {p: p.read_bytes() for p in same.rglob("*") if p.is_file()
+             and "state" not in p.relative_to(same).parts}
+    assert {p for p in after if p.suffix == ".parquet"} == \
+        {p for p in before if p.suffix == ".parquet"}
+
+    # an ingest of the day before: the service's hours hold no fact of another writer
+    earlier = tmp_path / "earlier"
+    day_before = dataclasses.replace(_sim(), start=_sim().start - timedelta(days=1))
+    write_jsonl(simulate(day_before), tmp_path / "before")
+    assert main(["ingest", *map(str, sorted((tmp_path / "before").glob("*.jsonl"))),
+                 "--warehouse", str(earlier), "--quiet"]) == 0
+    _process(settings, earlier, group="after-history")
+    minutes = read_table(earlier, "gpu_minute")["minute"]
+    assert minutes.min() < _sim().start <= minutes.max()

@@ -730,7 +730,7 @@ def _imports(store: Store) -> list[dict[str, Any]]:
         return []
 
 
-def _fact_hours(store: Store, span: tuple[datetime, datetime]) -> list[datetime]:
+def fact_hours(store: Store, span: tuple[datetime, datetime]) -> list[datetime]:
     """The hours (days, once compacted) in ``span`` that published ``gpu_hourly`` or
     ``job_attempts`` parts cover (``compaction.part_span`` of their logical names)."""
     found: set[datetime] = set()
@@ -769,7 +769,7 @@ def refuse_replacing(store: Store, span: tuple[datetime, datetime], digest: str 
     """Refuse a run on its own over ``span`` where the warehouse holds facts that
     ``writer`` describes (none, an import of the events of ``digest``, or imports of some
     of the files of ``sources`` alone, wrote)."""
-    hours = _fact_hours(store, span)
+    hours = fact_hours(store, span)
     entries = _imports(store)
     if not hours or (digest is not None and any(e.get("digest") == digest for e in entries)
                      ) or _written_by_part_of(entries, hours, sources):

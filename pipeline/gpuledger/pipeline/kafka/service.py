@@ -57,6 +57,7 @@ from gpuledger.pipeline.arrow_ipc import read_frame
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.counters import Counters
 from gpuledger.pipeline.generations import published_units
+from gpuledger.pipeline.ingest import fact_hours, floor_hour
 from gpuledger.pipeline.kafka import group_claim
 from gpuledger.pipeline.kafka.client import (
     first_reason,
@@ -355,6 +356,9 @@ class KafkaProcessorService:
         state = (open_store(config.warehouse.state) if config.warehouse.state
                  else shared.store.child("state"))
         self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
+        self._writers_checked = self._group_has_checkpoint()
+        """Whether the warehouse's facts were checked for other writers' (at the first
+        telemetry read; a group resuming from its checkpoints needs no check)."""
         self._check_partition_count(shared)
         self.deployment = ""  # read (made if missing) by every check, the first just below
         self._old_claim_said = False
@@ -517,6 +521,48 @@ class KafkaProcessorService:
             self._old_claim_said = True
             log.warning("%s, not live (none within %.0f s): this deployment's commits "
                         "replace them", said, window)
+
+    def _group_has_checkpoint(self, *, with_telemetry: bool = False) -> bool:
+        """Whether the group's checkpoint folder holds a checkpoint (with
+        ``with_telemetry``: a partition's section that has read telemetry)."""
+        telemetry = self.settings.topics.telemetry
+        if not with_telemetry and any(
+                e.path.startswith("global-") and e.path.endswith(".checkpoint")
+                and "/" not in e.path for e in self.store.store.list("")):
+            return True
+        for p in self.store.partitions():
+            if not with_telemetry:
+                return True
+            sec = self.store.read_partition(p)
+            if sec is not None and (telemetry, p) in sec.offsets:
+                return True
+        return False
+
+    def _refuse_other_writers(self, first: datetime) -> None:
+        """A group with no checkpoint yet, starting at ``first``: refuse (one
+        :class:`ServiceStartError` line, before anything is written) where the warehouse
+        already holds facts in the hours from ``first`` on, which another writer wrote
+        (an ingest, an import, the demo, another group): the service would write every
+        fact of those hours a second time beside them (an ingest then the service over
+        the same records: 69,120 gpu_minute rows, 34,560 distinct, nothing said). Facts
+        of earlier hours (an imported history the service goes on from) are no bar. A
+        sibling instance of this group that has checkpointed its telemetry since this one
+        started counts as the group resuming."""
+        self._writers_checked = True
+        if self._group_has_checkpoint(with_telemetry=True):
+            return
+        start = floor_hour(first)
+        hours = fact_hours(self.engine.warehouse.store,
+                           (start, datetime(9999, 1, 1, tzinfo=UTC)))
+        if not hours:
+            return
+        raise ServiceStartError(
+            f"the warehouse {self.root} already holds facts in the hours this service's "
+            f"input covers (its first minute {first:%Y-%m-%d %H:%M} UTC; facts from "
+            f"{hours[0]:%Y-%m-%d %H:%M} UTC on) that no run of consumer group "
+            f"{self.options.group_id} wrote (an ingest, an import, the demo, another "
+            "group): processing would write every fact of those hours a second time. "
+            "Use a warehouse of its own (--warehouse), or the group that wrote them")
 
     def _check_partition_count(self, shared: Warehouse) -> None:
         """The telemetry topic has at least the partitions the group's checkpoints and
@@ -1026,6 +1072,10 @@ class KafkaProcessorService:
             count += len(msgs)
         if telemetry:
             self.stats.messages += count
+        if telemetry and not self._writers_checked:
+            tele = frames.get(str(topics.record_type_of(topics.telemetry)))
+            if tele is not None:
+                self._refuse_other_writers(tele["time"].min())  # type: ignore[arg-type]
         if frames:
             limit, behind = self._time_limit()
             engine.process(frames, validated=True, event_time_limit=limit, behind=behind)
