@@ -135,6 +135,29 @@ def test_no_topics_or_no_broker_is_one_line(kafka: Broker, tmp_path: Path) -> No
     assert not (tmp_path / "c").exists()
 
 
+def test_a_prefix_of_no_topics_creates_nothing(kafka: Broker, tmp_path: Path) -> None:
+    """A typo'd --topic-prefix with the alerts on was refused ("topic … does not exist")
+    after the alerts topic had been created under it: the input topics are checked
+    before anything is made."""
+    from kafka import KafkaAdminClient
+
+    prefix = f"nosuch{uuid.uuid4().hex[:6]}."
+    done = subprocess.run([sys.executable, "-m", "gpuledger.cli.main", "process", "--kafka",
+                           kafka.bootstrap, "--topic-prefix", prefix, "--warehouse",
+                           str(tmp_path / "wh"), "--group", "g"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"gpuledger: error: topic {prefix}gpu.telemetry.v1 does not "
+                           "exist on") and "gpuledger topics create" in last, last
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        made = [t for t in admin.list_topics() if t.startswith(prefix)]
+    finally:
+        admin.close()
+    assert made == []
+
+
 def test_the_kafka_demo_gives_the_embedded_demos_facts_and_diagnosis(
         kafka: Broker, tmp_path: Path) -> None:
     """`gpuledger demo --kafka` end to end, as the README's Kafka stack runs it: the facts

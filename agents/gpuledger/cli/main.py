@@ -442,6 +442,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         KafkaProcessorService,
         ServiceOptions,
         ServiceStartError,
+        check_input_topics,
     )
 
     _logging(not args.quiet)
@@ -459,6 +460,11 @@ def cmd_process(args: argparse.Namespace) -> int:
         raise CliError(f"--heartbeat-interval-ms ({options.heartbeat_interval_ms}) must be at "
                        f"most a third of --session-timeout-ms ({options.session_timeout_ms})")
     config = _proc_config(args)
+    if not args.no_alerts:   # the alerts topic is made next: not under a prefix of no input
+        try:
+            check_input_topics(settings)
+        except ServiceStartError as exc:
+            raise CliError(str(exc)) from None
     # the ops surface first: a bad --metrics-address is said before the broker is waited for
     ops = _ops(args, config, None if args.no_alerts else settings)
     try:

@@ -281,6 +281,28 @@ class ServiceStartError(RuntimeError):
     not exist, the group is another deployment's (the message says which, in one line)."""
 
 
+def _no_telemetry_topic(settings: KafkaSettings) -> ServiceStartError:
+    return ServiceStartError(f"topic {settings.topics.telemetry} does not exist on "
+                             f"{settings.bootstrap}: run `gpuledger topics create` "
+                             "first (or check --topic-prefix)")
+
+
+def check_input_topics(settings: KafkaSettings) -> None:
+    """The telemetry topic exists (:class:`ServiceStartError` otherwise, and when Kafka
+    cannot be reached), asked before anything is made on the broker: a typo'd
+    ``--topic-prefix`` was refused by the service after the alerts topic had been
+    created under it."""
+    log.info("connecting to Kafka at %s (to check the input topics)", settings.bootstrap)
+    with kafka_reached(settings.bootstrap):
+        consumer = open_consumer(settings, enable_auto_commit=False)
+        try:
+            found = consumer.partitions_for_topic(settings.topics.telemetry)
+        finally:
+            consumer.close()
+    if not found:
+        raise _no_telemetry_topic(settings)
+
+
 class KafkaProcessorService:
     """Runs one :class:`Processor` engine over the telemetry partitions assigned here."""
 
@@ -340,9 +362,7 @@ class KafkaProcessorService:
                                      max_partition_fetch_bytes=16 << 20)
         self.partitions = len(self.globals.partitions_for_topic(t.telemetry) or ())
         if self.partitions == 0:
-            raise ServiceStartError(f"topic {t.telemetry} does not exist on "
-                                    f"{settings.bootstrap}: run `gpuledger topics create` "
-                                    "first (or check --topic-prefix)")
+            raise _no_telemetry_topic(settings)
 
     def _finish_init(self, shared: Warehouse, config: ProcessorConfig,
                      settings: KafkaSettings, now: Callable[[], datetime] | None) -> None:
