@@ -564,3 +564,28 @@ def test_the_service_refuses_hours_another_writer_wrote_and_goes_on_after_earlie
     _process(settings, earlier, group="after-history")
     minutes = read_table(earlier, "gpu_minute")["minute"]
     assert minutes.min() < _sim().start <= minutes.max()
+
+
+def test_the_progress_lines_samples_are_what_this_process_read(
+        kafka: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`samples=` was the engine's counter, restored from the checkpoint it resumed from
+    (its own, or another instance's after a rebalance), plus what it read: after kill -9
+    and a restart it said 751,172 for 621,360 samples of input. It counts what this
+    process read."""
+    settings = _settings(kafka)
+    _publish(settings)
+    root = tmp_path / "wh"
+    first = _process(settings, root, group="count")
+    read = first.counters().records_in["telemetry"]
+    assert read > 0
+    again = KafkaProcessorService(settings, ProcessorConfig(), root,
+                                  ServiceOptions(group_id="count", log_interval_s=0.0))
+    try:
+        assert again.counters().records_in["telemetry"] == read   # from the checkpoint
+        with caplog.at_level("INFO", logger="gpuledger.kafka.service"):
+            again._log_progress()
+        lines = [r.getMessage() for r in caplog.records if "samples=" in r.getMessage()]
+        assert lines and all(" samples=0 " in line for line in lines), lines
+    finally:
+        again.close()
+    assert first.stats.samples == read   # a fresh group: what it read, all of it

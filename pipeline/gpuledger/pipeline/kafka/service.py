@@ -115,6 +115,10 @@ class ServiceOptions:
 @dataclass
 class ServiceStats:
     messages: int = 0
+    samples: int = 0
+    """Telemetry samples this process decoded from what it read (a replay after a
+    restart is read again and counted; a checkpoint's counters, its own or another
+    instance's, are not)."""
     dead_letters: int = 0
     checkpoints: int = 0
     parts_sent: int = 0
@@ -1082,6 +1086,7 @@ class KafkaProcessorService:
                 frame = decoded.frames[record_type]  # type: ignore[index]
                 if telemetry:
                     self._samples_per_message = max(frame.height, 1) / len(msgs)
+                    self.stats.samples += frame.height
                 if frame.height:
                     frames[str(record_type)] = frame
                     self.partition_time.update(_last_message_times(msgs, frame))
@@ -1284,7 +1289,7 @@ class KafkaProcessorService:
         log.info("partitions=%s messages=%d (%.0f/s) samples=%d lag=%d closed_until=%s "
                  "dead_letters=%d rejected=%d late=%d rss_mib=%.0f memory_released_mib=%.0f",
                  held, self.stats.messages, read / max(since, 1e-9),
-                 c.records_in["telemetry"], lag, self.engine.closed_until,
+                 self.stats.samples, lag, self.engine.closed_until,
                  self.stats.dead_letters, sum(c.rejected.values()), c.late_telemetry,
                  (rss_bytes() or 0) / 2**20,
                  self.engine.warehouse.release_memory.released / 2**20)
