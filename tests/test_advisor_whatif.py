@@ -150,7 +150,7 @@ def test_whatif_command_reports_bad_input_in_one_line(
     assert main(["whatif", "--warehouse", str(day), "--policy", "nope", "--quiet"]) == 2
     assert "unknown policy nope" in capsys.readouterr().err
     assert main(["whatif", "--warehouse", str(tmp_path / "none")]) == 2
-    assert "not a gpuledger warehouse" in capsys.readouterr().err
+    assert f"{tmp_path / 'none'}: no such folder" in capsys.readouterr().err
     moved = tmp_path / "moved.yaml"
     moved.write_text("policies:\n  - name: m\n    card_pools: {inference: {pool: nowhere}}\n")
     assert main(["whatif", "--warehouse", str(day), "--policies", str(moved), "--quiet",

@@ -111,7 +111,11 @@ def test_diagnose_reports_a_missing_warehouse(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagnose", "--warehouse", str(tmp_path / "nope"), "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"gpuledger: error: {tmp_path / 'nope'}: not a gpuledger warehouse (no facts/ folder)")
+        f"gpuledger: error: {tmp_path / 'nope'}: no such folder")
+    (tmp_path / "empty").mkdir()
+    assert main(["diagnose", "--warehouse", str(tmp_path / "empty"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gpuledger: error: {tmp_path / 'empty'}: not a gpuledger warehouse (no facts/ folder)")
 
 
 def test_job_board_panel_and_recommendation_column(wh: Path) -> None:

@@ -290,6 +290,8 @@ def open_warehouse(location: str | Path) -> OpenedWarehouse:
         if isinstance(where, Path):
             if where.is_file():
                 raise HistoryError(f"{where}: a file, not a warehouse folder")
+            if not where.exists():   # as query, report and whatif say it
+                raise HistoryError(f"{where}: no such folder")
             if not (where / FACTS).is_dir():
                 raise HistoryError(f"{where}: not a gpuledger warehouse (no facts/ folder)")
         store = open_store(where, create=False)
