@@ -102,6 +102,9 @@ def test_ingest_sets_aside_a_line_far_outside_the_input(tmp_path: Path, stray: s
     assert_same_facts(tmp_path / "wh-dirty", tmp_path / "wh-clean", SPARSE)
     files = list((tmp_path / "wh-dirty" / "facts").rglob("*.parquet"))
     assert len(files) < 60, len(files)   # no walk over the years between
+    # nor over the 31 days before the bulk: a stray sample is no early record (only job
+    # and inventory records move where the facts begin)
+    assert result.facts_begin is None
 
 
 def _catching_up(root: Path, batches: list[list[dict[str, Any]]],

@@ -628,20 +628,24 @@ def facts_begin(frames: Mapping[RecordType, pl.DataFrame], what: str) -> datetim
     processor counts them early); a warning says so. One rule for every input, however
     few its records (quartiles, not percentiles: the 1st percentile of sixteen times is
     the first)."""
-    return _begin(_event_times(frames), what)
+    return _begin(frames, _event_times(frames), what)
 
 
-def _begin(times: pl.DataFrame | None, what: str) -> datetime | None:
-    """:func:`facts_begin` of the event times ``times``."""
-    if times is None:
+def _begin(frames: Mapping[RecordType, pl.DataFrame], times: pl.DataFrame | None,
+           what: str) -> datetime | None:
+    """:func:`facts_begin` of ``frames``, whose event times are ``times``. Only job and
+    inventory records count as early: telemetry that far is set aside
+    (:func:`set_aside_outliers`; a stray sample from 2000 had the run walk 31 days)."""
+    books = _event_times({k: f for k, f in frames.items() if k != "telemetry"})
+    if times is None or books is None:
         return None
-    first, q1, q3 = times.select(pl.col("time").min(),
-                                 pl.col("time").quantile(0.25, "lower").alias("q1"),
-                                 pl.col("time").quantile(0.75, "higher").alias("q3")).row(0)
+    first = cast(datetime, books["time"].min())
+    q1, q3 = times.select(pl.col("time").quantile(0.25, "lower").alias("q1"),
+                          pl.col("time").quantile(0.75, "higher").alias("q3")).row(0)
     start: datetime = (q1 - max(EARLY_FACTS, 2 * (q3 - q1))).replace(second=0, microsecond=0)
     if first >= start:
         return None
-    early = times.filter(pl.col("time") < start).height
+    early = books.filter(pl.col("time") < start).height
     log.warning("%d record(s) come up to %.1f days before the bulk of the %s (first "
                 "quartile %s): the facts begin at %s, %.0f days before it, and the records "
                 "before that only update the books", early,
@@ -890,7 +894,7 @@ def set_aside_outliers(frames: dict[RecordType, pl.DataFrame], config: Processor
     facts begin later, and such records only update the books (the node's capacity, the
     job's attempt), as a window of a history does."""
     times = _event_times(frames)
-    begin = _begin(times, "input")
+    begin = _begin(frames, times, "input")
     if times is None or times.height < 20:
         return frames, Outliers(pl.DataFrame(schema=REJECT_SCHEMA), begin)
     lo, hi = times.select(pl.col("time").quantile(0.01, "lower"),
