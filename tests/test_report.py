@@ -641,6 +641,22 @@ def test_control_characters_in_names_do_not_reach_the_terminal(
     assert "t\\x1b]0;title\\x07" in out
 
 
+def test_query_tables_escape_bidi_controls_as_the_report_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job id with a right-to-left override (U+202E) read reversed in `gpuledger
+    query`'s table ('1000015' as '5100001'), as it did in the report before the report
+    escaped it; one helper escapes them for every terminal table now. CSV keeps the data
+    as it is."""
+    _one_job_report(tmp_path, capsys, "\u202e1000015")
+    wh = str(tmp_path / "wh")
+    assert main(["query", "--warehouse", wh, "SELECT job_id FROM job_attempts"]) == 0
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and "\\u202e1000015" in out, out
+    assert main(["query", "--warehouse", wh, "--format", "csv",
+                 "SELECT job_id FROM job_attempts"]) == 0
+    assert "\u202e1000015" in capsys.readouterr().out
+
+
 def test_names_that_open_a_script_comment_still_let_the_charts_draw(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Found by trying hostile names: a team named '<!--<script>' (anyone's choice, from

@@ -31,9 +31,18 @@ CONTROL_PATTERN = "[" + "".join(f"\\x{{{c:x}}}" for c in sorted(CONTROL_ESCAPES)
 """The characters of :data:`CONTROL_ESCAPES` as a regular expression (Polars' syntax)."""
 
 
+BIDI_ESCAPES = {c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                                           *range(0x2066, 0x206A))}
+"""Bidirectional controls as escapes: a job id or team with a right-to-left override
+(U+202E) read reversed in the terminal ('1000015' as '5100001'), and reversed the
+cells after it on its line."""
+_TERMINAL_ESCAPES = CONTROL_ESCAPES | BIDI_ESCAPES
+
+
 def printable(text: str) -> str:
-    """``text`` with :data:`CONTROL_ESCAPES` escaped, for a terminal."""
-    return text.translate(CONTROL_ESCAPES)
+    """``text`` with :data:`CONTROL_ESCAPES` and :data:`BIDI_ESCAPES` escaped, for a
+    terminal (the report's tables, ``gpuledger query``'s, ``whatif``'s)."""
+    return text.translate(_TERMINAL_ESCAPES)
 
 WORDS: Literal["words"] = "words"
 """A column's ``cells_wrap``: its cells that hold no digit (words, such as "nothing

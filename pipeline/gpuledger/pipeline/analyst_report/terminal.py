@@ -31,13 +31,6 @@ NAME_LONGEST = 2 * NAME_MOST
 lines of a column at its widest)."""
 
 
-BIDI_ESCAPES = {c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
-                                           *range(0x2066, 0x206A))}
-"""Bidirectional controls as escapes: a job id or team with a right-to-left override
-(U+202E) read reversed in the terminal ('1000015' as '5100001'), and reversed the
-cells after it on its line."""
-
-
 def _shown(a: Answer) -> list[Column]:
     """The columns of the terminal table (sparse ones only when they hold something),
     before any is left out for want of room."""
@@ -81,8 +74,7 @@ def _table(a: Answer, top: int, console: Console) -> tuple[RenderableType, list[
     shown = _shown(a)
 
     def text(value: object, column: Column, row: tuple[object, ...]) -> str:
-        out = printable(cell(value, column, dict(zip(a.columns, row, strict=True)))
-                        ).translate(BIDI_ESCAPES)
+        out = printable(cell(value, column, dict(zip(a.columns, row, strict=True))))
         return out if column.key or column.numeric else _shorten(out, NAME_LONGEST)
 
     cells = {c.name: [text(r[a.columns.index(c.name)], c, r) for r in a.rows[:top]]
