@@ -213,17 +213,30 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
     return 0
 
 
-def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
-    """The exporter and alert engine the options ask for (gpuledger.pipeline.ops), or None."""
-    if not (args.metrics_address or args.alert_webhook or kafka is not None):
-        return None
+def _check_ops_options(args: argparse.Namespace) -> None:
+    """A :class:`CliError` for a ``--alert-webhook`` or ``--metrics-address`` that is
+    not one, said before anything else is done (a broker waited for, a topic made)."""
     from gpuledger.pipeline.alerts.sinks import webhook_problem
-    from gpuledger.pipeline.exporter.server import AddressError
-    from gpuledger.pipeline.ops import OpsSurface
+    from gpuledger.pipeline.exporter.server import AddressError, parse_address
 
     problem = webhook_problem(args.alert_webhook) if args.alert_webhook is not None else None
     if problem:
         raise CliError(f"--alert-webhook: {redacted(args.alert_webhook)!r}: {problem}")
+    if args.metrics_address:
+        try:
+            parse_address(args.metrics_address)
+        except AddressError as exc:
+            raise CliError(f"--metrics-address: {exc}") from None
+
+
+def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
+    """The exporter and alert engine the options ask for (gpuledger.pipeline.ops), or None."""
+    if not (args.metrics_address or args.alert_webhook or kafka is not None):
+        return None
+    from gpuledger.pipeline.exporter.server import AddressError
+    from gpuledger.pipeline.ops import OpsSurface
+
+    _check_ops_options(args)
     try:
         # the alerts topic is made at the start: Kafka must answer
         if kafka is not None:
@@ -460,6 +473,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         raise CliError(f"--heartbeat-interval-ms ({options.heartbeat_interval_ms}) must be at "
                        f"most a third of --session-timeout-ms ({options.session_timeout_ms})")
     config = _proc_config(args)
+    _check_ops_options(args)  # said before the broker is waited for
     if not args.no_alerts:   # the alerts topic is made next: not under a prefix of no input
         try:
             check_input_topics(settings)
