@@ -565,6 +565,16 @@ def test_the_service_refuses_hours_another_writer_wrote_and_goes_on_after_earlie
     minutes = read_table(earlier, "gpu_minute")["minute"]
     assert minutes.min() < _sim().start <= minutes.max()
 
+    # an instance killed after writing facts and before its first checkpoint (a
+    # probe's random kill -9 met it): its restart was refused its own hours. The group
+    # marks that it passed the check before its first fact; a restart is not checked
+    group = earlier / "state" / "after-history"
+    assert (group / "writing").is_file()
+    for path in group.rglob("*"):
+        if path.is_file() and path.name not in ("writing", "deployment.id"):
+            path.unlink()
+    _process(settings, earlier, group="after-history")
+
 
 def test_the_progress_lines_samples_are_what_this_process_read(
         kafka: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

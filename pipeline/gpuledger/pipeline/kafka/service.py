@@ -285,6 +285,12 @@ class ServiceStartError(RuntimeError):
     not exist, the group is another deployment's (the message says which, in one line)."""
 
 
+WRITING_MARK = "writing"
+"""In a group's checkpoint folder: an instance of the group has passed the check for
+other writers' facts and may have written its own (the first minute it checked, as
+text). A restart of the group is then not checked again."""
+
+
 def _no_telemetry_topic(settings: KafkaSettings) -> ServiceStartError:
     return ServiceStartError(f"topic {settings.topics.telemetry} does not exist on "
                              f"{settings.bootstrap}: run `gpuledger topics create` "
@@ -548,8 +554,11 @@ class KafkaProcessorService:
 
     def _group_has_checkpoint(self, *, with_telemetry: bool = False) -> bool:
         """Whether the group's checkpoint folder holds a checkpoint (with
-        ``with_telemetry``: a partition's section that has read telemetry)."""
+        ``with_telemetry``: a partition's section that has read telemetry), or the mark
+        that an instance of the group began writing facts (:data:`WRITING_MARK`)."""
         telemetry = self.settings.topics.telemetry
+        if self.store.store.exists(WRITING_MARK):
+            return True
         if not with_telemetry and any(
                 e.path.startswith("global-") and e.path.endswith(".checkpoint")
                 and "/" not in e.path for e in self.store.store.list("")):
@@ -579,6 +588,9 @@ class KafkaProcessorService:
         hours = fact_hours(self.engine.warehouse.store,
                            (start, datetime(9999, 1, 1, tzinfo=UTC)))
         if not hours:
+            # said before its first fact: an instance killed before its first checkpoint
+            # (its facts written) was refused its own hours when started again
+            self.store.store.write(WRITING_MARK, f"{first.isoformat()}\n".encode())
             return
         raise ServiceStartError(
             f"the warehouse {self.root} already holds facts in the hours this service's "
