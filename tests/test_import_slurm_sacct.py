@@ -407,6 +407,11 @@ def test_a_time_before_2000_rejects_its_event_only(
     assert rows[0][1] == (16 if with_nodes else 3)  # 2 × 8 listed, or the 2 + 1 seen
 
 
+def _oct25(hms: str) -> datetime:
+    """``hms`` UTC on 2026-10-25, the day Europe/Berlin's clocks go back."""
+    return datetime.fromisoformat(f"2026-10-25T{hms}").replace(tzinfo=UTC)
+
+
 def _import_tz(tmp_path: Path, capsys: pytest.CaptureFixture[str], zone: str,
                *lines: str) -> tuple[Path, str]:
     path = tmp_path / "sacct.txt"
@@ -434,13 +439,10 @@ def test_tz_times_are_converted_to_utc_with_or_without_an_offset(
     got = _sql(root, "SELECT job_id, submitted_at, started_at, ended_at, "
                      "allocated_gpu_hours * 3600 FROM attempts ORDER BY job_id")
 
-    def utc(hms: str) -> datetime:
-        return datetime.fromisoformat(f"{day}{hms}").replace(tzinfo=UTC)
-
     assert got.rows() == [
-        ("1", utc("02:00:00"), utc("02:00:30"), utc("02:10:30"), pytest.approx(600)),
-        ("2", utc("03:00:00"), utc("03:00:30"), utc("03:10:30"), pytest.approx(600)),
-        ("3", utc("00:10:00"), utc("00:30:00"), utc("00:50:00"), pytest.approx(1200)),
+        ("1", _oct25("02:00:00"), _oct25("02:00:30"), _oct25("02:10:30"), pytest.approx(600)),
+        ("2", _oct25("03:00:00"), _oct25("03:00:30"), _oct25("03:10:30"), pytest.approx(600)),
+        ("3", _oct25("00:10:00"), _oct25("00:30:00"), _oct25("00:50:00"), pytest.approx(1200)),
     ]
 
 
@@ -470,14 +472,11 @@ def test_tz_a_repeated_hour_is_read_so_that_the_times_keep_their_order(
     got = _sql(root, "SELECT job_id, submitted_at, started_at, ended_at, "
                      "allocated_gpu_hours * 60 FROM attempts ORDER BY job_id")
 
-    def utc(hms: str) -> datetime:
-        return datetime.fromisoformat(f"{day}{hms}").replace(tzinfo=UTC)
-
     assert got.rows() == [
-        ("1", utc("00:00:00") - timedelta(hours=1), utc("00:00:00") - timedelta(minutes=30),
-         utc("02:30:00"), pytest.approx(180)),
-        ("2", utc("00:40:00"), utc("00:50:00"), utc("01:10:00"), pytest.approx(20)),
-        ("3", utc("00:05:00"), utc("00:30:00"), utc("00:45:00"), pytest.approx(15)),
+        ("1", _oct25("00:00:00") - timedelta(hours=1), _oct25("00:00:00") - timedelta(minutes=30),
+         _oct25("02:30:00"), pytest.approx(180)),
+        ("2", _oct25("00:40:00"), _oct25("00:50:00"), _oct25("01:10:00"), pytest.approx(20)),
+        ("3", _oct25("00:05:00"), _oct25("00:30:00"), _oct25("00:45:00"), pytest.approx(15)),
     ]
 
 
@@ -502,12 +501,9 @@ def test_tz_a_requeued_jobs_attempts_in_a_repeated_hour_come_one_after_another(
     got = _sql(root, "SELECT attempt, started_at, ended_at, allocated_gpu_hours * 60 "
                      "FROM attempts ORDER BY attempt")
 
-    def utc(hms: str) -> datetime:
-        return datetime.fromisoformat(f"{day}{hms}").replace(tzinfo=UTC)
-
     assert got.rows() == [
-        (0, utc("00:00:00") - timedelta(minutes=20), utc("00:50:00"), pytest.approx(70)),
-        (1, utc("01:20:00"), utc("02:30:00"), pytest.approx(70)),
+        (0, _oct25("00:00:00") - timedelta(minutes=20), _oct25("00:50:00"), pytest.approx(70)),
+        (1, _oct25("01:20:00"), _oct25("02:30:00"), pytest.approx(70)),
     ]
 
 
