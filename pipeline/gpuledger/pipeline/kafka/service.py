@@ -552,24 +552,13 @@ class KafkaProcessorService:
             log.warning("%s, not live (none within %.0f s): this deployment's commits "
                         "replace them", said, window)
 
-    def _group_has_checkpoint(self, *, with_telemetry: bool = False) -> bool:
-        """Whether the group's checkpoint folder holds a checkpoint (with
-        ``with_telemetry``: a partition's section that has read telemetry), or the mark
-        that an instance of the group began writing facts (:data:`WRITING_MARK`)."""
-        telemetry = self.settings.topics.telemetry
-        if self.store.store.exists(WRITING_MARK):
-            return True
-        if not with_telemetry and any(
-                e.path.startswith("global-") and e.path.endswith(".checkpoint")
-                and "/" not in e.path for e in self.store.store.list("")):
-            return True
-        for p in self.store.partitions():
-            if not with_telemetry:
-                return True
-            sec = self.store.read_partition(p)
-            if sec is not None and (telemetry, p) in sec.offsets:
-                return True
-        return False
+    def _group_has_checkpoint(self) -> bool:
+        """Whether the group's checkpoint folder holds a checkpoint, or the mark that an
+        instance of the group passed the other-writers check (:data:`WRITING_MARK`)."""
+        return self.store.store.exists(WRITING_MARK) or any(
+            e.path.startswith("global-") and e.path.endswith(".checkpoint")
+            and "/" not in e.path for e in self.store.store.list("")) \
+            or bool(self.store.partitions())
 
     def _refuse_other_writers(self, first: datetime) -> None:
         """A group with no checkpoint yet, starting at ``first``: refuse (one
@@ -579,10 +568,10 @@ class KafkaProcessorService:
         fact of those hours a second time beside them (an ingest then the service over
         the same records: 69,120 gpu_minute rows, 34,560 distinct, nothing said). Facts
         of earlier hours (an imported history the service goes on from) are no bar. A
-        sibling instance of this group that has checkpointed its telemetry since this one
-        started counts as the group resuming."""
+        sibling instance of this group that passed the check since this one started (its
+        mark is written before its first fact) counts as the group resuming."""
         self._writers_checked = True
-        if self._group_has_checkpoint(with_telemetry=True):
+        if self.store.store.exists(WRITING_MARK):
             return
         start = floor_hour(first)
         hours = fact_hours(self.engine.warehouse.store,
