@@ -222,11 +222,11 @@ class _Line:
     nodes: list[str]
     indices: list[tuple[str, int]] | None
     later: tuple[tuple[datetime, datetime | None, datetime | None], ...] = ()
-    second: bool = False
-    """Whether a time of the line is read as its second occurrence (counted once)."""
     """Other readings of times in a repeated hour (DST end) that keep the line in order,
     each with one more time read as its second occurrence (:func:`_times`): for an
     attempt that, read as taken, begins before the one before it ended (:func:`_in_turn`)."""
+    second: bool = False
+    """Whether a time of the line is read as its second occurrence (counted once)."""
 
 
 class _BadLine(Exception):
