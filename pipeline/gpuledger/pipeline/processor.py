@@ -963,7 +963,8 @@ class Processor:
             exact_runs = pl.concat([exact_runs, edges_df.select(exact_runs.columns)])
             exact_pieces = pl.concat([exact_pieces, edge_pieces.select(exact_pieces.columns)])
             span_gpu, span_jobs = span_rows(spans, sparse_pieces.lazy())
-        job_minutes = job_minute_rows(exact_pieces.lazy())
+        # collected once: the GPU rows and the job rows both read it
+        job_minutes = engines.step_frame(job_minute_rows(exact_pieces.lazy())).lazy()
         alloc = allocation_per_gpu_minute(job_minutes, merged_occupancy(exact_pieces.lazy()))
         t = self.config.thresholds
         parts = [dense_gpu_rows(exact_runs.lazy(), alloc, telem, t).with_columns(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from gpuledger.pipeline import engines
 from gpuledger.pipeline.facts.gpu_minutes import GPU_KEYS, MINUTE_KEYS, TELEMETRY_COLUMNS
 from gpuledger.pipeline.facts.minutes import HOUR_MS, MINUTE_MS, ceil_minute_ms, floor_minute_ms
 
@@ -52,13 +53,14 @@ def split_runs(runs: pl.LazyFrame, pieces: pl.LazyFrame) -> tuple[pl.LazyFrame, 
     """A sparse GPU's runs cut at every boundary: (edge minutes as one-minute runs, for the
     exact path; span segments ``u``/``v`` with the run's attributes)."""
     bounds = _boundaries(runs, pieces).sort([*RUN_KEYS, "t"])
-    segments = (
+    # collected once: the edges and the spans are read by separate plans
+    segments = engines.step_frame(
         bounds.with_columns(pl.col("t").shift(-1).over(RUN_KEYS).alias("v"))
         .filter(pl.col("v").is_not_null())
         .rename({"t": "u"})
         .join(runs, on=RUN_KEYS, how="inner")
         .join(_edge_minutes(pieces), on=[*GPU_KEYS, "u"], how="left")
-    )
+    ).lazy()
     edges = segments.filter(pl.col("edge").fill_null(False)).with_columns(
         pl.col("u").alias("from_ms"), pl.col("v").alias("to_ms")).drop("u", "v", "edge")
     spans = segments.filter(~pl.col("edge").fill_null(False)).drop("edge", "from_ms", "to_ms")
@@ -74,11 +76,12 @@ def span_rows(spans: pl.LazyFrame, pieces: pl.LazyFrame) -> tuple[pl.LazyFrame, 
         pieces.select(*GPU_KEYS, "job_id", "attempt", "partition", "fraction", "s_ms", "e_ms"),
         on=GPU_KEYS, how="inner").filter(
         (pl.col("s_ms") < pl.col("v")) & (pl.col("e_ms") > pl.col("u")))
-    jobs = held.select(
+    # collected once: the GPU rows (through ``alloc``) and the job rows both read it
+    jobs = engines.step_frame(held.select(
         "job_id", "attempt", *GPU_KEYS, "partition", "fraction",
         pl.col("u").alias("minute_ms"), pl.col("fraction").alias("share"),
         pl.lit(1.0).alias("held"),
-        ((pl.col("v") - pl.col("u")) // MINUTE_MS).alias("n_minutes"))
+        ((pl.col("v") - pl.col("u")) // MINUTE_MS).alias("n_minutes"))).lazy()
     alloc = (
         jobs.sort(["share", "job_id"], descending=[True, False])
         .group_by(MINUTE_KEYS)
