@@ -25,18 +25,19 @@ RUN_KEYS = [*GPU_KEYS, "from_ms"]
 
 
 def _boundaries(runs: pl.LazyFrame, pieces: pl.LazyFrame) -> pl.LazyFrame:
-    """Every minute-aligned boundary inside each run: its ends, whole hours, and the
-    minutes around each allocation's start and end."""
+    """Every minute-aligned boundary inside each run (``_run``, its number): its ends,
+    whole hours, and the minutes around each allocation's start and end."""
     hours = runs.select(
-        *RUN_KEYS, pl.int_ranges((pl.col("from_ms") // HOUR_MS + 1) * HOUR_MS, pl.col("to_ms"),
-                                 HOUR_MS).alias("t")).explode("t")
-    ends = runs.select(*RUN_KEYS, pl.concat_list("from_ms", "to_ms").alias("t")).explode("t")
+        "_run", pl.int_ranges((pl.col("from_ms") // HOUR_MS + 1) * HOUR_MS, pl.col("to_ms"),
+                              HOUR_MS).alias("t")).explode("t")
+    ends = runs.select("_run", pl.concat_list("from_ms", "to_ms").alias("t")).explode("t")
     cuts = pieces.select(*GPU_KEYS, pl.concat_list(
         floor_minute_ms(pl.col("s_ms")), ceil_minute_ms(pl.col("s_ms")),
         floor_minute_ms(pl.col("e_ms")), ceil_minute_ms(pl.col("e_ms"))).alias("t")
-    ).explode("t").join(runs.select(*RUN_KEYS, "to_ms"), on=GPU_KEYS, how="inner").filter(
+    ).explode("t").join(runs.select(*GPU_KEYS, "_run", "from_ms", "to_ms"), on=GPU_KEYS,
+                        how="inner").filter(
         (pl.col("t") > pl.col("from_ms")) & (pl.col("t") < pl.col("to_ms")))
-    return pl.concat([ends, hours.filter(pl.col("t").is_not_null()), cuts.select(*RUN_KEYS, "t")]
+    return pl.concat([ends, hours.filter(pl.col("t").is_not_null()), cuts.select("_run", "t")]
                      ).unique()
 
 
@@ -52,13 +53,20 @@ def _edge_minutes(pieces: pl.LazyFrame) -> pl.LazyFrame:
 def split_runs(runs: pl.LazyFrame, pieces: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """A sparse GPU's runs cut at every boundary: (edge minutes as one-minute runs, for the
     exact path; span segments ``u``/``v`` with the run's attributes)."""
-    bounds = _boundaries(runs, pieces).sort([*RUN_KEYS, "t"])
+    # the runs numbered in their keys' order: the boundaries are sorted by two integers
+    # (the run's number, the time), not by the node's name (a 24-hour step of the openb
+    # trace's 6,212 GPUs: 155,000 boundaries, 42 ms sorted by name, 13 by number), and
+    # each run's next boundary is the next row's when it is of the same run
+    numbered = runs.sort(RUN_KEYS).with_row_index("_run")
+    bounds = _boundaries(numbered, pieces).sort(["_run", "t"])
+    same_run = pl.col("_run") == pl.col("_run").shift(-1)
     # collected once: the edges and the spans are read by separate plans
     segments = engines.step_frame(
-        bounds.with_columns(pl.col("t").shift(-1).over(RUN_KEYS).alias("v"))
+        bounds.with_columns(pl.when(same_run).then(pl.col("t").shift(-1)).alias("v"))
         .filter(pl.col("v").is_not_null())
         .rename({"t": "u"})
-        .join(runs, on=RUN_KEYS, how="inner")
+        .join(numbered, on="_run", how="inner")
+        .select(*RUN_KEYS, "u", "v", pl.exclude(*RUN_KEYS, "u", "v", "_run"))
         .join(_edge_minutes(pieces), on=[*GPU_KEYS, "u"], how="left")
     ).lazy()
     edges = segments.filter(pl.col("edge").fill_null(False)).with_columns(
