@@ -1419,19 +1419,18 @@ class Processor:
         outside this run's time (:meth:`_earlier_hours`)."""
         if not keys:
             return {}
-        hours: list[pl.DataFrame] = []
+        days: list[pl.DataFrame] = []
         for day, part in sorted(keys):
             kept = self.day_hourly[(day, part)]
-            hours += [kept[h].with_columns(pl.lit(day).alias("_day"),
-                                           pl.lit(part, pl.Int64).alias("partition"))
-                      for h in sorted(kept)]
+            hours = [kept[h] for h in sorted(kept)]
             closed = self.closed_until
             last = final or (closed is not None and day + timedelta(days=1) <= closed)
             earlier = self._earlier_hours(day, set(kept)) if last else None
             if earlier is not None:
-                hours.append(earlier.with_columns(pl.lit(day).alias("_day"),
-                                                  pl.lit(part, pl.Int64).alias("partition")))
-        rows = rollup.daily(pl.concat(hours), by=("partition", "_day"))
+                hours.append(earlier)
+            days.append(pl.concat(hours).with_columns(
+                pl.lit(day).alias("_day"), pl.lit(part, pl.Int64).alias("partition")))
+        rows = rollup.daily(pl.concat(days), by=("partition", "_day"))
         return self._split_rollup("gpu_daily", rows, ["_day", "partition"], keys)
 
     def _earlier_hours(self, day: datetime, mine: set[datetime]) -> pl.DataFrame | None:
