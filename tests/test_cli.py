@@ -286,6 +286,21 @@ def test_an_alert_webhook_that_is_no_http_url_is_refused_at_start(
     assert not (tmp_path / "wh").exists()
 
 
+def test_a_refused_ops_option_leaves_an_earlier_demo_as_it_was(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The options are checked before an earlier demo's warehouse is cleared (it was
+    deleted first, then the run refused)."""
+    wh = tmp_path / "wh"
+    assert main(["demo", "--hours", "0.2", "--quiet", "--warehouse", str(wh)]) == 0
+    before = sorted(p.relative_to(wh) for p in wh.rglob("*"))
+    capsys.readouterr()
+    for bad in (["--alert-webhook", "foo"], ["--metrics-address", "nowhere:port"]):
+        assert main(["demo", "--hours", "0.2", "--quiet", "--warehouse", str(wh), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and bad[0] in err and "replacing" not in err, err
+        assert sorted(p.relative_to(wh) for p in wh.rglob("*")) == before
+
+
 def test_an_alert_webhook_refused_for_its_credentials_does_not_show_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = "http://alice:S3cretPW@127.0.0.1:1/api/v2/alerts"

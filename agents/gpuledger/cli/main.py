@@ -158,6 +158,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if (args.metrics_address or args.alert_webhook) and args.kafka:
         raise CliError("--metrics-address and --alert-webhook work with the embedded bus; "
                        "with Kafka, run: gpuledger process --metrics-address HOST:PORT")
+    _check_ops_options(args)  # before an earlier demo is cleared
     from gpuledger.pipeline.demo import check_for_demo, clear_demo
 
     earlier = check_for_demo(args.warehouse)
@@ -215,7 +216,8 @@ def _demo_run(args: argparse.Namespace, sim: Any, config: Any, ops: Any) -> int:
 
 def _check_ops_options(args: argparse.Namespace) -> None:
     """A :class:`CliError` for a ``--alert-webhook`` or ``--metrics-address`` that is
-    not one, said before anything else is done (a broker waited for, a topic made)."""
+    not one, said before anything else is done (a broker waited for, a topic made, an
+    earlier demo cleared): each command that takes them calls it first."""
     from gpuledger.pipeline.alerts.sinks import webhook_problem
     from gpuledger.pipeline.exporter.server import AddressError, parse_address
 
@@ -236,7 +238,6 @@ def _ops(args: argparse.Namespace, config: Any, kafka: Any = None) -> Any:
     from gpuledger.pipeline.exporter.server import AddressError
     from gpuledger.pipeline.ops import OpsSurface
 
-    _check_ops_options(args)
     try:
         # the alerts topic is made at the start: Kafka must answer
         if kafka is not None:
