@@ -288,6 +288,30 @@ def test_global_parts_of_instances_gone_are_deleted(tmp_path: Path) -> None:
     assert (tmp_path / "state" / "global-me.checkpoint").exists()
 
 
+def test_the_checkpoint_folder_holds_a_mark_a_global_part_or_a_section(tmp_path: Path) -> None:
+    """`holds` (is there a checkpoint of the group, or one of the marks?) and the names
+    every listing of the folder goes by: a global part, a partition's section; a
+    temporary file, one in a subfolder or another name is neither."""
+    from gpuledger.pipeline.store import open_store
+
+    store = open_store(tmp_path / "state")
+    folder = checkpoint.CheckpointStore(store, "me")
+    assert not folder.holds("writing")
+    for name in (".global-x.checkpoint.0123456789ab.tmp", "sub/global-x.checkpoint",
+                 "sub/partition-p001.checkpoint", "partition-pxyz.checkpoint",
+                 "global-x.checkpoint.old", "deployment.id"):
+        store.write(name, b"x")
+    assert not folder.holds("writing")
+    assert folder.partitions() == set()
+    store.write("writing", b"x")
+    assert folder.holds("writing") and not folder.holds()
+    store.write("partition-p002.checkpoint", b"x")
+    assert folder.holds() and folder.partitions() == {2}
+    store.delete("partition-p002.checkpoint")
+    store.write("global-other.checkpoint", b"x")
+    assert folder.holds() and folder.partitions() == set()
+
+
 def _book() -> JobBook:
     """A job book with every kind of row: running, pending, ended, preempted and
     requeued attempts, a checkpoint, a shared GPU."""

@@ -59,7 +59,7 @@ from gpuledger.pipeline.generations import unit_of
 from gpuledger.pipeline.processor import ACC_SCHEMA, Processor
 from gpuledger.pipeline.state.inventory import InventoryBook
 from gpuledger.pipeline.state.jobs import ATTEMPT_SCHEMA, OWNER, BookCounters, Job, JobBook
-from gpuledger.pipeline.store import Store
+from gpuledger.pipeline.store import Entry, Store
 
 VERSION = 3
 
@@ -390,6 +390,21 @@ def drop_partition(processor: Processor, partition: int) -> None:
 
 # -- files -------------------------------------------------------------------------------
 
+def _is_global(name: str) -> bool:
+    """Whether ``name`` (a path in the checkpoint folder) is an instance's global part,
+    ``global-<instance>.checkpoint``."""
+    return name.startswith("global-") and name.endswith(".checkpoint") and "/" not in name
+
+
+def _partition_of(name: str) -> int | None:
+    """The partition whose section ``name`` is (``partition-pNNN.checkpoint``), or None."""
+    number = name[11:-11]
+    if name.startswith("partition-p") and name.endswith(".checkpoint") \
+            and "/" not in name and number.isascii() and number.isdigit():
+        return int(number)
+    return None
+
+
 class CheckpointStore:
     """Where an instance keeps its checkpoints: ``global-<instance>.checkpoint`` and
     ``partition-pNNN.checkpoint`` (the newest section of each partition, written by
@@ -413,10 +428,7 @@ class CheckpointStore:
         without ``--instance-id`` each process writes one of its own, and they piled up),
         keeping the newest (a new instance starts from it); the names deleted."""
         mine = self.global_path()
-        found = sorted((e for e in self.store.list("")
-                        if e.path.startswith("global-") and "/" not in e.path
-                        and e.path.endswith(".checkpoint")),
-                       key=lambda e: e.mtime, reverse=True)
+        found = self._globals_newest_first()
         gone = [e.path for e in found[1:] if e.path != mine and now - e.mtime > idle_s]
         for path in gone:
             self.store.delete(path)
@@ -424,13 +436,20 @@ class CheckpointStore:
 
     def partitions(self) -> set[int]:
         """The partitions with a section file."""
-        out = set()
-        for e in self.store.list(""):
-            name = e.path
-            if name.startswith("partition-p") and name.endswith(".checkpoint") \
-                    and "/" not in name and name[11:-11].isascii() and name[11:-11].isdigit():
-                out.add(int(name[11:-11]))
-        return out
+        return {p for p in (_partition_of(e.path) for e in self.store.list(""))
+                if p is not None}
+
+    def holds(self, *marks: str) -> bool:
+        """Whether the folder holds one of the files ``marks``, a global part or a
+        partition's section (one listing)."""
+        return any(self.store.exists(mark) for mark in marks) or any(
+            _is_global(e.path) or _partition_of(e.path) is not None
+            for e in self.store.list(""))
+
+    def _globals_newest_first(self) -> list[Entry]:
+        """The global parts of every instance, the newest first."""
+        return sorted((e for e in self.store.list("") if _is_global(e.path)),
+                      key=lambda e: e.mtime, reverse=True)
 
     def _write(self, path: str, blob: dict[str, Any]) -> None:
         self.store.write(path, _dump(blob))
@@ -462,10 +481,7 @@ class CheckpointStore:
         starts from the books of one that ran): the global offsets to resume from."""
         blob = self._read(self.global_path())
         if blob is None:
-            others = sorted((e for e in self.store.list("")
-                             if e.path.startswith("global-") and "/" not in e.path
-                             and e.path.endswith(".checkpoint")),
-                            key=lambda e: e.mtime, reverse=True)
+            others = self._globals_newest_first()
             blob = self._read(others[0].path) if others else None
         if blob is None:
             return None

@@ -555,10 +555,7 @@ class KafkaProcessorService:
     def _group_has_checkpoint(self) -> bool:
         """Whether the group's checkpoint folder holds a checkpoint, or the mark that an
         instance of the group passed the other-writers check (:data:`WRITING_MARK`)."""
-        return self.store.store.exists(WRITING_MARK) or any(
-            e.path.startswith("global-") and e.path.endswith(".checkpoint")
-            and "/" not in e.path for e in self.store.store.list("")) \
-            or bool(self.store.partitions())
+        return self.store.holds(WRITING_MARK)
 
     def _refuse_other_writers(self, first: datetime) -> None:
         """A group with no checkpoint yet, starting at ``first``: refuse (one
