@@ -1327,11 +1327,12 @@ class Processor:
         done = sorted(
             (hour, part) for hour, part in keys
             if final or (closed is not None and hour + timedelta(hours=1) <= closed))
-        self._write_rollup_hours(done, self._hourly_rollups(done))
-        for table in HOURLY_TABLES:
-            self._write_table_hours(table, done)
-        days = {(hour.replace(hour=0), part) for hour, part in done
-                if (hour.replace(hour=0), part) in self.day_hourly}
+        hourly = self._hourly_rollups(done)
+        days: set[tuple[datetime, int]] = set()
+        for hour, part in done:
+            self._write_hour(hour, part, hourly.get((hour, part)))
+            if (hour.replace(hour=0), part) in self.day_hourly:
+                days.add((hour.replace(hour=0), part))
         if final and self.partitioning is None and self._run_from is not None:
             days |= set(self.day_hourly)  # each day's last roll-up takes earlier hours
             self._roll_up_days_without_hours()
@@ -1342,10 +1343,9 @@ class Processor:
         # ends them, not when their hour is complete: with the running snapshot of the
         # same step, a reader sees every attempt ended or running, never neither
         written = set(done)
-        for table in MERGED_TABLES:
-            self._write_table_hours(table, sorted(
-                k[1:] for k in self.hour_parts if k[0] == table and k[1:] not in written),
-                partial=True)
+        for table, hour, part in sorted(k for k in self.hour_parts
+                                        if k[0] in MERGED_TABLES and k[1:] not in written):
+            self._write_table_hour(table, hour, part, complete=False)
         if self._step is not None:
             self._drop_replaced(self._step)
 
@@ -1492,55 +1492,52 @@ class Processor:
         empty = self._shape(table, rows.clear())
         return {key: out.get(key, empty) for key in keys}
 
-    def _complete(self, hour: datetime) -> bool:
-        """Whether ``hour`` is closed whole."""
+    def _write_hour(self, hour: datetime, partition: int,
+                    hourly: pl.DataFrame | None) -> None:
+        """Write the buffered parts of ``hour`` (partial ones stay buffered); ``hourly``:
+        its ``gpu_hourly`` rows, when it has roll-up partials."""
         closed = self.closed_until
-        return closed is not None and hour + timedelta(hours=1) <= closed
-
-    def _write_rollup_hours(self, keys: list[tuple[datetime, int]],
-                            hourly: dict[tuple[datetime, int], pl.DataFrame]) -> None:
-        """Write the ``gpu_hourly`` rows of each (hour, partition) of ``keys`` that has
-        roll-up partials (``hourly``: its rows); a partial hour's partials stay."""
-        wanted = [key for key in keys if self.rollup_parts.get(key)]
-        self.warehouse.write_parts(
-            "gpu_hourly", [(hour, hourly[(hour, part)], self.suffix(part))
-                           for hour, part in wanted], SORT_KEYS["gpu_hourly"])
-        for hour, part in wanted:
+        complete = closed is not None and hour + timedelta(hours=1) <= closed
+        suffix = self.suffix(partition)
+        partials = self.rollup_parts.get((hour, partition))
+        if partials:
+            assert hourly is not None  # every hour with partials is rolled up
+            self.warehouse.write_part("gpu_hourly", hour, hourly, SORT_KEYS["gpu_hourly"],
+                                      suffix=suffix)
             if self.partitioning is None:
-                self._step_written.add(("gpu_hourly", hour, part))
-            self.day_hourly.setdefault((hour.replace(hour=0), part), {})[hour] = \
-                hourly[(hour, part)]
-            partials = self.rollup_parts[(hour, part)]
-            if self._complete(hour):
-                del self.rollup_parts[(hour, part)]
+                self._step_written.add(("gpu_hourly", hour, partition))
+            self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
+            if complete:
+                del self.rollup_parts[(hour, partition)]
             else:
-                self.rollup_parts[(hour, part)] = [pl.concat(partials)]
+                self.rollup_parts[(hour, partition)] = [pl.concat(partials)]
+        for table in HOURLY_TABLES:
+            self._write_table_hour(table, hour, partition, complete)
 
-    def _write_table_hours(self, table: str, keys: list[tuple[datetime, int]],
-                           partial: bool = False) -> None:
-        """Write ``table``'s buffered rows of each (hour, partition) of ``keys`` (a merged
-        table's are added to what is there; another table's partial hour stays
-        buffered, to be rewritten whole; ``partial``: every hour is taken as partial).
+    def _write_table_hour(self, table: str, hour: datetime, partition: int,
+                          complete: bool) -> None:
+        """Write ``table``'s buffered rows of ``hour`` (a merged table's are added to what
+        is there; another table's partial hour stays buffered, to be rewritten whole).
 
         A run that holds every partition keeps the keys of the merged rows it writes
         where earlier runs wrote (:meth:`_drop_earlier_rows`)."""
-        frames = {(hour, part): pl.concat(parts, how="vertical_relaxed")
-                  for hour, part in keys if (parts := self.hour_parts.get((table, hour, part)))}
+        key = (table, hour, partition)
+        parts = self.hour_parts.get(key)
+        if not parts:
+            return
+        frame = pl.concat(parts, how="vertical_relaxed")
         merge = table in MERGED_TABLES
-        self.warehouse.write_parts(
-            table, [(hour, frame, self.suffix(part)) for (hour, part), frame in frames.items()],
-            SORT_KEYS[table], merge=merge)
-        for (hour, part), frame in frames.items():
-            key = (table, hour, part)
-            if self.partitioning is None:
-                self._step_written.add(key)
-            if merge and self._earlier:
-                self._run_keys.setdefault(table, []).append(frame.select(_run_key(table)))
-            self.counters.add_rows(table, frame.height)
-            if (self._complete(hour) and not partial) or merge:
-                del self.hour_parts[key]
-            else:
-                self.hour_parts[key] = [frame]
+        self.warehouse.write_part(table, hour, frame, SORT_KEYS[table], merge=merge,
+                                  suffix=self.suffix(partition))
+        if self.partitioning is None:
+            self._step_written.add(key)
+        if merge and self._earlier:
+            self._run_keys.setdefault(table, []).append(frame.select(_run_key(table)))
+        self.counters.add_rows(table, frame.height)
+        if complete or merge:
+            del self.hour_parts[key]
+        else:
+            self.hour_parts[key] = [frame]
 
     def _write_daily(self, day: datetime, partition: int, daily: pl.DataFrame) -> None:
         kept = self.day_hourly[(day, partition)]

@@ -62,11 +62,6 @@ FACTS = "facts"
 CATALOG = "catalog.duckdb"
 SCHEMA_FILE = "_schema.parquet"
 FLOAT_DECIMALS = 9
-SHAPED_TOGETHER_ROWS = 1 << 18
-"""At most this many rows of small parts are rounded and sorted together
-(:meth:`Warehouse.write_parts`): a larger part pays its own fixed cost, which is then
-small beside its rows, and the rows shaped together are copied once more."""
-_FRAME = "__frame"
 CATALOG_UNITS = ("warehouse", "p000")
 """The catalog is rebuilt by the writer of these units (one writer, so that it never
 goes back to an older generation of another writer's files)."""
@@ -222,50 +217,6 @@ class Warehouse:
         except Exception as exc:  # Polars' ComputeError, an OSError of the reader
             raise StoreError(f"{self.store.url_of(path)}: {_unreadable(exc, path)}") from None
 
-    def write_parts(self, table: str, parts: list[tuple[datetime, pl.DataFrame, str | None]],
-                    sort_by: list[str], merge: bool = False) -> None:
-        """:meth:`write_part` of each hourly part of ``table`` in ``parts`` (its hour, its
-        rows and its partition's suffix). The parts written whole (not merged into rows
-        already there, nor into a compacted day) are rounded and sorted together, up to
-        :data:`SHAPED_TOGETHER_ROWS` rows at a time: a step of a partitioned engine or of
-        a history writes dozens of small parts of a table, and each paid the fixed cost
-        of a rounding and a sort of its own."""
-        whole: list[tuple[datetime, pl.DataFrame, str | None]] = []
-        for when, frame, suffix in parts:
-            if merge or frame.is_empty() or self._in_compacted_day(table, when, suffix) \
-                    or frame.schema != parts[0][1].schema:
-                self.write_part(table, when, frame, sort_by, merge=merge, suffix=suffix)
-            else:
-                whole.append((when, frame, suffix))
-        batch: list[tuple[datetime, pl.DataFrame, str | None]] = []
-        for i, part in enumerate(whole):
-            batch.append(part)
-            rows = sum(f.height for _, f, _ in batch)
-            if i + 1 == len(whole) or rows + whole[i + 1][1].height > SHAPED_TOGETHER_ROWS:
-                shaped = self._shaped_apart([f for _, f, _ in batch], sort_by)
-                for (when, _, suffix), frame in zip(batch, shaped, strict=True):
-                    self._put(self.part_path(table, when, True, suffix), parquet_bytes(frame),
-                              frame.height, suffix)
-                batch = []
-
-    def _shaped_apart(self, frames: list[pl.DataFrame], sort_by: list[str]
-                      ) -> list[pl.DataFrame]:
-        """Each of ``frames`` (of one schema, none empty) as :meth:`_shape` makes it: the
-        rows of all of them rounded and sorted once, by their frame first, then split."""
-        if len(frames) == 1:
-            return [self._shape(frames[0], sort_by)]
-        tagged = pl.concat([f.with_columns(pl.lit(i, pl.UInt32).alias(_FRAME))
-                            for i, f in enumerate(frames)], how="vertical")
-        apart = self._shape(tagged, [_FRAME, *sort_by]).partition_by(
-            _FRAME, maintain_order=True, include_key=False, as_dict=True)
-        return [apart[(i,)] for i in range(len(frames))]
-
-    def _in_compacted_day(self, table: str, when: datetime, suffix: str | None) -> bool:
-        """Whether an hourly part of ``table`` at ``when`` goes into its compacted day's
-        object (:meth:`_into_compacted_day`)."""
-        return table in compaction.PART_TIME and self.publisher.current(
-            self._unit(suffix), self.part_path(table, when, False, suffix)) is not None
-
     def write_part(
         self, table: str, when: datetime, frame: pl.DataFrame, sort_by: list[str],
         hourly: bool = True, merge: bool = False, suffix: str | None = None,
@@ -278,7 +229,9 @@ class Warehouse:
         goes into the day's object (the hour's rows there are replaced or merged).
         """
         path = self.part_path(table, when, hourly, suffix)
-        if hourly and self._in_compacted_day(table, when, suffix):
+        day = self.part_path(table, when, False, suffix)
+        if hourly and table in compaction.PART_TIME \
+                and self.publisher.current(self._unit(suffix), day) is not None:
             return self._into_compacted_day(table, when, frame, sort_by, merge, suffix)
         if merge:
             old = self.read(path, suffix)
