@@ -202,6 +202,12 @@ def test_answers_match_the_facts(root: Path, report: Report) -> None:
     assert len(got) == hourly.height > 0
     for pool, card, alloc, used in hourly.iter_rows():
         assert got[(pool, card)] == (pytest.approx(alloc), pytest.approx(used))
+    # "Allocated of available" beside the available GPU-hours it divides by (capacity
+    # less the unavailable hours), so that a reader can check it
+    for row in (dict(zip(a.columns, r, strict=True)) for r in a.rows):
+        assert row["available"] == pytest.approx(row["capacity"] - row["unavailable"])
+        assert row["allocated_pct"] == pytest.approx(100 * row["allocated"] / row["available"])
+    assert any(r[a.columns.index("unavailable")] > 0 for r in a.rows)
     # the top wasting attempt: observed − used GPU-hours, from the attempt facts
     every = pl.concat([table(root, "job_attempts"), table(root, "running_attempts")],
                       how="diagonal_relaxed")
