@@ -125,8 +125,7 @@ SECTIONS: tuple[Section, ...] = (
                   sum(free_gpu_hours) AS free,
                   sum(unaccounted_use_gpu_hours) AS unaccounted,
                   sum(unavailable_gpu_hours) AS unavailable,
-                  100 * sum(allocated_gpu_hours)
-                      / nullif(sum(gpu_hours - unavailable_gpu_hours), 0) AS allocated_pct,
+                  100 * sum(allocated_gpu_hours) / nullif(available, 0) AS allocated_pct,
                   100 * sum(used_gpu_hours)
                       / nullif(sum(allocated_gpu_hours - no_telemetry_gpu_hours), 0) AS used_pct
            FROM gpu_hourly WHERE WINDOW(hour)
