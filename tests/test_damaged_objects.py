@@ -260,6 +260,34 @@ def test_facts_no_manifest_names_are_refused_never_an_empty_warehouse(
     assert out == ""
 
 
+def test_facts_uploaded_ahead_of_a_units_first_manifest_are_nothing_published_yet(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a reader looping beside a first ingest on a loaded machine: between the
+    first uploads and the unit's first manifest, readers stopped with "the facts are
+    there but no manifest names them (manifests/ deleted?)". The writer's ``started``
+    object says a first commit is under way; it goes with that commit, so manifests
+    deleted later are still refused (the test above)."""
+    import time
+
+    from gpuledger.cli.main import main
+    from gpuledger.pipeline.warehouse import open_snapshot
+
+    root = tmp_path / "wh"
+    publisher = Publisher(open_store(root), 3600)
+    obj = publisher.put("warehouse", LOGICAL, b"PAR1 not yet named by any manifest")
+    deadline = time.monotonic() + 30
+    while not (root / obj).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (root / obj).exists() and (root / "manifests/warehouse/started").exists()
+    assert open_snapshot(root)[1].generations == {}
+    assert main(["query", "--format", "csv", "select 1 AS n", "--warehouse", str(root)]) == 2
+    assert "nothing published yet" in capsys.readouterr().err
+    publisher.commit(wait=True)
+    publisher.close()
+    assert open_snapshot(root)[1].generations == {"warehouse": 1}
+    assert not (root / "manifests/warehouse/started").exists()
+
+
 def test_a_warehouse_of_schema_files_alone_is_read_as_empty(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The listing looks past the tables' schema files: a warehouse with nothing

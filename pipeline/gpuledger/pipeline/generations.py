@@ -192,6 +192,18 @@ def manifest_path(unit: str, generation: int) -> str:
 
 
 RETIRED = "retired"
+STARTED = "started"
+"""``manifests/<unit>/started``: an empty object a writer puts before its first upload
+to a unit that has no manifest yet, and deletes once the unit's first manifest is
+written. Between that upload and that manifest the facts are there and nothing names
+them, as when the manifests were deleted; this object tells the two apart
+(``warehouse.check_unnamed_facts``): readers took a first ingest's first seconds for
+deleted manifests and stopped ("restore manifests/ from a backup"). A writer cut off
+before its first commit leaves it: nothing is published, and readers say so."""
+
+
+def started_path(unit: str) -> str:
+    return f"{MANIFESTS}/{unit}/{STARTED}"
 
 
 def retired_path(unit: str, generation: int) -> str:
@@ -394,6 +406,8 @@ class Publisher:
         """unit → objects retired since its last commit (object → when)."""
         self._logs: dict[str, list[RetiredLog]] = {}
         """unit → its retired logs whose objects are not all deleted yet."""
+        self._started: set[str] = set()
+        """Units whose ``STARTED`` object this writer put and has not deleted yet."""
         self.after_commit: list[Callable[[set[str]], None]] = []
         """Called on the committer thread with the units just published."""
         self.objects_written = 0
@@ -406,6 +420,10 @@ class Publisher:
         manifest = self.manifests.get(name)
         if manifest is None:
             listed = _listed(self.store).get(name, [])
+            if not listed:  # before anything of the unit is uploaded (``STARTED``)
+                self.store.write(started_path(name), b"")
+                with self._lock:
+                    self._started.add(name)
             manifest = _newest(self.store, name, listed) or Manifest(name)
             if listed:  # a generation cut off after the newest whole one is skipped
                 manifest.generation = max(manifest.generation, listed[0][0])
@@ -625,6 +643,11 @@ class Publisher:
                 self.store.create(manifest_path(name, generation), data)
             except StoreConflict:
                 raise WriterConflict(self.store.url, name, generation) from None
+            with self._lock:
+                first = name in self._started
+                self._started.discard(name)
+            if first:  # the unit's first manifest is there: it no longer starts
+                self.store.delete(started_path(name))
         self._release_done()
         now = self.clock()
         self._delete_retired(done, {r.path for _n, _g, _d, r in blobs if r is not None})

@@ -44,6 +44,7 @@ from gpuledger.pipeline import compaction, external_sort, temp_folders
 from gpuledger.pipeline.config import WarehouseOptions
 from gpuledger.pipeline.generations import (
     MANIFESTS,
+    STARTED,
     Manifest,
     Publisher,
     Snapshot,
@@ -955,7 +956,11 @@ def check_unnamed_facts(store: Store) -> None:
     """For a warehouse with no generation published: a :class:`StoreError` when
     ``facts/`` still holds data objects (anything but the tables' schema files), which
     no manifest names: its manifests were deleted (readers answered 0 rows and "no data
-    in this window", exit 0). One listing of ``facts/``, in that rare case only."""
+    in this window", exit 0). A listing of ``manifests/`` and one of ``facts/``, in that
+    rare case only. None when a unit's ``started`` object is there: a writer's first
+    commit is under way (or was cut off), and nothing is published yet."""
+    if any(e.path.endswith(f"/{STARTED}") for e in store.list(MANIFESTS)):
+        return
     for entry in store.list(FACTS):
         if entry.path.rsplit("/", 1)[-1] != SCHEMA_FILE:
             raise StoreError(
