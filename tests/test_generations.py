@@ -30,14 +30,14 @@ from fact_views import assert_same_facts
 from s3_server import S3Server
 from test_simulate import SMALL
 
-from gpuledger.pipeline import query
+from gpuledger.pipeline import query, warehouse
 from gpuledger.pipeline.compaction import PART_TIME
 from gpuledger.pipeline.config import ProcessorConfig, WarehouseOptions
-from gpuledger.pipeline.generations import read_manifests, retired_objects
+from gpuledger.pipeline.generations import Snapshot, read_manifests, retired_objects
 from gpuledger.pipeline.ingest import ingest
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate, write_jsonl
-from gpuledger.pipeline.store import open_store
+from gpuledger.pipeline.store import Store, open_store
 from gpuledger.pipeline.warehouse import Warehouse, published_files, read_table
 
 SPARSE = ("blocked_minute", "preemptions", "candidates")
@@ -111,10 +111,21 @@ def where(request: pytest.FixtureRequest, tmp_path: Path,
 
 def test_a_reader_sees_whole_generations_while_ingests_and_compaction_write(
     where: tuple[str, dict[str, str]], histories: list[Path], reference: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, env = where
     seen: list[tuple[int, ...]] = []
     generations: set[int] = set()
+    read: list[dict[str, int]] = [{}]  # the generations the last connection was opened on
+    snapshot_of = warehouse.read_snapshot
+
+    def recorded(store: Store) -> Snapshot:
+        snapshot = snapshot_of(store)
+        read.append(dict(snapshot.generations))
+        return snapshot
+
+    monkeypatch.setattr(warehouse, "read_snapshot", recorded)
+    opened: list[dict[str, int]] = []
     for folder in histories:
         writer = subprocess.Popen(_ingest_cmd(folder, url), env=_env(env),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -138,8 +149,9 @@ def test_a_reader_sees_whole_generations_while_ingests_and_compaction_write(
                 if seen:
                     last = seen[-1]
                     assert ended >= last[0] and attempts >= last[1] and minutes >= last[3], \
-                        (last, row)
+                        (last, row, "generations read:", opened[-1], read[-1])
                 seen.append(tuple(row))
+                opened.append(read[-1])
                 generations.add(sum(m.generation for m in
                                     read_manifests(open_store(url)).values()))
                 if done:
