@@ -109,7 +109,8 @@ def test_a_broker_restart_mid_run_changes_nothing(
         # warning at each, 1, 2, 4 … 30 s apart, and no end said, before)
         said = [line for line in text.splitlines() if "reaching Kafka" in line]
         if said or outage_s > 10:    # longer than a session (10 s): always said
-            assert "reaching Kafka failed (" in said[0], said
+            # (the service's log with it: a 15 s outage once went unsaid in CI, exit 0)
+            assert said and "reaching Kafka failed (" in said[0], text[-4000:]
             assert "reaching Kafka works again after " in said[-1] and len(said) <= 3, said
     finally:
         if proc.poll() is None:
