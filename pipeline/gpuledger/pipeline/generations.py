@@ -406,8 +406,6 @@ class Publisher:
         """unit → objects retired since its last commit (object → when)."""
         self._logs: dict[str, list[RetiredLog]] = {}
         """unit → its retired logs whose objects are not all deleted yet."""
-        self._started: set[str] = set()
-        """Units whose ``STARTED`` object this writer put and has not deleted yet."""
         self.after_commit: list[Callable[[set[str]], None]] = []
         """Called on the committer thread with the units just published."""
         self.objects_written = 0
@@ -422,8 +420,6 @@ class Publisher:
             listed = _listed(self.store).get(name, [])
             if not listed:  # before anything of the unit is uploaded (``STARTED``)
                 self.store.write(started_path(name), b"")
-                with self._lock:
-                    self._started.add(name)
             manifest = _newest(self.store, name, listed) or Manifest(name)
             if listed:  # a generation cut off after the newest whole one is skipped
                 manifest.generation = max(manifest.generation, listed[0][0])
@@ -643,10 +639,7 @@ class Publisher:
                 self.store.create(manifest_path(name, generation), data)
             except StoreConflict:
                 raise WriterConflict(self.store.url, name, generation) from None
-            with self._lock:
-                first = name in self._started
-                self._started.discard(name)
-            if first:  # the unit's first manifest is there: it no longer starts
+            if not self._written.get(name):  # its first manifest: ``STARTED`` goes
                 self.store.delete(started_path(name))
         self._release_done()
         now = self.clock()
