@@ -323,3 +323,27 @@ def test_a_damaged_object_a_run_merges_into_is_one_line_with_what_works(
     assert message.startswith(f"{root}/facts/job_attempts/date=2026-01-05/job_attempts-"
                               "2026-01-05T10") and "not a readable Parquet file" in message
     assert message.endswith(REPAIR_MERGED) and "\n" not in message
+
+
+def test_a_newer_manifest_listed_and_not_read_sends_the_reader_to_a_new_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader never takes an older generation than the newest it listed without listing
+    again: a newer manifest that reads as not there (pruned after two newer ones were
+    written, or a store's passing 404) means the unit has moved on. It took generation 3
+    while 5 was there; an S3 reader in CI once went back three generations."""
+    from gpuledger.pipeline.generations import Manifest, manifest_path
+
+    store = open_store(tmp_path)
+    for gen in (3, 4):
+        store.write(manifest_path("warehouse", gen), Manifest("warehouse", gen).to_bytes())
+    read = Store.read
+    misses = {manifest_path("warehouse", 4): 1}
+
+    def passing_404(self: Store, path: str) -> bytes | None:
+        if misses.get(path):
+            misses[path] -= 1   # the first read of generation 4: not there; then 5 is
+            store.write(manifest_path("warehouse", 5), Manifest("warehouse", 5).to_bytes())
+            return None
+        return read(self, path)
+    monkeypatch.setattr(Store, "read", passing_404)
+    assert read_manifests(store)["warehouse"].generation == 5

@@ -297,11 +297,18 @@ def _newest(store: Store, unit: str, generations: list[tuple[int, float]],
     and none can be read: the unit is damaged, never taken for one with nothing
     published (readers answered 0 rows, and a writer started again at generation 0)."""
     passed: list[str] = []
+    gone = False
     for generation, _t in generations:
         where = store.url_of(manifest_path(unit, generation))
         data = store.read(manifest_path(unit, generation))
         if data is None:
+            gone = True
             continue
+        if gone and again:
+            # a newer one listed and not there: a writer prunes a manifest only once two
+            # newer ones are written, so this one is old; the newest are in a new listing
+            # (an S3 reader once went back three generations, cause not found)
+            return _newest(store, unit, _listed(store).get(unit, []), again=False)
         try:
             found = Manifest.from_bytes(data, where)
             if found.unit != unit:
