@@ -544,3 +544,41 @@ def test_kafka_alerts_topic_receives_each_event_once(tmp_path: Path, kafka: Any)
         assert msg["status"] == event.status
         assert msg["labels"]["alertname"] == event.name
         assert msg["evidence"] == json.loads(json.dumps(event.evidence, default=str))
+
+
+def test_kafka_alert_events_in_a_broker_outage_are_held_and_sent_once_it_answers(
+        kafka: Any) -> None:
+    """The broker down before the first event: ``publish`` returns within about a second
+    (the producer's first send waited 60 s for the topic's metadata, holding the Kafka
+    service's close pass, which then said nothing of the outage), holds the events, and
+    sends them, each once and in order, when the broker answers again."""
+    from kafka_fixtures import topic_messages
+
+    from gpuledger.pipeline.alerts.sinks import SEND_WAIT_MS
+    from gpuledger.pipeline.kafka.settings import load_settings
+
+    if not kafka.managed:
+        pytest.skip("broker from GPULEDGER_TEST_KAFKA_BOOTSTRAP: not ours to stop")
+    settings = load_settings(kafka.bootstrap, {"GPULEDGER_KAFKA_TOPIC_PREFIX":
+                                               f"held-{uuid.uuid4().hex[:8]}."})
+    sink = KafkaAlertSink(settings)   # the topic made; the producer has sent nothing
+    try:
+        kafka.stop_process()
+        try:
+            waited = []
+            for name in ("a", "b", "c"):
+                t0 = time.monotonic()
+                sink.publish([firing(f"{name}1"), firing(f"{name}2")], [])
+                waited.append(time.monotonic() - t0)
+        finally:
+            kafka.start_again(timeout_s=90)
+        assert len(sink.held) == 6 and sink.failures == 0, (len(sink.held), sink.failures)
+        # one bounded wait per evaluation, not one per event
+        assert max(waited) < SEND_WAIT_MS / 1000 + 5, waited
+        sink.publish([firing("after")], [])
+    finally:
+        sink.close()
+    assert not sink.held and sink.failures == 0 and sink.sent == 7
+    got = [m.key.decode().split("/")[1] for m in topic_messages(
+        kafka.bootstrap, alerts_topic(settings))]
+    assert got == ["a1", "a2", "b1", "b2", "c1", "c2", "after"]

@@ -66,14 +66,26 @@ def alerts_topic(settings: Any) -> str:
     return prefix + ALERTS_TOPIC
 
 
+SEND_WAIT_MS = 1_000
+"""How long one send may wait for the broker (the topic's metadata, buffer space) before
+the events of that evaluation are held: the producer's ``max_block_ms`` (60 s by
+default, and the service's close pass waited that long in an outage, saying nothing)."""
+HELD_MAX = 10_000
+"""Alert events held for an unreachable broker, at most; the oldest past it are given up
+(counted in ``failures`` and said)."""
+
+
 class KafkaAlertSink:
     """One JSON message per event on the alerts topic (created when missing).
 
     ``publish`` hands the messages to the producer and returns: the producer delivers
     them in the background (acks=all, idempotent, in order), so a broker outage never
-    holds up the processor's close pass; deliveries and failures are counted as the
-    broker answers (``sent``, ``failures``), and ``close`` waits for what is left (at
-    most 30 s)."""
+    holds up the processor's close pass. A send the producer cannot take within
+    ``SEND_WAIT_MS`` (the broker is away) holds that event and the evaluation's later
+    ones, and a delivery that failed on a retriable error holds its event again: held
+    events go first at the next ``publish`` and at ``close``, so an outage loses none
+    (up to ``HELD_MAX``). ``sent`` counts deliveries, ``failures`` events given up;
+    ``close`` sends and waits for what is left (at most 30 s)."""
 
     def __init__(self, settings: Any, topic: str | None = None) -> None:
         from kafka import KafkaProducer
@@ -83,9 +95,12 @@ class KafkaAlertSink:
         self.settings = settings
         self.topic = topic or alerts_topic(settings)
         self.ensure_topic()
-        self.producer = KafkaProducer(**producer_config(settings, compression_type=None))
+        self.producer = KafkaProducer(**producer_config(settings, compression_type=None,
+                                                        max_block_ms=SEND_WAIT_MS))
         self.sent = 0
         self.failures = 0
+        self.held: deque[tuple[bytes, bytes]] = deque()
+        """(key, value) of the events waiting for the broker, oldest first."""
         self._count = threading.Lock()
 
     def ensure_topic(self) -> None:
@@ -102,32 +117,70 @@ class KafkaAlertSink:
             admin.close()
 
     def publish(self, events: list[Alert], active: list[Alert]) -> None:
-        for alert in events:
-            key = "/".join(str(k) for k in alert.key).encode()
-            value = json.dumps(alert.message(), default=str).encode()
+        with self._count:
+            queue = list(self.held)
+            self.held.clear()
+        was_held = len(queue)
+        queue += [("/".join(str(k) for k in alert.key).encode(),
+                   json.dumps(alert.message(), default=str).encode()) for alert in events]
+        for i, (key, value) in enumerate(queue):
             try:
                 future = self.producer.send(self.topic, key=key, value=value)
-            except Exception as exc:  # a broker outage must not stop the processor
-                self._failed(exc)
-                continue
-            future.add_callback(self._delivered).add_errback(self._failed)
+            except Exception as exc:  # the broker is away: held, the processor goes on
+                self._hold(queue[i:], exc)
+                return
+            future.add_callback(self._delivered).add_errback(self._undelivered, key, value)
+        if was_held:
+            log.info("alerts topic %s: %d held alert event(s) handed to the producer",
+                     self.topic, was_held)
 
     def _delivered(self, _metadata: Any) -> None:
         with self._count:
             self.sent += 1
 
-    def _failed(self, exc: BaseException) -> None:
+    def _undelivered(self, key: bytes, value: bytes, exc: BaseException) -> None:
+        if getattr(exc, "retriable", False):
+            self._hold([(key, value)], exc)
+            return
         with self._count:
             self.failures += 1
         log.warning("alerts topic %s: an alert event not sent: %s", self.topic, exc)
 
-    def close(self) -> None:
+    def _hold(self, events: list[tuple[bytes, bytes]], exc: BaseException) -> None:
+        with self._count:
+            first = not self.held
+            self.held.extend(events)
+            over = max(0, len(self.held) - HELD_MAX)
+            for _ in range(over):
+                self.held.popleft()
+            self.failures += over
+            held = len(self.held)
+        if first:
+            log.warning("alerts topic %s: broker not reachable (%s: %s); %d alert "
+                        "event(s) held, sent once it answers", self.topic,
+                        type(exc).__name__, str(exc)[:200], held)
+        if over:
+            log.warning("alerts topic %s: %d oldest held alert event(s) given up (more "
+                        "than %d held)", self.topic, over, HELD_MAX)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Send what is held (tried again for up to ``timeout_s``: a broker just back
+        may take some seconds to give the topic's metadata), then wait for the
+        deliveries, all within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.held and time.monotonic() < deadline:
+            self.publish([], [])
+            if self.held:
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         try:
-            self.producer.flush(timeout=30)
+            self.producer.flush(timeout=max(1.0, deadline - time.monotonic()))
         except Exception as exc:
             log.warning("alerts topic %s: not every alert event sent at exit: %s",
                         self.topic, exc)
         self.producer.close(timeout=5)
+        if self.held:
+            log.warning("alerts topic %s: %d alert event(s) not sent at exit (the broker "
+                        "did not answer)", self.topic, len(self.held))
 
 
 def webhook_problem(url: str) -> str | None:

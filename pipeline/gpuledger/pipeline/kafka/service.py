@@ -638,7 +638,8 @@ class KafkaProcessorService:
         there skips the new topic's first records (a probe: an hour of telemetry)."""
         tp = self._tp(*key)
         try:
-            end = self.globals.end_offsets([tp]).get(tp)
+            end = self.globals.end_offsets(  # bounded: a reload in an outage said as one
+                [tp], timeout_ms=self.options.session_timeout_ms).get(tp)
         except Exception as exc:  # the broker is away (a reload in an outage): not known
             if not _transient(exc):
                 raise
@@ -986,14 +987,15 @@ class KafkaProcessorService:
         from kafka.admin import KafkaAdminClient
 
         topic = self.settings.topics.telemetry
-        admin = KafkaAdminClient(**self.settings.client_config())
+        wait = self.options.session_timeout_ms  # bounded: a broker away is an outage
+        admin = KafkaAdminClient(**self.settings.client_config(), request_timeout_ms=wait)
         try:
             group = self.options.group_id
             committed = admin.list_group_offsets({group: None}).get(group, {})
         finally:
             admin.close()
         tps = {p: self._tp(topic, p) for p in rest}
-        ends = self.globals.end_offsets(list(tps.values()))
+        ends = self.globals.end_offsets(list(tps.values()), timeout_ms=wait)
         now = time.time()
 
         def flushed(p: int, tp: Any) -> bool:
@@ -1224,7 +1226,9 @@ class KafkaProcessorService:
     def _checkpoint(self) -> None:
         """Save the engine's state with its offsets, then commit the telemetry offsets."""
         self._send_parts()
-        self.producer.flush()  # dead letters and parts acknowledged before the offsets
+        # dead letters and parts acknowledged before the offsets; bounded by a session
+        # (a broker away longer is an outage, said as one, and the checkpoint waits)
+        self.producer.flush(timeout=self.options.session_timeout_ms / 1000)
         telemetry = self.settings.topics.telemetry
         global_offsets = {k: v for k, v in self.offsets.items() if k[0] != telemetry}
         per_partition = {p: {k: v for k, v in self.offsets.items() if k == (telemetry, p)}
