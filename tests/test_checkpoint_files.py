@@ -12,8 +12,9 @@ import os
 import pickle
 import random
 import struct
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import events
 import polars as pl
@@ -200,16 +201,19 @@ def test_a_frame_that_is_not_an_arrow_stream_is_refused(tmp_path: Path) -> None:
         checkpoint._read(path)
 
 
+@pytest.mark.parametrize("compression", ["uncompressed", "lz4"])
 def test_damaged_frames_of_a_crafted_state_file_are_refused_never_a_crash(
-        tmp_path: Path) -> None:
+        tmp_path: Path, compression: Literal["uncompressed", "lz4"]) -> None:
     """A frame's bytes damaged under a correct SHA-256 (a crafted file): refused in one
     line, or read; Polars' IPC reader had aborted the process on some (an allocation of
-    petabytes asked for by a damaged length), which no ``except`` catches."""
+    petabytes asked for by a damaged length), which no ``except`` catches. LZ4 frames
+    are what state files hold now; uncompressed ones, what earlier versions wrote, are
+    read as well."""
     n = 40
     frame = pl.DataFrame({"job_id": [f"job-{i}-with-a-long-name" for i in range(n)],
                           "x": list(range(n))})
     sink = io.BytesIO()
-    frame.write_ipc_stream(sink, compression="uncompressed")
+    frame.write_ipc_stream(sink, compression=compression)
     good = sink.getvalue()
     doc = {"version": checkpoint.VERSION, "state": {"$": "frame", "i": 0}}
     path = tmp_path / "engine.checkpoint"
@@ -359,3 +363,18 @@ def test_a_job_book_of_an_earlier_release_is_read(monkeypatch: pytest.MonkeyPatc
     back = state_file.load(data, checkpoint.CLASSES)["book"]
     assert back.jobs == book.jobs and back.ended_attempts == book.ended_attempts
     assert back.allocations().equals(book.allocations())
+
+
+def test_a_state_files_frames_are_compressed_and_read_back_the_same() -> None:
+    """Frames go in LZ4 (a Kafka service's checkpoint of 9,216 GPUs was 157 MB every
+    10 s uncompressed, 90 % of it the open hour's minute rows): minute-like rows take a
+    fraction of their uncompressed bytes, and come back equal."""
+    n = 100_000
+    frame = pl.DataFrame({"node": [f"node-{i % 576:04d}" for i in range(n)],
+                          "minute": [datetime(2026, 1, 1, 10, i % 60) for i in range(n)],
+                          "busy": [float(i % 7) / 7 for i in range(n)]})
+    plain = io.BytesIO()
+    frame.write_ipc_stream(plain, compression="uncompressed")
+    data = state_file.dump({"rows": frame}, checkpoint.CLASSES)
+    assert len(data) < len(plain.getvalue()) / 4, (len(data), len(plain.getvalue()))
+    assert state_file.load(data, checkpoint.CLASSES)["rows"].equals(frame)

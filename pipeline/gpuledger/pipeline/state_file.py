@@ -7,7 +7,8 @@ A state file is read back without running anything it names. It holds:
   (tuples, sets, dicts with other keys, bytes, datetimes, timedeltas, time zones, frames,
   references to a container seen before, and instances of the few engine classes a
   state holds, :data:`CLASSES`, by their attributes);
-- the frames, each an Arrow IPC stream, after the document.
+- the frames, each an Arrow IPC stream (its buffers LZ4-compressed since 2026-12-07;
+  uncompressed ones, as earlier versions wrote them, read as well), after the document.
 
 Layout: :data:`MAGIC`, the SHA-256 of the rest (64 hex digits) and a newline; then the
 document's length (8 bytes, little-endian) and the document; then per frame its length
@@ -118,7 +119,11 @@ class _Writer:
         i = self.frame_ids.get(id(f))
         if i is None:
             sink = io.BytesIO()
-            f.write_ipc_stream(sink, compression="uncompressed")
+            # LZ4 (Arrow IPC's buffer compression, read back by Arrow as it is): a Kafka
+            # service's checkpoint of 12 partitions of 9,216 GPUs, 45 minutes into an hour,
+            # was 157 MB uncompressed, every 10 s; its frames take 7.5 times fewer bytes,
+            # and writing and hashing them 0.32 s -> 0.12 s (bench/README.md)
+            f.write_ipc_stream(sink, compression="lz4")
             i = self.frame_ids[id(f)] = len(self.frames)
             self.frames.append(sink.getvalue())
             self.keep.append(f)
