@@ -5,6 +5,7 @@ Alertmanager-shaped webhook (a real local HTTP server) and to the Kafka alerts t
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -547,7 +548,7 @@ def test_kafka_alerts_topic_receives_each_event_once(tmp_path: Path, kafka: Any)
 
 
 def test_kafka_alert_events_in_a_broker_outage_are_held_and_sent_once_it_answers(
-        kafka: Any) -> None:
+        kafka: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The broker down before the first event: ``publish`` returns within about a second
     (the producer's first send waited 60 s for the topic's metadata, holding the Kafka
     service's close pass, which then said nothing of the outage), holds the events, and
@@ -559,6 +560,7 @@ def test_kafka_alert_events_in_a_broker_outage_are_held_and_sent_once_it_answers
 
     if not kafka.managed:
         pytest.skip("broker from GPULEDGER_TEST_KAFKA_BOOTSTRAP: not ours to stop")
+    caplog.set_level(logging.INFO, logger="gpuledger.alerts")
     settings = load_settings(kafka.bootstrap, {"GPULEDGER_KAFKA_TOPIC_PREFIX":
                                                f"held-{uuid.uuid4().hex[:8]}."})
     sink = KafkaAlertSink(settings)   # the topic made; the producer has sent nothing
@@ -582,3 +584,7 @@ def test_kafka_alert_events_in_a_broker_outage_are_held_and_sent_once_it_answers
     got = [m.key.decode().split("/")[1] for m in topic_messages(
         kafka.bootstrap, alerts_topic(settings))]
     assert got == ["a1", "a2", "b1", "b2", "c1", "c2", "after"]
+    said = [r.getMessage() for r in caplog.records if r.name == "gpuledger.alerts"]
+    # the outage said once (not at each of its three evaluations), and its end
+    assert sum("broker not reachable" in m for m in said) == 1, said
+    assert any("held alert event(s) handed to the producer" in m for m in said), said

@@ -101,6 +101,7 @@ class KafkaAlertSink:
         self.failures = 0
         self.held: deque[tuple[bytes, bytes]] = deque()
         """(key, value) of the events waiting for the broker, oldest first."""
+        self._away = False  # an outage said, its end not yet
         self._count = threading.Lock()
 
     def ensure_topic(self) -> None:
@@ -131,6 +132,7 @@ class KafkaAlertSink:
                 return
             future.add_callback(self._delivered).add_errback(self._undelivered, key, value)
         if was_held:
+            self._away = False
             log.info("alerts topic %s: %d held alert event(s) handed to the producer",
                      self.topic, was_held)
 
@@ -148,7 +150,7 @@ class KafkaAlertSink:
 
     def _hold(self, events: list[tuple[bytes, bytes]], exc: BaseException) -> None:
         with self._count:
-            first = not self.held
+            first, self._away = not self._away, True
             self.held.extend(events)
             over = max(0, len(self.held) - HELD_MAX)
             for _ in range(over):
