@@ -447,3 +447,34 @@ def test_an_instance_whose_id_write_did_not_stand_commits_with_the_one_that_did(
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert_same_facts(root, reference, SPARSE)
+
+
+def test_the_services_first_send_in_an_outage_fails_within_a_session(
+        kafka: Broker, tmp_path: Path) -> None:
+    """The service's producer (dead letters, attempt parts) waits for a topic's metadata
+    at most the session timeout: its first send to a topic in an outage waited 60 s
+    (kafka-python's ``max_block_ms``) inside the loop, which said nothing meanwhile. Past
+    the bound the send fails with a timeout, an error the loop takes for an outage."""
+    from kafka.errors import KafkaTimeoutError
+
+    from gpuledger.pipeline.kafka.service import KafkaProcessorService, ServiceOptions
+
+    if not kafka.managed:
+        pytest.skip("broker from GPULEDGER_TEST_KAFKA_BOOTSTRAP: not ours to stop")
+    settings = _settings(kafka)
+    create_topics(settings, telemetry_partitions=4)
+    options = ServiceOptions(group_id="first-send", session_timeout_ms=6000,
+                             heartbeat_interval_ms=1000)
+    service = KafkaProcessorService(settings, ProcessorConfig(), tmp_path / "wh", options)
+    try:
+        kafka.stop_process()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(KafkaTimeoutError):
+                service.producer.send(settings.topics.dead_letters, value=b"x")
+            waited = time.monotonic() - t0
+        finally:
+            kafka.start_again(timeout_s=90)
+        assert 5.0 <= waited < 20.0, waited
+    finally:
+        service.close()

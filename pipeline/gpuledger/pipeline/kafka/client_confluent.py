@@ -288,6 +288,8 @@ class ConfluentProducer:
         names = {"compression_type": "compression.type", "linger_ms": "linger.ms",
                  "batch_size": "batch.size"}
         for name, value in overrides.items():
+            if name == "max_block_ms":  # librdkafka's produce never waits for metadata
+                continue
             if name not in names:
                 raise ValueError(f"producer option {name!r} has no confluent-kafka "
                                  "equivalent here")

@@ -420,7 +420,9 @@ class KafkaProcessorService:
         self.partition_time: dict[Key, datetime] = {}
         self.on_engine: list[Callable[[Processor], None]] = []
         """Called with the engine once (the exporter and the alert engine follow it)."""
-        self.producer = open_producer(settings)
+        # a send waits for a topic's metadata at most a session (60 s by default: the
+        # first dead letter or attempt part in an outage held the loop that long)
+        self.producer = open_producer(settings, max_block_ms=o.session_timeout_ms)
         self._ends: dict[Key, int] = {}
         self._ends_at = 0.0
         self._ends_stale = True
