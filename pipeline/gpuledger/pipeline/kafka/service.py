@@ -104,7 +104,10 @@ class ServiceOptions:
     """Static group membership: a restarted instance takes its partitions back at once.
     Also names the instance's checkpoint of the global state."""
     session_timeout_ms: int = 10_000
-    """The group drops an instance silent this long (its partitions move elsewhere)."""
+    """The group drops an instance silent this long (its partitions move elsewhere).
+    Also how long any call of the loop to the broker may wait: a broker away longer is
+    an outage, said as one (with the default request timeout, 305 s, and kafka-python's
+    60 s wait for a topic's metadata, the service waited out whole outages in silence)."""
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
     """The group drops an instance that does not poll for this long."""
@@ -420,8 +423,6 @@ class KafkaProcessorService:
         self.partition_time: dict[Key, datetime] = {}
         self.on_engine: list[Callable[[Processor], None]] = []
         """Called with the engine once (the exporter and the alert engine follow it)."""
-        # a send waits for a topic's metadata at most a session (60 s by default: the
-        # first dead letter or attempt part in an outage held the loop that long)
         self.producer = open_producer(settings, max_block_ms=o.session_timeout_ms)
         self._ends: dict[Key, int] = {}
         self._ends_at = 0.0
@@ -640,7 +641,7 @@ class KafkaProcessorService:
         there skips the new topic's first records (a probe: an hour of telemetry)."""
         tp = self._tp(*key)
         try:
-            end = self.globals.end_offsets(  # bounded: a reload in an outage said as one
+            end = self.globals.end_offsets(
                 [tp], timeout_ms=self.options.session_timeout_ms).get(tp)
         except Exception as exc:  # the broker is away (a reload in an outage): not known
             if not _transient(exc):
@@ -989,7 +990,7 @@ class KafkaProcessorService:
         from kafka.admin import KafkaAdminClient
 
         topic = self.settings.topics.telemetry
-        wait = self.options.session_timeout_ms  # bounded: a broker away is an outage
+        wait = self.options.session_timeout_ms
         admin = KafkaAdminClient(**self.settings.client_config(), request_timeout_ms=wait)
         try:
             group = self.options.group_id
@@ -1166,8 +1167,6 @@ class KafkaProcessorService:
         if not force and not self._ends_stale and time.monotonic() - self._ends_at <= 1.0:
             return
         tele = [self._tp(self.settings.topics.telemetry, p) for p in sorted(self.engine.held)]
-        # bounded by a session: a broker away longer is an outage, said as one (waited
-        # for in silence, the service printed nothing for the whole of it)
         wait = self.options.session_timeout_ms
         ends = {**(self.globals.end_offsets(tele, timeout_ms=wait) if tele else {}),
                 **self.globals.end_offsets(self.global_parts, timeout_ms=wait)}
@@ -1228,8 +1227,7 @@ class KafkaProcessorService:
     def _checkpoint(self) -> None:
         """Save the engine's state with its offsets, then commit the telemetry offsets."""
         self._send_parts()
-        # dead letters and parts acknowledged before the offsets; bounded by a session
-        # (a broker away longer is an outage, said as one, and the checkpoint waits)
+        # dead letters and parts acknowledged before the offsets
         self.producer.flush(timeout=self.options.session_timeout_ms / 1000)
         telemetry = self.settings.topics.telemetry
         global_offsets = {k: v for k, v in self.offsets.items() if k[0] != telemetry}
@@ -1258,7 +1256,7 @@ class KafkaProcessorService:
                            offs[(topic, p)], meta(p, offs[(topic, p)]), -1)
                        for p, offs in per_partition.items()
                        if p in owned and (topic, p) in offs}
-            if commits:  # bounded: a commit that cannot be made in a session is an outage
+            if commits:
                 self.telemetry.commit(commits, timeout_ms=self.options.session_timeout_ms)
         except Exception as exc:  # the group dropped us: rejoin, the sections hold all
             if not _rejoin_error(exc):
