@@ -15,7 +15,6 @@ the sections back; and the megabytes of each part of the sections' state, each w
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import tempfile
 import time
@@ -23,7 +22,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-import polars as pl
 from cluster_scale import scaled_cluster
 
 from gpuledger.pipeline import checkpoint, state_file
@@ -35,22 +33,7 @@ from gpuledger.pipeline.simulate import SimConfig, simulate
 from gpuledger.pipeline.store import open_store
 from gpuledger.pipeline.warehouse import Warehouse
 
-Way = Literal["uncompressed", "lz4"]
-WAYS: tuple[Way, ...] = ("uncompressed", "lz4")
-
-
-def _frames_written(compression: Way) -> Any:
-    """``state_file._Writer.frame`` writing its IPC with ``compression``."""
-    def frame(self: Any, f: pl.DataFrame) -> int:
-        i: int | None = self.frame_ids.get(id(f))
-        if i is None:
-            sink = io.BytesIO()
-            f.write_ipc_stream(sink, compression=compression)
-            i = self.frame_ids[id(f)] = len(self.frames)
-            self.frames.append(sink.getvalue())
-            self.keep.append(f)
-        return i
-    return frame
+WAYS: tuple[Literal["uncompressed", "lz4"], ...] = ("uncompressed", "lz4")
 
 
 def main() -> None:
@@ -80,18 +63,18 @@ def main() -> None:
 
     keys = proc.sample_keys.split()
     sections = [checkpoint.section(proc, p, {}, keys.get(p)) for p in range(n)]
-    original = state_file._Writer.frame
+    original = state_file.FRAME_COMPRESSION
     parts: dict[str, Counter[str]] = {way: Counter() for way in WAYS}
     runs: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
     try:
         for way in WAYS:
-            state_file._Writer.frame = _frames_written(way)  # type: ignore[method-assign]
+            state_file.FRAME_COMPRESSION = way
             for sec in sections:
                 for name, value in sec.state.items():
                     parts[way][name] += len(state_file.dump({"v": value}, checkpoint.CLASSES))
         for _ in range(args.rounds):
             for way in WAYS:
-                state_file._Writer.frame = _frames_written(way)  # type: ignore[method-assign]
+                state_file.FRAME_COMPRESSION = way
                 folder = root / f"state-{way}"
                 store = checkpoint.CheckpointStore(open_store(folder), "bench")
                 c0, w0 = time.process_time(), time.perf_counter()
@@ -105,7 +88,7 @@ def main() -> None:
                                   "bytes": size,
                                   "read_sections_cpu_s": round(time.process_time() - c0, 3)})
     finally:
-        state_file._Writer.frame = original  # type: ignore[method-assign]
+        state_file.FRAME_COMPRESSION = original
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "hours": args.hours, "scale": args.scale,
         "gpus": int(576 * args.scale), "interval_s": args.interval, "partitions": n,

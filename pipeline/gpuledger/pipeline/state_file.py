@@ -30,7 +30,7 @@ import json
 import struct
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 import polars as pl
@@ -42,6 +42,12 @@ MAGIC = b"gpuledger state v1 sha256 "
 _LENGTH = struct.Struct("<Q")
 _UTC_NAMES = ("UTC",)
 
+
+FRAME_COMPRESSION: Literal["uncompressed", "lz4"] = "lz4"
+"""How a state file's frames are written (Arrow IPC's buffer compression; Arrow reads
+either). LZ4: a Kafka instance's checkpoint of 12 partitions of 9,216 GPUs, 45 minutes
+into an hour, was 159 MB uncompressed, every 10 s, and is 24 MB, its save a third less
+CPU (``bench/checkpoint_save.py``)."""
 
 _PLAIN = frozenset({str, int, bool, type(None)})
 """Types written as themselves (a float may be nan or infinite, which JSON lacks)."""
@@ -119,11 +125,7 @@ class _Writer:
         i = self.frame_ids.get(id(f))
         if i is None:
             sink = io.BytesIO()
-            # LZ4 (Arrow IPC's buffer compression, read back by Arrow as it is): a Kafka
-            # service's checkpoint of 12 partitions of 9,216 GPUs, 45 minutes into an hour,
-            # was 157 MB uncompressed, every 10 s; its frames take 7.5 times fewer bytes,
-            # and writing and hashing them 0.32 s -> 0.12 s (bench/README.md)
-            f.write_ipc_stream(sink, compression="lz4")
+            f.write_ipc_stream(sink, compression=FRAME_COMPRESSION)
             i = self.frame_ids[id(f)] = len(self.frames)
             self.frames.append(sink.getvalue())
             self.keep.append(f)
