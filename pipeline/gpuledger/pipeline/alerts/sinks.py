@@ -101,7 +101,6 @@ class KafkaAlertSink:
         self.failures = 0
         self.held: deque[tuple[bytes, bytes]] = deque()
         """(key, value) of the events waiting for the broker, oldest first."""
-        self._away = False  # an outage said, its end not yet
         self._count = threading.Lock()
 
     def ensure_topic(self) -> None:
@@ -118,21 +117,26 @@ class KafkaAlertSink:
             admin.close()
 
     def publish(self, events: list[Alert], active: list[Alert]) -> None:
-        with self._count:
-            queue = list(self.held)
-            self.held.clear()
-        was_held = len(queue)
-        queue += [("/".join(str(k) for k in alert.key).encode(),
-                   json.dumps(alert.message(), default=str).encode()) for alert in events]
-        for i, (key, value) in enumerate(queue):
+        was_held = len(self.held)
+        self._hold([("/".join(str(k) for k in alert.key).encode(),
+                     json.dumps(alert.message(), default=str).encode()) for alert in events])
+        # what is held now, oldest first: an event whose delivery fails meanwhile (its
+        # errback may run at once, in this thread) is appended for the next evaluation
+        for _ in range(len(self.held)):
+            if not self.held:  # given up meanwhile (``HELD_MAX``)
+                break
+            item = key, value = self.held[0]
             try:
                 future = self.producer.send(self.topic, key=key, value=value)
             except Exception as exc:  # the broker is away: held, the processor goes on
-                self._hold(queue[i:], exc)
+                if not was_held:
+                    self._say_away(exc)
                 return
+            with self._count:  # unless given up meanwhile (``HELD_MAX``)
+                if self.held and self.held[0] is item:
+                    self.held.popleft()
             future.add_callback(self._delivered).add_errback(self._undelivered, key, value)
         if was_held:
-            self._away = False
             log.info("alerts topic %s: %d held alert event(s) handed to the producer",
                      self.topic, was_held)
 
@@ -142,28 +146,32 @@ class KafkaAlertSink:
 
     def _undelivered(self, key: bytes, value: bytes, exc: BaseException) -> None:
         if getattr(exc, "retriable", False):
-            self._hold([(key, value)], exc)
+            if not self._hold([(key, value)]):
+                self._say_away(exc)
             return
         with self._count:
             self.failures += 1
         log.warning("alerts topic %s: an alert event not sent: %s", self.topic, exc)
 
-    def _hold(self, events: list[tuple[bytes, bytes]], exc: BaseException) -> None:
+    def _hold(self, events: list[tuple[bytes, bytes]]) -> int:
+        """Append ``events`` to what is held, giving up the oldest past ``HELD_MAX``;
+        how many were held before."""
         with self._count:
-            first, self._away = not self._away, True
+            before = len(self.held)
             self.held.extend(events)
             over = max(0, len(self.held) - HELD_MAX)
             for _ in range(over):
                 self.held.popleft()
             self.failures += over
-            held = len(self.held)
-        if first:
-            log.warning("alerts topic %s: broker not reachable (%s: %s); %d alert "
-                        "event(s) held, sent once it answers", self.topic,
-                        type(exc).__name__, str(exc)[:200], held)
         if over:
             log.warning("alerts topic %s: %d oldest held alert event(s) given up (more "
                         "than %d held)", self.topic, over, HELD_MAX)
+        return before
+
+    def _say_away(self, exc: BaseException) -> None:
+        log.warning("alerts topic %s: broker not reachable (%s: %s); %d alert event(s) "
+                    "held, sent once it answers", self.topic, type(exc).__name__,
+                    str(exc)[:200], len(self.held))
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is held (tried again for up to ``timeout_s``: a broker just back
