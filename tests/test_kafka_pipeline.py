@@ -435,8 +435,10 @@ def test_sigterm_checkpoints_and_a_restart_finishes_the_job(
     assert "stopped: partial hours written and checkpointed (partitions [0, 1, 2, 3]" \
         in out.decode(), out.decode()[-2000:]
     names = sorted(p.name for p in (root / "state" / "polite").iterdir())
-    assert [n for n in names if n.startswith("partition-")] == [
-        f"partition-p{p:03d}.checkpoint" for p in range(4)]
+    assert [n for n in names if n.startswith("partition-")] == sorted(
+        f"partition-p{p:03d}{end}" for p in range(4) for end in (".checkpoint", ""))
+    for p in range(4):  # each section's frames of open hours, in its frames files
+        assert list((root / "state" / "polite" / f"partition-p{p:03d}").glob("hours-*.frames"))
     assert len([n for n in names if n.startswith("global-")]) == 1, names
     done = subprocess.run([*base, "--exit-when-idle", "3"], capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-2000:]

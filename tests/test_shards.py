@@ -19,11 +19,12 @@ from fact_views import assert_same_facts, view
 from polars.testing import assert_frame_equal
 from test_simulate import SMALL
 
-from gpuledger.pipeline import checkpoint
+from gpuledger.pipeline import checkpoint, state_file
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.partitions import Partitioning, partition_of
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, parse_cluster, simulate
+from gpuledger.pipeline.store import Store, open_store
 from gpuledger.pipeline.warehouse import Warehouse, published_files
 
 # Views this short run may leave empty.
@@ -384,3 +385,92 @@ def test_the_owner_taken_over_reads_the_parts_its_own_partitions_sent(
     a.flush()
     assert a.waiting.is_empty()
     assert_same_facts(tmp_path, single, SPARSE)
+
+
+def _frames_files(state: Store) -> dict[str, int]:
+    return {e.path: e.size for e in state.list("") if e.path.endswith(".frames")}
+
+
+def test_incremental_checkpoints_write_each_open_hours_frame_once_and_restart_exactly(
+        single: Path, tmp_path: Path) -> None:
+    """The Kafka service's checkpoints (``CheckpointStore(incremental=True)``) name the
+    frames of the open hours by file: a save writes only the frames new since the last
+    one, a save with nothing new writes no frames file, a restart from them gives the
+    facts of one uninterrupted run, and the files of closed hours are swept."""
+    count = 2
+    state = open_store(tmp_path / "state")
+    store = checkpoint.CheckpointStore(state, "a", incremental=True)
+    first = _engine(tmp_path / "first", count, {0, 1})
+    batches = list(simulate(_sim()))
+    cut = len(batches) - 3   # past 02:00: the files of 00:00 are swept
+    written: dict[str, int] = {}
+    for i, batch in enumerate(batches[:cut]):
+        _feed(first, batch, count)
+        store.save(first, {}, {p: {("telemetry", p): i} for p in (0, 1)})
+        now = _frames_files(state)
+        new = now.keys() - written.keys()
+        assert len(new) <= count, "more than one frames file per partition and save"
+        written.update(now)
+    # a save with nothing new since the last writes no frames file, and its sections hold
+    # no frame of the open hours, only where each is
+    store.save(first, {}, {p: {("telemetry", p): cut} for p in (0, 1)})
+    assert _frames_files(state).keys() <= written.keys()
+    inline = open_store(tmp_path / "inline")
+    checkpoint.CheckpointStore(inline, "a").save(first, {}, {p: {} for p in (0, 1)})
+    for p in (0, 1):
+        path = f"partition-p{p:03d}.checkpoint"
+        small, whole = state.size(path), inline.size(path)
+        assert small is not None and whole is not None and small < whole
+        raw = state_file.load(state.read(path) or b"", checkpoint.CLASSES)["section"].state
+        assert "hour_parts" not in raw and "rollup_parts" not in raw
+        assert raw["frames_at"]["hour_parts"] and raw["frames_at"]["rollup_parts"]
+    # the files of hours closed over an hour ago are gone; what the sections name is there
+    closed = min(first.part_closed.values())
+    left = _frames_files(state)
+    assert left and len(left) < len(written)
+    for path in left:
+        newest = checkpoint._frames_hour(path)
+        assert newest is not None and newest + checkpoint.SWEEP_AFTER > closed
+    # a restart: a new store and engine from the files, the warehouse as it was
+    first.warehouse.sync()
+    shutil.copytree(tmp_path / "first", tmp_path / "again")
+    again = _engine(tmp_path / "again", count, set())
+    reader = checkpoint.CheckpointStore(open_store(tmp_path / "state"), "a", incremental=True)
+    assert reader.load_global(again) is not None
+    for p in (0, 1):
+        sec = reader.read_partition(p)
+        assert sec is not None
+        for name, theirs in (
+                ("hour_parts", {k[:2]: v for k, v in first.hour_parts.items() if k[2] == p}),
+                ("rollup_parts", {k[0]: v for k, v in first.rollup_parts.items()
+                                  if k[1] == p})):
+            assert sec.state[name].keys() == theirs.keys()
+            for key, frames in sec.state[name].items():
+                assert_frame_equal(pl.concat(frames), pl.concat(theirs[key]))
+        checkpoint.merge_section(again, sec)
+    # its first save writes no frame the files already hold
+    reader.save(again, {}, {p: {("telemetry", p): cut} for p in (0, 1)})
+    assert _frames_files(state).keys() == left.keys()
+    for batch in batches[cut:]:
+        _feed(again, batch, count)
+    again.flush()
+    assert again.waiting.is_empty()
+    assert_same_facts(tmp_path / "again", single, SPARSE)
+
+
+def test_a_missing_frames_file_is_one_error_naming_it(tmp_path: Path) -> None:
+    count = 2
+    state = open_store(tmp_path / "state")
+    store = checkpoint.CheckpointStore(state, "a", incremental=True)
+    engine = _engine(tmp_path / "wh", count, {0, 1})
+    for batch in list(simulate(_sim()))[:4]:
+        _feed(engine, batch, count)
+    store.save(engine, {}, {p: {} for p in (0, 1)})
+    files = sorted(p for p in _frames_files(state) if p.startswith("partition-p001/"))
+    assert files
+    state.delete(files[0])
+    reader = checkpoint.CheckpointStore(state, "b", incremental=True)
+    assert reader.read_partition(0) is not None
+    with pytest.raises(checkpoint.CheckpointError, match=files[0].replace(".", r"\.")
+                       + ": missing, and the section .*partition-p001.checkpoint names it"):
+        reader.read_partition(1)

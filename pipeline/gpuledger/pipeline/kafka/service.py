@@ -388,7 +388,8 @@ class KafkaProcessorService:
         instance = o.instance_id or f"{socket.gethostname()}-{os.getpid()}"
         state = (open_store(config.warehouse.state) if config.warehouse.state
                  else shared.store.child("state"))
-        self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance)
+        self.store = checkpoint.CheckpointStore(state.child(o.group_id), instance,
+                                                incremental=True)
         self._writers_checked = self._group_has_checkpoint()
         """Whether the warehouse's facts were checked for other writers' (at the first
         telemetry read; a group resuming from its checkpoints needs no check)."""
