@@ -4,6 +4,7 @@ catalog of an older generation, one without a mark, or bytes that are no catalog
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.tables import TABLE_SCHEMAS, UNSCHEMATISED_TABLES
 from gpuledger.pipeline.warehouse import (
     CATALOG,
+    CATALOG_STAMP,
+    CATALOG_STORAGE_VERSION,
     Warehouse,
     catalog_statements,
     open_snapshot,
@@ -46,6 +49,14 @@ def _builds(monkeypatch: pytest.MonkeyPatch, where: Any = query) -> list[Path]:
 
     monkeypatch.setattr(where, "build_views", counted)
     return built
+
+
+def _put_catalog(root: Path, data: bytes) -> None:
+    """Replace the published catalog with ``data``, stamped with its SHA-256 (as anyone
+    who can write the bucket can: the stamp proves whole bytes, not who wrote them)."""
+    (root / CATALOG).write_bytes(data)
+    (root / CATALOG_STAMP).write_text(f"any {CATALOG_STORAGE_VERSION} "
+                                      f"{hashlib.sha256(data).hexdigest()}")
 
 
 @pytest.fixture
@@ -103,7 +114,7 @@ def test_a_stale_unmarked_or_broken_catalog_is_not_used(
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     built = _builds(monkeypatch)
 
-    (root / CATALOG).write_bytes(old)               # the first generation's catalog
+    _put_catalog(root, old)                         # the first generation's catalog
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 1
 
@@ -113,7 +124,7 @@ def test_a_stale_unmarked_or_broken_catalog_is_not_used(
     for statement in catalog_statements(store, snapshot):
         con.execute(statement)
     con.close()
-    (root / CATALOG).write_bytes(unmarked.read_bytes())
+    _put_catalog(root, unmarked.read_bytes())
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 2
 
@@ -126,11 +137,11 @@ def test_a_stale_unmarked_or_broken_catalog_is_not_used(
     con.execute(f"CREATE VIEW gpuledger.catalog AS SELECT '{digest}' AS statements_sha256 "
                 "FROM read_text('/etc/hostname')")
     con.close()
-    (root / CATALOG).write_bytes(hostile.read_bytes())
+    _put_catalog(root, hostile.read_bytes())
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 3
 
-    (root / CATALOG).write_bytes(b"not a database" * 100)
+    _put_catalog(root, b"not a database" * 100)
     assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
     assert len(built) == 4
     assert not built[-1].exists()                   # the reader's own copy went with it
@@ -169,3 +180,31 @@ def test_a_view_typed_from_the_code_has_the_types_duckdb_reads_from_its_files(
         finally:
             con.close()
         assert [(r[0], r[1]) for r in typed] == [(r[0], r[1]) for r in read], table
+
+
+def test_a_catalog_whose_bytes_are_not_the_stamped_ones_is_not_used(
+        processor: tuple[Processor, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that replaces an object in place (S3Proxy's filesystem backend) served a
+    reader a catalog torn between two versions: the newer one's mark, the older one's
+    views. The reader took it (its mark was this generation's) and answered from the
+    older generation: a test reading while ingests wrote saw facts go back. A catalog
+    whose bytes are not the ones its stamp names is not used."""
+    proc, root = processor
+    store, first = open_snapshot(root)
+    proc.process(frames([*_job("b", 30), *series("n1", 0, at(30), 5, sm=0.5)]),
+                 validated=True)
+    proc.flush()
+    store, snapshot = open_snapshot(root)
+    torn = root.parent / "torn.duckdb"          # the first generation's views, this mark
+    warehouse.build_views(torn, store, first, catalog_statements(store, first))
+    con = duckdb.connect(str(torn))
+    con.execute("UPDATE gpuledger.catalog SET statements_sha256 = ?",
+                [statements_digest(catalog_statements(store, snapshot))])
+    con.close()
+    (root / CATALOG).write_bytes(torn.read_bytes())     # the stamp is the real catalog's
+    built = _builds(monkeypatch)
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a", "b"]
+    assert len(built) == 1
+    _put_catalog(root, torn.read_bytes())   # stamped: taken, as any mark-checked catalog
+    assert [r[0] for r in query.run(root, JOBS)[1]] == ["a"]
+    assert len(built) == 1

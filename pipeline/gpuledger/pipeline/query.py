@@ -62,13 +62,13 @@ from gpuledger.pipeline.store import Store, StoreError
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 from gpuledger.pipeline.terminal_fit import printable
 from gpuledger.pipeline.warehouse import (
-    CATALOG,
     FACTS,
     SCHEMA_FILE,
     attach_store,
     build_views,
     catalog_statements,
     open_snapshot,
+    published_catalog,
     statements_digest,
     unreadable_object,
     views_mark,
@@ -186,11 +186,13 @@ def unreadable(con: duckdb.DuckDBPyConnection, exc: BaseException) -> str | None
 def _published_views(store: Store, views: Path, digest: str,
                      config: dict[str, Any]) -> duckdb.DuckDBPyConnection | None:
     """The published ``catalog.duckdb`` copied to ``views`` and opened, when it was built
-    for this very generation and SQL (its mark is ``digest``): binding the views costs a
-    quarter of a CPU-second, fetching the catalog a read. None otherwise (no catalog yet,
-    one of an older generation, a newer DuckDB's, not readable), and ``views`` is gone."""
+    for this very generation and SQL (its mark is ``digest``) and its bytes are the ones
+    stamped (``published_catalog``): binding the views costs a quarter of a CPU-second,
+    fetching the catalog two reads. None otherwise (no catalog yet, one of an older
+    generation, one read torn while it was replaced, a newer DuckDB's, not readable), and
+    ``views`` is gone."""
     try:
-        data = store.read(CATALOG)
+        data = published_catalog(store)
         if data is None:
             return None
         views.write_bytes(data)

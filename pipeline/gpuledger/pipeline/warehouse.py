@@ -61,6 +61,12 @@ log = logging.getLogger("gpuledger.warehouse")
 
 FACTS = "facts"
 CATALOG = "catalog.duckdb"
+CATALOG_STAMP = f".{CATALOG}.sha256"
+"""What the published catalog was built from (its statements' digest and storage
+version) and the SHA-256 of its bytes. A reader takes the catalog only when its bytes
+are the ones stamped (:func:`published_catalog`): a store that replaces an object in
+place (S3Proxy's filesystem backend) served a reader a catalog torn between two
+versions, whose mark was the newer generation's and whose views the older's."""
 SCHEMA_FILE = "_schema.parquet"
 FLOAT_DECIMALS = 9
 CATALOG_UNITS = ("warehouse", "p000")
@@ -600,14 +606,17 @@ class Warehouse:
         # the storage format is part of what was built: a catalog of an earlier release,
         # in DuckDB's newest format, is built again even for the same statements
         digest = f"{statements_digest(statements)} {CATALOG_STORAGE_VERSION}"
-        stamp = f".{CATALOG}.sha256"
-        if self.store.read(stamp) == digest.encode() and self.store.exists(CATALOG):
+        stamp = self.store.read(CATALOG_STAMP)
+        if stamp is not None and stamp.decode(errors="replace").rsplit(" ", 1)[0] == digest \
+                and len(stamp.split()) == 3 and self.store.exists(CATALOG):
             return
         with temp_folders.owned(CATALOG_PREFIX) as tmp:
             path = Path(tmp) / CATALOG
             build_views(path, self.store, snapshot, statements)
-            self.store.write(CATALOG, path.read_bytes())
-        self.store.write(stamp, digest.encode())
+            data = path.read_bytes()
+            self.store.write(CATALOG, data)
+        self.store.write(CATALOG_STAMP,
+                         f"{digest} {hashlib.sha256(data).hexdigest()}".encode())
 
 
 def _within(table: str, span: tuple[datetime, datetime],
@@ -909,6 +918,20 @@ def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[s
                     [statements_digest(statements)])
     finally:
         con.close()
+
+
+def published_catalog(store: Store) -> bytes | None:
+    """The published ``catalog.duckdb``, when its bytes are the ones its stamp names
+    (:data:`CATALOG_STAMP`); None otherwise (none, one being replaced, one read torn, a
+    stamp of an earlier release without the SHA-256)."""
+    stamp = store.read(CATALOG_STAMP)
+    data = store.read(CATALOG)
+    if stamp is None or data is None:
+        return None
+    fields = stamp.split()
+    if len(fields) != 3 or fields[2] != hashlib.sha256(data).hexdigest().encode():
+        return None
+    return data
 
 
 def views_mark(con: duckdb.DuckDBPyConnection) -> str | None:
