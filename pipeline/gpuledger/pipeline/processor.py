@@ -204,10 +204,6 @@ class Processor:
         self.max_other_time: datetime | None = None
         self.hour_parts: dict[HourKey, list[pl.DataFrame]] = {}
         self.rollup_parts: dict[tuple[datetime, int], list[pl.DataFrame]] = {}
-        """The facts and roll-up partials of open hours, per close step, as they came:
-        not merged into one frame when part of an hour is written, so that a frame a
-        checkpoint saved is not saved again (``checkpoint.CheckpointStore``,
-        incremental)."""
         self.day_hourly: dict[tuple[datetime, int], dict[datetime, pl.DataFrame]] = {}
         self.late_parts: dict[tuple[datetime, int], list[pl.DataFrame]] = {}
         self.rejects: list[pl.DataFrame] = []
@@ -1513,6 +1509,8 @@ class Processor:
             self.day_hourly.setdefault((hour.replace(hour=0), partition), {})[hour] = hourly
             if complete:
                 del self.rollup_parts[(hour, partition)]
+            else:
+                self.rollup_parts[(hour, partition)] = [pl.concat(partials)]
         for table in HOURLY_TABLES:
             self._write_table_hour(table, hour, partition, complete)
 
@@ -1538,6 +1536,8 @@ class Processor:
         self.counters.add_rows(table, frame.height)
         if complete or merge:
             del self.hour_parts[key]
+        else:
+            self.hour_parts[key] = [frame]
 
     def _write_daily(self, day: datetime, partition: int, daily: pl.DataFrame) -> None:
         kept = self.day_hourly[(day, partition)]
