@@ -471,6 +471,6 @@ def test_a_missing_frames_file_is_one_error_naming_it(tmp_path: Path) -> None:
     state.delete(files[0])
     reader = checkpoint.CheckpointStore(state, "b", incremental=True)
     assert reader.read_partition(0) is not None
-    with pytest.raises(checkpoint.CheckpointError, match=files[0].replace(".", r"\.")
-                       + ": missing, and the section .*partition-p001.checkpoint names it"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"partition-p001\.checkpoint: names "
+                       r"the frames file .*" + files[0].replace(".", r"\.") + ", which is missing"):
         reader.read_partition(1)

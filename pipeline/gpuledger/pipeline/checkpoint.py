@@ -653,10 +653,9 @@ class CheckpointStore:
         blob = self._read(path)
         if blob is None:
             raise CheckpointError(
-                f"{where}: missing, and the section "
-                f"{self.store.url_of(self.partition_path(partition))} names it (deleted "
-                "by hand, or by an instance closed more than an hour further; the "
-                "partition's section cannot be read)")
+                f"{self.store.url_of(self.partition_path(partition))}: names the frames "
+                f"file {where}, which is missing (deleted by hand, or by an instance that "
+                "closed the partition over an hour further on)")
         frames = blob.get("frames")
         if not isinstance(frames, list) or not all(
                 isinstance(f, pl.DataFrame) for f in frames):
