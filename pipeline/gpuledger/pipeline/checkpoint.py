@@ -499,7 +499,6 @@ class _Saved:
     """A frame of an open hour already in a frames file (``path``, at ``index``)."""
 
     frame: pl.DataFrame   # held, so that the frame's ``id`` is not reused meanwhile
-    partition: int
     path: str
     index: int
 
@@ -524,8 +523,9 @@ class CheckpointStore:
         self.store = store
         self.instance = instance
         self.incremental = incremental
-        self._saved: dict[int, _Saved] = {}
-        """By ``id``: the frames of open hours in frames files, this instance's or read."""
+        self._saved: dict[int, dict[int, _Saved]] = {}
+        """Per partition, by ``id``: its frames of open hours in frames files, written
+        here or read."""
         self._swept: dict[int, datetime] = {}
         """Per partition, the hour of its closed point at its last sweep."""
 
@@ -533,7 +533,7 @@ class CheckpointStore:
         return f"global-{self.instance}.checkpoint"
 
     def partition_path(self, partition: int) -> str:
-        return f"partition-p{partition:03d}.checkpoint"
+        return f"{self.frames_dir(partition)}.checkpoint"
 
     def prune_globals(self, idle_s: float, now: float) -> list[str]:
         """Delete the global parts of other instances not written for ``idle_s`` (gone:
@@ -594,6 +594,7 @@ class CheckpointStore:
             self._sweep(sec)
 
     def frames_dir(self, partition: int) -> str:
+        """The folder of a partition's frames files (its section is this, ``.checkpoint``)."""
         return f"partition-p{partition:03d}"
 
     def _frames_aside(self, sec: Section, held: set[int]) -> None:
@@ -601,11 +602,12 @@ class CheckpointStore:
         is (``frames_at``): the frames no frames file holds yet are written into a new
         one first."""
         p = sec.partition
+        saved = self._saved.setdefault(p, {})
         aside: dict[str, dict[Any, list[pl.DataFrame]]] = {
             name: sec.state.pop(name) for name in ASIDE}
         fresh = [(hour_of(key), f) for name, hour_of in ASIDE.items()
                  for key, frames in aside[name].items() for f in frames
-                 if id(f) not in self._saved]
+                 if id(f) not in saved]
         if fresh:
             data = _dump({"version": VERSION, "frames": [f for _, f in fresh]})
             newest = max(hour for hour, _ in fresh)
@@ -613,14 +615,14 @@ class CheckpointStore:
                     f"{hashlib.sha256(data).hexdigest()[:20]}.frames")
             self.store.write(path, data)
             for i, (_, f) in enumerate(fresh):
-                self._saved[id(f)] = _Saved(f, p, path, i)
+                saved[id(f)] = _Saved(f, path, i)
         sec.state["frames_at"] = {
-            name: {key: [(self._saved[id(f)].path, self._saved[id(f)].index) for f in frames]
+            name: {key: [(saved[id(f)].path, saved[id(f)].index) for f in frames]
                    for key, frames in parts.items()}
             for name, parts in aside.items()}
         live = {id(f) for parts in aside.values() for frames in parts.values() for f in frames}
-        self._saved = {k: v for k, v in self._saved.items()
-                       if (k in live if v.partition == p else v.partition in held)}
+        self._saved = {q: frames for q, frames in self._saved.items() if q in held}
+        self._saved[p] = {k: v for k, v in saved.items() if k in live}
 
     def _frames_back(self, sec: Section) -> None:
         """Put the frames a section names by file and index (``frames_at``) back in its
@@ -645,7 +647,8 @@ class CheckpointStore:
                     frame = files[path][index]
                     frames.append(frame)
                     if self.incremental:
-                        self._saved[id(frame)] = _Saved(frame, sec.partition, path, index)
+                        self._saved.setdefault(sec.partition, {})[id(frame)] = _Saved(
+                            frame, path, index)
             sec.state[name] = parts
 
     def _frames_file(self, path: str, partition: int) -> list[pl.DataFrame]:
