@@ -606,9 +606,8 @@ class Warehouse:
         # the storage format is part of what was built: a catalog of an earlier release,
         # in DuckDB's newest format, is built again even for the same statements
         digest = f"{statements_digest(statements)} {CATALOG_STORAGE_VERSION}"
-        stamp = self.store.read(CATALOG_STAMP)
-        if stamp is not None and stamp.decode(errors="replace").rsplit(" ", 1)[0] == digest \
-                and len(stamp.split()) == 3 and self.store.exists(CATALOG):
+        stamp = _catalog_stamp(self.store)
+        if stamp is not None and stamp[0] == digest and self.store.exists(CATALOG):
             return
         with temp_folders.owned(CATALOG_PREFIX) as tmp:
             path = Path(tmp) / CATALOG
@@ -920,16 +919,24 @@ def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[s
         con.close()
 
 
-def published_catalog(store: Store) -> bytes | None:
-    """The published ``catalog.duckdb``, when its bytes are the ones its stamp names
-    (:data:`CATALOG_STAMP`); None otherwise (none, one being replaced, one read torn, a
-    stamp of an earlier release without the SHA-256)."""
+def _catalog_stamp(store: Store) -> tuple[str, str] | None:
+    """The published catalog's stamp (:data:`CATALOG_STAMP`): what it was built from and
+    the SHA-256 of its bytes; None when there is none, or one of an earlier release
+    (without the SHA-256)."""
     stamp = store.read(CATALOG_STAMP)
-    data = store.read(CATALOG)
-    if stamp is None or data is None:
+    if stamp is None or len(stamp.split()) != 3:
         return None
-    fields = stamp.split()
-    if len(fields) != 3 or fields[2] != hashlib.sha256(data).hexdigest().encode():
+    built, _, sha = stamp.decode(errors="replace").rpartition(" ")
+    return built, sha
+
+
+def published_catalog(store: Store) -> bytes | None:
+    """The published ``catalog.duckdb``, when its bytes are the ones its stamp names;
+    None otherwise (none, one being replaced, one read torn, a stamp of an earlier
+    release)."""
+    stamp = _catalog_stamp(store)
+    data = store.read(CATALOG) if stamp is not None else None
+    if stamp is None or data is None or stamp[1] != hashlib.sha256(data).hexdigest():
         return None
     return data
 
