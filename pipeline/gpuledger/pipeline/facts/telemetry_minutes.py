@@ -161,12 +161,11 @@ class SampleKeys:
         # a GPU is in one partition: only the minutes where an earlier batch brought
         # samples of the same partition can hold a repeat (through Kafka, a poll often
         # brings other partitions' samples of the minutes already open)
-        # the (minute, partition) pairs as one integer (a partition is 16 bits): a
-        # one-column unique, 6x cheaper than the two columns' (2 M samples: 50 -> 8 ms)
+        # a one-column unique of the pairs: 6x cheaper than the two columns' (2 M
+        # samples: 50 -> 8 ms)
         parts: dict[int, set[int]] = {}
-        pair = pl.col("minute_ms") * 65536 + pl.col("partition").cast(pl.Int64)
-        for key in keys.select(pair.unique()).to_series().to_list():
-            m, p = divmod(key, 65536)
+        for key in keys.select(_minute_partition().unique()).to_series().to_list():
+            m, p = divmod(key, _PARTITIONS)
             parts.setdefault(m, set()).add(p)
         minutes = [m for m, ps in parts.items() if m in self.by_minute
                    and not ps.isdisjoint(_partition_of(f) for f in self.by_minute[m])]
@@ -203,12 +202,13 @@ class SampleKeys:
                 self.by_minute.setdefault(at, []).append(body.slice(start, length))
                 start += length
             return
-        # a copy of the partition is the split's key (which the split drops)
-        for (at, _part), rows in keys.with_columns(pl.col("partition").alias("_p")
-                                                   ).partition_by(
-                ["minute_ms", "_p"], as_dict=True, include_key=False).items():
-            assert isinstance(at, int)
-            self.by_minute.setdefault(at, []).append(rows)
+        # split by the pair as one column, which the split drops: 1.6x cheaper than a
+        # split by the two columns
+        for (key,), rows in keys.select(_minute_partition().alias("_k"), "partition", "_g",
+                                        "_t").partition_by(
+                "_k", as_dict=True, include_key=False).items():
+            assert isinstance(key, int)
+            self.by_minute.setdefault(key // _PARTITIONS, []).append(rows)
 
     def forget_before(self, minute_ms: int) -> None:
         self.by_minute = {m: v for m, v in self.by_minute.items() if m >= minute_ms}
@@ -239,6 +239,16 @@ class SampleKeys:
         """Take ``other``'s keys too (appended: the cache still names a prefix)."""
         for minute, frames in other.by_minute.items():
             self.by_minute.setdefault(minute, []).extend(frames)
+
+
+_PARTITIONS = 1 << 16
+"""Partitions of sample keys are 16 bits (``UInt16``)."""
+
+
+def _minute_partition() -> pl.Expr:
+    """A sample key's (minute, partition) as one integer: ``minute_ms`` × 2¹⁶ +
+    partition (``divmod`` by :data:`_PARTITIONS` gives them back)."""
+    return pl.col("minute_ms") * _PARTITIONS + pl.col("partition").cast(pl.Int64)
 
 
 def _compact(keys: pl.DataFrame, minute_ms: int) -> pl.DataFrame:
