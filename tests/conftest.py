@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,12 @@ import polars as pl
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# templates of the catalog's views (catalog_template.py) in a folder of this run's own,
+# for every test and the commands they start, not in the user's cache folder
+if "GPULEDGER_CACHE_DIR" not in os.environ:
+    os.environ["GPULEDGER_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpuledger-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GPULEDGER_CACHE_DIR"], True)
 
 from events import frames
 from kafka_fixtures import kafka  # noqa: F401

@@ -40,7 +40,7 @@ import duckdb
 import polars as pl
 from polars.datatypes import DataTypeClass
 
-from gpuledger.pipeline import compaction, external_sort, temp_folders
+from gpuledger.pipeline import catalog_template, compaction, external_sort, temp_folders
 from gpuledger.pipeline.config import WarehouseOptions
 from gpuledger.pipeline.generations import (
     MANIFESTS,
@@ -840,11 +840,29 @@ def catalog_statements(store: Store, snapshot: Snapshot) -> list[str]:
             tables[name] = file_list(store, snapshot, name)
         return tables[name]
 
-    for path in sorted(sql_dir().glob("*.sql")):
-        text = path.read_text().replace("{facts}", facts)
+    for _name, raw in sql_files():
+        text = raw.replace("{facts}", facts)
         out.append(_fill(_fill(text, files), functools.partial(rows_relation, store, snapshot),
                          "{rows:"))
     return out
+
+
+@functools.cache
+def sql_files() -> tuple[tuple[str, str], ...]:
+    """The catalog's SQL files (name, text), in the order they are run."""
+    return tuple((path.name, path.read_text()) for path in sorted(sql_dir().glob("*.sql")))
+
+
+_PLACEHOLDERS = ("{files:", "{rows:", "{facts}")
+
+
+def _varying() -> int | None:
+    """How many of the catalog's statements differ between warehouses (the SQL files
+    with placeholders, which come first); None when one without comes before one with
+    (no template then: the views over them would be bound before them)."""
+    marks = [any(p in raw for p in _PLACEHOLDERS) for _name, raw in sql_files()]
+    n = marks.index(False) if False in marks else len(marks)
+    return None if any(marks[n:]) else n
 
 
 CATALOG_SCHEMA = "gpuledger"
@@ -901,22 +919,135 @@ def size_damage(size: int, expected: int) -> str:
             f"{expected} (cut short or replaced since it was written)")
 
 
+_VIEWS_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+    "storage_compatibility_version": CATALOG_STORAGE_VERSION}
+
+
 def build_views(path: Path, store: Store, snapshot: Snapshot, statements: list[str]) -> None:
     """Create the database ``path`` with the views of ``statements`` (from
     ``catalog_statements(store, snapshot)``) and their mark, in the storage format of
-    :data:`CATALOG_STORAGE_VERSION`."""
-    con = duckdb.connect(str(path), config={
-        "autoinstall_known_extensions": False, "autoload_known_extensions": False,
-        "storage_compatibility_version": CATALOG_STORAGE_VERSION})
+    :data:`CATALOG_STORAGE_VERSION`: from this release's template when the base views
+    come out with its columns (``catalog_template``), else in full."""
+    if not views_from_template(path, store, snapshot, statements):
+        views_in_full(path, store, snapshot, statements)
+
+
+def views_in_full(path: Path, store: Store, snapshot: Snapshot, statements: list[str]
+                  ) -> None:
+    """:func:`build_views` without a template: every statement run."""
+    con = duckdb.connect(str(path), config=_VIEWS_CONFIG)
     try:
         attach_store(con, store, snapshot.sizes)
         for statement in statements:
             con.execute(statement)
-        con.execute(f"CREATE SCHEMA {CATALOG_SCHEMA}")
-        con.execute(f"CREATE TABLE {CATALOG_MARK} AS SELECT ? AS statements_sha256",
-                    [statements_digest(statements)])
+        _add_mark(con, statements)
     finally:
         con.close()
+
+
+def _add_mark(con: duckdb.DuckDBPyConnection, statements: list[str]) -> None:
+    con.execute(f"CREATE SCHEMA {CATALOG_SCHEMA}")
+    con.execute(f"CREATE TABLE {CATALOG_MARK} AS SELECT ? AS statements_sha256",
+                [statements_digest(statements)])
+
+
+def views_from_template(path: Path, store: Store, snapshot: Snapshot, statements: list[str],
+                        build_template: bool = True) -> bool:
+    """Build ``path`` from the template: its copy, with the statements that differ
+    between warehouses run again over ``store``'s files. False (``path`` removed) when
+    there is no template (and ``build_template`` is off, or it cannot be built), or the
+    base views' columns are not the template's."""
+    varying, key = _varying(), _template_key()
+    if varying is None or len(statements) != len(sql_files()) or store.url in _MISFITS:
+        return False
+    data = catalog_template.cached(key)
+    if data is None and build_template and key not in _UNBUILDABLE:
+        data = _build_template()
+        if data is None:
+            _UNBUILDABLE.add(key)
+        else:
+            catalog_template.keep(key, data)
+    if data is None:
+        return False
+    path.write_bytes(data)
+    try:
+        con = duckdb.connect(str(path), config=_VIEWS_CONFIG)
+    except duckdb.Error as exc:  # a damaged file: built again next time
+        log.debug("catalog template not usable (%s): built in full", exc)
+        catalog_template.forget(key)
+        path.unlink(missing_ok=True)
+        return False
+    try:
+        before = _view_columns(con)
+        attach_store(con, store, snapshot.sizes)
+        for statement in statements[:varying]:
+            con.execute(statement)
+        same = _view_columns(con) == before
+        if same:
+            _add_mark(con, statements)
+    except duckdb.Error as exc:  # then the full build says what is wrong, if anything
+        log.debug("catalog from its template failed (%s): built in full", exc)
+        same = False
+    finally:
+        con.close()
+    if not same:
+        _MISFITS.add(store.url)
+        path.unlink(missing_ok=True)
+    return same
+
+
+_MISFITS: set[str] = set()
+"""Warehouses whose base views came out with other columns than the template's (schema
+files of an earlier release, which are never replaced): built in full from then on in
+this process, without trying the template each time."""
+_UNBUILDABLE: set[str] = set()
+"""Templates that could not be built in this process (no usable temporary folder): not
+tried again at every build."""
+
+
+def _view_columns(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
+    """Every view's columns (name, position, column, type)."""
+    return con.execute(
+        "SELECT table_name, column_index, column_name, data_type FROM duckdb_columns() "
+        "WHERE table_name IN (SELECT view_name FROM duckdb_views() WHERE NOT internal) "
+        "ORDER BY ALL").fetchall()
+
+
+@functools.cache
+def _template_key() -> str:
+    from gpuledger.pipeline.tables import TABLE_SCHEMAS, UNSCHEMATISED_TABLES
+
+    return catalog_template.template_key(
+        list(sql_files()), repr(sorted(TABLE_SCHEMAS.items()))
+        + repr(sorted(UNSCHEMATISED_TABLES.items())), CATALOG_STORAGE_VERSION)
+
+
+def _build_template() -> bytes | None:
+    """This release's template: the views database of an empty warehouse (the tables'
+    schema files alone) in a temporary folder, without a mark; None when it cannot be
+    built (it is then built in full, which says why)."""
+    from gpuledger.pipeline.tables import TABLE_SCHEMAS
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpuledger-catalog-template-") as tmp:
+            root = Path(tmp)
+            for table, schema in TABLE_SCHEMAS.items():
+                folder = root / FACTS / table
+                folder.mkdir(parents=True)
+                (folder / SCHEMA_FILE).write_bytes(parquet_bytes(pl.DataFrame(schema=schema)))
+            store = open_store(root)
+            empty = Snapshot({}, {})
+            con = duckdb.connect(str(root / "template.duckdb"), config=_VIEWS_CONFIG)
+            try:
+                for statement in catalog_statements(store, empty):
+                    con.execute(statement)
+            finally:
+                con.close()
+            return (root / "template.duckdb").read_bytes()
+    except (duckdb.Error, OSError) as exc:
+        log.debug("catalog template not built (%s)", exc)
+        return None
 
 
 def _catalog_stamp(store: Store) -> tuple[str, str] | None:
