@@ -6,7 +6,11 @@ micro-batches of BATCH_MINUTES, then measures (CPU seconds, all threads):
 - ceiling: the fastest plain decode of the same bus messages (Arrow IPC → Polars);
 - processor: decode + validate + facts + Parquet writes, through ``Processor``.
 
-GPU-samples per CPU-second is the per-core rate. Usage:
+GPU-samples per CPU-second is the per-core rate. The catalog built at the end takes this
+release's template of the views from the user's cache folder when it is there
+(``catalog_template.py``; the first run on a machine builds it, about 0.08 CPU-s more):
+``catalog_template`` in the output says which. ``GPULEDGER_CACHE_DIR=`` (empty) runs
+without a cache folder, as the first run on a machine. Usage:
 
     python bench/processor_throughput.py [--hours 6] [--batch-minutes 60] [--interval 10]
 """
@@ -21,11 +25,12 @@ from pathlib import Path
 
 import polars as pl
 
+from gpuledger.pipeline import catalog_template
 from gpuledger.pipeline.bus import EmbeddedBus, decode_message, marking_last
 from gpuledger.pipeline.config import ProcessorConfig
 from gpuledger.pipeline.processor import Processor
 from gpuledger.pipeline.simulate import SimConfig, simulate
-from gpuledger.pipeline.warehouse import Warehouse
+from gpuledger.pipeline.warehouse import Warehouse, template_key
 
 
 def _fill(hours: float, batch_minutes: int, interval_s: int = 10) -> tuple[EmbeddedBus, int]:
@@ -70,6 +75,7 @@ def main() -> None:
         decoded += decode_message(data).height
     ceiling_cpu, ceiling_wall = time.process_time() - c0, time.perf_counter() - w0
 
+    cached = catalog_template.cached(template_key()) is not None
     with tempfile.TemporaryDirectory() as tmp:
         proc = Processor(ProcessorConfig(), Warehouse(Path(tmp)))
         c0, w0 = time.process_time(), time.perf_counter()
@@ -89,6 +95,7 @@ def main() -> None:
         "processor_samples_per_wall_s": samples / wall,
         "processor_cpu_s": cpu, "processor_wall_s": wall,
         "ratio_to_ceiling": (samples / cpu) / (samples / ceiling_cpu),
+        "catalog_template": "cached" if cached else "built by this run",
     }
     print(json.dumps(result, indent=2))
     if args.json:

@@ -91,7 +91,7 @@ def test_a_catalog_from_the_template_holds_and_answers_what_a_full_build_does(
                                      build_template=False)
     first = tmp_path / "first.duckdb"
     assert W.views_from_template(first, store, snapshot, statements)  # builds the template
-    assert [p.name for p in cache.iterdir()] == [f"catalog-template-{W._template_key()}.duckdb"]
+    assert [p.name for p in cache.iterdir()] == [f"catalog-template-{W.template_key()}.duckdb"]
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     catalog_template._memory.clear()
     again = tmp_path / "again.duckdb"
@@ -168,7 +168,7 @@ def test_a_cache_folder_others_may_write_is_not_read(warehouse: Path, cache: Pat
                                                      tmp_path: Path) -> None:
     store, snapshot, statements = _inputs(warehouse)
     W.build_views(tmp_path / "a.duckdb", store, snapshot, statements)
-    key = W._template_key()
+    key = W.template_key()
     catalog_template._memory.clear()
     assert catalog_template.cached(key) is not None
     catalog_template._memory.clear()
@@ -191,7 +191,7 @@ def test_no_cache_folder_keeps_templates_in_memory_only(
     assert W.views_from_template(tmp_path / "a.duckdb", store, snapshot, statements)
     assert catalog_template.cache_dir() is None
     assert not (tmp_path / "home").exists()
-    assert W._template_key() in catalog_template._memory
+    assert W.template_key() in catalog_template._memory
     catalog_template._memory.clear()
 
 

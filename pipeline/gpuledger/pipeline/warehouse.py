@@ -958,7 +958,7 @@ def views_from_template(path: Path, store: Store, snapshot: Snapshot, statements
     between warehouses run again over ``store``'s files. False (``path`` removed) when
     there is no template (and ``build_template`` is off, or it cannot be built), or the
     base views' columns are not the template's."""
-    varying, key = _varying(), _template_key()
+    varying, key = _varying(), template_key()
     if varying is None or len(statements) != len(sql_files()) or store.url in _MISFITS:
         return False
     data = catalog_template.cached(key)
@@ -1015,7 +1015,8 @@ def _view_columns(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
 
 
 @functools.cache
-def _template_key() -> str:
+def template_key() -> str:
+    """The name of this release's template of the views (``catalog_template``)."""
     from gpuledger.pipeline.tables import TABLE_SCHEMAS, UNSCHEMATISED_TABLES
 
     return catalog_template.template_key(
