@@ -979,7 +979,9 @@ def views_from_template(path: Path, store: Store, snapshot: Snapshot, statements
         path.unlink(missing_ok=True)
         return False
     try:
-        before = _view_columns(con)
+        before = _TEMPLATE_COLUMNS.get(key)
+        if before is None:
+            before = _TEMPLATE_COLUMNS[key] = _view_columns(con)
         attach_store(con, store, snapshot.sizes)
         for statement in statements[:varying]:
             con.execute(statement)
@@ -1001,17 +1003,19 @@ _MISFITS: set[str] = set()
 """Warehouses whose base views came out with other columns than the template's (schema
 files of an earlier release, which are never replaced): built in full from then on in
 this process, without trying the template each time."""
+_TEMPLATE_COLUMNS: dict[str, list[tuple[Any, ...]]] = {}
+"""Each template's views' columns (:func:`_view_columns`), read once per process."""
 _UNBUILDABLE: set[str] = set()
 """Templates that could not be built in this process (no usable temporary folder): not
 tried again at every build."""
 
 
 def _view_columns(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
-    """Every view's columns (name, position, column, type)."""
-    return con.execute(
+    """The columns (view, position, name, type) of every view and table that is not
+    DuckDB's own: a views database without its mark holds views alone."""
+    return sorted(con.execute(
         "SELECT table_name, column_index, column_name, data_type FROM duckdb_columns() "
-        "WHERE table_name IN (SELECT view_name FROM duckdb_views() WHERE NOT internal) "
-        "ORDER BY ALL").fetchall()
+        "WHERE NOT internal").fetchall())
 
 
 @functools.cache
