@@ -20,8 +20,6 @@ from gpuledger.pipeline import warehouse as W
 from gpuledger.pipeline.query import connect
 from gpuledger.pipeline.tables import TABLE_SCHEMAS
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -146,6 +144,25 @@ def test_a_warehouse_of_other_schema_files_gets_its_views_built_in_full(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = 'rejects'").fetchall()]
     assert "raw" not in columns and "reason" in columns
     assert W.views_mark(con) == W.statements_digest(statements)
+
+
+def test_a_file_unreadable_for_a_moment_does_not_keep_the_template_from_a_warehouse(
+        warehouse: Path, cache: Path, tmp_path: Path) -> None:
+    """A schema file that cannot be read (damaged, or a store's error): that build fails
+    as a full one does, and the next takes the template again (only other columns keep
+    a warehouse from it)."""
+    copy = tmp_path / "wh"
+    shutil.copytree(warehouse, copy)
+    store, snapshot, statements = _inputs(copy)
+    schema = copy / W.FACTS / "rejects" / W.SCHEMA_FILE
+    good = schema.read_bytes()
+    schema.write_bytes(b"PAR1 damaged")
+    assert not W.views_from_template(tmp_path / "a.duckdb", store, snapshot, statements)
+    assert store.url not in W._MISFITS and not (tmp_path / "a.duckdb").exists()
+    with pytest.raises(duckdb.Error):
+        W.build_views(tmp_path / "b.duckdb", store, snapshot, statements)
+    schema.write_bytes(good)
+    assert W.views_from_template(tmp_path / "c.duckdb", store, snapshot, statements)
 
 
 def test_a_damaged_template_is_built_again(warehouse: Path, cache: Path,

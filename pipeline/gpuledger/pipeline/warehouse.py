@@ -978,6 +978,7 @@ def views_from_template(path: Path, store: Store, snapshot: Snapshot, statements
         catalog_template.forget(key)
         path.unlink(missing_ok=True)
         return False
+    same = False
     try:
         before = _TEMPLATE_COLUMNS.get(key)
         if before is None:
@@ -988,13 +989,14 @@ def views_from_template(path: Path, store: Store, snapshot: Snapshot, statements
         same = _view_columns(con) == before
         if same:
             _add_mark(con, statements)
-    except duckdb.Error as exc:  # then the full build says what is wrong, if anything
+        else:
+            _MISFITS.add(store.url)
+    except duckdb.Error as exc:  # a file not readable now: the full build says which
         log.debug("catalog from its template failed (%s): built in full", exc)
         same = False
     finally:
         con.close()
     if not same:
-        _MISFITS.add(store.url)
         path.unlink(missing_ok=True)
     return same
 
