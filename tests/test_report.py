@@ -283,6 +283,39 @@ def test_a_section_with_no_rows_says_so_in_one_line(
     assert not {"in this", "window", "no rows"} & {line.strip() for line in lines}
 
 
+def test_an_empty_section_names_a_window_only_when_one_was_asked_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod list alone (no telemetry, no preemption): its empty sections said "no rows
+    in this window" with no window asked for. Now "no rows"; with --since, the sections
+    that keep to the window say "in this window", and borrowing (all the data) does not."""
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus\n"
+                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("node,gpus,card_type,pool\nn1,4,H100,p\n")
+    wh = tmp_path / "wh"
+    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(wh)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--warehouse", str(wh), "--width", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  no rows" in lines
+    assert not any("in this window" in line for line in lines)
+    html_file = tmp_path / "r.html"
+    assert main(["report", "--warehouse", str(wh), "--html", str(html_file)]) == 0
+    page = html_file.read_text(encoding="utf-8")
+    assert 'class="blank">no rows</td>' in page and "in this window" not in page
+    capsys.readouterr()
+    assert main(["report", "--warehouse", str(wh), "--width", "100",
+                 "--since", "2026-01-05T00:00Z"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    empty = {lines[k - 1]: line.strip() for k, line in enumerate(lines)
+             if line.startswith("  no rows")}
+    windowed = {s.title for s in SECTIONS if s.windowed}
+    assert empty and all(said == ("no rows in this window" if title in windowed
+                                  else "no rows") for title, said in empty.items()), empty
+
+
 def test_a_table_too_wide_for_whole_cells_wraps_words_and_never_cuts_one(
         root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """In 80 columns the what-if section (a row label of 37 characters) did not fit with
@@ -325,7 +358,8 @@ def test_html_tables_read_right(report: Report, html_file: Path) -> None:
                 assert text, f"{section.key}.{c.name}: an empty cell"   # explained instead
                 if "blank" in cls:
                     assert text in (c.blank, c.blank_when and c.blank_when[1])
-                elif c.decimals is not None and text != "no rows in this window":
+                elif c.decimals is not None and text not in ("no rows",
+                                                             "no rows in this window"):
                     # one number format: thousands separators, the column's decimals
                     pattern = r"\d{1,3}(,\d{3})*" + (rf"\.\d{{{c.decimals}}}" if c.decimals
                                                      else "")

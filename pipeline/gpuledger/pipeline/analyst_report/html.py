@@ -10,7 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from typing import Any
 
-from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, NO_ROWS, Answer, Report, Window
+from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report, Window, no_rows
 from gpuledger.pipeline.analyst_report.numbers import cell, when
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 
@@ -131,14 +131,14 @@ def _header_cell(c: Column) -> str:
     return f'{html.escape(c.header)} <span class="u">({html.escape(c.unit)})</span>'
 
 
-def _table(a: Answer, top: int) -> str:
+def _table(a: Answer, top: int, empty: str) -> str:
     columns = a.section.columns
     head = "".join(f'<th{" class=n" if c.numeric else ""}>{_header_cell(c)}</th>'
                    for c in columns)
     thead = f"<thead><tr>{head}</tr></thead>"
     if not a.rows:
         return (f'<div class="scroll"><table>{thead}<tbody><tr><td colspan="{len(columns)}"'
-                f' class="blank">{NO_ROWS}</td></tr></tbody></table></div>')
+                f' class="blank">{html.escape(empty)}</td></tr></tbody></table></div>')
     # each table scrolls sideways in its own box: at 400 px they overflowed the page
     text = (f'<div class="scroll"><table>{thead}<tbody>{_rows_html(a, a.rows[:top])}'
             "</tbody></table></div>")
@@ -205,7 +205,7 @@ def render_html(report: Report, warehouse: str, generated: datetime | date,
         if payload is not None:
             charts.append(payload)
             parts.append(f'<div class="chart" id="chart-{i}"></div>')
-        parts.append(_table(a, top))
+        parts.append(_table(a, top, no_rows(s, report.window)))
         parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in s.notes)
         parts.append("</section>")
     # '<', '>' and '&' as JSON escapes: with '</' alone escaped, a name holding

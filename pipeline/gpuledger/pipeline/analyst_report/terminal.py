@@ -16,7 +16,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, NO_ROWS, Answer, Report
+from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report, no_rows
 from gpuledger.pipeline.analyst_report.numbers import cell
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 from gpuledger.pipeline.terminal_fit import header, printable
@@ -64,13 +64,15 @@ def _most(title: str, cells: list[str], column: Column) -> int:
     return max(min(natural, NAME_MOST), max(len(w) for w in title.split()))
 
 
-def _table(a: Answer, top: int, console: Console) -> tuple[RenderableType, list[Column]]:
-    """The table, and the columns it has no room for (named under it)."""
+def _table(a: Answer, top: int, console: Console, empty: str
+           ) -> tuple[RenderableType, list[Column]]:
+    """The table, and the columns it has no room for (named under it); ``empty``: what
+    a section without rows says."""
     section = a.section
     if not a.rows:
         # the title and one line: an empty table's headers said nothing, and the line in
         # its first column wrapped to a word per line ('no rows / in this / window')
-        return Group(Text(section.title, style="bold"), Text(f"  {NO_ROWS}", style="dim")), []
+        return Group(Text(section.title, style="bold"), Text(f"  {empty}", style="dim")), []
     shown = _shown(a)
 
     def text(value: object, column: Column, row: tuple[object, ...]) -> str:
@@ -138,7 +140,7 @@ def print_report(report: Report, console: Console, top: int) -> None:
             part = a.section.part
             console.print()
             console.print(Rule(PARTS[part], align="left"))
-        table, hidden = _table(a, top, console)
+        table, hidden = _table(a, top, console, no_rows(a.section, report.window))
         console.print(table)
         if len(a.rows) > top:
             more = (f"… and {len(a.rows) - top:,} more rows: gpuledger report --html FILE "
