@@ -463,21 +463,22 @@ def test_html_in_chromium(report: Report, html_file: Path, tmp_path: Path) -> No
     assert payload is not None
     assert svgs[f"chart-{index['allocation']}"]["bars"] == \
         len(alloc.rows) * len(payload["series"])
-    # time axes: whole hours (UTC), the axis says so, the last tick inside the window
+    # time axes: whole half hours of UTC (3 hours of data), the axis says so, the last
+    # tick inside the window
     for key, lines in (("frag_time", 3), ("blocked_time", len(alloc.rows))):
         s = svgs[f"chart-{index[key]}"]
         assert s["lines"] == lines
         ticks = [t["tspans"] for t in s["texts"] if t["tspans"]]
-        assert len(ticks) >= 3
+        assert len(ticks) >= 6
         for spans in ticks:
-            assert re.fullmatch(r"\d\d:00", spans[0]), spans
+            assert re.fullmatch(r"\d\d:(00|30)", spans[0]), spans
         assert [t["text"] for t in s["texts"] if t["cls"] == "unit"][-1] == "time (UTC)"
         start = report.window.start
         assert start is not None and ticks[0][1] == f"{start:%b} {start.day}"
-        last = int(ticks[-1][0][:2])
+        hour, minute = (int(v) for v in ticks[-1][0].split(":"))
         end = report.window.end
         assert end is not None
-        assert datetime(end.year, end.month, end.day, last, tzinfo=UTC) <= end
+        assert datetime(end.year, end.month, end.day, hour, minute, tzinfo=UTC) <= end
 
     shot = screenshot(html_file, tmp_path, int(layout["height"]))
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -566,20 +567,48 @@ def test_a_window_inside_hours_is_taken_as_whole_hours_and_says_so(root: Path,
 
 
 def test_time_charts_stay_inside_the_window(root: Path, report: Report) -> None:
-    """Data that ends inside an hour: the last hour's point sits in the part of the hour
-    that is in the window, not past the end of the axis."""
+    """Data that ends inside a time bucket: the last bucket's point sits in the part of
+    the bucket that is in the window, not past the end of the axis."""
     start = report.window.start
     assert start is not None
-    narrow = answer_all(root, since=start, until=start + timedelta(minutes=80))
-    ends_inside = replace(narrow.window, until=start + timedelta(minutes=80))
+    narrow = answer_all(root, since=start, until=start + timedelta(minutes=78))
+    ends_inside = replace(narrow.window, until=start + timedelta(minutes=78))
+    assert narrow.window.bucket_minutes == ends_inside.bucket_minutes == 5
     for key in ("frag_time", "blocked_time"):
         payload = report_html.chart_payload(_answer(narrow, key), "c", ends_inside, TOP)
         assert payload is not None
         x0, x1 = payload["x0"], payload["x1"]
-        assert x1 - x0 == 80 * 60_000
+        assert x1 - x0 == 78 * 60_000
         points = [p[0] for s in payload["series"] for p in s["points"]]
         assert points and all(x0 <= x <= x1 for x in points)
-        assert max(points) == x0 + 70 * 60_000              # the middle of 01:00-01:20
+        assert max(points) == x0 + 76.5 * 60_000            # the middle of 01:15-01:18
+
+
+def test_time_charts_of_under_an_hour_draw_a_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """40 minutes of history: hourly buckets drew one dot per series. Buckets follow
+    the data's span (5 minutes up to 3 hours, 15 up to 12, an hour up to 3 days, a day
+    beyond)."""
+    from gpuledger.pipeline.analyst_report.sections import bucket_minutes
+
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,created,scheduled,deleted,gpus\n"
+                    "a,2026-01-05T00:00:00Z,2026-01-05T00:05:00Z,2026-01-05T00:40:00Z,2\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("node,gpus,card_type,pool\nn1,4,H100,p\n")
+    wh = tmp_path / "wh"
+    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
+                 "--warehouse", str(wh)]) == 0
+    report = answer_all(wh)
+    assert report.window.bucket_minutes == 5
+    payload = report_html.chart_payload(_answer(report, "frag_time"), "c", report.window, TOP)
+    assert payload is not None and payload["bucket_minutes"] == 5
+    for series in payload["series"]:
+        xs = [p[0] for p in series["points"]]
+        assert len(xs) >= 7 and xs == sorted(xs), series["name"]
+        assert all(payload["x0"] <= x <= payload["x1"] for x in xs)
+    assert [bucket_minutes(timedelta(hours=h)) for h in (0.5, 3, 3.5, 12, 13, 72, 73)] == \
+        [5, 5, 15, 15, 60, 60, 1440]
 
 
 def test_states_of_allocation_add_up_on_a_scheduler_only_history(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import duckdb
 
 from gpuledger.pipeline import query
 from gpuledger.pipeline.analyst_report.numbers import number, when
-from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, fill
+from gpuledger.pipeline.analyst_report.sections import SECTIONS, Section, bucket_minutes, fill
 
 MAX_ROWS = 100
 """The most rows a long table reads (the first ``top`` shown, the rest folded)."""
@@ -51,11 +51,11 @@ class Window:
         return min(times) if times else None
 
     @property
-    def bucket_hours(self) -> int:
-        """The charts' time bucket: an hour, or a day when the window is over 3 days."""
+    def bucket_minutes(self) -> int:
+        """The time charts' bucket (``sections.CHART_BUCKETS``): 5 minutes up to 3 hours
+        of data, 15 up to 12 hours, an hour up to 3 days, a day beyond."""
         start, end = self.start, self.end
-        long = start is not None and end is not None and end - start > timedelta(days=3)
-        return 24 if long else 1
+        return bucket_minutes(end - start if start is not None and end is not None else None)
 
     @property
     def narrowed(self) -> bool:
@@ -163,7 +163,7 @@ def answer_all(warehouse: Path, since: datetime | None = None, until: datetime |
             chart_columns, chart_rows = columns, rows
             if section.chart is not None and section.chart.sql is not None:
                 chart_columns, chart_rows = query.fetch(
-                    con, fill(section.chart.sql, lo, hi, MAX_ROWS, window.bucket_hours),
+                    con, fill(section.chart.sql, lo, hi, MAX_ROWS, window.bucket_minutes),
                     timeout_s)
             out.append(Answer(section, columns, rows, chart_columns, chart_rows))
         return Report(window, out)

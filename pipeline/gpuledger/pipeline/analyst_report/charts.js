@@ -144,7 +144,8 @@
 
   /* Ticks on whole hours or days (UTC) inside [x0, x1], at most `most` of them. */
   function timeTicks(x0, x1, most) {
-    var steps = [1, 2, 3, 6, 12, 24, 48, 72, 168, 336, 720, 1440];
+    // in hours: 5, 10, 15 and 30 minutes first, for data under a few hours
+    var steps = [1 / 12, 1 / 6, 1 / 4, 1 / 2, 1, 2, 3, 6, 12, 24, 48, 72, 168, 336, 720, 1440];
     var step = steps[steps.length - 1] * HOUR;
     for (var i = 0; i < steps.length; i++) {
       if ((x1 - x0) / (steps[i] * HOUR) <= most) { step = steps[i] * HOUR; break; }
@@ -189,7 +190,8 @@
       var label = el("text", {x: x, y: M.top + plotH + 16, "text-anchor": "middle",
                               "class": "tick"}, svg);
       if (time.step < 24 * HOUR) {
-        el("tspan", {x: x}, label, ("0" + d.getUTCHours()).slice(-2) + ":00");
+        el("tspan", {x: x}, label, ("0" + d.getUTCHours()).slice(-2) + ":" +
+           ("0" + d.getUTCMinutes()).slice(-2));
         if (day !== lastDay) { el("tspan", {x: x, dy: 13}, label, day); }
       } else {
         el("tspan", {x: x}, label, day);
@@ -211,10 +213,11 @@
       el("title", {}, path, s.name);
       s.points.forEach(function (p) {
         var dot = el("circle", {cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: c}, svg);
-        var from = new Date(Math.floor(p[0] / (spec.bucket_hours * HOUR)) *
-                            spec.bucket_hours * HOUR).toISOString();
-        var at = spec.bucket_hours < 24 ? "hour from " + from.slice(0, 13).replace("T", " ") +
-          ":00 UTC" : "day " + from.slice(0, 10);
+        var size = spec.bucket_minutes * HOUR / 60;
+        var from = new Date(Math.floor(p[0] / size) * size).toISOString();
+        var at = spec.bucket_minutes >= 1440 ? "day " + from.slice(0, 10) :
+          (spec.bucket_minutes === 60 ? "hour" : spec.bucket_minutes + " minutes") +
+          " from " + from.slice(0, 16).replace("T", " ") + " UTC";
         el("title", {}, dot, s.name + ", " + at + ": " + fmt(p[1], spec.decimals) + " " +
            spec.unit);
       });

@@ -72,11 +72,11 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
         if window.start is None or window.end is None:
             return None
         x0, x1 = _ms(window.start), _ms(window.end)
-        bucket = timedelta(hours=window.bucket_hours).total_seconds() * 1000
+        bucket = timedelta(minutes=window.bucket_minutes).total_seconds() * 1000
         groups: dict[str, list[list[float]]] = {}
         for r in a.chart_rows:
             t, v = r[col[chart.category]], r[col[chart.series[0]]]
-            if t is None or v is None:
+            if t is None or v is None or _ms(t) >= x1:
                 continue
             # at the middle of the part of the bucket inside the window
             middle = (max(_ms(t), x0) + min(_ms(t) + bucket, x1)) / 2
@@ -84,7 +84,7 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
         if not groups:
             return None
         return {**base, "x0": x0, "x1": x1,
-                "bucket_hours": window.bucket_hours,
+                "bucket_minutes": window.bucket_minutes,
                 "series": [{"name": k, "points": p} for k, p in groups.items()]}
     rows = a.chart_rows if chart.sql is not None else a.chart_rows[:top]
     labels = chart.labels or chart.series

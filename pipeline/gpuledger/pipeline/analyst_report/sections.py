@@ -4,7 +4,7 @@ The SQL reads the views and macros of ``sql/10_measures.sql`` and ``sql/20_analy
 and returns raw values: no rounding in SQL, so that every number is formatted once, by
 its column (:mod:`gpuledger.pipeline.analyst_report.numbers`). Placeholders:
 ``{since}`` / ``{until}`` become SQL time literals (or NULL), ``{limit}`` the most rows
-a section reads, ``{bucket_hours}`` the hours of a time bucket of the charts, and
+a section reads, ``{bucket_minutes}`` the minutes of a time bucket of the charts, and
 ``WINDOW(column)`` the half-open window test on a time column.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Chart:
 
     ``bar``: horizontal bars, one row of bars per value of ``category`` (one dimension),
     one bar per ``series`` column (``stacked`` piles them). ``line``: x = the time column
-    ``category`` (buckets of ``{bucket_hours}`` hours, drawn at the bucket's middle), one
+    ``category`` (buckets of ``{bucket_minutes}`` minutes, drawn at the bucket's middle), one
     line per value of ``group``, y = ``series[0]``. ``labels`` name the series in the
     legend.
     """
@@ -86,6 +86,22 @@ class Section:
 GPU_H = "GPU-h"
 SMALL_NODES = "nodes too small"
 NOTHING_ALLOCATED = ("allocated", "nothing allocated")
+
+CHART_BUCKETS: tuple[tuple[timedelta, int], ...] = (
+    (timedelta(hours=3), 5), (timedelta(hours=12), 15), (timedelta(days=3), 60))
+"""The time charts' bucket, in minutes, for data spanning up to each length; a day
+beyond the last (under an hour of data, hourly buckets drew a single dot)."""
+BUCKETS = ("5 minutes up to 3 hours of data, 15 up to 12 hours, an hour up to 3 days, a day "
+           "beyond")
+
+
+def bucket_minutes(span: timedelta | None) -> int:
+    """The time charts' bucket, in minutes, for data spanning ``span``
+    (:data:`CHART_BUCKETS`)."""
+    if span is None:
+        return 60
+    return next((minutes for most, minutes in CHART_BUCKETS if span <= most), 1440)
+
 
 PARTS = {
     "where": "Where do the GPUs go?",
@@ -217,8 +233,8 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "frag_time", "wait", "Fragmentation over time",
-        "The share of free GPUs that cannot host a k-GPU single-node job (means per hour, "
-        "per day beyond 3 days of data, over the pools whose nodes have at least k GPUs): "
+        "The share of free GPUs that cannot host a k-GPU single-node job (means per time "
+        f"bucket: {BUCKETS}; over the pools whose nodes have at least k GPUs): "
         "8 GPUs can be free while no "
         "8-GPU job can start.",
         """SELECT pool, card_type, max(node_size) AS node_size,
@@ -241,7 +257,8 @@ SECTIONS: tuple[Section, ...] = (
         Chart("line", "bucket_start", ("frag",), "% of free GPUs", group="k",
               sql="""WITH m AS (SELECT * FROM frag_minute WHERE WINDOW(minute)),
                           k AS (SELECT unnest([2, 4, 8]) AS k)
-                     SELECT time_bucket(INTERVAL {bucket_hours} HOUR, minute) AS bucket_start,
+                     SELECT time_bucket(INTERVAL {bucket_minutes} MINUTE, minute)
+                              AS bucket_start,
                             'frag(' || k || ')' AS k,
                             100 * sum(free_gpus * CASE k WHEN 2 THEN frag_2 WHEN 4 THEN frag_4
                                                    ELSE frag_8 END)
@@ -284,7 +301,7 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "blocked_time", "wait", "Blocked demand over time",
         "Pending jobs that fitted in their pool's free GPUs but on no single node "
-        "(means per hour, per day beyond 3 days of data).",
+        f"(means per time bucket: {BUCKETS}).",
         """SELECT pool || ' · ' || card_type AS gpu_group, pool, card_type,
                   sum(blocked_jobs) AS blocked_minutes, max(blocked_jobs) AS max_blocked,
                   avg(blocked_gpus) AS mean_blocked_gpus
@@ -295,7 +312,8 @@ SECTIONS: tuple[Section, ...] = (
          Column("max_blocked", "Most blocked at once", 0, "jobs"),
          Column("mean_blocked_gpus", "Blocked GPUs", 1, "mean")),
         Chart("line", "bucket_start", ("blocked_jobs",), "jobs", group="gpu_group",
-              sql="""SELECT time_bucket(INTERVAL {bucket_hours} HOUR, minute) AS bucket_start,
+              sql="""SELECT time_bucket(INTERVAL {bucket_minutes} MINUTE, minute)
+                                   AS bucket_start,
                             pool || ' · ' || card_type AS gpu_group,
                             avg(blocked_jobs) AS blocked_jobs
                      FROM frag_minute WHERE WINDOW(minute)
@@ -416,7 +434,7 @@ def _literal(when: datetime | None) -> str:
 
 
 def fill(sql: str, since: datetime | None, until: datetime | None, limit: int,
-         bucket_hours: int = 1) -> str:
+         bucket_minutes: int = 60) -> str:
     """SQL with the window, the row limit and the time bucket filled in."""
     lo, hi = _literal(since), _literal(until)
 
@@ -426,7 +444,7 @@ def fill(sql: str, since: datetime | None, until: datetime | None, limit: int,
                 f"AND {col} < coalesce({hi}, 'infinity'::TIMESTAMPTZ))")
 
     return _WINDOW.sub(window, sql).format(since=lo, until=hi, limit=int(limit),
-                                           bucket_hours=int(bucket_hours))
+                                           bucket_minutes=int(bucket_minutes))
 
 
 def render_sql(section: Section, since: datetime | None, until: datetime | None,
