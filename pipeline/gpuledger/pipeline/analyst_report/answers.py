@@ -18,6 +18,8 @@ MAX_ROWS = 100
 """The most rows a long table reads (the first ``top`` shown, the rest folded)."""
 
 NO_ROWS = "no rows in this window"
+"""What a section with no rows shows in place of its table (terminal and HTML) when a
+window was asked for (:func:`no_rows`)."""
 
 
 def no_rows(section: Section, window: Window) -> str:
@@ -25,7 +27,6 @@ def no_rows(section: Section, window: Window) -> str:
     section keeps to it, else "no rows" (a warehouse of inventory alone said "in this
     window" with no window asked for)."""
     return NO_ROWS if window.narrowed and section.windowed else "no rows"
-"""What a section with no rows shows in place of its table (terminal and HTML)."""
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,8 @@
     legend(host, series);
   }
 
-  /* Ticks on whole hours or days (UTC) inside [x0, x1], at most `most` of them. */
+  /* Ticks on whole steps of 5 minutes to 60 days (UTC) inside [x0, x1], at most `most`
+     of them. */
   function timeTicks(x0, x1, most) {
     // in hours: 5, 10, 15 and 30 minutes first, for data under a few hours
     var steps = [1 / 12, 1 / 6, 1 / 4, 1 / 2, 1, 2, 3, 6, 12, 24, 48, 72, 168, 336, 720, 1440];
