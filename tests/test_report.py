@@ -893,8 +893,15 @@ def test_a_long_name_leaves_the_charts_and_tables_their_room(tmp_path: Path) -> 
     long = "team-with-a-very-long-name-" * 18 + "END"
     report = _waste_team_report(["llm-core", long, "vision"])
     page = tmp_path / "long.html"
-    page.write_text(report_html.render_html(report, "wh", datetime(2026, 1, 6), TOP),
-                    encoding="utf-8")
+    text = report_html.render_html(report, "wh", datetime(2026, 1, 6), TOP)
+    page.write_text(text, encoding="utf-8")
+    # in the table, the name is shortened (its cell wrapped to 30 lines), whole on hover
+    cells = re.findall(r'<td class="t" title="([^"]*)"><bdi>([^<]*)</bdi></td>', text)
+    assert cells and all(full == long for full, _ in cells)
+    for _, shown in cells:
+        assert len(shown) == report_html.NAME_LONGEST and shown.endswith("…")
+        assert long.startswith(shown[:-1])
+    assert re.findall(r'<td class="t"><bdi>(llm-core|vision)</bdi></td>', text)
     layout = open_in_chromium(page, tmp_path).layout
     assert layout["scrollWidth"] <= WIDTH
     (svg,) = layout["svgs"]

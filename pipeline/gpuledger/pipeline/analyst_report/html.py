@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report, Window, no_rows
-from gpuledger.pipeline.analyst_report.numbers import cell, when
+from gpuledger.pipeline.analyst_report.numbers import cell, shorten, when
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 
 CSS = """
@@ -103,6 +103,11 @@ def chart_payload(a: Answer, chart_id: str, window: Window, top: int) -> dict[st
             "categories": [str(r[col[chart.category]]) for r in rows], "series": series}
 
 
+NAME_LONGEST = 60
+"""A name in a table longer than this is shortened with an ellipsis (the whole name in
+the cell's title): at most about three lines of its 20-em column."""
+
+
 def _rows_html(a: Answer, rows: list[tuple[Any, ...]]) -> str:
     columns = a.section.columns
     index = [a.columns.index(c.name) for c in columns]
@@ -116,7 +121,11 @@ def _rows_html(a: Answer, rows: list[tuple[Any, ...]]) -> str:
             classes = [k for k, on in (("n", c.numeric), ("t", name), ("blank", r[i] is None))
                        if on]
             attr = f' class="{" ".join(classes)}"' if classes else ""
-            text = html.escape(cell(r[i], c, named))
+            full = cell(r[i], c, named)
+            shown = shorten(full, NAME_LONGEST) if name else full
+            if shown != full:  # the whole name on hover (a 500-character team's cell
+                attr += f' title="{html.escape(full)}"'  # was 30 lines tall)
+            text = html.escape(shown)
             if not c.numeric and r[i] is not None:  # each name and id isolated: one with
                 text = f"<bdi>{text}</bdi>"  # a right-to-left override read reversed
             tds.append(f"<td{attr}>{text}</td>")

@@ -51,6 +51,11 @@ def when(value: datetime | date) -> str:
     return value.isoformat()
 
 
+def shorten(text: str, most: int) -> str:
+    """``text``, cut to ``most`` characters with an ellipsis when longer."""
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
 def cell(value: Any, column: Column, row: dict[str, Any] | None = None) -> str:
     """One table cell as text; an empty value shows the column's explanation (the
     ``blank_when`` one when the row's other column is zero or empty)."""

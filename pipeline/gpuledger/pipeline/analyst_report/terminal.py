@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuledger.pipeline.analyst_report.answers import MAX_ROWS, Answer, Report, no_rows
-from gpuledger.pipeline.analyst_report.numbers import cell
+from gpuledger.pipeline.analyst_report.numbers import cell, shorten
 from gpuledger.pipeline.analyst_report.sections import PARTS, Column
 from gpuledger.pipeline.terminal_fit import header, printable
 
@@ -36,10 +36,6 @@ def _shown(a: Answer) -> list[Column]:
     before any is left out for want of room."""
     return [c for c in a.section.columns
             if c.terminal and not (c.sparse and not any(a.column(c.name)))]
-
-
-def _shorten(text: str, most: int) -> str:
-    return text if len(text) <= most else text[:most - 1] + "…"
 
 
 def _least(title: str, cells: list[str], column: Column) -> int:
@@ -77,7 +73,7 @@ def _table(a: Answer, top: int, console: Console, empty: str
 
     def text(value: object, column: Column, row: tuple[object, ...]) -> str:
         out = printable(cell(value, column, dict(zip(a.columns, row, strict=True))))
-        return out if column.key or column.numeric else _shorten(out, NAME_LONGEST)
+        return out if column.key or column.numeric else shorten(out, NAME_LONGEST)
 
     cells = {c.name: [text(r[a.columns.index(c.name)], c, r) for r in a.rows[:top]]
              for c in shown}
