@@ -283,19 +283,27 @@ def test_a_section_with_no_rows_says_so_in_one_line(
     assert not {"in this", "window", "no rows"} & {line.strip() for line in lines}
 
 
+def _pod_warehouse(tmp_path: Path, pods: str, nodes: str) -> Path:
+    """A warehouse of a pod list alone (``gpuledger import pods``), from the two CSV
+    files' text."""
+    (tmp_path / "pods.csv").write_text(pods)
+    (tmp_path / "nodes.csv").write_text(nodes)
+    wh = tmp_path / "wh"
+    assert main(["import", "pods", str(tmp_path / "pods.csv"), "--nodes",
+                 str(tmp_path / "nodes.csv"), "--quiet", "--warehouse", str(wh)]) == 0
+    return wh
+
+
 def test_an_empty_section_names_a_window_only_when_one_was_asked_for(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A pod list alone (no telemetry, no preemption): its empty sections said "no rows
     in this window" with no window asked for. Now "no rows"; with --since, the sections
     that keep to the window say "in this window", and borrowing (all the data) does not."""
-    pods = tmp_path / "pods.csv"
-    pods.write_text("name,created,scheduled,deleted,gpus\n"
-                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2\n")
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("node,gpus,card_type,pool\nn1,4,H100,p\n")
-    wh = tmp_path / "wh"
-    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
-                 "--warehouse", str(wh)]) == 0
+    wh = _pod_warehouse(
+        tmp_path,
+        "name,created,scheduled,deleted,gpus\n"
+        "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2\n",
+        "node,gpus,card_type,pool\nn1,4,H100,p\n")
     capsys.readouterr()
     assert main(["report", "--warehouse", str(wh), "--width", "100"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -591,14 +599,11 @@ def test_time_charts_of_under_an_hour_draw_a_line(
     beyond)."""
     from gpuledger.pipeline.analyst_report.sections import bucket_minutes
 
-    pods = tmp_path / "pods.csv"
-    pods.write_text("name,created,scheduled,deleted,gpus\n"
-                    "a,2026-01-05T00:00:00Z,2026-01-05T00:05:00Z,2026-01-05T00:40:00Z,2\n")
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("node,gpus,card_type,pool\nn1,4,H100,p\n")
-    wh = tmp_path / "wh"
-    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
-                 "--warehouse", str(wh)]) == 0
+    wh = _pod_warehouse(
+        tmp_path,
+        "name,created,scheduled,deleted,gpus\n"
+        "a,2026-01-05T00:00:00Z,2026-01-05T00:05:00Z,2026-01-05T00:40:00Z,2\n",
+        "node,gpus,card_type,pool\nn1,4,H100,p\n")
     report = answer_all(wh)
     assert report.window.bucket_minutes == 5
     payload = report_html.chart_payload(_answer(report, "frag_time"), "c", report.window, TOP)
@@ -614,14 +619,12 @@ def test_time_charts_of_under_an_hour_draw_a_line(
 def test_states_of_allocation_add_up_on_a_scheduler_only_history(tmp_path: Path) -> None:
     """A pod list without telemetry: allocated = no telemetry; idle stays 0, never
     negative (no-telemetry hours are a state of their own, not taken from idle)."""
-    pods = tmp_path / "pods.csv"
-    pods.write_text("name,created,scheduled,deleted,gpus\n"
-                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2\n")
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("node,gpus,card_type,pool\nn1,4,H100,p\n")
-    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
-                 "--warehouse", str(tmp_path / "wh")]) == 0
-    a = _answer(answer_all(tmp_path / "wh"), "allocation")
+    wh = _pod_warehouse(
+        tmp_path,
+        "name,created,scheduled,deleted,gpus\n"
+        "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2\n",
+        "node,gpus,card_type,pool\nn1,4,H100,p\n")
+    a = _answer(answer_all(wh), "allocation")
     row = dict(zip(a.columns, a.rows[0], strict=True))
     assert row["allocated"] == pytest.approx(2.0) == row["no_telemetry"]
     assert row["idle"] == pytest.approx(0.0)
@@ -637,14 +640,11 @@ def test_figures_and_header_words_stay_whole_when_words_fill_a_figure_s_column(
     at their spaces and every figure and header word is whole."""
     from gpuledger.pipeline.analyst_report.numbers import cell
 
-    pods = tmp_path / "pods.csv"
-    pods.write_text("name,created,scheduled,deleted,gpus,card_type\n"
-                    "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2,H100\n")
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("node,gpus,card_type,pool\nn1,8,H100,p\nn2,8,A10,p\n")
-    wh = tmp_path / "wh"
-    assert main(["import", "pods", str(pods), "--nodes", str(nodes), "--quiet",
-                 "--warehouse", str(wh)]) == 0
+    wh = _pod_warehouse(
+        tmp_path,
+        "name,created,scheduled,deleted,gpus,card_type\n"
+        "a,2026-01-05T00:00:00Z,2026-01-05T00:10:00Z,2026-01-05T01:10:00Z,2,H100\n",
+        "node,gpus,card_type,pool\nn1,8,H100,p\nn2,8,A10,p\n")
     capsys.readouterr()
     assert main(["report", "--warehouse", str(wh), "--width", "80"]) == 0
     out = capsys.readouterr().out
