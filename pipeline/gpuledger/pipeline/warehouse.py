@@ -856,6 +856,7 @@ def sql_files() -> tuple[tuple[str, str], ...]:
 _PLACEHOLDERS = ("{files:", "{rows:", "{facts}")
 
 
+@functools.cache
 def _varying() -> int | None:
     """How many of the catalog's statements differ between warehouses (the SQL files
     with placeholders, which come first); None when one without comes before one with
@@ -947,8 +948,9 @@ def views_in_full(path: Path, store: Store, snapshot: Snapshot, statements: list
 
 
 def _add_mark(con: duckdb.DuckDBPyConnection, statements: list[str]) -> None:
-    con.execute(f"CREATE SCHEMA {CATALOG_SCHEMA}")
-    con.execute(f"CREATE TABLE {CATALOG_MARK} AS SELECT ? AS statements_sha256",
+    """The mark of ``statements``, in place of the template's own."""
+    con.execute(f"CREATE SCHEMA IF NOT EXISTS {CATALOG_SCHEMA}")
+    con.execute(f"CREATE OR REPLACE TABLE {CATALOG_MARK} AS SELECT ? AS statements_sha256",
                 [statements_digest(statements)])
 
 
@@ -1013,8 +1015,8 @@ tried again at every build."""
 
 
 def _view_columns(con: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
-    """The columns (view, position, name, type) of every view and table that is not
-    DuckDB's own: a views database without its mark holds views alone."""
+    """The columns (view or table, position, name, type) of everything in a views
+    database that is not DuckDB's own: its views, and its mark's one column."""
     return sorted(con.execute(
         "SELECT table_name, column_index, column_name, data_type FROM duckdb_columns() "
         "WHERE NOT internal").fetchall())
@@ -1032,8 +1034,9 @@ def template_key() -> str:
 
 def _build_template() -> bytes | None:
     """This release's template: the views database of an empty warehouse (the tables'
-    schema files alone) in a temporary folder, without a mark; None when it cannot be
-    built (it is then built in full, which says why)."""
+    schema files alone) in a temporary folder, built in full (its mark is replaced by
+    each build from it); None when it cannot be built (it is then built in full, which
+    says why)."""
     from gpuledger.pipeline.tables import TABLE_SCHEMAS
 
     try:
@@ -1043,14 +1046,9 @@ def _build_template() -> bytes | None:
                 folder = root / FACTS / table
                 folder.mkdir(parents=True)
                 (folder / SCHEMA_FILE).write_bytes(parquet_bytes(pl.DataFrame(schema=schema)))
-            store = open_store(root)
-            empty = Snapshot({}, {})
-            con = duckdb.connect(str(root / "template.duckdb"), config=_VIEWS_CONFIG)
-            try:
-                for statement in catalog_statements(store, empty):
-                    con.execute(statement)
-            finally:
-                con.close()
+            store, empty = open_store(root), Snapshot({}, {})
+            views_in_full(root / "template.duckdb", store, empty,
+                          catalog_statements(store, empty))
             return (root / "template.duckdb").read_bytes()
     except (duckdb.Error, OSError) as exc:
         log.debug("catalog template not built (%s)", exc)

@@ -160,9 +160,8 @@ class SampleKeys:
                 kept, True)
         # a GPU is in one partition: only the minutes where an earlier batch brought
         # samples of the same partition can hold a repeat (through Kafka, a poll often
-        # brings other partitions' samples of the minutes already open)
-        # a one-column unique of the pairs: 6x cheaper than the two columns' (2 M
-        # samples: 50 -> 8 ms)
+        # brings other partitions' samples of the minutes already open). The pairs as one
+        # column (:func:`_minute_partition`) are made unique 6x cheaper than as two.
         parts: dict[int, set[int]] = {}
         for key in keys.select(_minute_partition().unique()).to_series().to_list():
             m, p = divmod(key, _PARTITIONS)
